@@ -1,0 +1,37 @@
+# flashdraft: the README's two commands.
+#   make run   installs what is missing, builds, runs experiments/quickstart.toml
+#   make test  installs what is missing, builds, runs every test
+# Variables: BUILD (build folder), BUILD_TYPE, JOBS, TORCH_PREFIX (another LibTorch),
+# EXTRA_PREFIX (more CMake prefixes, e.g. an unpacked TOML++), RUN_ARGS.
+BUILD ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+EXTRA_PREFIX ?=
+RUN_ARGS ?=
+export TORCH_PREFIX
+
+.PHONY: all deps configure build run test clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps
+
+$(BUILD)/CMakeCache.txt:
+	@$(MAKE) --no-print-directory deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DCMAKE_PREFIX_PATH="$$(scripts/torch-prefix)$(if $(EXTRA_PREFIX),;$(EXTRA_PREFIX))"
+
+configure: $(BUILD)/CMakeCache.txt
+
+build: deps configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(BUILD)/bin/flashdraft run experiments/quickstart.toml --out runs/quickstart $(RUN_ARGS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 900
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,34 @@
+# flashdraft_add_plugin(<target> KIND <drafter|mask|kernel|dataset> SOURCES <files...>
+#                       [LIBRARIES <libs...>] [OUTPUT_DIRECTORY <dir>] [NO_PCH])
+# Builds a plugin shared library against the flashdraft engine: hidden visibility
+# (only the entry point is exported), the engine's build fingerprint, LibTorch.
+# Used in-tree and, through the installed CMake package, by out-of-tree plugins.
+function(flashdraft_add_plugin target)
+  cmake_parse_arguments(P "NO_PCH" "KIND;OUTPUT_DIRECTORY" "SOURCES;LIBRARIES" ${ARGN})
+  if(NOT P_KIND MATCHES "^(drafter|mask|kernel|dataset)$")
+    message(FATAL_ERROR "flashdraft_add_plugin(${target}): KIND '${P_KIND}' is not one of drafter, mask, kernel, dataset")
+  endif()
+  if(NOT P_SOURCES)
+    message(FATAL_ERROR "flashdraft_add_plugin(${target}): no SOURCES given")
+  endif()
+  add_library(${target} MODULE ${P_SOURCES})
+  target_link_libraries(${target} PRIVATE flashdraft::core ${P_LIBRARIES})
+  set_target_properties(${target} PROPERTIES
+    PREFIX "lib"
+    OUTPUT_NAME "flashdraft-${P_KIND}-${target}"
+    CXX_VISIBILITY_PRESET hidden
+    CUDA_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+  if(P_OUTPUT_DIRECTORY)
+    set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${P_OUTPUT_DIRECTORY})
+  elseif(DEFINED FLASHDRAFT_PLUGIN_DIR)
+    set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${FLASHDRAFT_PLUGIN_DIR})
+  endif()
+  # In the flashdraft tree, `flashdraft_all_plugins` builds every plugin.
+  if(TARGET flashdraft_all_plugins)
+    add_dependencies(flashdraft_all_plugins ${target})
+  endif()
+  if(TARGET flashdraft_pch AND NOT P_NO_PCH)
+    target_precompile_headers(${target} REUSE_FROM flashdraft_pch)
+  endif()
+endfunction()

@@ -1,0 +1,40 @@
+// MaskGenerator: builds the BlockMask of one batch at the block size the chosen
+// kernel asks for. Each generator also exposes its plain element predicate, the
+// definition its BlockMask must reproduce exactly (tests compare the two).
+#pragma once
+
+#include <flashdraft/block_mask.hpp>
+#include <flashdraft/plugin.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace flashdraft {
+
+// What a batch tells the generator. Generators read the fields they need and say
+// which ones they need in their errors; the rest of their parameters come from their
+// TOML table.
+struct MaskInput {
+  int64_t batch = 1;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  // DFlash: kv = [context (context_len) | blocks (anchors.size() * block_size)],
+  // q = blocks. anchors[b] sorted; block_valid[b][n] = 0 for padding blocks.
+  int64_t context_len = 0;
+  int64_t block_size = 0;
+  std::vector<std::vector<int64_t>> anchors;
+  std::vector<std::vector<uint8_t>> block_valid;
+  // Packed documents: per batch element, the lengths of its documents (sum = q_len).
+  std::vector<std::vector<int64_t>> doc_lengths;
+};
+
+class FLASHDRAFT_API MaskGenerator : public PluginObject {
+ public:
+  // Throws std::invalid_argument naming the bad value when the input does not fit.
+  virtual BlockMask build(const MaskInput& input, int64_t block_q, int64_t block_kv) const = 0;
+  // The definition, element by element (b: batch element, h: head).
+  virtual bool visible(const MaskInput& input, int64_t b, int64_t h, int64_t q,
+                       int64_t kv) const = 0;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,101 @@
+// Drafter and Dataset: what a training run is made of, besides attention.
+#pragma once
+
+#include <flashdraft/attention.hpp>
+#include <flashdraft/mask_generator.hpp>
+#include <flashdraft/plugin.hpp>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flashdraft {
+
+// What every plugin gets to know about the run.
+struct RunContext {
+  std::string out_dir;            // the run's output folder (datasets cache here too)
+  c10::Device device = c10::kCPU;
+  c10::ScalarType dtype = c10::kFloat;  // compute dtype of the drafter
+  uint64_t seed = 0;
+  std::function<void(const std::string&)> say;  // progress lines on the console
+};
+
+// The frozen parts of the target model a drafter borrows.
+struct TargetModel {
+  at::Tensor embedding;  // [vocab, hidden]
+  at::Tensor lm_head;    // [vocab, hidden]
+  int64_t vocab = 0, hidden = 0, layers = 0;
+  std::vector<int64_t> exported_layers;  // layer ids whose hidden states batches carry
+};
+
+// One batch of target data.
+struct Batch {
+  at::Tensor tokens;     // [B, S] int64
+  at::Tensor hidden;     // [B, S, E, H]: target hidden states at exported_layers
+  at::Tensor loss_mask;  // [B, S] bool: positions that may carry loss
+  at::Tensor lengths;    // [B] int64: valid length of each sequence
+  int64_t index = 0;     // which batch of the epoch (for the record)
+};
+
+class FLASHDRAFT_API Dataset : public PluginObject {
+ public:
+  // Prepares the data (generating or reading a cache under ctx.out_dir).
+  virtual void open(const RunContext& ctx) = 0;
+  virtual TargetModel target() const = 0;
+  virtual int64_t batch_size() const = 0;
+  virtual int64_t seq_len() const = 0;
+  // Batch number `index` of the training stream (deterministic given the seed).
+  virtual Batch train_batch(int64_t index) = 0;
+  // Held-out batches for validation: eval_batches() of them.
+  virtual int64_t eval_batches() const = 0;
+  virtual Batch eval_batch(int64_t index) = 0;
+  // Files the data came from, for the log (cache path).
+  virtual std::string source() const = 0;
+};
+
+// The engine side of a drafter's step: mask building and attention go through it.
+class FLASHDRAFT_API AttentionContext {
+ public:
+  virtual ~AttentionContext() = default;
+  // Builds this step's BlockMask with the experiment's mask generator, at the block
+  // size of the chosen kernel.
+  virtual void set_mask(const MaskInput& input) = 0;
+  // Attention through the chosen kernel (autograd-aware; recorded in the ledger).
+  // q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lkv, D].
+  virtual at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, double scale) = 0;
+};
+
+struct StepResult {
+  at::Tensor loss;                     // scalar, differentiable
+  std::vector<double> position_accuracy;  // per block position 1..BS-1
+  std::vector<std::pair<std::string, double>> scalars;  // extra metrics, e.g. tau_sim
+  int64_t tokens = 0;                  // tokens that carried loss
+};
+
+class FLASHDRAFT_API Drafter : public PluginObject {
+ public:
+  // Builds the modules against the target; throws ConfigError for sizes that do not
+  // fit the target or the data (ids, vocabulary, sequence length).
+  virtual void bind(const TargetModel& target, const RunContext& ctx, int64_t batch_size,
+                    int64_t seq_len) = 0;
+  // Trainable parameters, named (frozen target parts excluded).
+  virtual std::vector<std::pair<std::string, at::Tensor>> parameters() = 0;
+  // Attention calls per step (one per layer) and the problem each one poses.
+  virtual int64_t attention_layers() const = 0;
+  virtual AttentionProblem attention_problem() const = 0;
+  // Width of the per-position metrics (BS - 1 for DFlash).
+  virtual int64_t positions() const = 0;
+  // Names of the extra scalars StepResult carries (e.g. "tau_sim"), known before the
+  // first step (the log declares one column per name).
+  virtual std::vector<std::string> scalar_names() const { return {}; }
+  // One forward pass with loss and metrics. `rng` draws anchors and the like.
+  virtual StepResult step(const Batch& batch, AttentionContext& attention,
+                          at::Generator& rng, bool training) = 0;
+};
+
+}  // namespace flashdraft

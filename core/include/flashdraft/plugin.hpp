@@ -1,0 +1,99 @@
+// The plugin ABI: every plugin shared library exports one entry point,
+// `flashdraft_plugin`, through Boost.DLL, returning a PluginDescriptor. The registry
+// reads api_version first (it is the first field and never moves), then the build
+// fingerprint, and refuses any mismatch with a sentence naming the file, the field
+// and both values. Plugins exchange at::Tensor with the engine, like PyTorch
+// extensions, so the fingerprint (LibTorch version, C++ ABI, CUDA) must match.
+//
+// A plugin defines its class and then writes, at namespace scope in one .cpp:
+//   FLASHDRAFT_PLUGIN(kernel, "my_kernel", "0.1.0", "one-line summary", MyKernel)
+// where MyKernel derives from the interface of that kind (AttentionKernel,
+// MaskGenerator, Drafter, Dataset), has a constructor taking `const Config&`, and a
+// static `void declare(Schema&)` that declares the keys of its experiment table.
+#pragma once
+
+#include <flashdraft/config.hpp>
+
+#include <boost/dll/alias.hpp>
+
+#ifndef FLASHDRAFT_TORCH_VERSION
+#error "FLASHDRAFT_TORCH_VERSION must be defined by the build (flashdraft's CMake package does it)"
+#endif
+#ifndef FLASHDRAFT_WITH_CUDA
+#error "FLASHDRAFT_WITH_CUDA must be defined by the build (flashdraft's CMake package does it)"
+#endif
+
+namespace flashdraft {
+
+// Bump on any change of the descriptor or of an interface class layout.
+#ifndef FLASHDRAFT_PLUGIN_API_VERSION
+#define FLASHDRAFT_PLUGIN_API_VERSION 1
+#endif
+constexpr int kPluginApiVersion = 1;  // the engine's; plugins compile FLASHDRAFT_PLUGIN_API_VERSION
+
+enum class PluginKind : int { drafter = 0, mask = 1, kernel = 2, dataset = 3 };
+FLASHDRAFT_API const char* to_string(PluginKind kind);
+
+// What the plugin was compiled against; compared field by field with the engine's.
+struct BuildFingerprint {
+  const char* torch_version;  // LibTorch version string, e.g. "2.11.0"
+  int cxx11_abi;              // _GLIBCXX_USE_CXX11_ABI
+  int with_cuda;              // LibTorch built with CUDA (1) or not (0)
+  int compiler_major;         // __GNUC__ (or __clang_major__)
+};
+
+#if defined(__clang__)
+#define FLASHDRAFT_COMPILER_MAJOR __clang_major__
+#else
+#define FLASHDRAFT_COMPILER_MAJOR __GNUC__
+#endif
+#define FLASHDRAFT_BUILD_FINGERPRINT                                                  \
+  ::flashdraft::BuildFingerprint {                                                    \
+    FLASHDRAFT_TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI, FLASHDRAFT_WITH_CUDA,           \
+        FLASHDRAFT_COMPILER_MAJOR                                                     \
+  }
+
+// Base of every object a plugin creates. Its virtual destructor is defined in the
+// engine library, so type information is shared across libraries; objects are
+// destroyed while their plugin is still loaded (plugins stay loaded until exit).
+class FLASHDRAFT_API PluginObject {
+ public:
+  virtual ~PluginObject();
+};
+
+struct PluginDescriptor {
+  int api_version;  // must stay the first field
+  PluginKind kind;
+  const char* name;
+  const char* version;
+  const char* summary;
+  BuildFingerprint fingerprint;
+  void (*declare)(Schema& schema);              // keys of the plugin's table
+  PluginObject* (*create)(const Config& config);  // new object of the kind's interface
+};
+
+namespace detail {
+template <class T>
+PluginObject* create_plugin(const Config& config) {
+  return new T(config);
+}
+}  // namespace detail
+
+}  // namespace flashdraft
+
+#define FLASHDRAFT_PLUGIN(KIND, NAME, VERSION, SUMMARY, CLASS)                           \
+  namespace {                                                                           \
+  const ::flashdraft::PluginDescriptor* flashdraft_plugin_entry() {                     \
+    static const ::flashdraft::PluginDescriptor descriptor{                             \
+        FLASHDRAFT_PLUGIN_API_VERSION,                                                  \
+        ::flashdraft::PluginKind::KIND,                                                 \
+        NAME,                                                                           \
+        VERSION,                                                                        \
+        SUMMARY,                                                                        \
+        FLASHDRAFT_BUILD_FINGERPRINT,                                                   \
+        &CLASS::declare,                                                                \
+        &::flashdraft::detail::create_plugin<CLASS>};                                   \
+    return &descriptor;                                                                 \
+  }                                                                                     \
+  }                                                                                     \
+  BOOST_DLL_ALIAS(flashdraft_plugin_entry, flashdraft_plugin)

@@ -1,0 +1,176 @@
+// The flashdraft command line.
+#include "experiment.hpp"
+#include "inspect.hpp"
+#include "registry.hpp"
+#include "trainer.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+using namespace flashdraft;
+
+namespace {
+
+const char* kUsage =
+    "usage: flashdraft <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS]   train as the experiment says\n"
+    "  validate EXP.toml [--plugin-path DIRS]                      check an experiment without running it\n"
+    "  plugins [--plugin-path DIRS]                                plugins found (and files rejected, with why)\n"
+    "  schema [PLUGIN] [--plugin-path DIRS]                        every key of the experiment tables\n"
+    "  inspect RUN.h5                                              text summary of a run log\n"
+    "\n"
+    "`flashdraft <command> --help` describes one command. Plugins are searched in --plugin-path,\n"
+    "FLASHDRAFT_PLUGIN_PATH, the experiment's [plugins].paths, then the build's plugin folder.\n";
+
+const char* help_for(const std::string& cmd) {
+  if (cmd == "run")
+    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS]\n"
+           "Trains as EXP.toml says and writes one HDF5 log per run, <out>/<name>.h5 (a new name if it exists).\n"
+           "  --out DIR          output folder (overrides [run].out); the data cache goes there too\n"
+           "  --steps N          number of steps (overrides [run].steps)\n"
+           "  --plugin-path DIRS extra plugin folders, ':'-separated, searched first\n"
+           "Progress: one line per step (loss, metrics, step time, peak memory, kernels that ran).\n"
+           "Exit status: 0 finished, 1 failed (the log keeps every finished step), 2 bad experiment,\n"
+           "130 interrupted (Ctrl-C finishes the step in flight, then stops).\n";
+  if (cmd == "validate")
+    return "usage: flashdraft validate EXP.toml [--plugin-path DIRS]\n"
+           "Checks every table of EXP.toml against the engine's and the plugins' schemas (keys, types, ranges)\n"
+           "and that every named plugin is found. Exit status 0 when valid, 2 otherwise.\n";
+  if (cmd == "plugins")
+    return "usage: flashdraft plugins [--plugin-path DIRS]\n"
+           "Lists the plugins found on the search path (kind, name, version, file) and every rejected file\n"
+           "with the reason (API version, build fingerprint, not a plugin).\n";
+  if (cmd == "schema")
+    return "usage: flashdraft schema [PLUGIN] [--plugin-path DIRS]\n"
+           "Prints every key of the engine's tables and of each plugin's table: type, default, accepted values\n"
+           "and meaning. With PLUGIN, only that plugin's table.\n";
+  if (cmd == "inspect")
+    return "usage: flashdraft inspect RUN.h5\n"
+           "Prints a summary of a run log: steps, loss, metrics, memory peaks per phase, kernels that ran,\n"
+           "events. Works on a log still being written and on one left by a crashed run.\n";
+  return nullptr;
+}
+
+struct Args {
+  std::vector<std::string> positional;
+  std::string out;
+  int64_t steps = -1;
+  std::vector<std::string> plugin_paths;
+  bool help = false;
+};
+
+Args parse(int argc, char** argv, int first) {
+  Args a;
+  for (int i = first; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto value = [&](const char* name) -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(std::string(name) + " needs a value");
+      return argv[++i];
+    };
+    if (s == "--help" || s == "-h") a.help = true;
+    else if (s == "--out") a.out = value("--out");
+    else if (s == "--plugin-path") a.plugin_paths.push_back(value("--plugin-path"));
+    else if (s == "--steps") {
+      const std::string v = value("--steps");
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (!end || *end || n < 1) throw std::invalid_argument("--steps " + v + ": expected a positive integer");
+      a.steps = n;
+    } else if (s.rfind("--", 0) == 0) throw std::invalid_argument("unknown option " + s);
+    else a.positional.push_back(s);
+  }
+  return a;
+}
+
+Registry make_registry(const Args& a) { return Registry(Registry::search_path(a.plugin_paths, {}, "")); }
+
+int cmd_plugins(const Args& a) {
+  Registry reg = make_registry(a);
+  std::cout << "search path:\n";
+  for (const auto& d : reg.folders()) std::cout << "  " << d << "\n";
+  std::cout << "plugins (" << reg.found().size() << "):\n";
+  for (const auto& p : reg.found())
+    std::cout << "  " << std::string(to_string(p.kind)) << std::string(9 - std::strlen(to_string(p.kind)), ' ') << p.name
+              << std::string(p.name.size() < 16 ? 16 - p.name.size() : 1, ' ') << p.version << "  " << p.path << "\n"
+              << "           " << p.summary << "\n";
+  if (!reg.rejected().empty()) {
+    std::cout << "rejected files (" << reg.rejected().size() << "):\n";
+    for (const auto& r : reg.rejected()) std::cout << "  " << r.path << ": " << r.reason << "\n";
+  }
+  return 0;
+}
+
+int cmd_schema(const Args& a) {
+  Registry reg = make_registry(a);
+  const std::string only = a.positional.empty() ? "" : a.positional[0];
+  bool any = false;
+  if (only.empty()) {
+    std::cout << "# engine tables\n";
+    for (const auto& s : Experiment::engine_schemas()) std::cout << s.describe() << "\n";
+    std::cout << "# plugin tables: [drafter], [dataset], [mask] take `plugin = \"<name>\"` and that plugin's keys;\n"
+                 "# kernels take their keys in [kernels.<name>].\n\n";
+  }
+  for (const auto& p : reg.found()) {
+    if (!only.empty() && p.name != only) continue;
+    any = true;
+    Schema s = reg.schema(p);
+    s.set_table(p.kind == PluginKind::kernel ? "kernels." + p.name : std::string(to_string(p.kind)) + "] plugin = \"" + p.name + "\"  [" + std::string(to_string(p.kind)));
+    std::cout << "# " << to_string(p.kind) << " plugin '" << p.name << "' " << p.version << ": " << p.summary << "\n";
+    std::cout << s.describe() << "\n";
+  }
+  if (!only.empty() && !any) {
+    std::string names;
+    for (const auto& p : reg.found()) names += (names.empty() ? "" : ", ") + p.name;
+    std::cerr << "error: no plugin named '" << only << "' (plugins found: [" << names << "])\n";
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (!help_for(cmd)) {
+    std::cerr << "error: unknown command '" << cmd << "'\n\n" << kUsage;
+    return 2;
+  }
+  try {
+    Args a = parse(argc, argv, 2);
+    if (a.help) {
+      std::cout << help_for(cmd);
+      return 0;
+    }
+    if (cmd == "plugins") return cmd_plugins(a);
+    if (cmd == "schema") return cmd_schema(a);
+    if (cmd == "inspect") {
+      if (a.positional.size() != 1) throw std::invalid_argument("inspect takes one run log (RUN.h5)");
+      inspect_log(a.positional[0], std::cout);
+      return 0;
+    }
+    if (a.positional.size() != 1) throw std::invalid_argument(cmd + " takes one experiment file (EXP.toml)");
+    RunOptions o;
+    o.experiment = a.positional[0];
+    o.out = a.out;
+    o.steps = a.steps;
+    o.plugin_paths = a.plugin_paths;
+    return cmd == "run" ? run_experiment(o) : validate_experiment(o);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    if (const char* h = help_for(cmd)) std::cerr << "\n" << h;
+    return 2;
+  }
+}

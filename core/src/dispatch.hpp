@@ -1,0 +1,78 @@
+// Attention dispatch: picks the kernel before step 0 (a chain of supports() checks
+// over one problem record, with a reason for every refusal), builds each step's
+// BlockMask at the kernel's block size, and runs attention through a custom autograd
+// function whose forward and backward both record what ran in the ledger.
+#pragma once
+
+#include <flashdraft/attention.hpp>
+#include <flashdraft/mask_generator.hpp>
+#include <flashdraft/model.hpp>
+
+#include "ledger.hpp"
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace flashdraft {
+
+// A fallback the policy forbids ("error"): the run stops at this step.
+class FLASHDRAFT_API FallbackError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct KernelCandidate {
+  std::string name;
+  AttentionKernel* kernel = nullptr;  // null when the plugin was not found
+  Support support;
+};
+
+struct KernelChoice {
+  AttentionProblem problem;
+  std::vector<KernelCandidate> candidates;  // in preference order, with reasons
+  size_t selected = 0;
+  bool fallback = false;  // selected is not the first preference
+  std::string report() const;  // the lines printed before step 0
+};
+
+// Chooses among `candidates` (preference order); throws FallbackError when the first
+// preference refuses and the policy is "error", or when none supports the problem.
+FLASHDRAFT_API KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCandidate> candidates,
+                                          const std::string& on_fallback);
+
+class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
+ public:
+  using EventSink = std::function<void(const std::string& kind, const std::string& message)>;
+  AttentionDispatcher(KernelChoice choice, const MaskGenerator* generator, std::string on_fallback,
+                      KernelLedger* ledger, EventSink events);
+
+  void set_mask(const MaskInput& input) override;
+  at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       double scale) override;
+
+  const KernelChoice& choice() const { return choice_; }
+  const std::string& kernel_name() const { return choice_.candidates[choice_.selected].name; }
+  AttentionKernel& kernel() { return *choice_.candidates[choice_.selected].kernel; }
+  const BlockMask& mask() const { return mask_; }
+  const BlockMaskTensors& mask_tensors() const { return tensors_; }
+  BlockSize block_size() const { return block_; }
+
+  // Called by the autograd function.
+  void note(int64_t layer, Phase phase, const std::string& variant);
+
+ private:
+  KernelChoice choice_;
+  const MaskGenerator* generator_;
+  std::string on_fallback_;
+  KernelLedger* ledger_;
+  EventSink events_;
+  BlockSize block_;
+  BlockMask mask_;
+  BlockMaskTensors tensors_;
+  bool mask_set_ = false;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,333 @@
+// Experiment files: TOML++ parsing and schema checking with precise messages.
+#define TOML_HEADER_ONLY 1
+#define TOML_EXCEPTIONS 1
+#include <toml++/toml.h>
+
+#include "experiment.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace flashdraft {
+
+struct Experiment::Parsed {
+  toml::table root;
+};
+
+namespace {
+
+const std::vector<std::string> kPluginSections = {"drafter", "dataset", "mask"};
+
+SourcePosition position(const std::string& file, const toml::source_region& src) {
+  return SourcePosition{file, static_cast<int64_t>(src.begin.line), static_cast<int64_t>(src.begin.column)};
+}
+
+std::string describe(const toml::node& node) {
+  std::ostringstream os;
+  switch (node.type()) {
+    case toml::node_type::string: os << "string \"" << *node.value<std::string>() << "\""; break;
+    case toml::node_type::integer: os << "integer " << *node.value<int64_t>(); break;
+    case toml::node_type::floating_point: os << "float " << *node.value<double>(); break;
+    case toml::node_type::boolean: os << "boolean " << (*node.value<bool>() ? "true" : "false"); break;
+    case toml::node_type::table: os << "a table"; break;
+    case toml::node_type::array: os << "an array"; break;
+    default: os << "a date/time"; break;
+  }
+  return os.str();
+}
+
+[[noreturn]] void fail_at(const SourcePosition& where, const std::string& table, const std::string& key,
+                          const std::string& message) {
+  throw ConfigError(where.str() + ": [" + table + "] " + key + ": " + message);
+}
+
+// One scalar element against the spec; returns the converted value.
+template <class T>
+T scalar(const toml::node& node, const KeySpec& spec, const SourcePosition& where, const std::string& table,
+         const std::string& what);
+
+template <>
+int64_t scalar<int64_t>(const toml::node& node, const KeySpec& spec, const SourcePosition& where,
+                        const std::string& table, const std::string& what) {
+  if (!node.is_integer())
+    fail_at(where, table, spec.name, "expected " + spec.accepted() + ", found " + what + describe(node));
+  const int64_t v = *node.value<int64_t>();
+  if ((spec.min && double(v) < *spec.min) || (spec.max && double(v) > *spec.max))
+    fail_at(where, table, spec.name, "value " + std::to_string(v) + " out of range; expected " + spec.accepted());
+  return v;
+}
+
+template <>
+double scalar<double>(const toml::node& node, const KeySpec& spec, const SourcePosition& where,
+                      const std::string& table, const std::string& what) {
+  if (!node.is_number())
+    fail_at(where, table, spec.name, "expected " + spec.accepted() + ", found " + what + describe(node));
+  const double v = node.is_integer() ? double(*node.value<int64_t>()) : *node.value<double>();
+  if (!std::isfinite(v))
+    fail_at(where, table, spec.name, "value " + to_string(Value(v)) + " is not finite; expected " + spec.accepted());
+  if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max))
+    fail_at(where, table, spec.name, "value " + to_string(Value(v)) + " out of range; expected " + spec.accepted());
+  return v;
+}
+
+template <>
+std::string scalar<std::string>(const toml::node& node, const KeySpec& spec, const SourcePosition& where,
+                                const std::string& table, const std::string& what) {
+  if (!node.is_string())
+    fail_at(where, table, spec.name, "expected " + spec.accepted() + ", found " + what + describe(node));
+  std::string v = *node.value<std::string>();
+  if (!spec.choices.empty() &&
+      std::find(spec.choices.begin(), spec.choices.end(), v) == spec.choices.end()) {
+    std::string msg = "value \"" + v + "\" is not accepted; expected " + spec.accepted();
+    Schema tmp;
+    for (const auto& c : spec.choices) tmp.string(c, "");
+    const std::string near = tmp.closest(v);
+    if (!near.empty()) msg += " (did you mean \"" + near + "\"?)";
+    fail_at(where, table, spec.name, msg);
+  }
+  return v;
+}
+
+template <class T>
+std::vector<T> list(const toml::node& node, const KeySpec& spec, const SourcePosition& where, const std::string& table) {
+  const toml::array* arr = node.as_array();
+  if (!arr) fail_at(where, table, spec.name, "expected " + spec.accepted() + ", found " + describe(node));
+  const int64_t n = static_cast<int64_t>(arr->size());
+  if ((spec.min_items && n < *spec.min_items) || (spec.max_items && n > *spec.max_items))
+    fail_at(where, table, spec.name,
+            "array has " + std::to_string(n) + " item" + (n == 1 ? "" : "s") + "; expected " + spec.accepted());
+  std::vector<T> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const toml::node& el = *arr->get(static_cast<size_t>(i));
+    const SourcePosition ew = position(where.file, el.source());
+    out.push_back(scalar<T>(el, spec, ew.line ? ew : where, table, "item " + std::to_string(i) + " is "));
+  }
+  return out;
+}
+
+Config check(const toml::table* tbl, const Schema& schema, const std::string& file, SourcePosition table_where,
+             const std::set<std::string>& skip) {
+  Config cfg(schema.table(), table_where);
+  if (tbl) {
+    for (const auto& [k, node] : *tbl) {
+      const std::string key(k.str());
+      if (skip.count(key)) continue;
+      if (!schema.find(key)) {
+        std::string msg = "unknown key '" + key + "'";
+        const std::string near = schema.closest(key);
+        if (!near.empty()) msg += "; did you mean '" + near + "'?";
+        std::string names;
+        for (const auto& s : schema.keys()) names += (names.empty() ? "" : ", ") + s.name;
+        msg += names.empty() ? " (this table takes no keys)" : " (accepted keys: " + names + ")";
+        throw ConfigError(position(file, k.source()).str() + ": [" + schema.table() + "] " + msg);
+      }
+    }
+  }
+  for (const auto& spec : schema.keys()) {
+    const toml::node* node = tbl ? tbl->get(spec.name) : nullptr;
+    if (!node) {
+      if (!spec.fallback)
+        throw ConfigError(table_where.str() + ": [" + schema.table() + "] missing required key '" + spec.name +
+                          "' (" + spec.doc + "; " + spec.accepted() + ")");
+      cfg.set(spec.name, *spec.fallback, std::nullopt);
+      continue;
+    }
+    const SourcePosition where = position(file, node->source());
+    const std::string& t = schema.table();
+    switch (spec.type) {
+      case ValueType::integer: cfg.set(spec.name, scalar<int64_t>(*node, spec, where, t, ""), where); break;
+      case ValueType::real: cfg.set(spec.name, scalar<double>(*node, spec, where, t, ""), where); break;
+      case ValueType::string: cfg.set(spec.name, scalar<std::string>(*node, spec, where, t, ""), where); break;
+      case ValueType::boolean:
+        if (!node->is_boolean())
+          fail_at(where, t, spec.name, "expected a boolean (true or false), found " + describe(*node));
+        cfg.set(spec.name, *node->value<bool>(), where);
+        break;
+      case ValueType::integer_list: cfg.set(spec.name, list<int64_t>(*node, spec, where, t), where); break;
+      case ValueType::real_list: cfg.set(spec.name, list<double>(*node, spec, where, t), where); break;
+      case ValueType::string_list: cfg.set(spec.name, list<std::string>(*node, spec, where, t), where); break;
+    }
+  }
+  return cfg;
+}
+
+const toml::table* section(const toml::table& root, const std::string& name, const std::string& file) {
+  const toml::node* n = root.get(name);
+  if (!n) return nullptr;
+  if (!n->is_table())
+    throw ConfigError(position(file, n->source()).str() + ": '" + name + "' must be a table ([" + name +
+                      "]), found " + describe(*n));
+  return n->as_table();
+}
+
+}  // namespace
+
+std::vector<Schema> Experiment::engine_schemas() {
+  std::vector<Schema> out;
+  Schema run("run");
+  run.string("name", "name of the run; the log is <out>/<name>.h5").def(std::string("run"));
+  run.integer("seed", "seed of every random draw (data order, anchors, initial weights)").def(int64_t(0)).at_least(0);
+  run.integer("steps", "optimizer steps to train").def(int64_t(100)).range(1, 1e9);
+  run.string("device", "where training runs").def(std::string("cpu")).one_of({"cpu", "cuda"});
+  run.string("dtype", "compute dtype of the drafter (master weights stay float32)")
+      .def(std::string("float32")).one_of({"float32", "bfloat16", "float16"});
+  run.string("out", "output folder (log, data cache, checkpoints)").def(std::string("runs"));
+  run.integer("print_every", "print a progress line every N steps").def(int64_t(1)).range(1, 1e9);
+  run.integer("threads", "CPU threads for LibTorch (0 = LibTorch's default)").def(int64_t(0)).range(0, 1024);
+  out.push_back(run);
+
+  Schema attention("attention");
+  attention.strings("kernels", "attention kernels in order of preference; the first that supports the problem runs")
+      .def(std::vector<std::string>{"dense_ref"}).items(1, 16);
+  attention.string("on_fallback", "what a fallback does: stop the run (error) or continue and record it (warn)")
+      .def(std::string("error")).one_of({"error", "warn"});
+  out.push_back(attention);
+
+  Schema opt("optimizer");
+  opt.real("lr", "peak learning rate (AdamW)").def(1e-3).range(0, 10);
+  opt.real("min_lr_ratio", "final learning rate of the cosine schedule, as a fraction of lr").def(0.1).range(0, 1);
+  opt.integer("warmup_steps", "linear warm-up steps before the cosine decay").def(int64_t(10)).at_least(0);
+  opt.real("weight_decay", "AdamW decoupled weight decay").def(0.0).range(0, 10);
+  opt.real("beta1", "AdamW beta1").def(0.9).range(0, 0.999999);
+  opt.real("beta2", "AdamW beta2").def(0.95).range(0, 0.999999);
+  opt.real("eps", "AdamW epsilon").def(1e-8).range(1e-30, 1);
+  opt.real("grad_clip", "clip the global gradient norm to this (0 = no clipping)").def(1.0).at_least(0);
+  out.push_back(opt);
+
+  Schema plugins("plugins");
+  plugins.strings("paths", "extra folders searched for plugins (after --plugin-path and FLASHDRAFT_PLUGIN_PATH)")
+      .def(std::vector<std::string>{});
+  out.push_back(plugins);
+
+  Schema ckpt("checkpoint");
+  ckpt.integer("every", "write a checkpoint every N steps (0 = only at the end)").def(int64_t(0)).at_least(0);
+  ckpt.integer("keep", "checkpoints kept (older ones are deleted)").def(int64_t(2)).range(1, 1000);
+  ckpt.boolean("enabled", "write checkpoints at all").def(false);
+  out.push_back(ckpt);
+
+  Schema eval("eval");
+  eval.integer("every", "validate every N steps (0 = only at the end)").def(int64_t(0)).at_least(0);
+  eval.boolean("enabled", "run validation on the held-out sequences").def(false);
+  out.push_back(eval);
+  return out;
+}
+
+Experiment Experiment::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open the experiment file (does it exist, is it readable?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), path);
+}
+
+Experiment Experiment::parse(const std::string& text, const std::string& path) {
+  Experiment e;
+  e.path_ = path;
+  e.text_ = text;
+  if (text.find('\0') != std::string::npos) {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < text.size() && text[i] != '\0'; ++i) {
+      if (text[i] == '\n') { ++line; col = 1; } else ++col;
+    }
+    throw ConfigError(path + ":" + std::to_string(line) + ":" + std::to_string(col) +
+                      ": not a TOML text file (a NUL byte); an experiment file is UTF-8 TOML");
+  }
+  auto parsed = std::make_shared<Parsed>();
+  try {
+    parsed->root = toml::parse(text, path);
+  } catch (const toml::parse_error& err) {
+    throw ConfigError(position(path, err.source()).str() + ": TOML syntax error: " + std::string(err.description()));
+  }
+  const toml::table& root = parsed->root;
+
+  std::set<std::string> known = {"kernels"};
+  for (const auto& s : kPluginSections) known.insert(s);
+  const std::vector<Schema> schemas = engine_schemas();
+  for (const auto& s : schemas) known.insert(s.table());
+  Schema table_names;
+  for (const auto& k : known) table_names.boolean(k, "");
+  for (const auto& [k, node] : root) {
+    const std::string key(k.str());
+    if (!known.count(key)) {
+      std::string msg = "unknown table [" + key + "]";
+      const std::string near = table_names.closest(key);
+      if (!near.empty()) msg += "; did you mean [" + near + "]?";
+      std::string names;
+      for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+      throw ConfigError(position(path, k.source()).str() + ": " + msg + " (tables: " + names + ")");
+    }
+  }
+  if (root.empty())
+    throw ConfigError(path + ": the experiment file is empty; it needs at least [drafter], [dataset] and [mask] "
+                             "tables (see experiments/quickstart.toml, or `flashdraft schema`)");
+
+  const SourcePosition file_pos{path, 0, 0};
+  auto table_pos = [&](const toml::table* t) { return t ? position(path, t->source()) : file_pos; };
+  for (const auto& s : schemas) {
+    const toml::table* t = section(root, s.table(), path);
+    Config c = check(t, s, path, table_pos(t), {});
+    if (s.table() == "run") e.run_ = c;
+    else if (s.table() == "attention") e.attention_ = c;
+    else if (s.table() == "optimizer") e.optimizer_ = c;
+    else if (s.table() == "plugins") e.plugins_ = c;
+    else if (s.table() == "checkpoint") e.checkpoint_ = c;
+    else if (s.table() == "eval") e.eval_ = c;
+  }
+  for (const auto& name : kPluginSections) {
+    const toml::table* t = section(root, name, path);
+    if (!t)
+      throw ConfigError(path + ": missing required table [" + name + "] (it names the " + name +
+                        " plugin: plugin = \"...\"; `flashdraft plugins` lists them)");
+    const toml::node* p = t->get("plugin");
+    if (!p)
+      throw ConfigError(table_pos(t).str() + ": [" + name + "] missing required key 'plugin' (the name of a " +
+                        name + " plugin; `flashdraft plugins` lists them)");
+    if (!p->is_string())
+      throw ConfigError(position(path, p->source()).str() + ": [" + name + "] plugin: expected a string, found " +
+                        describe(*p));
+    PluginChoice c{name, *p->value<std::string>(), position(path, p->source())};
+    if (name == "drafter") e.drafter_ = c;
+    else if (name == "dataset") e.dataset_ = c;
+    else e.mask_ = c;
+  }
+  if (const toml::table* k = section(root, "kernels", path)) {
+    for (const auto& [kname, node] : *k)
+      if (!node.is_table())
+        throw ConfigError(position(path, node.source()).str() + ": [kernels] " + std::string(kname.str()) +
+                          ": expected a table [kernels." + std::string(kname.str()) + "], found " + describe(node));
+  }
+  e.parsed_ = parsed;
+  return e;
+}
+
+Config Experiment::plugin_config(const std::string& name, const Schema& schema) const {
+  const toml::table* t = section(parsed_->root, name, path_);
+  Schema s = schema;
+  s.set_table(name);
+  return check(t, s, path_, t ? position(path_, t->source()) : SourcePosition{path_, 0, 0}, {"plugin"});
+}
+
+Config Experiment::kernel_config(const std::string& kernel, const Schema& schema) const {
+  const toml::table* k = section(parsed_->root, "kernels", path_);
+  const toml::table* t = nullptr;
+  if (k)
+    if (const toml::node* n = k->get(kernel)) t = n->as_table();
+  Schema s = schema;
+  s.set_table("kernels." + kernel);
+  return check(t, s, path_, t ? position(path_, t->source()) : SourcePosition{path_, 0, 0}, {});
+}
+
+void Experiment::override_integer(const std::string& table, const std::string& key, int64_t v) {
+  Config& c = table == "run" ? run_ : table == "checkpoint" ? checkpoint_ : eval_;
+  c.set(key, v, SourcePosition{"command line", 0, 0});
+}
+
+void Experiment::override_string(const std::string& table, const std::string& key, const std::string& v) {
+  Config& c = table == "run" ? run_ : attention_;
+  c.set(key, v, SourcePosition{"command line", 0, 0});
+}
+
+}  // namespace flashdraft

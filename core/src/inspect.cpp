@@ -1,0 +1,94 @@
+#include "inspect.hpp"
+
+#include "run_log.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace flashdraft {
+
+namespace {
+std::string gib(double bytes) {
+  std::ostringstream os;
+  if (bytes >= double(1 << 30))
+    os << std::fixed << std::setprecision(3) << bytes / double(1 << 30) << " GiB";
+  else
+    os << std::fixed << std::setprecision(2) << bytes / double(1 << 20) << " MiB";
+  return os.str();
+}
+}  // namespace
+
+void inspect_log(const std::string& path, std::ostream& out) {
+  LogReader r(path);
+  if (!r.exists("steps/loss")) throw std::runtime_error(path + ": not a flashdraft run log (no /steps/loss)");
+  const auto a = r.attributes("/");
+  auto attr = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string("?") : it->second; };
+  out << "run log   " << path << "\n";
+  out << "started   " << attr("start_time") << " on " << attr("device") << " (" << attr("device_name") << "), dtype "
+      << attr("dtype") << "\n";
+  out << "software  flashdraft " << attr("flashdraft_version") << " (" << attr("git_revision") << "), LibTorch "
+      << attr("torch_version") << " (CUDA " << attr("torch_cuda") << ")\n";
+  out << "experiment " << attr("experiment_path") << "\n";
+  out << "plugins\n";
+  std::istringstream pl(attr("plugins"));
+  for (std::string line; std::getline(pl, line);) out << "  " << line << "\n";
+
+  const auto loss = r.f64("steps/loss");
+  const auto step = r.f64("steps/step");
+  const size_t n = std::min(loss.size(), step.size());
+  out << "steps     " << n << " recorded";
+  if (n) out << " (step " << int64_t(step.front()) << " .. " << int64_t(step[n - 1]) << ")";
+  out << "\n";
+  if (n) {
+    const double best = *std::min_element(loss.begin(), loss.begin() + long(n));
+    out << std::fixed << std::setprecision(4) << "loss      first " << loss.front() << "  last " << loss[n - 1]
+        << "  min " << best << "\n";
+    for (const auto& m : r.members("/steps")) {
+      if (m == "loss" || m == "step" || m == "position_accuracy") continue;
+      const auto v = r.f64("steps/" + m);
+      if (v.empty()) continue;
+      out << std::left << std::setw(10) << m << std::right << "first " << std::setprecision(4) << v.front()
+          << "  last " << v.back() << "\n";
+    }
+    const auto shape = r.shape("steps/position_accuracy");
+    if (shape.size() == 2 && shape[0] > 0) {
+      const auto acc = r.f64("steps/position_accuracy");
+      const int64_t w = shape[1];
+      out << "accuracy per block position (last step):";
+      for (int64_t j = 0; j < w; ++j) out << " " << std::setprecision(2) << acc[size_t((shape[0] - 1) * w + j)];
+      out << "\n";
+    }
+    out << "memory peaks (max over steps; " << r.attributes("/memory")["device"] << ")\n";
+    for (const char* ph : {"forward", "backward", "optimizer", "step"}) {
+      const auto v = r.f64(std::string("memory/") + ph);
+      if (!v.empty()) out << "  " << std::left << std::setw(10) << ph << std::right << gib(*std::max_element(v.begin(), v.end())) << "\n";
+    }
+  }
+  const auto ka = r.attributes("/kernels");
+  out << "kernels   selected " << (ka.count("selected") ? ka.at("selected") : "?") << " for "
+      << (ka.count("problem") ? ka.at("problem") : "?") << "\n";
+  const auto names = r.strings("kernels/names");
+  for (const char* ph : {"forward", "backward"}) {
+    const auto ids = r.f64(std::string("kernels/") + ph);
+    std::map<int64_t, int64_t> count;
+    for (double id : ids) ++count[int64_t(id)];
+    out << "  " << ph << ":";
+    for (const auto& [id, c] : count)
+      out << "  " << (id < 0 || id >= int64_t(names.size()) ? std::string("(no call)") : names[size_t(id)]) << " x" << c;
+    out << "  (calls = steps x layers)\n";
+  }
+  const auto ev_step = r.f64("events/step");
+  const auto ev_kind = r.strings("events/kind");
+  const auto ev_msg = r.strings("events/message");
+  out << "events    " << ev_step.size() << "\n";
+  for (size_t i = 0; i < ev_step.size() && i < ev_kind.size() && i < ev_msg.size(); ++i)
+    out << "  step " << int64_t(ev_step[i]) << "  " << ev_kind[i] << ": " << ev_msg[i] << "\n";
+  const bool finished = std::find(ev_kind.begin(), ev_kind.end(), "finished") != ev_kind.end();
+  out << "status    " << (finished ? "finished" : "not finished (running, interrupted or crashed)") << "\n";
+}
+
+}  // namespace flashdraft
