@@ -1,0 +1,20 @@
+#!/bin/bash
+# Builds check_flash_cuda (SASS for sm_80, sm_90, sm_120 + compute_120 PTX) into $1 (default build-flash).
+# The ptxas resource report goes to $1/ptxas.log.
+set -e
+cd "$(dirname "$0")"
+OUTDIR=${1:-../../build-flash}
+mkdir -p "$OUTDIR"
+ARCH="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"
+FLAGS="-O3 -std=c++17 -lineinfo $ARCH -Xptxas -v"
+pids=()
+for f in flash_attention flash_forward flash_backward check_flash_cuda; do
+  nvcc $FLAGS -c $f.cu -o "$OUTDIR/$f.o" > "$OUTDIR/$f.ptxas.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait $p || rc=1; done
+cat "$OUTDIR"/*.ptxas.log > "$OUTDIR/ptxas.log"
+if [ $rc -ne 0 ]; then grep -B2 -A5 -i error "$OUTDIR/ptxas.log" | head -50; exit 1; fi
+nvcc $ARCH "$OUTDIR"/flash_attention.o "$OUTDIR"/flash_forward.o "$OUTDIR"/flash_backward.o "$OUTDIR"/check_flash_cuda.o -o "$OUTDIR/check_flash_cuda"
+echo "built $OUTDIR/check_flash_cuda"

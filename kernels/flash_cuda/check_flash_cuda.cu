@@ -1,0 +1,668 @@
+// check_flash_cuda: standalone correctness check and benchmark of flash_cuda (no LibTorch).
+//
+//   ./check_flash_cuda check   every mask kind x dtype x head dim x configuration, on fresh
+//                              random inputs, against a plain fp32 GPU reference (one CUDA
+//                              thread block per row / key, masks from a dense bool array);
+//                              outputs poisoned (0xFF = NaN) before every call.
+//   ./check_flash_cuda bench   DFlash mask (S=4096 context, 512 anchors x 16) and causal
+//                              L=8192, bf16, B=1, H=32, D=128: median ms of forward and
+//                              backward (cudaEvents) for both configurations, effective
+//                              TFLOP/s over visible pairs (4*pairs*D*H fwd, 2.5x bwd); the
+//                              DFlash case is first checked against the reference at H=4.
+// The BlockMask is built here from the dense mask by a tiny builder (same format as
+// flashdraft/block_mask.hpp, 128x64 tiles). Exit code 1 on any failure.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include "flash_attention.cuh"
+
+using namespace flashdraft::flash_cuda;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
+                   __LINE__, #x);                                                             \
+      std::exit(2);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+// ------------------------------------------------------------------ masks on the host
+struct DenseMask {
+  int batch = 1, heads = 1, Lq = 0, Lkv = 0;
+  std::vector<uint8_t> m;  // [batch][heads][Lq][Lkv]
+  uint8_t& at(int b, int h, int q, int k) { return m[(((size_t)b * heads + h) * Lq + q) * Lkv + k]; }
+  uint8_t at(int b, int h, int q, int k) const { return m[(((size_t)b * heads + h) * Lq + q) * Lkv + k]; }
+  void init(int b, int h, int lq, int lkv) {
+    batch = b, heads = h, Lq = lq, Lkv = lkv;
+    m.assign((size_t)b * h * lq * lkv, 0);
+  }
+  int64_t pairs() const {
+    int64_t n = 0;
+    for (uint8_t x : m) n += x;
+    return n;
+  }
+};
+
+struct HostBlockMask {
+  int batch, heads, Lq, Lkv, qB, kB;
+  std::vector<int32_t> fo, fi, po, pi, tfo, tfi, tpo, tpi, tpe;
+  std::vector<uint32_t> bits;
+};
+
+HostBlockMask build_block_mask(const DenseMask& d) {
+  const int BQ = kTileQ, BK = kTileKV, W = (BK + 31) / 32;
+  HostBlockMask r;
+  r.batch = d.batch, r.heads = d.heads, r.Lq = d.Lq, r.Lkv = d.Lkv;
+  r.qB = (d.Lq + BQ - 1) / BQ, r.kB = (d.Lkv + BK - 1) / BK;
+  const int ncols = d.batch * d.heads * r.kB;
+  std::vector<std::vector<int32_t>> tf(ncols), tp(ncols), te(ncols);
+  r.fo.push_back(0);
+  r.po.push_back(0);
+  for (int b = 0; b < d.batch; ++b)
+    for (int h = 0; h < d.heads; ++h)
+      for (int i = 0; i < r.qB; ++i) {
+        for (int j = 0; j < r.kB; ++j) {
+          const int q0 = i * BQ, q1 = std::min(q0 + BQ, d.Lq), k0 = j * BK, k1 = std::min(k0 + BK, d.Lkv);
+          int64_t cnt = 0;
+          for (int q = q0; q < q1; ++q)
+            for (int k = k0; k < k1; ++k) cnt += d.at(b, h, q, k);
+          if (cnt == 0) continue;
+          const int col = (b * d.heads + h) * r.kB + j;
+          if (cnt == int64_t(q1 - q0) * (k1 - k0)) {
+            r.fi.push_back(j);
+            tf[col].push_back(i);
+          } else {
+            const int e = (int)r.pi.size();
+            r.pi.push_back(j);
+            tp[col].push_back(i);
+            te[col].push_back(e);
+            const size_t base = r.bits.size();
+            r.bits.resize(base + (size_t)BQ * W, 0u);
+            for (int q = q0; q < q1; ++q)
+              for (int k = k0; k < k1; ++k)
+                if (d.at(b, h, q, k)) r.bits[base + (q - q0) * W + (k - k0) / 32] |= 1u << ((k - k0) % 32);
+          }
+        }
+        r.fo.push_back((int32_t)r.fi.size());
+        r.po.push_back((int32_t)r.pi.size());
+      }
+  r.tfo.push_back(0);
+  r.tpo.push_back(0);
+  for (int c = 0; c < ncols; ++c) {
+    r.tfi.insert(r.tfi.end(), tf[c].begin(), tf[c].end());
+    r.tpi.insert(r.tpi.end(), tp[c].begin(), tp[c].end());
+    r.tpe.insert(r.tpe.end(), te[c].begin(), te[c].end());
+    r.tfo.push_back((int32_t)r.tfi.size());
+    r.tpo.push_back((int32_t)r.tpi.size());
+  }
+  if (r.bits.empty()) r.bits.push_back(0);  // keep device pointers non-null
+  if (r.fi.empty()) r.fi.push_back(0);
+  if (r.pi.empty()) r.pi.push_back(0);
+  if (r.tfi.empty()) r.tfi.push_back(0);
+  if (r.tpi.empty()) r.tpi.push_back(0), r.tpe.push_back(0);
+  return r;
+}
+
+template <class V>
+V* upload(const std::vector<V>& h) {
+  V* d = nullptr;
+  CK(cudaMalloc(&d, std::max<size_t>(16, h.size() * sizeof(V))));
+  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(V), cudaMemcpyHostToDevice));
+  return d;
+}
+
+struct DeviceMask {
+  FlashMask fm;
+  uint8_t* dense = nullptr;
+  std::vector<void*> owned;
+  int nfull = 0, npart = 0;
+  void init(const DenseMask& d) {
+    HostBlockMask h = build_block_mask(d);
+    nfull = h.fo.back(), npart = h.po.back();
+    auto up = [&](auto& v) {
+      auto* p = upload(v);
+      owned.push_back(p);
+      return p;
+    };
+    fm.full_offset = up(h.fo), fm.full_index = up(h.fi), fm.part_offset = up(h.po), fm.part_index = up(h.pi);
+    fm.bits = up(h.bits);
+    fm.t_full_offset = up(h.tfo), fm.t_full_index = up(h.tfi), fm.t_part_offset = up(h.tpo);
+    fm.t_part_index = up(h.tpi), fm.t_part_entry = up(h.tpe);
+    fm.batch = d.batch, fm.heads = d.heads, fm.block_q = kTileQ, fm.block_kv = kTileKV;
+    dense = upload(d.m);
+    owned.push_back(dense);
+  }
+  ~DeviceMask() {
+    for (void* p : owned) cudaFree(p);
+  }
+};
+
+// ------------------------------------------------------------------ mask kinds
+void mask_causal(DenseMask& d, int Lq, int Lkv) {  // bottom-right aligned
+  d.init(1, 1, Lq, Lkv);
+  for (int q = 0; q < Lq; ++q)
+    for (int k = 0; k < Lkv; ++k) d.at(0, 0, q, k) = k <= q + (Lkv - Lq);
+}
+void mask_sliding(DenseMask& d, int Lq, int Lkv, int window) {
+  d.init(1, 1, Lq, Lkv);
+  for (int q = 0; q < Lq; ++q)
+    for (int k = 0; k < Lkv; ++k) {
+      const int qq = q + (Lkv - Lq);
+      d.at(0, 0, q, k) = k <= qq && k > qq - window;
+    }
+}
+// DFlash: queries = N blocks of BS tokens; keys = [context S | block tokens N*BS]. Block b
+// sees context positions < anchor_b and its own block (bidirectional); invalid: nothing.
+void mask_dflash(DenseMask& d, int batch, int S, int N, int BS, int invalid, std::mt19937& rng) {
+  d.init(batch, 1, N * BS, S + N * BS);
+  for (int b = 0; b < batch; ++b) {
+    std::vector<int> pos(S - BS);
+    for (int i = 0; i < S - BS; ++i) pos[i] = i + 1;
+    std::shuffle(pos.begin(), pos.end(), rng);
+    std::vector<int> anchors(pos.begin(), pos.begin() + N);
+    std::sort(anchors.begin(), anchors.end());
+    for (int blk = 0; blk < N; ++blk) {
+      if (blk >= N - invalid) continue;  // padded blocks see nothing
+      for (int j = 0; j < BS; ++j) {
+        const int q = blk * BS + j;
+        for (int k = 0; k < anchors[blk]; ++k) d.at(b, 0, q, k) = 1;
+        for (int k = 0; k < BS; ++k) d.at(b, 0, q, S + blk * BS + k) = 1;
+      }
+    }
+  }
+}
+// Random per-head mask: density p, some fully visible 64-key stripes, some empty rows.
+void mask_random(DenseMask& d, int batch, int heads, int Lq, int Lkv, std::mt19937& rng) {
+  d.init(batch, heads, Lq, Lkv);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h) {
+      const float p = 0.1f + 0.5f * u(rng);
+      for (int q = 0; q < Lq; ++q) {
+        const bool empty = u(rng) < 0.05f;
+        for (int k = 0; k < Lkv; ++k)
+          d.at(b, h, q, k) = !empty && (u(rng) < p || (k / 64) % 3 == 1 || (q / 128 == 1 && k < 150));
+      }
+    }
+}
+void mask_dense(DenseMask& d, int Lq, int Lkv) {
+  d.init(1, 1, Lq, Lkv);
+  std::fill(d.m.begin(), d.m.end(), 1);
+}
+
+// ------------------------------------------------------------------ device helpers
+template <class T>
+struct TT;
+template <>
+struct TT<__nv_bfloat16> {
+  static __host__ __device__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __host__ __device__ __nv_bfloat16 t(float x) { return __float2bfloat16(x); }
+};
+template <>
+struct TT<__half> {
+  static __host__ __device__ float f(__half x) { return __half2float(x); }
+  static __host__ __device__ __half t(float x) { return __float2half(x); }
+};
+
+__device__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return (uint32_t)x;
+}
+template <class T>
+__global__ void fill_random(T* p, size_t n, uint64_t seed, float amp) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    // sum of two uniforms: a triangular distribution in (-amp, amp)
+    const float a = hash32(seed * 0x9E3779B97F4A7C15ULL + 2 * i) * (1.f / 4294967296.f);
+    const float b = hash32(seed * 0x9E3779B97F4A7C15ULL + 2 * i + 1) * (1.f / 4294967296.f);
+    p[i] = TT<T>::t(amp * (a + b - 1.f));
+  }
+}
+
+struct RefArgs {
+  const void *q, *k, *v, *dout;
+  Strides qs, ks, vs, dos;
+  int B, Hq, Hkv, Lq, Lkv, D;
+  float scale;
+  const uint8_t* mask;
+  int mb, mh;
+  float *out, *lse, *dq, *dk, *dv, *delta;  // contiguous fp32 [B,H,L,(D)]
+};
+__device__ bool ref_vis(const RefArgs& a, int b, int h, int q, int k) {
+  const int mb = a.mb == 1 ? 0 : b, mh = a.mh == 1 ? 0 : h;
+  return a.mask[(((size_t)mb * a.mh + mh) * a.Lq + q) * a.Lkv + k] != 0;
+}
+template <class T>
+__device__ float ref_dot(const T* x, const T* y, int D, int lane) {
+  float s = 0.f;
+  for (int d = lane; d < D; d += 32) s += TT<T>::f(x[d]) * TT<T>::f(y[d]);
+  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+__device__ float block_reduce(float v, bool is_max, float* red) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, u) : v + u;
+  }
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int i = 1; i < (int)blockDim.x / 32; ++i) r = is_max ? fmaxf(r, red[i]) : r + red[i];
+  return r;
+}
+// One block (128 threads) per (q, h, b): scores in shared memory.
+template <class T>
+__global__ void ref_forward(RefArgs a) {
+  extern __shared__ float sm[];
+  float* s = sm;  // [Lkv]
+  __shared__ float red[32];
+  const int q = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+  const T* Q = (const T*)a.q + b * a.qs.batch + h * a.qs.head + q * a.qs.row;
+  for (int k = w; k < a.Lkv; k += nw) {
+    float v = -INFINITY;
+    if (ref_vis(a, b, h, q, k)) v = a.scale * ref_dot(Q, (const T*)a.k + b * a.ks.batch + hk * a.ks.head + k * a.ks.row, a.D, lane);
+    if (lane == 0) s[k] = v;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int k = threadIdx.x; k < a.Lkv; k += blockDim.x) mx = fmaxf(mx, s[k]);
+  mx = block_reduce(mx, true, red);
+  float sum = 0.f;
+  for (int k = threadIdx.x; k < a.Lkv; k += blockDim.x) sum += mx == -INFINITY ? 0.f : expf(s[k] - mx);
+  sum = block_reduce(sum, false, red);
+  const size_t row = ((size_t)b * a.Hq + h) * a.Lq + q;
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float o = 0.f;
+    if (sum > 0.f)
+      for (int k = 0; k < a.Lkv; ++k)
+        if (s[k] != -INFINITY) o += expf(s[k] - mx) * TT<T>::f(((const T*)a.v)[b * a.vs.batch + hk * a.vs.head + k * a.vs.row + d]);
+    a.out[row * a.D + d] = sum > 0.f ? o / sum : 0.f;
+  }
+  if (threadIdx.x == 0) a.lse[row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+}
+// dQ and delta: one block per (q, h, b).
+template <class T>
+__global__ void ref_dq(RefArgs a) {
+  extern __shared__ float sm[];
+  float* p = sm;             // [Lkv]
+  float* dp = sm + a.Lkv;    // [Lkv]
+  __shared__ float red[32];
+  const int q = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+  const size_t row = ((size_t)b * a.Hq + h) * a.Lq + q;
+  const float lse = a.lse[row];
+  const T* Q = (const T*)a.q + b * a.qs.batch + h * a.qs.head + q * a.qs.row;
+  const T* dO = (const T*)a.dout + b * a.dos.batch + h * a.dos.head + q * a.dos.row;
+  for (int k = w; k < a.Lkv; k += nw) {
+    float pv = 0.f, dpv = 0.f;
+    if (lse != -INFINITY && ref_vis(a, b, h, q, k)) {
+      pv = expf(a.scale * ref_dot(Q, (const T*)a.k + b * a.ks.batch + hk * a.ks.head + k * a.ks.row, a.D, lane) - lse);
+      dpv = ref_dot(dO, (const T*)a.v + b * a.vs.batch + hk * a.vs.head + k * a.vs.row, a.D, lane);
+    }
+    if (lane == 0) p[k] = pv, dp[k] = dpv;
+  }
+  __syncthreads();
+  float de = 0.f;
+  for (int k = threadIdx.x; k < a.Lkv; k += blockDim.x) de += p[k] * dp[k];
+  de = block_reduce(de, false, red);
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float acc = 0.f;
+    for (int k = 0; k < a.Lkv; ++k)
+      if (p[k] != 0.f) acc += p[k] * (dp[k] - de) * TT<T>::f(((const T*)a.k)[b * a.ks.batch + hk * a.ks.head + k * a.ks.row + d]);
+    a.dq[row * a.D + d] = a.scale * acc;
+  }
+  if (threadIdx.x == 0) a.delta[row] = de;
+}
+// dK, dV: one block per (key, kv head, b); walks every query of the GQA group in chunks.
+template <class T>
+__global__ void ref_dkdv(RefArgs a) {
+  __shared__ float cp[128], cds[128];
+  __shared__ int cq[128], ch[128];
+  const int k = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = a.Hq / a.Hkv;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+  const T* Kr = (const T*)a.k + b * a.ks.batch + hk * a.ks.head + k * a.ks.row;
+  const T* Vr = (const T*)a.v + b * a.vs.batch + hk * a.vs.head + k * a.vs.row;
+  float dk = 0.f, dv = 0.f;
+  const int d = threadIdx.x;
+  const int total = group * a.Lq;
+  for (int c0 = 0; c0 < total; c0 += 128) {
+    for (int i = w; i < 128; i += nw) {
+      const int idx = c0 + i;
+      float pv = 0.f, dsv = 0.f;
+      int h = 0, q = 0;
+      if (idx < total) {
+        h = hk * group + idx / a.Lq, q = idx % a.Lq;
+        const size_t row = ((size_t)b * a.Hq + h) * a.Lq + q;
+        const float lse = a.lse[row];
+        if (lse != -INFINITY && ref_vis(a, b, h, q, k)) {
+          const T* Q = (const T*)a.q + b * a.qs.batch + h * a.qs.head + q * a.qs.row;
+          const T* dO = (const T*)a.dout + b * a.dos.batch + h * a.dos.head + q * a.dos.row;
+          pv = expf(a.scale * ref_dot(Q, Kr, a.D, lane) - lse);
+          dsv = pv * (ref_dot(dO, Vr, a.D, lane) - a.delta[row]);
+        }
+      }
+      if (lane == 0) cp[i] = pv, cds[i] = dsv, cq[i] = q, ch[i] = h;
+    }
+    __syncthreads();
+    if (d < a.D)
+      for (int i = 0; i < 128; ++i)
+        if (cp[i] != 0.f) {
+          const int h = ch[i], q = cq[i];
+          dv += cp[i] * TT<T>::f(((const T*)a.dout)[b * a.dos.batch + h * a.dos.head + q * a.dos.row + d]);
+          dk += cds[i] * TT<T>::f(((const T*)a.q)[b * a.qs.batch + h * a.qs.head + q * a.qs.row + d]);
+        }
+    __syncthreads();
+  }
+  if (d < a.D) {
+    const size_t row = ((size_t)b * a.Hkv + hk) * a.Lkv + k;
+    a.dk[row * a.D + d] = a.scale * dk;
+    a.dv[row * a.D + d] = dv;
+  }
+}
+
+// ------------------------------------------------------------------ one problem
+struct Problem {
+  std::string name;
+  DenseMask mask;
+  int B = 1, Hq = 1, Hkv = 1, D = 128;
+  bool bshd = false;  // q/k/v/dout laid out [B, L, H, D] (strided views)
+};
+
+template <class T>
+std::vector<float> to_host_f(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<float> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = TT<T>::f(h[i]);
+  return r;
+}
+std::vector<float> to_host(const float* d, size_t n) {
+  std::vector<float> r(n);
+  CK(cudaMemcpy(r.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return r;
+}
+struct Cmp {
+  double rel = 0;
+  size_t nonfinite = 0;
+};
+Cmp compare(const std::vector<float>& a, const std::vector<float>& r) {
+  Cmp c;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) {
+      ++c.nonfinite;
+      continue;
+    }
+    const double e = double(a[i]) - r[i];
+    num += e * e;
+    den += double(r[i]) * r[i];
+  }
+  c.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return c;
+}
+
+struct Buffers {
+  void *q, *k, *v, *dout, *out, *dq, *dk, *dv, *ws;
+  float* lse;
+  Strides qs, ks, vs, dos, os, dqs, dks, dvs;
+};
+
+template <class T>
+void alloc_buffers(const Problem& pr, Buffers& bf, uint64_t seed, size_t ws_bytes) {
+  const int Lq = pr.mask.Lq, Lkv = pr.mask.Lkv, D = pr.D;
+  const size_t nq = (size_t)pr.B * pr.Hq * Lq * D, nk = (size_t)pr.B * pr.Hkv * Lkv * D;
+  auto mk = [&](size_t n, uint64_t s, float amp) {
+    T* p;
+    CK(cudaMalloc(&p, n * sizeof(T)));
+    fill_random<T><<<1024, 256>>>(p, n, s, amp);
+    CK(cudaGetLastError());
+    return (void*)p;
+  };
+  bf.q = mk(nq, seed + 1, 2.0f), bf.k = mk(nk, seed + 2, 2.0f), bf.v = mk(nk, seed + 3, 1.0f);
+  bf.dout = mk(nq, seed + 4, 1.0f);
+  auto st = [&](int H, int L) {
+    return pr.bshd ? Strides{(int64_t)L * H * D, D, (int64_t)H * D} : Strides{(int64_t)H * L * D, (int64_t)L * D, D};
+  };
+  auto contig = [&](int H, int L) { return Strides{(int64_t)H * L * D, (int64_t)L * D, D}; };
+  bf.qs = st(pr.Hq, Lq), bf.dos = st(pr.Hq, Lq), bf.ks = st(pr.Hkv, Lkv), bf.vs = st(pr.Hkv, Lkv);
+  bf.os = contig(pr.Hq, Lq), bf.dqs = contig(pr.Hq, Lq), bf.dks = contig(pr.Hkv, Lkv), bf.dvs = contig(pr.Hkv, Lkv);
+  CK(cudaMalloc(&bf.out, nq * sizeof(T)));
+  CK(cudaMalloc(&bf.dq, nq * sizeof(T)));
+  CK(cudaMalloc(&bf.dk, nk * sizeof(T)));
+  CK(cudaMalloc(&bf.dv, nk * sizeof(T)));
+  CK(cudaMalloc(&bf.lse, (size_t)pr.B * pr.Hq * Lq * sizeof(float)));
+  CK(cudaMalloc(&bf.ws, std::max<size_t>(ws_bytes, 16)));
+}
+void free_buffers(Buffers& bf) {
+  for (void* p : {bf.q, bf.k, bf.v, bf.dout, bf.out, bf.dq, bf.dk, bf.dv, bf.ws, (void*)bf.lse}) cudaFree(p);
+}
+
+FlashParams make_params(const Problem& pr, const Buffers& bf, const DeviceMask& dm, DType dt) {
+  FlashParams p;
+  p.dtype = dt;
+  p.B = pr.B, p.Hq = pr.Hq, p.Hkv = pr.Hkv, p.Lq = pr.mask.Lq, p.Lkv = pr.mask.Lkv, p.D = pr.D;
+  p.scale = 1.f / std::sqrt((float)pr.D);
+  p.q = bf.q, p.k = bf.k, p.v = bf.v, p.q_strides = bf.qs, p.k_strides = bf.ks, p.v_strides = bf.vs;
+  p.out = bf.out, p.out_strides = bf.os, p.lse = bf.lse;
+  p.dout = bf.dout, p.dout_strides = bf.dos;
+  p.dq = bf.dq, p.dk = bf.dk, p.dv = bf.dv, p.dq_strides = bf.dqs, p.dk_strides = bf.dks, p.dv_strides = bf.dvs;
+  p.workspace = bf.ws;
+  p.mask = dm.fm;
+  return p;
+}
+
+static int g_failures = 0;
+
+template <class T>
+void run_check(const Problem& pr, Config cfg, uint64_t seed) {
+  const DType dt = std::is_same<T, __nv_bfloat16>::value ? DType::bf16 : DType::fp16;
+  const double tol = dt == DType::bf16 ? 2e-2 : 1e-2;
+  DeviceMask dm;
+  dm.init(pr.mask);
+  Buffers bf;
+  FlashParams p0;
+  p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
+  alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0));
+  FlashParams p = make_params(pr, bf, dm, dt);
+  const int Lq = p.Lq, Lkv = p.Lkv, D = p.D;
+  const size_t nq = (size_t)pr.B * pr.Hq * Lq * D, nk = (size_t)pr.B * pr.Hkv * Lkv * D, nl = (size_t)pr.B * pr.Hq * Lq;
+  // poison every output: 0xFF bytes are NaN in bf16, fp16 and fp32
+  CK(cudaMemset(bf.out, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(bf.lse, 0xFF, nl * sizeof(float)));
+  CK(cudaMemset(bf.dq, 0xFF, nq * sizeof(T)));
+  CK(cudaMemset(bf.dk, 0xFF, nk * sizeof(T)));
+  CK(cudaMemset(bf.dv, 0xFF, nk * sizeof(T)));
+  CK(cudaMemset(bf.ws, 0xFF, flash_backward_workspace_bytes(p)));
+  std::string vf, vb;
+  try {
+    vf = flash_forward(p, cfg);
+    CK(cudaDeviceSynchronize());
+    vb = flash_backward(p, cfg);
+    CK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    std::printf("FAIL %-28s exception: %s\n", pr.name.c_str(), e.what());
+    ++g_failures;
+    free_buffers(bf);
+    return;
+  }
+  // reference
+  RefArgs a;
+  a.q = bf.q, a.k = bf.k, a.v = bf.v, a.dout = bf.dout;
+  a.qs = bf.qs, a.ks = bf.ks, a.vs = bf.vs, a.dos = bf.dos;
+  a.B = pr.B, a.Hq = pr.Hq, a.Hkv = pr.Hkv, a.Lq = Lq, a.Lkv = Lkv, a.D = D, a.scale = p.scale;
+  a.mask = dm.dense, a.mb = pr.mask.batch, a.mh = pr.mask.heads;
+  CK(cudaMalloc(&a.out, nq * 4));
+  CK(cudaMalloc(&a.dq, nq * 4));
+  CK(cudaMalloc(&a.dk, nk * 4));
+  CK(cudaMalloc(&a.dv, nk * 4));
+  CK(cudaMalloc(&a.lse, nl * 4));
+  CK(cudaMalloc(&a.delta, nl * 4));
+  const int smem_f = Lkv * 4, smem_q = 2 * Lkv * 4;
+  CK(cudaFuncSetAttribute(ref_forward<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(ref_dq<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  ref_forward<T><<<dim3(Lq, pr.Hq, pr.B), 128, smem_f>>>(a);
+  CK(cudaGetLastError());
+  ref_dq<T><<<dim3(Lq, pr.Hq, pr.B), 128, smem_q>>>(a);
+  CK(cudaGetLastError());
+  ref_dkdv<T><<<dim3(Lkv, pr.Hkv, pr.B), 128>>>(a);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+
+  const auto out = to_host_f((const T*)bf.out, nq), dq = to_host_f((const T*)bf.dq, nq);
+  const auto dk = to_host_f((const T*)bf.dk, nk), dv = to_host_f((const T*)bf.dv, nk);
+  const auto lse = to_host(bf.lse, nl);
+  const auto rout = to_host(a.out, nq), rdq = to_host(a.dq, nq), rdk = to_host(a.dk, nk), rdv = to_host(a.dv, nk);
+  const auto rlse = to_host(a.lse, nl);
+  const Cmp co = compare(out, rout), cq = compare(dq, rdq), ck = compare(dk, rdk), cv = compare(dv, rdv);
+  // lse: -inf exactly where the reference has no visible key, else close
+  double lse_err = 0;
+  size_t lse_bad = 0, empty_rows = 0, empty_bad = 0;
+  for (size_t i = 0; i < nl; ++i) {
+    if (rlse[i] == -INFINITY) {
+      ++empty_rows;
+      if (lse[i] != -INFINITY) ++lse_bad;
+      for (int d = 0; d < D; ++d)
+        if (out[i * D + d] != 0.f || dq[i * D + d] != 0.f) {
+          ++empty_bad;
+          break;
+        }
+    } else if (!std::isfinite(lse[i])) {
+      ++lse_bad;
+    } else {
+      lse_err = std::max(lse_err, (double)std::fabs(lse[i] - rlse[i]));
+    }
+  }
+  const size_t nonfinite = co.nonfinite + cq.nonfinite + ck.nonfinite + cv.nonfinite;
+  const bool ok = co.rel <= tol && cq.rel <= tol && ck.rel <= tol && cv.rel <= tol && nonfinite == 0 &&
+                  lse_bad == 0 && empty_bad == 0 && lse_err < 1e-2;
+  if (!ok) ++g_failures;
+  std::printf("%s %-30s %-5s d%-3d %-5s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
+              ok ? "ok  " : "FAIL", pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D,
+              cfg == Config::sm90 ? "sm90" : "sm120", pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
+              lse_err, cq.rel, ck.rel, cv.rel, nonfinite, empty_rows, lse_bad, empty_bad);
+  std::fflush(stdout);
+  for (float* x : {a.out, a.dq, a.dk, a.dv, a.lse, a.delta}) cudaFree(x);
+  free_buffers(bf);
+}
+
+std::vector<Problem> check_problems(std::mt19937& rng, int D) {
+  std::vector<Problem> v;
+  auto add = [&](const char* n, int B, int Hq, int Hkv, bool bshd) {
+    v.emplace_back();
+    v.back().name = n, v.back().B = B, v.back().Hq = Hq, v.back().Hkv = Hkv, v.back().D = D, v.back().bshd = bshd;
+    return &v.back().mask;
+  };
+  mask_causal(*add("causal 300", 2, 4, 2, false), 300, 300);
+  mask_causal(*add("causal q200 kv457 bshd", 1, 6, 3, true), 200, 457);
+  mask_sliding(*add("sliding w100 517", 2, 2, 2, false), 517, 517, 100);
+  mask_dflash(*add("dflash S300 N13 (2 invalid)", 2, 4, 1, false), 2, 300, 13, 16, 2, rng);
+  mask_random(*add("random per-head 190x250", 2, 4, 2, false), 2, 4, 190, 250, rng);
+  mask_dense(*add("dense 129x65 gqa4", 1, 8, 2, false), 129, 65);
+  mask_dense(*add("dense 1x1", 1, 1, 1, false), 1, 1);
+  return v;
+}
+
+// ------------------------------------------------------------------ benchmark
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void bench_problem(const Problem& pr, const char* label) {
+  DeviceMask dm;
+  dm.init(pr.mask);
+  Buffers bf;
+  FlashParams p0;
+  p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
+  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0));
+  FlashParams p = make_params(pr, bf, dm, DType::bf16);
+  const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
+  const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (Config cfg : {Config::sm120, Config::sm90}) {
+    std::string vf, vb;
+    std::vector<float> tf, tb;
+    for (int r = 0; r < 60; ++r) {
+      CK(cudaEventRecord(e0));
+      vf = flash_forward(p, cfg);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 10) tf.push_back(ms);
+      CK(cudaEventRecord(e0));
+      vb = flash_backward(p, cfg);
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (r >= 10) tb.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    const float mf = median(tf), mb = median(tb);
+    std::printf("BENCH %-8s %-5s fwd %.3f ms (%.0f TFLOP/s)  bwd %.3f ms (%.0f TFLOP/s)  fwd+bwd %.3f ms | pairs/head %.4g tiles f%d p%d | %s %s\n",
+                label, cfg == Config::sm90 ? "sm90" : "sm120", mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
+                pairs / pr.Hq, dm.nfull, dm.npart, vf.c_str(), vb.c_str());
+    std::fflush(stdout);
+  }
+  free_buffers(bf);
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s sm_%d%d, %d SMs, smem/block opt-in %zu KB\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.sharedMemPerBlockOptin / 1024);
+  const uint64_t seed = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::mt19937 rng((uint32_t)seed);
+  std::printf("seed %llu\n", (unsigned long long)seed);
+  std::vector<Config> cfgs = {Config::sm120};
+  if (prop.sharedMemPerBlockOptin >= 160 * 1024) cfgs.push_back(Config::sm90);
+  if (mode == "check" || mode == "all") {
+    uint64_t s = seed;
+    for (int D : {64, 128})
+      for (const Problem& pr : check_problems(rng, D))
+        for (Config c : cfgs) {
+          run_check<__nv_bfloat16>(pr, c, s += 17);
+          run_check<__half>(pr, c, s += 17);
+        }
+  }
+  if (mode == "bench" || mode == "all") {
+    Problem big;
+    big.name = "dflash S4096 N512 H4 (bench mask)";
+    big.B = 1, big.Hq = 4, big.Hkv = 4, big.D = 128;
+    mask_dflash(big.mask, 1, 4096, 512, 16, 0, rng);
+    for (Config c : cfgs) run_check<__nv_bfloat16>(big, c, seed + 999);
+    big.Hq = big.Hkv = 32;
+    bench_problem(big, "dflash");
+    Problem causal;
+    causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
+    mask_causal(causal.mask, 8192, 8192);
+    bench_problem(causal, "causal");
+  }
+  std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "PASSED", g_failures);
+  return g_failures ? 1 : 0;
+}

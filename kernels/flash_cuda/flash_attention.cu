@@ -1,0 +1,110 @@
+// flash_cuda host side shared by forward and backward: configuration choice, problem
+// checks, variant names. See flash_attention.cuh for the API and the algorithm.
+#include "flash_attention.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace flashdraft::flash_cuda {
+
+TileSize flash_tile_size(int /*head_dim*/) { return TileSize{kTileQ, kTileKV}; }
+
+const char* flash_supported_head_dims() { return "64, 128"; }
+bool flash_supports_head_dim(int d) { return d == 64 || d == 128; }
+
+Config flash_config_from_env() {
+  const char* v = std::getenv("FLASHDRAFT_FLASH_CUDA_CONFIG");
+  if (v == nullptr || *v == '\0') return Config::automatic;
+  const std::string s(v);
+  if (s == "auto") return Config::automatic;
+  if (s == "sm120") return Config::sm120;
+  if (s == "sm90") return Config::sm90;
+  throw std::runtime_error("FLASHDRAFT_FLASH_CUDA_CONFIG is '" + s +
+                           "'; accepted values: auto, sm120, sm90");
+}
+
+namespace {
+constexpr int kSm90MinSmem = 160 * 1024;  // the sm90 configuration needs up to 131 KB
+int device_smem_optin(int device) {
+  int v = 0;
+  const cudaError_t e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("flash_cuda: cudaDeviceGetAttribute failed: ") + cudaGetErrorString(e));
+  return v;
+}
+std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
+  if (ptr == nullptr) return std::string(name) + " is a null pointer";
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+    return std::string(name) + " is not 16-byte aligned (flash_cuda loads rows in 16-byte pieces)";
+  if (s.batch % 8 != 0 || s.head % 8 != 0 || s.row % 8 != 0)
+    return std::string(name) + " has strides (batch " + std::to_string(s.batch) + ", head " +
+           std::to_string(s.head) + ", row " + std::to_string(s.row) +
+           ") that are not multiples of 8 elements; make it contiguous";
+  return "";
+}
+}  // namespace
+
+Config flash_resolve_config(Config requested, int device) {
+  const int smem = device_smem_optin(device);
+  if (requested == Config::automatic) return smem >= kSm90MinSmem ? Config::sm90 : Config::sm120;
+  if (requested == Config::sm90 && smem < kSm90MinSmem)
+    throw std::runtime_error("flash_cuda: configuration sm90 needs " + std::to_string(kSm90MinSmem / 1024) +
+                             " KB of shared memory per block, device " + std::to_string(device) +
+                             " allows " + std::to_string(smem / 1024) + " KB; use sm120 or auto");
+  return requested;
+}
+
+std::string flash_check(const FlashParams& p, bool backward) {
+  if (!flash_supports_head_dim(p.D))
+    return "head_dim " + std::to_string(p.D) + " unsupported (supported: " + flash_supported_head_dims() + ")";
+  if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Lq < 1 || p.Lkv < 1)
+    return "empty problem (B " + std::to_string(p.B) + ", Hq " + std::to_string(p.Hq) + ", Hkv " +
+           std::to_string(p.Hkv) + ", Lq " + std::to_string(p.Lq) + ", Lkv " + std::to_string(p.Lkv) + ")";
+  if (p.Hq % p.Hkv != 0)
+    return "query heads " + std::to_string(p.Hq) + " are not a multiple of kv heads " + std::to_string(p.Hkv);
+  if (p.B > 65535 || p.Hq > 65535) return "batch or heads above 65535";
+  if (p.mask.block_q != kTileQ || p.mask.block_kv != kTileKV)
+    return "mask tile " + std::to_string(p.mask.block_q) + "x" + std::to_string(p.mask.block_kv) +
+           " but flash_cuda needs " + std::to_string(kTileQ) + "x" + std::to_string(kTileKV) +
+           " (build the mask at flash_tile_size())";
+  if (!(p.mask.batch == 1 || p.mask.batch == p.B))
+    return "mask batch " + std::to_string(p.mask.batch) + ", expected 1 or " + std::to_string(p.B);
+  if (!(p.mask.heads == 1 || p.mask.heads == p.Hq))
+    return "mask heads " + std::to_string(p.mask.heads) + ", expected 1 or " + std::to_string(p.Hq);
+  if (!p.mask.full_offset || !p.mask.full_index || !p.mask.part_offset || !p.mask.part_index || !p.mask.bits)
+    return "mask lists missing (null pointer)";
+  if (p.lse == nullptr) return "lse is a null pointer";
+  std::string r;
+  if (!(r = strides_ok("q", p.q, p.q_strides)).empty()) return r;
+  if (!(r = strides_ok("k", p.k, p.k_strides)).empty()) return r;
+  if (!(r = strides_ok("v", p.v, p.v_strides)).empty()) return r;
+  if (!(r = strides_ok("out", p.out, p.out_strides)).empty()) return r;
+  if (backward) {
+    if (!p.mask.t_full_offset || !p.mask.t_full_index || !p.mask.t_part_offset || !p.mask.t_part_index ||
+        !p.mask.t_part_entry)
+      return "transposed mask lists missing (null pointer)";
+    if (!(r = strides_ok("dout", p.dout, p.dout_strides)).empty()) return r;
+    if (!(r = strides_ok("dq", p.dq, p.dq_strides)).empty()) return r;
+    if (!(r = strides_ok("dk", p.dk, p.dk_strides)).empty()) return r;
+    if (!(r = strides_ok("dv", p.dv, p.dv_strides)).empty()) return r;
+    if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+      return "workspace missing or not 16-byte aligned";
+  }
+  return "";
+}
+
+std::string flash_variant(bool backward, Config c, DType dtype, int d) {
+  return std::string("flash_cuda/") + (backward ? "bwd/" : "fwd/") + (c == Config::sm90 ? "sm90/" : "sm120/") +
+         (dtype == DType::bf16 ? "bf16/" : "fp16/") + "d" + std::to_string(d) + "/m" + std::to_string(kTileQ) +
+         "n" + std::to_string(kTileKV);
+}
+
+size_t flash_backward_workspace_bytes(const FlashParams& p) {
+  const size_t lq_pad = (size_t(p.Lq) + kTileQ - 1) / kTileQ * kTileQ;
+  return 2 * size_t(p.B) * size_t(p.Hq) * lq_pad * sizeof(float);
+}
+
+}  // namespace flashdraft::flash_cuda

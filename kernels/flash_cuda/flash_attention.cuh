@@ -1,0 +1,139 @@
+// flash_cuda: fused block-sparse attention (FlashAttention-2 style), forward and
+// backward, over flashdraft's BlockMask, for sm_80 / sm_90 / sm_120, bf16 and fp16,
+// head dims 64 and 128, GQA. This header is the host API; it is plain C++ (no LibTorch,
+// no device code) so the plugin (flash_cuda_plugin.cpp) can include it from a .cpp.
+//
+// What it computes, per (batch b, query head h, query row i):
+//   s_ij  = scale * q_i . k_j           (k, v of kv head h / (Hq / Hkv): GQA)
+//   out_i = sum_j softmax_j(s_ij) v_j   over the keys j visible in the BlockMask
+//   lse_i = log sum_j exp(s_ij)         natural log; -inf (and out_i = 0) for a row
+//                                       with no visible key; its gradients are 0.
+// Backward gives dq, dk, dv in the input dtype (accumulated in fp32 registers).
+//
+// Algorithm (see flash_kernels.cuh for the device code and its invariants):
+//   forward : one CTA per (128-query tile, q head, batch); 8 warps x 16 rows; walks the
+//             tile's partial then full KV tiles (64 keys) from the CSR lists;
+//             mma.sync m16n8k16 (fp32 accumulate), ldmatrix, cp.async multi-stage
+//             K/V pipeline, online softmax in base 2; full tiles never read a bitmap.
+//   backward: (1) preprocess: delta = rowsum(dO * O) and lse*log2(e) into the workspace
+//             (rows padded to the tile; pad rows get lse = +inf so they vanish);
+//             (2) dK/dV: one CTA per (64-key tile, kv head, batch), 4 warps x 16 keys,
+//             walking the transposed lists (all q heads of the GQA group) in 64-row
+//             query steps; dK, dV stay in registers and are written once;
+//             (3) dQ: one CTA per (128-query tile, q head, batch) walking the forward
+//             lists, recomputing P and dP, dQ accumulated in fp32 registers.
+//   dQ is a SEPARATE PASS, not atomics: every dq element is written exactly once by one
+//   CTA (deterministic, no fp32 dq buffer to zero and convert, no atomic traffic through
+//   L2 -- with atomics each (kv tile, q tile) pair would add 128x128 floats); the price
+//   is recomputing S and dP (7 instead of 5 GEMMs in the backward).
+//
+// Tiles: the BlockMask must be built at block_q = 128, block_kv = 64 (flash_tile_size()).
+// Configurations (same tiles, different shared-memory pipelines):
+//   sm120: fits 99 KB of shared memory per block (RTX 50xx / RTX PRO 6000): forward
+//          2 K/V stages (96 KB at d128), dK/dV 2 Q/dO stages (98 KB), dQ 1 stage (96 KB).
+//   sm90 : deeper pipelines for 227 KB parts (H100/H200, also A100's 163 KB):
+//          forward 3 stages (128 KB), dK/dV 3 stages (131 KB), dQ 2 stages (128 KB).
+//   Config::automatic picks sm90 where the device allows >= 160 KB per block, else
+//   sm120. FLASHDRAFT_FLASH_CUDA_CONFIG=sm120|sm90|auto forces one (flash_config_from_env).
+// Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90}/{bf16,fp16}/d{64,128}/m128n64.
+//
+// Requirements checked by flash_check(): D in {64, 128}; last dim contiguous and every
+// row start 16-byte aligned (row/head/batch strides multiples of 8 elements, pointers
+// 16-byte aligned); Hq % Hkv == 0; mask tile 128x64; mask batch in {1, B}, heads in
+// {1, Hq}; lse contiguous [B, Hq, Lq]. Errors throw std::runtime_error with a sentence.
+//
+// Build and check (standalone, no LibTorch):
+//   nvcc -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+//        -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120
+//        kernels/flash_cuda/{flash_attention,flash_forward,flash_backward,check_flash_cuda}.cu
+//        -o check_flash_cuda && ./check_flash_cuda check && ./check_flash_cuda bench
+//   (kernels/flash_cuda/run_device.sh does exactly this on the device machine.)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace flashdraft::flash_cuda {
+
+enum class DType : int { bf16 = 0, fp16 = 1 };
+enum class Config : int { automatic = 0, sm120 = 1, sm90 = 2 };
+
+constexpr int kTileQ = 128;   // query rows per mask tile (BlockMask::block_q)
+constexpr int kTileKV = 64;   // keys per mask tile (BlockMask::block_kv)
+
+// Strides in elements; the last (head-dim) stride must be 1.
+struct Strides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// The BlockMask lists on the device (see flashdraft/block_mask.hpp for their meaning).
+struct FlashMask {
+  const int32_t* full_offset = nullptr;
+  const int32_t* full_index = nullptr;
+  const int32_t* part_offset = nullptr;
+  const int32_t* part_index = nullptr;
+  const uint32_t* bits = nullptr;
+  const int32_t* t_full_offset = nullptr;
+  const int32_t* t_full_index = nullptr;
+  const int32_t* t_part_offset = nullptr;
+  const int32_t* t_part_index = nullptr;
+  const int32_t* t_part_entry = nullptr;
+  int batch = 1, heads = 1;               // 1 = shared across batch / heads
+  int block_q = kTileQ, block_kv = kTileKV;
+};
+
+struct FlashParams {
+  DType dtype = DType::bf16;
+  int B = 0, Hq = 0, Hkv = 0, Lq = 0, Lkv = 0, D = 0;
+  float scale = 0.f;
+  // forward inputs: q [B,Hq,Lq,D], k, v [B,Hkv,Lkv,D]
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  Strides q_strides, k_strides, v_strides;
+  // forward output / backward input: out [B,Hq,Lq,D], lse [B,Hq,Lq] float32 contiguous
+  void* out = nullptr;
+  Strides out_strides;
+  float* lse = nullptr;
+  // backward: dout like out; dq like q; dk, dv like k
+  const void* dout = nullptr;
+  Strides dout_strides;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  Strides dq_strides, dk_strides, dv_strides;
+  void* workspace = nullptr;  // flash_backward_workspace_bytes(params), 16-byte aligned
+  FlashMask mask;
+  cudaStream_t stream = nullptr;
+};
+
+struct TileSize {
+  int q = kTileQ, kv = kTileKV;
+};
+
+// The tile the BlockMask must be built at (the same for every head dim and config).
+TileSize flash_tile_size(int head_dim);
+// Head dims the kernel supports, as text for a refusal reason: "64, 128".
+const char* flash_supported_head_dims();
+bool flash_supports_head_dim(int head_dim);
+// Reads FLASHDRAFT_FLASH_CUDA_CONFIG (unset or "auto" -> automatic, "sm120", "sm90");
+// throws std::runtime_error naming the value and the accepted ones otherwise.
+Config flash_config_from_env();
+// automatic -> sm90 when the device allows >= 160 KB shared memory per block, else sm120.
+// Throws when the device cannot run the requested one (e.g. sm90 on a 99 KB part).
+Config flash_resolve_config(Config requested, int device);
+// "" when the problem is runnable, else a sentence with the found and accepted values.
+std::string flash_check(const FlashParams& p, bool backward);
+// The variant string a call with these arguments reports.
+std::string flash_variant(bool backward, Config resolved, DType dtype, int head_dim);
+
+// Launches on p.stream (asynchronous); returns the variant that ran.
+std::string flash_forward(const FlashParams& p, Config config = Config::automatic);
+// Bytes of p.workspace the backward needs (2 floats per padded query row).
+size_t flash_backward_workspace_bytes(const FlashParams& p);
+std::string flash_backward(const FlashParams& p, Config config = Config::automatic);
+
+}  // namespace flashdraft::flash_cuda

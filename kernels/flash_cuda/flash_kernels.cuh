@@ -1,0 +1,716 @@
+// flash_cuda device code: primitives and the four kernel templates (forward, backward
+// preprocess, dK/dV, dQ). Included by flash_forward.cu and flash_backward.cu only.
+//
+// Fragment conventions (mma.sync m16n8k16, row.col, g = lane / 4, t = lane % 4):
+//   A 16x16 : a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16x8  : b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C 16x8  : c0,c1 (g, 2t..2t+1)  c2,c3 (g+8, 2t..2t+1)
+// so an accumulator tile pair (n-tiles 2kk, 2kk+1) repacks directly into the A operand of
+// the next product (P -> P.V), as in FlashAttention-2.
+// Shared-memory tiles are [rows][D] of 16-bit values in 16-byte chunks with the chunk
+// index XORed by (row & 7): the 8 row addresses of every ldmatrix phase hit 8 distinct
+// bank groups, for both the plain and the transposed loads.
+// Softmax runs in base 2: scores are multiplied by scale*log2(e) inside the exp2, the
+// running max m is kept in raw score units, and lse = (m*scale*log2e + log2 l) * ln 2.
+// A row whose max is still -inf uses 0 as the subtracted max, so exp2(-inf - 0) = 0 and
+// no -inf - -inf NaN can appear; such a row ends with l = 0: out 0, lse -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flash_attention.cuh"
+
+namespace flashdraft::flash_cuda::detail {
+
+constexpr int BQ = kTileQ;    // 128
+constexpr int BKV = kTileKV;  // 64
+constexpr int BQ_STEP = 64;   // query rows per dK/dV step (half a mask tile)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------- primitives
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; bytes beyond src_bytes (0 or 16) are zero-filled.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <class T>
+struct Ops;
+template <>
+struct Ops<__nv_bfloat16> {
+  static constexpr const char* name = "bf16";
+  __device__ static __forceinline__ uint32_t pack(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ static __forceinline__ float2 unpack(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
+  }
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Ops<__half> {
+  static constexpr const char* name = "fp16";
+  __device__ static __forceinline__ uint32_t pack(float a, float b) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ static __forceinline__ float2 unpack(uint32_t u) {
+    return __half22float2(*reinterpret_cast<__half2*>(&u));
+  }
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Swizzled [rows][D] tile: byte offset of 16-byte chunk `chunk` of row `row`.
+template <int D>
+__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
+  return static_cast<uint32_t>((row * (D / 8) + (chunk ^ (row & 7))) * 16);
+}
+
+// Copies rows [row0, row0 + ROWS) of a [L][D] matrix (row stride in elements) into a
+// swizzled tile; rows >= L are zero-filled (so masked-out garbage can never be NaN).
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* base, int64_t row_stride,
+                                          int row0, int L, int tid) {
+  constexpr int C = D / 8;
+#pragma unroll
+  for (int i = tid; i < ROWS * C; i += NT) {
+    const int r = i / C, c = i % C;
+    const bool ok = row0 + r < L;
+    const uint16_t* src = ok ? base + (int64_t)(row0 + r) * row_stride + c * 8 : base;
+    cp_async16(dst + tile_off<D>(r, c), src, ok);
+  }
+}
+
+// Stores a warp's 16 x D fp32 accumulator rows (already scaled) to a swizzled tile.
+template <class T, int D>
+__device__ __forceinline__ void acc_to_smem(unsigned char* tile, int row0, const float (&acc)[D / 8][4],
+                                            int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g, j) + t * 4) =
+        Ops<T>::pack(acc[j][0], acc[j][1]);
+    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g + 8, j) + t * 4) =
+        Ops<T>::pack(acc[j][2], acc[j][3]);
+  }
+}
+// Copies `rows` rows of a swizzled tile to global memory (16-byte stores), rows >= L skipped.
+template <int D>
+__device__ __forceinline__ void smem_to_global(uint16_t* base, int64_t row_stride, const unsigned char* tile,
+                                               int tile_row0, int rows, int grow0, int L, int tid, int nt) {
+  constexpr int C = D / 8;
+  for (int i = tid; i < rows * C; i += nt) {
+    const int r = i / C, c = i % C;
+    if (grow0 + r < L)
+      *reinterpret_cast<uint4*>(base + (int64_t)(grow0 + r) * row_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(tile + tile_off<D>(tile_row0 + r, c));
+  }
+}
+
+// Writes a warp's 16 x D fp32 accumulator straight to global memory (rows >= L skipped).
+// Used where no smem tile is free; each store is 4 bytes.
+template <class T, int D>
+__device__ __forceinline__ void zero_rows(uint16_t* base, int64_t row_stride, int row0, int rows, int L,
+                                          int tid, int nt) {
+  constexpr int C = D / 8;
+  for (int i = tid; i < rows * C; i += nt) {
+    const int r = i / C, c = i % C;
+    if (row0 + r < L)
+      *reinterpret_cast<uint4*>(base + (int64_t)(row0 + r) * row_stride + c * 8) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// S(16 x 64) += A(16 rows of sA at arow0, D) * B(64 rows of sB, D)^T, both swizzled [.][D].
+template <class T, int D>
+__device__ __forceinline__ void gemm_abt(float (&s)[8][4], uint32_t sA, int arow0, uint32_t sB, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];
+    ldsm_x4(a, sA + tile_off<D>(arow0 + (lane % 16), 2 * kk + lane / 16));
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t b[4];
+      ldsm_x4(b, sB + tile_off<D>(jj * 16 + (lane / 16) * 8 + (lane % 8), 2 * kk + (lane / 8) % 2));
+      Ops<T>::mma(s[2 * jj], a, b[0], b[1]);
+      Ops<T>::mma(s[2 * jj + 1], a, b[2], b[3]);
+    }
+  }
+}
+// O(16 x D) += P(16 x 64, fp32 accumulator layout, rounded to T) * V(64 rows of sV, D).
+template <class T, int D>
+__device__ __forceinline__ void gemm_pv(float (&o)[D / 8][4], const float (&p)[8][4], uint32_t sV, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    a[0] = Ops<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = Ops<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = Ops<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = Ops<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];
+      ldsm_x4_t(b, sV + tile_off<D>(kk * 16 + ((lane / 8) % 2) * 8 + (lane % 8), 2 * dp + lane / 16));
+      Ops<T>::mma(o[2 * dp], a, b[0], b[1]);
+      Ops<T>::mma(o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// The KV tile of list position `it` of a query tile's row: partial tiles first.
+struct RowList {
+  int po, np, fo, n;
+  __device__ __forceinline__ void at(const FlashMask& m, int it, int& kvb, int& entry) const {
+    if (it < np) {
+      kvb = m.part_index[po + it];
+      entry = po + it;
+    } else {
+      kvb = m.full_index[fo + it - np];
+      entry = -1;
+    }
+  }
+};
+__device__ __forceinline__ RowList row_list(const FlashMask& m, int b, int h, int qb, int q_blocks) {
+  const int mb = m.batch == 1 ? 0 : b, mh = m.heads == 1 ? 0 : h;
+  const int row = (mb * m.heads + mh) * q_blocks + qb;
+  RowList r;
+  r.po = m.part_offset[row];
+  r.np = m.part_offset[row + 1] - r.po;
+  r.fo = m.full_offset[row];
+  r.n = r.np + (m.full_offset[row + 1] - r.fo);
+  return r;
+}
+
+// Masks a warp's 16 x 64 score tile (rows qrow, qrow + 8 of the 128-row mask tile):
+// partial tiles read their bitmap (2 words per row), a full tile only cuts the ragged
+// kv edge (its out-of-range columns are not part of the mask).
+__device__ __forceinline__ void apply_mask(float (&s)[8][4], const FlashMask& m, int entry, int kv0, int Lkv,
+                                           int qrow, int t) {
+  if (entry >= 0) {
+    const uint32_t* w = m.bits + (int64_t)entry * (BQ * 2);
+    const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
+    const uint32_t w1[2] = {__ldg(w + (qrow + 8) * 2), __ldg(w + (qrow + 8) * 2 + 1)};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int bit = (j % 4) * 8 + 2 * t + x;
+        if (!((w0[j / 4] >> bit) & 1u)) s[j][x] = -INFINITY;
+        if (!((w1[j / 4] >> bit) & 1u)) s[j][2 + x] = -INFINITY;
+      }
+  } else if (kv0 + BKV > Lkv) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        if (kv0 + 8 * j + 2 * t + x >= Lkv) {
+          s[j][x] = -INFINITY;
+          s[j][2 + x] = -INFINITY;
+        }
+  }
+}
+
+// ---------------------------------------------------------------- forward
+template <int D, int STAGES>
+struct FwdSmem {
+  static constexpr int kQ = BQ * D * 2;
+  static constexpr int kKV = BKV * D * 2;
+  static constexpr int bytes = kQ + STAGES * 2 * kKV;
+};
+
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(256, 1) flash_fwd_kernel(const FlashParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  using S = FwdSmem<D, STAGES>;
+  const int q_blocks = (p.Lq + BQ - 1) / BQ;
+  const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const int q0 = qb * BQ;
+
+  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
+  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
+  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  uint16_t* O = static_cast<uint16_t*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+  float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.Lq;
+
+  const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
+  if (rl.n == 0) {  // no visible key in the whole tile
+    zero_rows<T, D>(O, p.out_strides.row, q0, BQ, p.Lq, tid, 256);
+    if (tid < BQ && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
+    return;
+  }
+  const uint32_t sQ = smem_addr(smem);
+  auto sK = [&](int st) { return sQ + S::kQ + st * 2 * S::kKV; };
+  auto sV = [&](int st) { return sQ + S::kQ + st * 2 * S::kKV + S::kKV; };
+  auto load_kv = [&](int it, int st) {
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    load_tile<D, BKV, 256>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+    load_tile<D, BKV, 256>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+  };
+
+  load_tile<D, BQ, 256>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < rl.n) load_kv(s, s);
+    cp_async_commit();
+  }
+
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int qrow = warp * 16 + g;  // this thread's rows: qrow, qrow + 8 (within the tile)
+
+  for (int it = 0; it < rl.n; ++it) {
+    {
+      const int nx = it + STAGES - 1;
+      if (nx < rl.n) load_kv(nx, nx % STAGES);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const int st = it % STAGES;
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    gemm_abt<T, D>(s, sQ, warp * 16, sK(st), lane);
+    apply_mask(s, p.mask, entry, kvb * BKV, p.Lkv, qrow, t);
+
+    // online softmax, two rows per thread, reduced over the 4 lanes of a quad
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    float base[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      base[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+      alpha[r] = fast_exp2(m[r] * sl2 - base[r]);  // m = -inf -> 0
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = fast_exp2(fmaf(s[j][0], sl2, -base[0]));
+      s[j][1] = fast_exp2(fmaf(s[j][1], sl2, -base[0]));
+      s[j][2] = fast_exp2(fmaf(s[j][2], sl2, -base[1]));
+      s[j][3] = fast_exp2(fmaf(s[j][3], sl2, -base[1]));
+      l[0] += s[j][0] + s[j][1];
+      l[1] += s[j][2] + s[j][3];
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    gemm_pv<T, D>(o, s, sV(st), lane);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float inv0 = l[0] > 0.f ? 1.f / l[0] : 0.f, inv1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[j][0] *= inv0;
+    o[j][1] *= inv0;
+    o[j][2] *= inv1;
+    o[j][3] *= inv1;
+  }
+  // Each warp reuses its own 16 rows of the Q tile for staging: no block barrier needed.
+  acc_to_smem<T, D>(smem, warp * 16, o, lane);
+  __syncwarp();
+  smem_to_global<D>(O, p.out_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + qrow + 8 * r;
+      if (q < p.Lq) lse[q] = l[r] > 0.f ? (m[r] * sl2 + __log2f(l[r])) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward preprocess
+// ws_lse2[row][q] = lse * log2(e) (+inf where lse = -inf or q >= Lq: such rows give P = 0)
+// ws_delta[row][q] = sum_d dO * O (0 for q >= Lq); row = b * Hq + h, q < Lq_pad.
+template <class T, int D>
+__global__ void __launch_bounds__(256) flash_bwd_pre_kernel(const FlashParams p, float* ws_lse2,
+                                                            float* ws_delta, int Lq_pad) {
+  constexpr int TPR = D / 8;  // threads per row, 8 elements each
+  constexpr int RPB = 256 / TPR;
+  const int bh = blockIdx.y, b = bh / p.Hq, h = bh % p.Hq;
+  const int q = blockIdx.x * RPB + threadIdx.x / TPR, c = threadIdx.x % TPR;
+  if (q >= Lq_pad) return;
+  float acc = 0.f;
+  if (q < p.Lq) {
+    const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.out) + b * p.out_strides.batch +
+                                                    h * p.out_strides.head + q * p.out_strides.row + c * 8);
+    const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.dout) +
+                                                    b * p.dout_strides.batch + h * p.dout_strides.head +
+                                                    q * p.dout_strides.row + c * 8);
+    const uint32_t ou[4] = {o.x, o.y, o.z, o.w}, du[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = Ops<T>::unpack(ou[i]), e = Ops<T>::unpack(du[i]);
+      acc += a.x * e.x + a.y * e.y;
+    }
+  }
+#pragma unroll
+  for (int off = TPR / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (c == 0) {
+    float l2 = INFINITY;
+    if (q < p.Lq) {
+      const float v = p.lse[(int64_t)bh * p.Lq + q];
+      l2 = v == -INFINITY ? INFINITY : v * kLog2e;
+    }
+    ws_lse2[(int64_t)bh * Lq_pad + q] = l2;
+    ws_delta[(int64_t)bh * Lq_pad + q] = q < p.Lq ? acc : 0.f;
+  }
+}
+
+// ---------------------------------------------------------------- backward dK / dV
+template <int D, int STAGES>
+struct KvSmem {
+  static constexpr int kKV = BKV * D * 2;
+  static constexpr int kQ = BQ_STEP * D * 2;
+  // stage: Q tile, dO tile, lse2[64], delta[64], bits[64 rows x 2 words], flag
+  static constexpr int kStage = 2 * kQ + 64 * 4 * 2 + 128 * 4 + 16;
+  static constexpr int bytes = 2 * kKV + STAGES * kStage;
+};
+
+// One step of the dK/dV walk: 64 query rows of head h starting at q0; entry = partial
+// entry of the 128x64 mask tile (-1: full), half = which 64-row half of that tile.
+struct KvStep {
+  int h, q0, entry, half;
+};
+// Walks (q head of the GQA group, transposed list position, half) in order; settle()
+// skips halves beyond Lq and heads with empty lists.
+struct KvCursor {
+  int g = 0, idx = 0, half = 0;
+  __device__ __forceinline__ bool settle(const FlashParams& p, int b, int hk, int kvb, int kv_blocks,
+                                         KvStep& s) {
+    const int group = p.Hq / p.Hkv;
+    const FlashMask& m = p.mask;
+    const int mb = m.batch == 1 ? 0 : b;
+    while (g < group) {
+      const int h = hk * group + g;
+      const int mh = m.heads == 1 ? 0 : h;
+      const int col = (mb * m.heads + mh) * kv_blocks + kvb;
+      const int po = m.t_part_offset[col], np = m.t_part_offset[col + 1] - po;
+      const int fo = m.t_full_offset[col], nf = m.t_full_offset[col + 1] - fo;
+      if (idx >= np + nf) {
+        ++g;
+        idx = 0;
+        half = 0;
+        continue;
+      }
+      const int qb = idx < np ? m.t_part_index[po + idx] : m.t_full_index[fo + idx - np];
+      const int q0 = qb * BQ + half * BQ_STEP;
+      if (q0 >= p.Lq) {
+        ++idx;
+        half = 0;
+        continue;
+      }
+      s.h = h;
+      s.q0 = q0;
+      s.entry = idx < np ? m.t_part_entry[po + idx] : -1;
+      s.half = half;
+      return true;
+    }
+    return false;
+  }
+  __device__ __forceinline__ void advance() {
+    if (++half == 2) {
+      half = 0;
+      ++idx;
+    }
+  }
+};
+
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
+                                                                const float* ws_delta, int Lq_pad) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  using S = KvSmem<D, STAGES>;
+  const int kv_blocks = (p.Lkv + BKV - 1) / BKV;
+  const int kvb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const int kv0 = kvb * BKV;
+
+  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
+  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  const uint32_t sK = smem_addr(smem), sV = sK + S::kKV;
+  auto stage = [&](int st) { return 2 * S::kKV + st * S::kStage; };  // byte offset
+  auto load_step = [&](const KvStep& s, int st) {
+    const int off = stage(st);
+    const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + s.h * p.q_strides.head;
+    const uint16_t* dO =
+        static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
+    load_tile<D, BQ_STEP, 128>(sK + off, Q, p.q_strides.row, s.q0, p.Lq, tid);
+    load_tile<D, BQ_STEP, 128>(sK + off + S::kQ, dO, p.dout_strides.row, s.q0, p.Lq, tid);
+    const int64_t row = ((int64_t)b * p.Hq + s.h) * Lq_pad + s.q0;
+    const uint32_t sl = sK + off + 2 * S::kQ;
+    if (tid < 16) cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
+    else if (tid < 32) cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
+    else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
+      cp_async16(sl + 512 + (tid - 32) * 16,
+                 p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
+    if (tid == 0) *reinterpret_cast<int*>(smem + off + 2 * S::kQ + 1024) = s.entry >= 0 ? 1 : 0;
+  };
+
+  load_tile<D, BKV, 128>(sK, K, p.k_strides.row, kv0, p.Lkv, tid);
+  load_tile<D, BKV, 128>(sV, V, p.v_strides.row, kv0, p.Lkv, tid);
+  KvCursor lc;
+  KvStep ls;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (lc.settle(p, b, hk, kvb, kv_blocks, ls)) {
+      load_step(ls, s);
+      lc.advance();
+    }
+    cp_async_commit();
+  }
+
+  const float sl2 = p.scale * kLog2e;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dk[j][x] = dv[j][x] = 0.f;
+  const int krow = warp * 16 + g;  // this thread's keys: krow, krow + 8 (within the tile)
+
+  KvCursor cc;
+  KvStep cs;
+  for (int it = 0; cc.settle(p, b, hk, kvb, kv_blocks, cs); ++it, cc.advance()) {
+    {
+      if (lc.settle(p, b, hk, kvb, kv_blocks, ls)) {
+        load_step(ls, (it + STAGES - 1) % STAGES);
+        lc.advance();
+      }
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const int off = stage(it % STAGES);
+    const uint32_t sQ = sK + off, sdO = sK + off + S::kQ;
+    const float* sL = reinterpret_cast<const float*>(smem + off + 2 * S::kQ);
+    const float* sDelta = sL + 64;
+    const uint32_t* sBits = reinterpret_cast<const uint32_t*>(sL + 128);
+    const bool partial = *reinterpret_cast<const int*>(sL + 256) != 0;
+
+    // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys x 64 queries
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[j][x] = dp[j][x] = 0.f;
+    gemm_abt<T, D>(s, sK, warp * 16, sQ, lane);
+    gemm_abt<T, D>(dp, sV, warp * 16, sdO, lane);
+
+    // P^T = exp2(s * sl2 - lse2[q]) (0 where masked), dS^T = P^T (dP^T - delta[q])
+    const int word = warp / 2;  // keys 16w..16w+15 all sit in word (16w)/32 of a row
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int c = 8 * j + 2 * t + x;  // query column within the step
+        const float l2 = sL[c], de = sDelta[c];
+        float p0 = fast_exp2(fmaf(s[j][x], sl2, -l2));
+        float p1 = fast_exp2(fmaf(s[j][2 + x], sl2, -l2));
+        if (partial) {
+          const uint32_t w = sBits[c * 2 + word];
+          if (!((w >> (krow % 32)) & 1u)) p0 = 0.f;
+          if (!((w >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
+        }
+        s[j][x] = p0;
+        s[j][2 + x] = p1;
+        dp[j][x] = p0 * (dp[j][x] - de);
+        dp[j][2 + x] = p1 * (dp[j][2 + x] - de);
+      }
+    // dV += P^T dO, dK += dS^T Q (contraction over the 64 queries)
+    gemm_pv<T, D>(dv, s, sdO, lane);
+    gemm_pv<T, D>(dk, dp, sQ, lane);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dk[j][x] *= p.scale;
+  // Stage through the first stage's Q and dO tiles (64 rows each, free after the loop).
+  unsigned char* tdk = smem + stage(0);
+  unsigned char* tdv = smem + stage(0) + S::kQ;
+  acc_to_smem<T, D>(tdk, warp * 16, dk, lane);
+  acc_to_smem<T, D>(tdv, warp * 16, dv, lane);
+  __syncthreads();
+  uint16_t* dK = static_cast<uint16_t*>(p.dk) + b * p.dk_strides.batch + hk * p.dk_strides.head;
+  uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
+  smem_to_global<D>(dK, p.dk_strides.row, tdk, 0, BKV, kv0, p.Lkv, tid, 128);
+  smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid, 128);
+}
+
+// ---------------------------------------------------------------- backward dQ
+template <int D, int STAGES>
+struct DqSmem {
+  static constexpr int kQ = BQ * D * 2;
+  static constexpr int kKV = BKV * D * 2;
+  static constexpr int bytes = 2 * kQ + STAGES * 2 * kKV;
+};
+
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(256, 1) flash_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
+                                                              const float* ws_delta, int Lq_pad) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  using S = DqSmem<D, STAGES>;
+  const int q_blocks = (p.Lq + BQ - 1) / BQ;
+  const int qb = q_blocks - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const int q0 = qb * BQ;
+
+  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
+  const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
+  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  uint16_t* dQ = static_cast<uint16_t*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
+
+  const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
+  if (rl.n == 0) {
+    zero_rows<T, D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, 256);
+    return;
+  }
+  const uint32_t sQ = smem_addr(smem), sdO = sQ + S::kQ;
+  auto sK = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV; };
+  auto sV = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV + S::kKV; };
+  auto load_kv = [&](int it, int st) {
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    load_tile<D, BKV, 256>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+    load_tile<D, BKV, 256>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+  };
+  load_tile<D, BQ, 256>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  load_tile<D, BQ, 256>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < rl.n) load_kv(s, s);
+    cp_async_commit();
+  }
+  const int qrow = warp * 16 + g;
+  const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + qrow;  // padded: always in range
+  const float l2[2] = {ws_lse2[wrow], ws_lse2[wrow + 8]};
+  const float de[2] = {ws_delta[wrow], ws_delta[wrow + 8]};
+  const float sl2 = p.scale * kLog2e;
+  float dq[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+
+  for (int it = 0; it < rl.n; ++it) {
+    {
+      const int nx = it + STAGES - 1;
+      if (nx < rl.n) load_kv(nx, nx % STAGES);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    const int st = it % STAGES;
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[j][x] = dp[j][x] = 0.f;
+    gemm_abt<T, D>(s, sQ, warp * 16, sK(st), lane);
+    gemm_abt<T, D>(dp, sdO, warp * 16, sV(st), lane);
+    apply_mask(s, p.mask, entry, kvb * BKV, p.Lkv, qrow, t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float pr = fast_exp2(fmaf(s[j][x], sl2, -l2[x / 2]));
+        dp[j][x] = pr * (dp[j][x] - de[x / 2]);
+      }
+    // dQ += dS K: B operand = K tile read transposed (k = key, n = head dim)
+    gemm_pv<T, D>(dq, dp, sK(st), lane);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dq[j][x] *= p.scale;
+  // each warp stages its own 16 rows through its rows of the Q tile
+  acc_to_smem<T, D>(smem, warp * 16, dq, lane);
+  __syncwarp();
+  smem_to_global<D>(dQ, p.dq_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+}
+
+}  // namespace flashdraft::flash_cuda::detail
