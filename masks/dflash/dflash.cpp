@@ -1,0 +1,132 @@
+// dflash: the DFlash training mask (DESIGN.md, "DFlash training semantics").
+//   keys/values = [context (S = context_len) | blocks (N * BS)],  queries = blocks (N * BS)
+//   Query q belongs to block n = q / BS (row j = q % BS inside it), of batch element b.
+//   A valid block n sees
+//     - the context strictly before its anchor:  kv < anchors[b][n],
+//     - its own block:  S + n*BS <= kv < S + (n+1)*BS          (in_block = "bidirectional"),
+//                       S + n*BS <= kv <= S + n*BS + j         (in_block = "causal"),
+//   and never another block. A padding block (block_valid[b][n] = 0) sees nothing.
+// Each row is two intervals (context, own block); per query block of BQ rows the
+// context KV blocks left of the smallest anchor are full, the one or two under the
+// spread of anchors get bitmaps, and the block region contributes the block-diagonal
+// tiles (masks/row_intervals.hpp). The mask differs per batch element (mask batch = B).
+//
+// Input checks (std::invalid_argument naming the value): block size >= 1; for valid
+// blocks 0 <= anchor <= S - BS (the anchor needs BS - 1 following context tokens, the
+// labels of its block) and anchors strictly increasing; shapes of anchors/block_valid
+// and Lq = N*BS, Lkv = S + N*BS.
+//
+// [mask] plugin = "dflash"
+//   in_block = "bidirectional"   # or "causal"
+#include <flashdraft/mask_generator.hpp>
+
+#include "../row_intervals.hpp"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string s(int64_t v) { return std::to_string(v); }
+
+class DFlashMask final : public flashdraft::MaskGenerator {
+ public:
+  explicit DFlashMask(const flashdraft::Config& c) : causal_in_block_(c.string("in_block") == "causal") {}
+
+  static void declare(flashdraft::Schema& s) {
+    s.string("in_block", "attention inside a block: every block token sees the whole block, or only up to itself")
+        .def(std::string("bidirectional"))
+        .one_of({"bidirectional", "causal"});
+  }
+
+  flashdraft::BlockMask build(const flashdraft::MaskInput& in, int64_t bq, int64_t bkv) const override {
+    check(in);
+    const int64_t S = in.context_len, BS = in.block_size;
+    flashdraft::BlockMaskBuilder builder(in.batch, 1, in.q_len, in.kv_len, bq, bkv);
+    flashdraft::masks::RowScratch scratch;
+    const bool causal = causal_in_block_;
+    for (int64_t b = 0; b < in.batch; ++b) {
+      const int64_t* anchor = in.anchors[static_cast<size_t>(b)].data();
+      const uint8_t* valid = in.block_valid.empty() ? nullptr : in.block_valid[static_cast<size_t>(b)].data();
+      flashdraft::masks::add_slice<2>(
+          builder, in.q_len, in.kv_len, bq, bkv,
+          [=](int64_t q, int64_t* lo, int64_t* hi) {
+            const int64_t n = q / BS, j = q - n * BS;
+            if (valid && !valid[n]) {
+              lo[0] = hi[0] = lo[1] = hi[1] = 0;
+              return;
+            }
+            lo[0] = 0;  // context before the anchor
+            hi[0] = anchor[n];
+            lo[1] = S + n * BS;  // own block
+            hi[1] = causal ? S + n * BS + j + 1 : S + (n + 1) * BS;
+          },
+          scratch);
+    }
+    return builder.finish();
+  }
+
+  bool visible(const flashdraft::MaskInput& in, int64_t b, int64_t, int64_t q, int64_t kv) const override {
+    if (q < 0 || q >= in.q_len || kv < 0 || kv >= in.kv_len || in.block_size < 1) return false;
+    const int64_t n = q / in.block_size;
+    if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) return false;
+    if (kv < in.context_len) return kv < in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
+    const int64_t m = (kv - in.context_len) / in.block_size;  // block of the key
+    if (m != n) return false;
+    return !causal_in_block_ || kv - in.context_len <= q;
+  }
+
+ private:
+  static void check(const flashdraft::MaskInput& in) {
+    const int64_t S = in.context_len, BS = in.block_size;
+    if (BS < 1) throw std::invalid_argument("dflash: block size " + s(BS) + " is not accepted; it must be at least 1");
+    if (S < 0) throw std::invalid_argument("dflash: context length " + s(S) + " is negative");
+    if (in.batch < 1 || static_cast<int64_t>(in.anchors.size()) != in.batch)
+      throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.anchors.size())) +
+                                  " anchor lists for a batch of " + s(in.batch) + "; one list per batch element is needed");
+    const int64_t N = static_cast<int64_t>(in.anchors[0].size());
+    if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid.size()) != in.batch)
+      throw std::invalid_argument("dflash: block_valid has " + s(static_cast<int64_t>(in.block_valid.size())) +
+                                  " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
+    if (in.q_len != N * BS)
+      throw std::invalid_argument("dflash: query length " + s(in.q_len) + " is not anchors x block size = " + s(N) +
+                                  " x " + s(BS) + " = " + s(N * BS));
+    if (in.kv_len != S + N * BS)
+      throw std::invalid_argument("dflash: key length " + s(in.kv_len) + " is not context + blocks = " + s(S) + " + " +
+                                  s(N * BS) + " = " + s(S + N * BS));
+    for (int64_t b = 0; b < in.batch; ++b) {
+      const auto& a = in.anchors[static_cast<size_t>(b)];
+      if (static_cast<int64_t>(a.size()) != N)
+        throw std::invalid_argument("dflash: batch element " + s(b) + " has " + s(static_cast<int64_t>(a.size())) +
+                                    " anchors but element 0 has " + s(N) + "; every element needs the same count");
+      if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size()) != N)
+        throw std::invalid_argument("dflash: block_valid of batch element " + s(b) + " has " +
+                                    s(static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size())) +
+                                    " flags for " + s(N) + " anchors");
+      int64_t prev = -1, prev_n = -1;
+      for (int64_t n = 0; n < N; ++n) {
+        if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) continue;
+        const int64_t x = a[static_cast<size_t>(n)];
+        const std::string where = " of batch element " + s(b) + ", block " + s(n);
+        if (x < 0 || x >= S)
+          throw std::invalid_argument("dflash: anchor " + s(x) + where + " is outside the context [0, " + s(S) + ")");
+        if (x > S - BS)
+          throw std::invalid_argument("dflash: anchor " + s(x) + where + " leaves no room for the " + s(BS - 1) +
+                                      " tokens after it in a context of " + s(S) + "; anchors must be <= " + s(S - BS));
+        if (x <= prev)
+          throw std::invalid_argument("dflash: anchor " + s(x) + where + " is not after anchor " + s(prev) +
+                                      " of block " + s(prev_n) + "; anchors must be strictly increasing");
+        prev = x;
+        prev_n = n;
+      }
+    }
+  }
+  bool causal_in_block_;
+};
+
+}  // namespace
+
+FLASHDRAFT_PLUGIN(mask, "dflash", "0.1.0",
+                  "DFlash training mask: each block sees the context before its anchor and itself, never another block",
+                  DFlashMask)

@@ -1,0 +1,149 @@
+// Building a BlockMask from per-row visible intervals, shared by the mask generators.
+//
+// Every generator in masks/ can say, for one query row q, which KV positions it sees as
+// the union of K half-open intervals [lo_k(q), hi_k(q)) (K = 1 for causal, sliding
+// window, prefix LM and documents; K = 2 for DFlash: context and own block). From the
+// rows of one query block the tile decisions follow without looking at elements:
+//
+//   - family k touches KV blocks  floor(min lo_k / BKV) .. floor((max hi_k - 1) / BKV)
+//     (over the rows where interval k is not empty); nothing outside the union of these
+//     ranges can be visible, so only these blocks are candidates;
+//   - if interval k is non-empty on every row of the block, a KV block [k0, k1) (k1
+//     clipped to Lkv) is full when k0 >= max lo_k and k1 <= min hi_k: every row's
+//     interval contains it. Such blocks are listed as full at once, with no bitmap.
+//   - every other candidate is filled row by row into a scratch tile with word-level
+//     bit-range writes (one or two masked words plus whole words per interval), then
+//     classified by popcount: empty (skipped), all in-range bits (full) or partial.
+//
+// Cost per query block: O(BQ * K) to evaluate the rows, O(1) per full tile, and
+// O(BQ * (K + words per row)) per tile that needs a bitmap. Nothing scans Lq x Lkv.
+#pragma once
+
+#include <flashdraft/block_mask.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace flashdraft::masks {
+
+// Sets bits [a, b) (0 <= a < b <= 32 * words) of one bitmap row.
+inline void set_bit_range(uint32_t* row, int64_t a, int64_t b) {
+  const int64_t wa = a >> 5, wb = (b - 1) >> 5;
+  const uint32_t head = ~0u << (a & 31);            // bits a%32 .. 31 of word wa
+  const uint32_t tail = ~0u >> (31 - ((b - 1) & 31));  // bits 0 .. (b-1)%32 of word wb
+  if (wa == wb) {
+    row[wa] |= head & tail;
+    return;
+  }
+  row[wa] |= head;
+  for (int64_t w = wa + 1; w < wb; ++w) row[w] = ~0u;
+  row[wb] |= tail;
+}
+
+// Reusable buffers of one build (rows of one query block, one scratch tile).
+struct RowScratch {
+  std::vector<int64_t> lo, hi;
+  std::vector<uint32_t> tile;
+};
+
+// Appends the rows of one (batch, head) slice to `builder`: begin_row() for every query
+// block in order, then its tiles in ascending KV block order.
+//   row_fn(q, lo, hi) writes K intervals for query row q (empty ones as lo >= hi; values
+//   may lie outside [0, kv_len), they are clipped here).
+template <int K, class RowFn>
+void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t bq, int64_t bkv,
+               RowFn&& row_fn, RowScratch& s) {
+  static_assert(K == 1 || K == 2, "rows are unions of one or two intervals");
+  const int64_t nq = (q_len + bq - 1) / bq, nk = (kv_len + bkv - 1) / bkv;
+  const int64_t wpr = (bkv + 31) / 32, wpt = bq * wpr;
+  s.lo.resize(static_cast<size_t>(bq * K));
+  s.hi.resize(static_cast<size_t>(bq * K));
+  s.tile.resize(static_cast<size_t>(wpt));
+
+  for (int64_t i = 0; i < nq; ++i) {
+    builder.begin_row();
+    const int64_t q0 = i * bq, qn = std::min(bq, q_len - q0);
+    // Rows of this block, clipped; per family: range of lo/hi over non-empty rows.
+    bool any[K], all[K];
+    int64_t min_lo[K], max_lo[K], min_hi[K], max_hi[K];
+    for (int k = 0; k < K; ++k) {
+      any[k] = false;
+      all[k] = true;
+      min_lo[k] = min_hi[k] = kv_len;
+      max_lo[k] = max_hi[k] = 0;
+    }
+    for (int64_t r = 0; r < qn; ++r) {
+      int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
+      int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
+      row_fn(q0 + r, lo, hi);
+      for (int k = 0; k < K; ++k) {
+        lo[k] = std::max<int64_t>(lo[k], 0);
+        hi[k] = std::min<int64_t>(hi[k], kv_len);
+        if (lo[k] >= hi[k]) {
+          lo[k] = hi[k] = 0;
+          all[k] = false;
+          continue;
+        }
+        any[k] = true;
+        min_lo[k] = std::min(min_lo[k], lo[k]);
+        max_lo[k] = std::max(max_lo[k], lo[k]);
+        min_hi[k] = std::min(min_hi[k], hi[k]);
+        max_hi[k] = std::max(max_hi[k], hi[k]);
+      }
+    }
+    // Candidate KV block ranges (inclusive) and certainly-full ranges (half-open).
+    int64_t c0[2], c1[2], f0[K], f1[K];
+    int nc = 0;
+    for (int k = 0; k < K; ++k) {
+      f0[k] = f1[k] = 0;
+      if (!any[k]) continue;
+      c0[nc] = min_lo[k] / bkv;
+      c1[nc] = (max_hi[k] - 1) / bkv;
+      ++nc;
+      if (all[k]) {
+        f0[k] = (max_lo[k] + bkv - 1) / bkv;                    // first block with k0 >= max lo
+        f1[k] = min_hi[k] == kv_len ? nk : min_hi[k] / bkv;      // blocks with k1 <= min hi
+      }
+    }
+    // Visit candidates once each, ascending (K <= 2: order the two ranges by start).
+    if (K == 2 && nc == 2 && c0[1] < c0[0]) {
+      std::swap(c0[0], c0[1]);
+      std::swap(c1[0], c1[1]);
+    }
+    int64_t next = 0;
+    for (int c = 0; c < nc; ++c) {
+      for (int64_t j = std::max(c0[c], next); j <= c1[c]; ++j) {
+        bool full = false;
+        for (int k = 0; k < K && !full; ++k) full = j >= f0[k] && j < f1[k];
+        if (full) {
+          builder.add_full(static_cast<int32_t>(j));
+          continue;
+        }
+        const int64_t k0 = j * bkv, k1 = std::min(k0 + bkv, kv_len);
+        uint32_t* t = s.tile.data();
+        std::memset(t, 0, static_cast<size_t>(wpt) * sizeof(uint32_t));
+        int64_t set = 0;
+        for (int64_t r = 0; r < qn; ++r) {
+          const int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
+          const int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
+          for (int k = 0; k < K; ++k) {
+            const int64_t a = std::max(lo[k], k0), b = std::min(hi[k], k1);
+            if (a < b) set_bit_range(t + r * wpr, a - k0, b - k0);
+          }
+        }
+        for (int64_t w = 0; w < qn * wpr; ++w) set += __builtin_popcount(t[w]);
+        if (set == 0) continue;
+        if (set == qn * (k1 - k0)) {
+          builder.add_full(static_cast<int32_t>(j));
+          continue;
+        }
+        std::memcpy(builder.add_partial(static_cast<int32_t>(j)), t, static_cast<size_t>(wpt) * sizeof(uint32_t));
+      }
+      next = std::max(next, c1[c] + 1);
+    }
+  }
+}
+
+}  // namespace flashdraft::masks
