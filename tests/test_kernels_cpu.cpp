@@ -1,0 +1,449 @@
+// CPU attention kernels: flash_cpu against dense_ref, and dense_ref against a plain
+// per-element loop.
+//
+// Both kernels are loaded through the registry from the build's plugin folder. Masks
+// are built here with BlockMaskBuilder::add_tile from predicates written in this file
+// (causal, sliding window, document, prefix-LM, DFlash-like with padding blocks, random
+// per head), at odd sizes, with GQA and several head dims.
+//
+// Relative error of a result a against a reference b: max|a - b| / max|b| over all
+// elements (lse: over the finite entries; the -inf entries must coincide exactly).
+// Bounds: fp32 <= 1e-5, bf16 <= 2e-2 (bf16 results are compared with dense_ref run in
+// fp32 on the same bf16-rounded inputs).
+//
+// Poisoning: LibTorch's "fill uninitialized memory" mode (deterministic algorithms on,
+// warn only) makes every at::empty return NaN-filled memory, so an output element a
+// kernel forgot to write stays NaN; every result is then checked to be NaN-free.
+#include "registry.hpp"
+
+#include <flashdraft/attention.hpp>
+#include <flashdraft/block_mask.hpp>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace fd = flashdraft;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+const fd::Registry& registry() {
+  static const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
+  return reg;
+}
+
+std::unique_ptr<fd::AttentionKernel> load_kernel(const std::string& name) {
+  const fd::FoundPlugin& plugin = registry().get(fd::PluginKind::kernel, name);
+  const fd::Schema schema = registry().schema(plugin);
+  fd::Config config("kernels." + name, fd::SourcePosition{});
+  for (const fd::KeySpec& key : schema.keys()) config.set(key.name, *key.fallback, std::nullopt);
+  return fd::create_as<fd::AttentionKernel>(registry(), plugin, config);
+}
+
+// Every at::empty in scope returns NaN-filled memory (ints: their max value).
+class PoisonedAllocations {
+ public:
+  PoisonedAllocations()
+      : algorithms_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
+        fill_(at::globalContext().deterministicFillUninitializedMemory()) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setDeterministicFillUninitializedMemory(true);
+  }
+  ~PoisonedAllocations() {
+    at::globalContext().setDeterministicAlgorithms(algorithms_, warn_only_);
+    at::globalContext().setDeterministicFillUninitializedMemory(fill_);
+  }
+
+ private:
+  bool algorithms_, warn_only_, fill_;
+};
+
+using Visible = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t k)>;
+
+fd::BlockMask build_mask(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len, int64_t block_q,
+                         int64_t block_kv, const Visible& visible) {
+  fd::BlockMaskBuilder builder(batch, heads, q_len, kv_len, block_q, block_kv);
+  const int64_t nq = (q_len + block_q - 1) / block_q, nk = (kv_len + block_kv - 1) / block_kv;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < nq; ++i) {
+        builder.begin_row();
+        for (int64_t j = 0; j < nk; ++j)
+          builder.add_tile(static_cast<int32_t>(j), [&](int64_t q, int64_t k) { return visible(b, h, q, k); });
+      }
+  fd::BlockMask mask = builder.finish();
+  mask.validate();
+  return mask;
+}
+
+double max_abs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
+
+// max|a - b| / max|b| (0 / 0 counts as 0).
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor af = a.to(at::kDouble), bf = b.to(at::kDouble);
+  const double diff = max_abs(af - bf), ref = max_abs(bf);
+  if (ref == 0.0) return diff == 0.0 ? 0.0 : kInf;
+  return diff / ref;
+}
+
+// lse: -inf entries must coincide; the finite ones are compared as above.
+double lse_relative_error(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor ai = at::isinf(a), bi = at::isinf(b);
+  if (!at::equal(ai, bi)) return kInf;
+  if (ai.any().item<bool>() && !(a.masked_select(ai) < 0).all().item<bool>()) return kInf;
+  const at::Tensor finite = bi.logical_not();
+  return relative_error(a.masked_select(finite), b.masked_select(finite));
+}
+
+bool has_nan(const at::Tensor& t) { return at::isnan(t).any().item<bool>(); }
+
+struct Case {
+  std::string name;
+  int64_t batch, heads_q, heads_kv, q_len, kv_len, dim;
+  int64_t mask_batch, mask_heads;
+  Visible visible;
+  double scale = 0.0;  // 0: 1/sqrt(dim)
+  int64_t block_q = 0, block_kv = 0;  // 0: the kernel's block_size()
+};
+
+std::vector<Case> mask_cases() {
+  std::vector<Case> cases;
+  std::mt19937_64 rng(20261129);
+  // causal, shared mask, GQA 4:2
+  cases.push_back({"causal", 2, 4, 2, 131, 131, 64, 1, 1,
+                   [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; }});
+  // causal aligned bottom-right, Lq < Lkv, no GQA, small head dim, odd scale
+  cases.push_back({"causal_rect", 1, 3, 3, 77, 150, 16, 1, 1,
+                   [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q + 73; }, 0.7});
+  // sliding window of 37 keys, head dim 96, GQA 6:2
+  cases.push_back({"sliding_window", 1, 6, 2, 200, 200, 96, 1, 1,
+                   [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q && k > q - 37; }});
+  // documents: random boundaries per batch element, causal inside a document
+  {
+    std::vector<std::vector<int64_t>> doc(2, std::vector<int64_t>(173));
+    for (auto& d : doc) {
+      int64_t id = 0;
+      for (int64_t t = 0; t < 173; ++t) {
+        if (t > 0 && rng() % 23 == 0) ++id;
+        d[t] = id;
+      }
+    }
+    cases.push_back({"document", 2, 2, 1, 173, 173, 64, 2, 1,
+                     [doc](int64_t b, int64_t, int64_t q, int64_t k) { return doc[b][q] == doc[b][k] && k <= q; }});
+  }
+  // prefix-LM: bidirectional prefix (per batch element), causal after it
+  cases.push_back({"prefix_lm", 2, 4, 4, 150, 150, 32, 2, 1,
+                   [](int64_t b, int64_t, int64_t q, int64_t k) { return k < (b ? 45 : 70) || k <= q; }});
+  // DFlash-like: context of S keys, then N blocks of BS; block n sees context keys
+  // before its anchor and its own block; padding blocks (anchor < 0) see nothing.
+  {
+    const int64_t S = 100, N = 7, BS = 16;
+    std::vector<std::vector<int64_t>> anchor = {{5, 17, 30, 44, 61, 80, -1}, {0, 12, 13, 50, 99, -1, -1}};
+    Visible dflash = [anchor, S, BS](int64_t b, int64_t, int64_t q, int64_t k) {
+      const int64_t n = q / BS, a = anchor[b][n];
+      if (a < 0) return false;
+      return k < a || (k >= S && (k - S) / BS == n);
+    };
+    cases.push_back({"dflash", 2, 4, 1, N * BS, S + N * BS, 64, 2, 1, dflash});
+    // the same at a block size that does not divide anything and needs 2 words per row
+    cases.push_back({"dflash_tiles48x40", 2, 4, 2, N * BS, S + N * BS, 48, 2, 1, dflash, 0.0, 48, 40});
+  }
+  // random per head (mask heads = Hq), with rows that see nothing
+  {
+    const int64_t H = 4, Lq = 90, Lkv = 70;
+    std::vector<uint8_t> bits(H * Lq * Lkv);
+    std::bernoulli_distribution on(0.3);
+    for (auto& x : bits) x = on(rng);
+    cases.push_back({"random_per_head", 1, H, 2, Lq, Lkv, 16, 1, H,
+                     [bits, Lq, Lkv](int64_t, int64_t h, int64_t q, int64_t k) {
+                       return q % 11 != 3 && bits[(h * Lq + q) * Lkv + k] != 0;
+                     }});
+  }
+  return cases;
+}
+
+struct Results {
+  at::Tensor out, lse, dq, dk, dv;
+  std::string fwd, bwd;
+};
+
+Results run(fd::AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+            const at::Tensor& dout, const fd::BlockMask& mask, double scale) {
+  const fd::BlockMaskTensors tensors = fd::to_tensors(mask, c10::kCPU);
+  fd::AttentionForward f = kernel.forward(q, k, v, tensors, scale);
+  fd::AttentionBackward g = kernel.backward(dout, q, k, v, f.out, f.lse, tensors, scale);
+  return {f.out, f.lse, g.dq, g.dk, g.dv, f.variant, g.variant};
+}
+
+class KernelsCpu : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    flash_ = load_kernel("flash_cpu").release();
+    dense_ = load_kernel("dense_ref").release();
+  }
+  static void TearDownTestSuite() {
+    delete flash_;
+    delete dense_;
+  }
+  static fd::AttentionKernel* flash_;
+  static fd::AttentionKernel* dense_;
+};
+fd::AttentionKernel* KernelsCpu::flash_ = nullptr;
+fd::AttentionKernel* KernelsCpu::dense_ = nullptr;
+
+// The poisoning this file relies on is really active.
+TEST_F(KernelsCpu, PoisonFillsEmptyTensorsWithNaN) {
+  PoisonedAllocations poison;
+  EXPECT_TRUE(at::isnan(at::empty({1000}, at::kFloat)).all().item<bool>());
+  EXPECT_TRUE(at::isnan(at::empty({1000}, at::kBFloat16)).all().item<bool>());
+}
+
+void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c,
+                        at::ScalarType dtype, uint64_t seed) {
+  SCOPED_TRACE(c.name + (dtype == at::kBFloat16 ? " bf16" : " fp32") + " seed " + std::to_string(seed));
+  fd::AttentionProblem problem;
+  problem.dtype = dtype;
+  problem.batch = c.batch, problem.heads_q = c.heads_q, problem.heads_kv = c.heads_kv;
+  problem.q_len = c.q_len, problem.kv_len = c.kv_len, problem.head_dim = c.dim;
+  ASSERT_TRUE(flash.supports(problem).ok) << flash.supports(problem).reason;
+  const fd::BlockSize bs = flash.block_size(problem);
+  const fd::BlockMask mask = build_mask(c.mask_batch, c.mask_heads, c.q_len, c.kv_len,
+                                        c.block_q ? c.block_q : bs.q, c.block_kv ? c.block_kv : bs.kv, c.visible);
+  const double scale = c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(double(c.dim));
+
+  at::manual_seed(seed);
+  const at::Tensor q = at::randn({c.batch, c.heads_q, c.q_len, c.dim}).to(dtype);
+  const at::Tensor k = at::randn({c.batch, c.heads_kv, c.kv_len, c.dim}).to(dtype);
+  const at::Tensor v = at::randn({c.batch, c.heads_kv, c.kv_len, c.dim}).to(dtype);
+  const at::Tensor dout = at::randn({c.batch, c.heads_q, c.q_len, c.dim}).to(dtype);
+
+  Results got, want;
+  {
+    PoisonedAllocations poison;
+    got = run(flash, q, k, v, dout, mask, scale);
+    // The oracle: dense_ref in fp32 on the very same (possibly bf16-rounded) values.
+    want = run(dense, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat), mask, scale);
+  }
+  for (const at::Tensor& t : {want.out, want.lse, want.dq, want.dk, want.dv}) ASSERT_FALSE(has_nan(t));
+
+  const std::string precision = dtype == at::kBFloat16 ? "bf16" : "fp32";
+  const std::string tiles = "q" + std::to_string(mask.block_q) + "k" + std::to_string(mask.block_kv);
+  EXPECT_EQ(got.fwd, "flash_cpu/fwd/" + precision + "/" + tiles);
+  EXPECT_EQ(got.bwd, "flash_cpu/bwd/" + precision + "/" + tiles);
+  EXPECT_EQ(want.fwd, "dense_ref");
+  EXPECT_EQ(want.bwd, "dense_ref");
+  EXPECT_EQ(got.out.scalar_type(), dtype);
+  EXPECT_EQ(got.dq.scalar_type(), dtype);
+  EXPECT_EQ(got.dk.scalar_type(), dtype);
+  EXPECT_EQ(got.dv.scalar_type(), dtype);
+  EXPECT_EQ(got.lse.scalar_type(), at::kFloat);
+  ASSERT_EQ(got.out.sizes(), q.sizes());
+  ASSERT_EQ(got.lse.sizes().vec(), (std::vector<int64_t>{c.batch, c.heads_q, c.q_len}));
+  ASSERT_EQ(got.dq.sizes(), q.sizes());
+  ASSERT_EQ(got.dk.sizes(), k.sizes());
+  ASSERT_EQ(got.dv.sizes(), v.sizes());
+
+  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"out", got.out}, {"lse", got.lse},
+                                {"dq", got.dq}, {"dk", got.dk}, {"dv", got.dv}})
+    EXPECT_FALSE(has_nan(t)) << name << " has NaN (an element left unwritten, or a 0/0)";
+  EXPECT_FALSE(at::isinf(got.out).any().item<bool>());
+  EXPECT_FALSE(at::isinf(got.dq).any().item<bool>() || at::isinf(got.dk).any().item<bool>() ||
+               at::isinf(got.dv).any().item<bool>());
+
+  const double tol = dtype == at::kBFloat16 ? 2e-2 : 1e-5;
+  const double e_out = relative_error(got.out, want.out), e_lse = lse_relative_error(got.lse, want.lse),
+               e_dq = relative_error(got.dq, want.dq), e_dk = relative_error(got.dk, want.dk),
+               e_dv = relative_error(got.dv, want.dv);
+  std::printf("  %-18s %s tiles %-7s rel err: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e (bound %.0e)\n",
+              c.name.c_str(), precision.c_str(), tiles.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, tol);
+  EXPECT_LE(e_out, tol) << "out";
+  EXPECT_LE(e_lse, tol) << "lse";
+  EXPECT_LE(e_dq, tol) << "dq";
+  EXPECT_LE(e_dk, tol) << "dk";
+  EXPECT_LE(e_dv, tol) << "dv";
+
+  // Rows with no visible key, from the predicate itself: out 0, lse -inf, dq 0.
+  // Keys no query of their group sees: dk, dv 0.
+  const int64_t group = c.heads_q / c.heads_kv;
+  std::vector<uint8_t> key_seen(c.batch * c.heads_kv * c.kv_len, 0);
+  int64_t empty_rows = 0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t qi = 0; qi < c.q_len; ++qi) {
+        bool any = false;
+        for (int64_t ki = 0; ki < c.kv_len; ++ki)
+          if (c.visible(c.mask_batch == 1 ? 0 : b, c.mask_heads == 1 ? 0 : h, qi, ki)) {
+            any = true;
+            key_seen[(b * c.heads_kv + h / group) * c.kv_len + ki] = 1;
+          }
+        if (any) continue;
+        ++empty_rows;
+        EXPECT_EQ(got.lse[b][h][qi].item<float>(), -std::numeric_limits<float>::infinity());
+        EXPECT_EQ(max_abs(got.out[b][h][qi]), 0.0);
+        EXPECT_EQ(max_abs(got.dq[b][h][qi]), 0.0);
+      }
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t g = 0; g < c.heads_kv; ++g)
+      for (int64_t ki = 0; ki < c.kv_len; ++ki)
+        if (!key_seen[(b * c.heads_kv + g) * c.kv_len + ki]) {
+          EXPECT_EQ(max_abs(got.dk[b][g][ki]), 0.0);
+          EXPECT_EQ(max_abs(got.dv[b][g][ki]), 0.0);
+        }
+  if (c.name.rfind("dflash", 0) == 0 || c.name == "random_per_head") {
+    EXPECT_GT(empty_rows, 0);
+  }
+}
+
+uint64_t base_seed() {
+  const char* env = std::getenv("FLASHDRAFT_TEST_SEED");
+  return env ? std::strtoull(env, nullptr, 10) : 1234;
+}
+
+TEST_F(KernelsCpu, FlashMatchesDenseFp32) {
+  uint64_t seed = base_seed();
+  for (const Case& c : mask_cases()) compare_with_dense(*flash_, *dense_, c, at::kFloat, seed++);
+}
+
+TEST_F(KernelsCpu, FlashMatchesDenseBf16) {
+  uint64_t seed = base_seed() + 1000;
+  for (const Case& c : mask_cases()) compare_with_dense(*flash_, *dense_, c, at::kBFloat16, seed++);
+}
+
+// Head dims at the edges of what flash_cpu accepts.
+TEST_F(KernelsCpu, FlashHeadDims) {
+  uint64_t seed = base_seed() + 2000;
+  for (int64_t dim : {1, 5, 128, 256}) {
+    Case c{"causal_d" + std::to_string(dim), 1, 2, 1, 70, 70, dim, 1, 1,
+           [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; }};
+    compare_with_dense(*flash_, *dense_, c, at::kFloat, seed++);
+  }
+}
+
+TEST_F(KernelsCpu, FlashRefusesWithReasons) {
+  fd::AttentionProblem p;
+  p.q_len = p.kv_len = 16, p.head_dim = 64;
+  EXPECT_TRUE(flash_->supports(p).ok);
+  p.device = c10::Device(c10::kCUDA, 0);
+  fd::Support s = flash_->supports(p);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("cuda:0"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("cpu"), std::string::npos) << s.reason;
+  p.device = c10::kCPU;
+  p.dtype = at::kHalf;
+  s = flash_->supports(p);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("Half"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("BFloat16"), std::string::npos) << s.reason;
+  p.dtype = at::kFloat;
+  p.head_dim = 320;
+  s = flash_->supports(p);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("320"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("256"), std::string::npos) << s.reason;
+  // and the call itself refuses, too
+  const fd::BlockMask mask = build_mask(1, 1, 8, 8, 64, 64, [](int64_t, int64_t, int64_t, int64_t) { return true; });
+  const at::Tensor h = at::randn({1, 1, 8, 16}).to(at::kHalf);
+  EXPECT_THROW(flash_->forward(h, h, h, fd::to_tensors(mask, c10::kCPU), 0.25), std::invalid_argument);
+}
+
+// dense_ref against the definition, element by element, in double.
+TEST_F(KernelsCpu, DenseRefMatchesLoop) {
+  const int64_t B = 2, Hq = 2, Hkv = 1, Lq = 5, Lkv = 7, D = 3;
+  const double scale = 0.6;
+  // per batch element: b = 0 causal-ish band, b = 1 a pattern with an empty row (q = 2)
+  Visible vis = [](int64_t b, int64_t, int64_t q, int64_t k) {
+    return b == 0 ? (k <= q + 2) : (q != 2 && (k + q) % 3 != 0);
+  };
+  const fd::BlockMask mask = build_mask(B, 1, Lq, Lkv, 4, 4, vis);
+  at::manual_seed(base_seed() + 3000);
+  const at::Tensor q = at::randn({B, Hq, Lq, D}), k = at::randn({B, Hkv, Lkv, D}),
+                   v = at::randn({B, Hkv, Lkv, D}), dout = at::randn({B, Hq, Lq, D});
+  const Results r = run(*dense_, q, k, v, dout, mask, scale);
+
+  auto Q = q.accessor<float, 4>();
+  auto K = k.accessor<float, 4>();
+  auto V = v.accessor<float, 4>();
+  auto dO = dout.accessor<float, 4>();
+  at::Tensor out = at::zeros({B, Hq, Lq, D}, at::kDouble), lse = at::zeros({B, Hq, Lq}, at::kDouble);
+  at::Tensor dq = at::zeros({B, Hq, Lq, D}, at::kDouble), dk = at::zeros({B, Hkv, Lkv, D}, at::kDouble),
+             dv = at::zeros({B, Hkv, Lkv, D}, at::kDouble);
+  auto O = out.accessor<double, 4>();
+  auto LSE = lse.accessor<double, 3>();
+  auto dQ = dq.accessor<double, 4>();
+  auto dK = dk.accessor<double, 4>();
+  auto dV = dv.accessor<double, 4>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Lq; ++i) {
+        std::vector<double> s(Lkv, -kInf), p(Lkv, 0.0), dp(Lkv, 0.0);
+        double m = -kInf;
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (!vis(b, 0, i, j)) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += double(Q[b][h][i][d]) * K[b][g][j][d];
+          s[j] = scale * dot;
+          m = std::max(m, s[j]);
+        }
+        if (m == -kInf) {  // nothing visible: out 0, lse -inf, no gradient
+          LSE[b][h][i] = -kInf;
+          continue;
+        }
+        double l = 0;
+        for (int64_t j = 0; j < Lkv; ++j) l += s[j] == -kInf ? 0.0 : std::exp(s[j] - m);
+        LSE[b][h][i] = m + std::log(l);
+        // P = softmax; dP_j = dO . v_j; dS_j = P_j (dP_j - sum_k P_k dP_k)
+        double pdp = 0;
+        for (int64_t j = 0; j < Lkv; ++j) {
+          p[j] = s[j] == -kInf ? 0.0 : std::exp(s[j] - m) / l;
+          for (int64_t d = 0; d < D; ++d) {
+            O[b][h][i][d] += p[j] * V[b][g][j][d];
+            dp[j] += double(dO[b][h][i][d]) * V[b][g][j][d];
+          }
+          pdp += p[j] * dp[j];
+        }
+        for (int64_t j = 0; j < Lkv; ++j) {
+          const double ds = p[j] * (dp[j] - pdp);
+          for (int64_t d = 0; d < D; ++d) {
+            dQ[b][h][i][d] += scale * ds * K[b][g][j][d];
+            dK[b][g][j][d] += scale * ds * Q[b][h][i][d];
+            dV[b][g][j][d] += p[j] * dO[b][h][i][d];
+          }
+        }
+      }
+    }
+  EXPECT_EQ(r.fwd, "dense_ref");
+  EXPECT_EQ(r.bwd, "dense_ref");
+  EXPECT_LE(relative_error(r.out, out), 1e-5);
+  EXPECT_LE(lse_relative_error(r.lse.to(at::kDouble), lse), 1e-5);
+  EXPECT_LE(relative_error(r.dq, dq), 1e-5);
+  EXPECT_LE(relative_error(r.dk, dk), 1e-5);
+  EXPECT_LE(relative_error(r.dv, dv), 1e-5);
+  EXPECT_TRUE(std::isinf(r.lse[1][0][2].item<float>()));
+  EXPECT_EQ(max_abs(r.out[1][1][2]), 0.0);
+  EXPECT_EQ(max_abs(r.dq[1][1][2]), 0.0);
+  EXPECT_FALSE(has_nan(r.out) || has_nan(r.dq) || has_nan(r.dk) || has_nan(r.dv) || has_nan(r.lse));
+
+  // bf16 inputs: math in fp32, results in bf16, close to the fp32 results.
+  const Results rb = run(*dense_, q.to(at::kBFloat16), k.to(at::kBFloat16), v.to(at::kBFloat16),
+                         dout.to(at::kBFloat16), mask, scale);
+  EXPECT_EQ(rb.out.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(rb.dk.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(rb.lse.scalar_type(), at::kFloat);
+  EXPECT_LE(relative_error(rb.out, out), 2e-2);
+  EXPECT_LE(relative_error(rb.dq, dq), 2e-2);
+}
+
+}  // namespace
