@@ -32,3 +32,14 @@ function(flashdraft_add_plugin target)
     target_precompile_headers(${target} REUSE_FROM flashdraft_pch)
   endif()
 endfunction()
+
+# flashdraft_use_pch(<executable>): reuse the precompiled LibTorch header in an
+# executable. The PCH is compiled as position-independent library code (-fPIC), so
+# the executable's objects must be too (not -fPIE).
+function(flashdraft_use_pch target)
+  if(TARGET flashdraft_pch)
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_compile_options(${target} PRIVATE -fPIC)
+    target_precompile_headers(${target} REUSE_FROM flashdraft_pch)
+  endif()
+endfunction()

@@ -140,7 +140,13 @@ std::string Schema::closest(const std::string& name) const {
   }
   // Close means: at most a third of the longer name changed (and at most 3 edits).
   const int64_t limit = std::min<int64_t>(3, std::max<int64_t>(1, static_cast<int64_t>(std::max(name.size(), best.size())) / 3));
-  return (!best.empty() && best_d <= limit) ? best : std::string();
+  if (!best.empty() && best_d <= limit) return best;
+  // A truncated or extended spelling ("warn" for "warning", and back) is close too.
+  for (const auto& k : keys_)
+    if (name.size() >= 3 && k.name.size() >= 3 &&
+        (k.name.rfind(name, 0) == 0 || name.rfind(k.name, 0) == 0))
+      return k.name;
+  return std::string();
 }
 
 std::string Schema::describe() const {

@@ -40,9 +40,9 @@ KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCa
     }
   }
   if (!found) {
+    choice.selected = choice.candidates.size();  // none
     std::string msg = "no attention kernel in [attention].kernels supports the problem.\n" + choice.report();
     msg += "Add a kernel that supports it (e.g. \"dense_ref\", which accepts every problem) or change the problem.";
-    choice.selected = choice.candidates.size();
     throw FallbackError(msg);
   }
   choice.fallback = choice.selected != 0;
