@@ -18,6 +18,7 @@
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/block_mask.hpp>
+#include <flashdraft/mask_generator.hpp>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -27,6 +28,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -116,6 +118,9 @@ struct Case {
   Visible visible;
   double scale = 0.0;  // 0: 1/sqrt(dim)
   int64_t block_q = 0, block_kv = 0;  // 0: the kernel's block_size()
+  // When set, the BlockMask comes from here (a mask generator plugin) instead of
+  // add_tile over `visible`; `visible` is then the generator's own definition.
+  std::function<fd::BlockMask(int64_t block_q, int64_t block_kv)> build = nullptr;
 };
 
 std::vector<Case> mask_cases() {
@@ -219,8 +224,14 @@ void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, 
   problem.q_len = c.q_len, problem.kv_len = c.kv_len, problem.head_dim = c.dim;
   ASSERT_TRUE(flash.supports(problem).ok) << flash.supports(problem).reason;
   const fd::BlockSize bs = flash.block_size(problem);
-  const fd::BlockMask mask = build_mask(c.mask_batch, c.mask_heads, c.q_len, c.kv_len,
-                                        c.block_q ? c.block_q : bs.q, c.block_kv ? c.block_kv : bs.kv, c.visible);
+  const int64_t block_q = c.block_q ? c.block_q : bs.q, block_kv = c.block_kv ? c.block_kv : bs.kv;
+  const fd::BlockMask mask = c.build ? c.build(block_q, block_kv)
+                                     : build_mask(c.mask_batch, c.mask_heads, c.q_len, c.kv_len, block_q, block_kv,
+                                                  c.visible);
+  if (!c.build) {
+    ASSERT_EQ(mask.batch, c.mask_batch);
+    ASSERT_EQ(mask.heads, c.mask_heads);
+  }
   const double scale = c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(double(c.dim));
 
   at::manual_seed(seed);
@@ -301,7 +312,7 @@ void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, 
           EXPECT_EQ(max_abs(got.dk[b][g][ki]), 0.0);
           EXPECT_EQ(max_abs(got.dv[b][g][ki]), 0.0);
         }
-  if (c.name.rfind("dflash", 0) == 0 || c.name == "random_per_head") {
+  if (c.name.rfind("dflash", 0) == 0 || c.name == "gen_dflash" || c.name == "random_per_head") {
     EXPECT_GT(empty_rows, 0);
   }
 }
@@ -319,6 +330,62 @@ TEST_F(KernelsCpu, FlashMatchesDenseFp32) {
 TEST_F(KernelsCpu, FlashMatchesDenseBf16) {
   uint64_t seed = base_seed() + 1000;
   for (const Case& c : mask_cases()) compare_with_dense(*flash_, *dense_, c, at::kBFloat16, seed++);
+}
+
+// Every mask generator plugin found, through its own build(), with an input that fits
+// it. A generator this test does not know is tried with its defaults and the
+// self-attention input; if that cannot build, it is reported and skipped.
+TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
+  fd::MaskInput self;  // packed self-attention: Lq = Lkv
+  self.batch = 2, self.q_len = self.kv_len = 157;
+  self.doc_lengths = {{60, 40, 57}, {1, 156}};
+  fd::MaskInput dflash;  // [context 90 | 6 blocks of 16], padding blocks in both rows
+  dflash.batch = 2, dflash.context_len = 90, dflash.block_size = 16;
+  dflash.anchors = {{3, 20, 41, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
+  dflash.block_valid = {{1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1}};
+  dflash.q_len = 6 * 16, dflash.kv_len = 90 + 6 * 16;
+  const std::map<std::string, std::map<std::string, fd::Value>> overrides = {
+      {"prefix_lm", {{"prefix", int64_t{33}}}}, {"sliding_window", {{"window", int64_t{29}}}}};
+
+  uint64_t seed = base_seed() + 4000;
+  int64_t tested = 0;
+  for (const fd::FoundPlugin* plugin : registry().of_kind(fd::PluginKind::mask)) {
+    const fd::Schema schema = registry().schema(*plugin);
+    fd::Config config("mask", fd::SourcePosition{});
+    const auto over = overrides.find(plugin->name);
+    bool complete = true;
+    for (const fd::KeySpec& key : schema.keys()) {
+      if (over != overrides.end() && over->second.count(key.name))
+        config.set(key.name, over->second.at(key.name), std::nullopt);
+      else if (key.fallback)
+        config.set(key.name, *key.fallback, std::nullopt);
+      else
+        complete = false;
+    }
+    if (!complete) {
+      std::printf("  mask generator %s skipped: a key without default that this test does not set\n",
+                  plugin->name.c_str());
+      continue;
+    }
+    std::shared_ptr<fd::MaskGenerator> gen = fd::create_as<fd::MaskGenerator>(registry(), *plugin, config);
+    const fd::MaskInput input = plugin->name == "dflash" ? dflash : self;
+    try {
+      gen->build(input, 64, 64);
+    } catch (const std::invalid_argument& e) {
+      ADD_FAILURE() << "mask generator " << plugin->name << " refused this test's input: " << e.what();
+      continue;
+    }
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      // mask batch = B here only routes b unchanged to the generator's predicate (the
+      // generator's BlockMask may still be shared: batch 1).
+      Case c{"gen_" + plugin->name, input.batch, 4, 2, input.q_len, input.kv_len, 64, input.batch, 1,
+             [gen, input](int64_t b, int64_t h, int64_t q, int64_t k) { return gen->visible(input, b, h, q, k); }};
+      c.build = [gen, input](int64_t bq, int64_t bkv) { return gen->build(input, bq, bkv); };
+      compare_with_dense(*flash_, *dense_, c, dtype, seed++);
+    }
+    ++tested;
+  }
+  EXPECT_GE(tested, 1) << "no mask generator plugin was found in " FLASHDRAFT_PLUGIN_DIR;
 }
 
 // Head dims at the edges of what flash_cpu accepts.
