@@ -189,6 +189,21 @@ int main(int argc, char** argv) {
     Case cc{"dflash (in_block causal)", "S=4096, 512x16: 8192 x 12288",
             make(reg, "dflash", {{"in_block", std::string("causal")}}), cases.back().inputs};
     cases.push_back(std::move(cc));
+    // A short sequence: the last 128 of the 512 blocks are padding (they see nothing);
+    // the sampler puts padding blocks at the end.
+    Case cp{"dflash (last 128 blocks padding)", "S=4096, 512x16: 8192 x 12288", make(reg, "dflash", {}),
+            cases.front().inputs};
+    for (fd::MaskInput& in : cp.inputs)
+      for (int64_t n = 384; n < 512; ++n) in.block_valid[0][static_cast<size_t>(n)] = 0;
+    cases.push_back(std::move(cp));
+    // Worst case for the format: one valid block in 7 among the last 128, so each of
+    // those q blocks mixes padding rows with a row group that sees ~30 context tiles:
+    // none of them can be full, every one needs a 2 KiB bitmap (mask bytes x 3.6).
+    Case cw{"dflash (last 128: 1 valid in 7, worst case)", "S=4096, 512x16: 8192 x 12288", make(reg, "dflash", {}),
+            cases.front().inputs};
+    for (fd::MaskInput& in : cw.inputs)
+      for (int64_t n = 384; n < 512; ++n) in.block_valid[0][static_cast<size_t>(n)] = (n % 7 == 0);
+    cases.push_back(std::move(cw));
   }
   fd::MaskInput wide;
   wide.q_len = 8192;
@@ -250,7 +265,8 @@ int main(int argc, char** argv) {
           << in.q_len * in.kv_len << " pairs, BlockMaskBuilder::add_tile) took " << static_cast<int64_t>(ms)
           << " ms for one build; " << (same ? "identical" : "DIFFERENT (bug!)") << " lists.\n";
   }
-  const std::string header = "### " + utc_now() + " — " + machine() + " (single thread, B = 1)\n\n";
+  const std::string header = "### " + utc_now() + " — `bench_mask_build` (Release), " + machine() +
+                             " (single thread, B = 1)\n\n";
   std::printf("\n%s%s", header.c_str(), table.str().c_str());
   std::printf("\nDFlash 128x128 target: <= 2 ms on one core.\n");
   if (append) {

@@ -11,9 +11,10 @@
 //   - if interval k is non-empty on every row of the block, a KV block [k0, k1) (k1
 //     clipped to Lkv) is full when k0 >= max lo_k and k1 <= min hi_k: every row's
 //     interval contains it. Such blocks are listed as full at once, with no bitmap.
-//   - every other candidate is filled row by row into a scratch tile with word-level
-//     bit-range writes (one or two masked words plus whole words per interval), then
-//     classified by popcount: empty (skipped), all in-range bits (full) or partial.
+//   - every other candidate is classified by counting, per row, the length of its
+//     intervals clipped to the tile: zero (empty, skipped), all in-range elements
+//     (full) or partial; only partial tiles get a bitmap, filled row by row with
+//     word-level bit-range writes (one or two masked words plus whole words).
 //
 // Cost per query block: O(BQ * K) to evaluate the rows, O(1) per full tile, and
 // O(BQ * (K + words per row)) per tile that needs a bitmap. Nothing scans Lq x Lkv.
@@ -23,7 +24,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace flashdraft::masks {
@@ -42,10 +42,20 @@ inline void set_bit_range(uint32_t* row, int64_t a, int64_t b) {
   row[wb] |= tail;
 }
 
-// Reusable buffers of one build (rows of one query block, one scratch tile).
+// Number of positions of [k0, k1) covered by the union of n (<= 2) intervals.
+inline int64_t clipped_union(const int64_t* lo, const int64_t* hi, int n, int64_t k0, int64_t k1) {
+  const int64_t a0 = std::max(lo[0], k0), b0 = std::min(hi[0], k1);
+  const int64_t len0 = a0 < b0 ? b0 - a0 : 0;
+  if (n == 1) return len0;
+  const int64_t a1 = std::max(lo[1], k0), b1 = std::min(hi[1], k1);
+  const int64_t len1 = a1 < b1 ? b1 - a1 : 0;
+  const int64_t ao = std::max(a0, a1), bo = std::min(b0, b1);  // overlap of the two
+  return len0 + len1 - (len0 > 0 && len1 > 0 && ao < bo ? bo - ao : 0);
+}
+
+// Reusable buffers of one build (the intervals of the rows of one query block).
 struct RowScratch {
   std::vector<int64_t> lo, hi;
-  std::vector<uint32_t> tile;
 };
 
 // Appends the rows of one (batch, head) slice to `builder`: begin_row() for every query
@@ -57,10 +67,9 @@ void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t
                RowFn&& row_fn, RowScratch& s) {
   static_assert(K == 1 || K == 2, "rows are unions of one or two intervals");
   const int64_t nq = (q_len + bq - 1) / bq, nk = (kv_len + bkv - 1) / bkv;
-  const int64_t wpr = (bkv + 31) / 32, wpt = bq * wpr;
+  const int64_t wpr = (bkv + 31) / 32;
   s.lo.resize(static_cast<size_t>(bq * K));
   s.hi.resize(static_cast<size_t>(bq * K));
-  s.tile.resize(static_cast<size_t>(wpt));
 
   for (int64_t i = 0; i < nq; ++i) {
     builder.begin_row();
@@ -121,10 +130,18 @@ void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t
           builder.add_full(static_cast<int32_t>(j));
           continue;
         }
+        // Count the visible elements of the tile from the intervals (union length of
+        // each row's intervals clipped to [k0, k1)), then fill only real partial tiles.
         const int64_t k0 = j * bkv, k1 = std::min(k0 + bkv, kv_len);
-        uint32_t* t = s.tile.data();
-        std::memset(t, 0, static_cast<size_t>(wpt) * sizeof(uint32_t));
         int64_t set = 0;
+        for (int64_t r = 0; r < qn; ++r)
+          set += clipped_union(&s.lo[static_cast<size_t>(r * K)], &s.hi[static_cast<size_t>(r * K)], K, k0, k1);
+        if (set == 0) continue;
+        if (set == qn * (k1 - k0)) {
+          builder.add_full(static_cast<int32_t>(j));
+          continue;
+        }
+        uint32_t* t = builder.add_partial(static_cast<int32_t>(j));  // zeroed
         for (int64_t r = 0; r < qn; ++r) {
           const int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
           const int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
@@ -133,13 +150,6 @@ void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t
             if (a < b) set_bit_range(t + r * wpr, a - k0, b - k0);
           }
         }
-        for (int64_t w = 0; w < qn * wpr; ++w) set += __builtin_popcount(t[w]);
-        if (set == 0) continue;
-        if (set == qn * (k1 - k0)) {
-          builder.add_full(static_cast<int32_t>(j));
-          continue;
-        }
-        std::memcpy(builder.add_partial(static_cast<int32_t>(j)), t, static_cast<size_t>(wpt) * sizeof(uint32_t));
       }
       next = std::max(next, c1[c] + 1);
     }
