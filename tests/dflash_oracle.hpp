@@ -1,0 +1,105 @@
+// Test oracle for DFlash drafter tests: an AttentionContext that builds the dense DFlash
+// mask from its plain definition and runs plain softmax attention (autograd through
+// ordinary tensor ops). Independent of the mask generator and kernel plugins.
+//   query i belongs to block n = i / BS; it sees context key kv < S iff block n is
+//   valid and kv < anchor_n, and block key kv >= S iff block n is valid and
+//   (kv - S) / BS == n. Rows that see nothing give 0 (and zero gradients).
+#pragma once
+
+#include <flashdraft/model.hpp>
+
+#include "registry.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace flashdraft::dflash_test {
+
+class OracleAttention : public AttentionContext {
+ public:
+  void set_mask(const MaskInput& input) override {
+    input_ = input;
+    ++masks_set;
+  }
+
+  at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       double scale) override {
+    calls.push_back(layer);
+    last_q_shape = q.sizes().vec();
+    last_k_shape = k.sizes().vec();
+    const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), Hkv = k.size(1), Lkv = k.size(2);
+    const int64_t S = input_.context_len, BS = input_.block_size;
+    at::Tensor mask = at::zeros({B, 1, Lq, Lkv}, at::kBool);
+    auto acc = mask.accessor<bool, 4>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Lq; ++i) {
+        const int64_t n = i / BS;
+        if (!input_.block_valid[b][n]) continue;
+        for (int64_t kv = 0; kv < Lkv; ++kv)
+          acc[b][0][i][kv] = kv < S ? kv < input_.anchors[b][n] : (kv - S) / BS == n;
+      }
+    mask = mask.to(q.device());
+    const at::Tensor kr = k.repeat_interleave(Hq / Hkv, 1), vr = v.repeat_interleave(Hq / Hkv, 1);
+    // Masked scores get a huge finite negative value (not -inf), so a row that sees
+    // nothing has finite softmax values; multiplying by the mask then zeroes it.
+    const at::Tensor scores = at::matmul(q, kr.transpose(-1, -2)).mul(scale).masked_fill(~mask, -1e30);
+    const at::Tensor p = at::softmax(scores, -1) * mask.to(q.scalar_type());
+    return at::matmul(p, vr);
+  }
+
+  MaskInput input_;
+  int64_t masks_set = 0;
+  std::vector<int64_t> calls;
+  std::vector<int64_t> last_q_shape, last_k_shape;
+};
+
+// A Config for a plugin: schema defaults, with `overrides` given "in the file".
+inline Config make_config(const Schema& schema, const std::map<std::string, Value>& overrides) {
+  Config c("test", SourcePosition{"test.toml", 1, 1});
+  for (const KeySpec& k : schema.keys()) {
+    auto it = overrides.find(k.name);
+    if (it != overrides.end())
+      c.set(k.name, it->second, SourcePosition{"test.toml", 2, 1});
+    else
+      c.set(k.name, *k.fallback, std::nullopt);
+  }
+  return c;
+}
+
+// Loads the dflash drafter plugin from the build's plugin folder.
+inline std::unique_ptr<Drafter> make_drafter(const std::map<std::string, Value>& overrides) {
+  static Registry registry({FLASHDRAFT_PLUGIN_DIR});
+  const FoundPlugin& p = registry.get(PluginKind::drafter, "dflash");
+  return create_as<Drafter>(registry, p, make_config(registry.schema(p), overrides));
+}
+
+// A random target (embedding, LM head) and a random batch with the given shapes.
+struct Problem {
+  TargetModel target;
+  Batch batch;
+};
+inline Problem random_problem(int64_t vocab, int64_t hidden, std::vector<int64_t> exported, int64_t B, int64_t S,
+                              c10::ScalarType dtype, uint64_t seed) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto o = at::TensorOptions().dtype(dtype);
+  Problem p;
+  p.target.vocab = vocab;
+  p.target.hidden = hidden;
+  p.target.layers = 1 + *std::max_element(exported.begin(), exported.end());
+  p.target.exported_layers = exported;
+  p.target.embedding = at::randn({vocab, hidden}, g, o);
+  p.target.lm_head = at::randn({vocab, hidden}, g, o).div_(std::sqrt(double(hidden)));
+  const int64_t E = static_cast<int64_t>(exported.size());
+  p.batch.tokens = at::randint(vocab, {B, S}, g, at::kLong);
+  p.batch.hidden = at::randn({B, S, E, hidden}, g, o);
+  p.batch.loss_mask = at::ones({B, S}, at::kBool);
+  p.batch.loss_mask.narrow(1, 0, 2).fill_(false);  // a short "prompt" without loss
+  p.batch.lengths = at::full({B}, S, at::kLong);
+  return p;
+}
+
+}  // namespace flashdraft::dflash_test

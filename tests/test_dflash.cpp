@@ -1,0 +1,264 @@
+// DFlash drafter: labels, weights and anchors (pure logic, hand-worked numbers), a
+// float64 finite-difference gradient check of a one-layer drafter against autograd,
+// frozen target parts, the step's attention calls, and the bad-input errors.
+#include "dflash_oracle.hpp"
+#include "../plugins/dflash/dflash_labels.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+
+using namespace flashdraft;
+using flashdraft::dflash_test::OracleAttention;
+using flashdraft::dflash_test::make_drafter;
+
+namespace {
+
+// --- labels and weights: a hand-worked example --------------------------------------------
+// tokens 100..109 (length 10), BS = 4, gamma = 2, anchors {1, 5, pad}, loss mask off at 7.
+//   block 0 (anchor 1): j=1 -> token at 2 = 102, j=2 -> 103, j=3 -> 104
+//   block 1 (anchor 5): j=1 -> 106, j=2 -> position 7 is masked: no loss, j=3 -> 108
+//   block 2: padding -> nothing
+// weights: w_1 = exp(0) = 1, w_2 = exp(-1/2) = 0.6065306597126334, w_3 = exp(-1) = 0.36787944117144233
+TEST(DFlashLabels, HandWorkedExample) {
+  std::vector<int64_t> tokens{100, 101, 102, 103, 104, 105, 106, 107, 108, 109};
+  std::vector<uint8_t> mask(10, 1);
+  mask[7] = 0;
+  dflash::Anchors a{{1, 5, 5}, {1, 1, 0}};
+  const dflash::BlockLabels bl = dflash::block_labels(tokens.data(), mask.data(), 10, a, 4, 2.0);
+  const std::vector<int64_t> want_labels{-1, 102, 103, 104, -1, 106, -1, 108, -1, -1, -1, -1};
+  const std::vector<double> want_w{0, 1, 0.6065306597126334, 0.36787944117144233,
+                                   0, 1, 0,                  0.36787944117144233,
+                                   0, 0, 0,                  0};
+  EXPECT_EQ(bl.labels, want_labels);
+  ASSERT_EQ(bl.weights.size(), want_w.size());
+  for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(bl.weights[i], want_w[i], 1e-15) << "slot " << i;
+  // gamma = 7, BS = 16: w_15 = exp(-14/7) = exp(-2) = 0.1353352832366127
+  EXPECT_NEAR(dflash::position_weight(15, 7.0), 0.1353352832366127, 1e-15);
+  EXPECT_EQ(dflash::position_weight(0, 7.0), 0.0);
+}
+
+TEST(DFlashLabels, BlockPositionJIsTrainedOnTokenAtAnchorPlusJ) {
+  std::mt19937_64 gen(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t length = 5 + int64_t(gen() % 60), BS = 2 + int64_t(gen() % 8);
+    std::vector<int64_t> tokens(static_cast<size_t>(length));
+    for (auto& t : tokens) t = int64_t(gen() % 1000);
+    dflash::Anchors a;
+    for (int64_t x = 0; x < length; x += 1 + int64_t(gen() % 5)) {
+      a.anchors.push_back(x);
+      a.valid.push_back(gen() % 4 != 0);
+    }
+    const double gamma = 1.0 + double(gen() % 10);
+    const dflash::BlockLabels bl = dflash::block_labels(tokens.data(), nullptr, length, a, BS, gamma);
+    for (size_t n = 0; n < a.anchors.size(); ++n)
+      for (int64_t j = 0; j < BS; ++j) {
+        const size_t slot = n * size_t(BS) + size_t(j);
+        const int64_t p = a.anchors[n] + j;
+        const bool counted = a.valid[n] && j >= 1 && p < length;
+        EXPECT_EQ(bl.labels[slot], counted ? tokens[size_t(p)] : -1);
+        EXPECT_DOUBLE_EQ(bl.weights[slot], counted ? std::exp(-double(j - 1) / gamma) : 0.0);
+      }
+  }
+}
+
+TEST(DFlashLabels, SimulatedAcceptance) {
+  // 1 + 0.5 + 0.5*0.5 + 0.5*0.5*1 = 2.0 ; all ones over 15 positions = 16
+  EXPECT_DOUBLE_EQ(dflash::simulated_acceptance({0.5, 0.5, 1.0}), 2.0);
+  EXPECT_DOUBLE_EQ(dflash::simulated_acceptance(std::vector<double>(15, 1.0)), 16.0);
+  EXPECT_DOUBLE_EQ(dflash::simulated_acceptance({0.0, 1.0}), 1.0);
+}
+
+// --- anchors --------------------------------------------------------------------------------
+TEST(DFlashAnchors, SortedUniqueInRangeAndPaddedWhenShort) {
+  std::mt19937_64 gen(11);
+  auto draw = [&](int64_t k) { return int64_t(gen() % uint64_t(k)); };
+  int64_t padded_cases = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t length = 1 + int64_t(gen() % 50), BS = 1 + int64_t(gen() % 12), N = 1 + int64_t(gen() % 10);
+    std::vector<uint8_t> mask(static_cast<size_t>(length));
+    for (auto& m : mask) m = gen() % 5 != 0;
+    // Plain definition of a candidate.
+    std::set<int64_t> allowed;
+    for (int64_t x = 0; x < length; ++x)
+      if (x + BS - 1 <= length - 1 && (BS == 1 || mask[size_t(x + 1)])) allowed.insert(x);
+    const dflash::Anchors a = dflash::draw_anchors(dflash::anchor_candidates(length, BS, mask.data()), N, draw);
+    ASSERT_EQ(int64_t(a.anchors.size()), N);
+    ASSERT_EQ(int64_t(a.valid.size()), N);
+    const int64_t real = std::min<int64_t>(N, int64_t(allowed.size()));
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_EQ(a.valid[size_t(n)], n < real ? 1 : 0) << "valid blocks come first, padding after";
+      if (n < real) {
+        EXPECT_TRUE(allowed.count(a.anchors[size_t(n)])) << "anchor " << a.anchors[size_t(n)] << " not a candidate";
+        if (n > 0) {
+          EXPECT_LT(a.anchors[size_t(n - 1)], a.anchors[size_t(n)]) << "strictly increasing";
+        }
+      } else {
+        EXPECT_GE(a.anchors[size_t(n)], 0);
+        EXPECT_LT(a.anchors[size_t(n)], std::max<int64_t>(length, 1));
+        if (n > 0) {
+          EXPECT_LE(a.anchors[size_t(n - 1)], a.anchors[size_t(n)]);
+        }
+      }
+    }
+    padded_cases += real < N;
+  }
+  EXPECT_GT(padded_cases, 10);  // the trials did exercise padding
+}
+
+TEST(DFlashAnchors, WithoutReplacementCoversEveryCandidate) {
+  // 6 candidates, 3 drawn: every 3-subset is equally likely (20 subsets); each candidate
+  // appears with probability 1/2.
+  std::mt19937_64 gen(3);
+  auto draw = [&](int64_t k) { return int64_t(gen() % uint64_t(k)); };
+  std::vector<int64_t> hits(6, 0);
+  const int trials = 20000;
+  for (int t = 0; t < trials; ++t) {
+    const dflash::Anchors a = dflash::draw_anchors({0, 1, 2, 3, 4, 5}, 3, draw);
+    for (int64_t x : a.anchors) ++hits[size_t(x)];
+  }
+  for (int64_t h : hits) EXPECT_NEAR(double(h) / trials, 0.5, 0.02);
+}
+
+// --- the drafter ----------------------------------------------------------------------------
+std::map<std::string, Value> small_drafter() {
+  return {{"layers", int64_t{1}},      {"hidden", int64_t{16}},   {"heads", int64_t{4}},
+          {"kv_heads", int64_t{2}},    {"ffn", int64_t{24}},      {"block_size", int64_t{4}},
+          {"anchors", int64_t{3}},     {"target_layer_ids", std::vector<int64_t>{0, 2}},
+          {"gamma", 2.0},              {"init_std", 0.3},         {"mask_token", int64_t{19}}};
+}
+
+RunContext context(c10::ScalarType dtype, uint64_t seed) {
+  RunContext ctx;
+  ctx.dtype = dtype;
+  ctx.seed = seed;
+  return ctx;
+}
+
+double loss_at(Drafter& d, const Batch& batch, uint64_t rng_seed) {
+  OracleAttention attn;
+  at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(rng_seed);
+  at::NoGradGuard no_grad;
+  return d.step(batch, attn, rng, true).loss.item<double>();
+}
+
+// Central finite differences (h = 1e-6, float64) against autograd for every entry of
+// every parameter of a one-layer drafter; same anchors for every evaluation. One thread:
+// thousands of tiny forwards, which intra-op threads only slow down on a shared machine.
+TEST(DFlashDrafter, GradientCheckFloat64) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto d = make_drafter(small_drafter());
+  auto p = dflash_test::random_problem(20, 16, {0, 1, 2}, 2, 14, at::kDouble, 123);
+  d->bind(p.target, context(at::kDouble, 5), 2, 14);
+  OracleAttention attn;
+  at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(99);
+  StepResult r = d->step(p.batch, attn, rng, true);
+  r.loss.backward();
+  int64_t checked = 0;
+  for (auto& [name, w] : d->parameters()) {
+    ASSERT_TRUE(w.grad().defined()) << name;
+    const at::Tensor g = w.grad().clone();
+    at::Tensor flat = w.detach().view({-1});
+    const at::Tensor gflat = g.view({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      const double x0 = flat[i].item<double>(), h = 1e-6;
+      flat[i] = x0 + h;
+      const double up = loss_at(*d, p.batch, 99);
+      flat[i] = x0 - h;
+      const double down = loss_at(*d, p.batch, 99);
+      flat[i] = x0;
+      const double fd = (up - down) / (2 * h), ag = gflat[i].item<double>();
+      ASSERT_NEAR(fd, ag, 1e-7 + 1e-5 * std::abs(ag)) << name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 2000);
+  // The loss is a real function of the weights: gradients are not all zero.
+  EXPECT_GT(d->parameters()[0].second.grad().abs().max().template item<double>(), 1e-6);
+  at::set_num_threads(threads);
+}
+
+TEST(DFlashDrafter, FrozenEmbeddingAndLmHeadGetNoGradient) {
+  auto d = make_drafter(small_drafter());
+  auto p = dflash_test::random_problem(20, 16, {0, 1, 2}, 2, 14, at::kFloat, 7);
+  p.target.embedding.requires_grad_(true);
+  p.target.lm_head.requires_grad_(true);
+  d->bind(p.target, context(at::kFloat, 1), 2, 14);
+  for (auto& [name, w] : d->parameters()) {
+    EXPECT_EQ(name.find("embed"), std::string::npos) << name;
+    EXPECT_EQ(name.find("lm_head"), std::string::npos) << name;
+    EXPECT_NE(w.data_ptr(), p.target.embedding.data_ptr()) << name;
+    EXPECT_NE(w.data_ptr(), p.target.lm_head.data_ptr()) << name;
+  }
+  OracleAttention attn;
+  at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(3);
+  d->step(p.batch, attn, rng, true).loss.backward();
+  EXPECT_FALSE(p.target.embedding.grad().defined());
+  EXPECT_FALSE(p.target.lm_head.grad().defined());
+  for (auto& [name, w] : d->parameters()) EXPECT_TRUE(w.grad().defined()) << name;
+}
+
+TEST(DFlashDrafter, StepPosesTheAnnouncedAttentionProblem) {
+  auto d = make_drafter(small_drafter());
+  auto p = dflash_test::random_problem(20, 16, {0, 1, 2}, 2, 14, at::kFloat, 8);
+  d->bind(p.target, context(at::kFloat, 1), 2, 14);
+  const AttentionProblem prob = d->attention_problem();
+  EXPECT_EQ(prob.mask, "dflash");
+  EXPECT_EQ(prob.q_len, 3 * 4);
+  EXPECT_EQ(prob.kv_len, 14 + 3 * 4);
+  EXPECT_EQ(d->positions(), 3);
+  OracleAttention attn;
+  at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(3);
+  const StepResult r = d->step(p.batch, attn, rng, true);
+  EXPECT_EQ(attn.masks_set, 1);
+  EXPECT_EQ(attn.calls, std::vector<int64_t>{0});
+  EXPECT_EQ(attn.last_q_shape, (std::vector<int64_t>{2, prob.heads_q, prob.q_len, prob.head_dim}));
+  EXPECT_EQ(attn.last_k_shape, (std::vector<int64_t>{2, prob.heads_kv, prob.kv_len, prob.head_dim}));
+  // Anchors: sorted, whole block inside S, first label position carries loss (>= 2).
+  for (const auto& a : attn.input_.anchors) {
+    ASSERT_EQ(a.size(), 3u);
+    for (size_t n = 0; n < a.size(); ++n) {
+      EXPECT_GE(a[n] + 1, 2);
+      EXPECT_LE(a[n] + 4 - 1, 13);
+      if (n) {
+        EXPECT_LT(a[n - 1], a[n]);
+      }
+    }
+  }
+  ASSERT_EQ(r.position_accuracy.size(), 3u);
+  EXPECT_EQ(r.tokens, 2 * 3 * 3);
+  double tau = 1, run = 1;
+  for (double acc : r.position_accuracy) tau += (run *= acc);
+  ASSERT_EQ(r.scalars.size(), 1u);
+  EXPECT_EQ(r.scalars[0].first, "tau_sim");
+  EXPECT_DOUBLE_EQ(r.scalars[0].second, tau);
+}
+
+// --- bad input --------------------------------------------------------------------------------
+void expect_bind_error(std::map<std::string, Value> over, const std::string& needle, int64_t hidden = 16) {
+  auto cfg = small_drafter();
+  for (auto& [k, v] : over) cfg[k] = v;
+  auto p = dflash_test::random_problem(20, hidden, {0, 1, 2}, 2, 14, at::kFloat, 1);
+  try {
+    auto d = make_drafter(cfg);
+    d->bind(p.target, context(at::kFloat, 1), 2, 14);
+    FAIL() << "no error for " << needle;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(DFlashDrafter, BadInputIsAConfigErrorNamingTheValue) {
+  expect_bind_error({{"mask_token", int64_t{20}}}, "mask_token = 20");
+  expect_bind_error({{"block_size", int64_t{15}}}, "block_size = 15");
+  expect_bind_error({{"target_layer_ids", std::vector<int64_t>{1, 7}}}, "target layer 7");
+  expect_bind_error({{"anchors", int64_t{0}}}, "anchors = 0");
+  expect_bind_error({{"hidden", int64_t{18}}}, "hidden size 18", 18);
+  expect_bind_error({{"heads", int64_t{4}}, {"kv_heads", int64_t{3}}}, "kv_heads = 3");
+  expect_bind_error({{"hidden", int64_t{32}}}, "hidden = 32");
+}
+
+}  // namespace
