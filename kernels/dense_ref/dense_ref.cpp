@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -104,6 +105,10 @@ class DenseRef : public flashdraft::AttentionKernel {
   AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const BlockMaskTensors& mask, double scale) override {
     check_inputs(q, k, v, mask);
+    if (k.size(2) == 0)  // no keys at all: every row is empty (a row max over nothing is undefined)
+      return {at::zeros_like(q), at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<float>::infinity(),
+                                          q.options().dtype(at::kFloat)),
+              "dense_ref"};
     at::NoGradGuard no_grad;
     DenseResult r = dense_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), *mask.host, scale);
     return {r.out.to(q.scalar_type()).contiguous(), r.lse.contiguous(), "dense_ref"};
@@ -113,6 +118,7 @@ class DenseRef : public flashdraft::AttentionKernel {
                              const at::Tensor& v, const at::Tensor&, const at::Tensor&,
                              const BlockMaskTensors& mask, double scale) override {
     check_inputs(q, k, v, mask);
+    if (k.size(2) == 0) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), "dense_ref"};
     // The engine may call this from inside an autograd backward, where grad mode is off.
     at::AutoGradMode grad_on(true);
     const at::Tensor qf = q.detach().to(at::kFloat).requires_grad_(true);
