@@ -51,7 +51,7 @@ void inspect_log(const std::string& path, std::ostream& out) {
       if (m == "loss" || m == "step" || m == "position_accuracy") continue;
       const auto v = r.f64("steps/" + m);
       if (v.empty()) continue;
-      out << std::left << std::setw(10) << m << std::right << "first " << std::setprecision(4) << v.front()
+      out << std::left << std::setw(14) << m << std::right << "first " << std::setprecision(4) << v.front()
           << "  last " << v.back() << "\n";
     }
     const auto shape = r.shape("steps/position_accuracy");
