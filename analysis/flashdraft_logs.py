@@ -75,6 +75,16 @@ def _text(value) -> str:
     return str(value)
 
 
+def _variant_names(names: list, ids: np.ndarray) -> np.ndarray:
+    """ids -> names (object array); an id past the names read so far (a live log
+    whose name row was not visible yet) becomes "<variant id N>"."""
+    table = np.array(list(names) + [None], dtype=object)
+    out = table[np.minimum(ids, len(names))]
+    for i in np.unique(ids[ids >= len(names)]):
+        out[ids == i] = f"<variant id {i}>"
+    return out
+
+
 def _open(path: Path) -> h5py.File:
     """Opens read-only: SWMR first (live logs, and logs of killed SWMR writers,
     whose superblock still says "open for writing"), then plain."""
@@ -239,11 +249,12 @@ class Run:
             vid = ids[s_idx, l_idx].astype(np.int64)
             frames.append(pd.DataFrame({
                 "step": step[s_idx], "layer": l_idx.astype(np.int64), "phase": phase, "variant_id": vid,
-                "variant": [names[i] if i < len(names) else f"<variant id {i}>" for i in vid]}))
+                "variant": _variant_names(names, vid)}))
         cols = {"step": np.int64, "layer": np.int64, "phase": object, "variant_id": np.int64, "variant": object}
         k = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
             {c: pd.Series([], dtype=t) for c, t in cols.items()})
-        k["fallback"] = [not variant_belongs(v, selected) for v in k["variant"]]
+        belongs = {v: variant_belongs(v, selected) for v in pd.unique(k["variant"])}
+        k["fallback"] = ~k["variant"].map(belongs).astype(bool)
         k = k.sort_values(["step", "phase", "layer"], kind="stable", ignore_index=True)
         k.attrs.update(self.kernel_attrs)
         self.kernels = k
@@ -584,21 +595,22 @@ def plot_kernel_timeline(run, fig=None):
     cmap = ListedColormap([colour[v] for v in names])
     cmap.set_bad("white")  # no call
     step_pos = {int(s): i for i, s in enumerate(steps)}
-    ev_steps = sorted(set(int(s) for s in run.fallbacks.loc[run.fallbacks["source"] == "event", "step"]))
+    # Fallback events during training (step >= 0) are drawn as dotted red lines;
+    # a fallback at kernel selection (step -1) goes into the title.
+    ev_steps = sorted(set(int(s) for s in run.fallbacks.loc[run.fallbacks["source"] == "event", "step"]
+                          if steps[0] <= int(s) <= steps[-1]))
     for ax, phase in zip(axes, ("forward", "backward")):
         grid = np.full((max(run.layers, 1), len(steps)), np.nan)
-        kp = k[k["phase"] == phase]
-        for r in kp.itertuples():
-            if int(r.step) in step_pos:
-                grid[int(r.layer), step_pos[int(r.step)]] = code[r.variant]
+        kp = k[(k["phase"] == phase) & k["step"].isin(step_pos)]
+        cols = kp["step"].map(step_pos).to_numpy(dtype=np.int64)
+        grid[kp["layer"].to_numpy(dtype=np.int64), cols] = kp["variant"].map(code).to_numpy(dtype=float)
         ax.imshow(np.ma.masked_invalid(grid), aspect="auto", origin="lower", cmap=cmap, vmin=-0.5,
                   vmax=len(names) - 0.5, interpolation="nearest",
                   extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, grid.shape[0] - 0.5))
         ax.set_ylabel(f"{phase}\nlayer")
         ax.set_yticks(range(grid.shape[0]))
         for s in ev_steps:
-            if s >= steps[0]:
-                ax.axvline(s, color="red", lw=1.2, ls=":")
+            ax.axvline(s, color="red", lw=1.2, ls=":")
     axes[-1].set_xlabel("step")
     handles = [Patch(color=colour[v], label=v + ("" if v in own else "  (FALLBACK)")) for v in names]
     handles.append(Patch(facecolor="white", edgecolor="0.6", label="no call"))
@@ -608,8 +620,9 @@ def plot_kernel_timeline(run, fig=None):
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     title = f"{run.name}: kernel variants per layer (selected: {selected})"
     if (run.fallbacks["step"] < 0).any():
-        title += "\nselection FELL BACK before step 0: " + \
-                 str(run.fallbacks.loc[run.fallbacks["step"] < 0, "message"].iloc[0])[:110]
+        import textwrap
+        msg = str(run.fallbacks.loc[run.fallbacks["step"] < 0, "message"].iloc[0])
+        title += "\n" + "\n".join(textwrap.wrap("selection FELL BACK before step 0: " + msg, 80)[:3])
     n_bad = int(k["fallback"].sum())
     if n_bad:
         title += f"\n{n_bad} of {len(k)} calls ran a variant of another kernel (red)"

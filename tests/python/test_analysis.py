@@ -293,3 +293,58 @@ def test_quickstart_notebook_executes(notebook_runs, monkeypatch):
     assert images >= 6, f"the notebook showed {images} figures"
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert str(notebook_runs[0][0]) in text  # it read the log it was pointed at
+
+
+def test_partly_written_rows_eval_group_and_empty_logs(finished_toy_run, tmp_path):
+    """Edits copies of a finished log with h5py the way a live writer leaves it:
+    one dataset a row behind the others (cut to the shortest), an /eval group
+    (read when present), and no steps at all (tables empty, plots still drawn)."""
+    import shutil
+    path, _ = finished_toy_run
+    loss = raw(path, "steps/loss")
+
+    lagging = tmp_path / "lagging.h5"
+    shutil.copy(path, lagging)
+    with h5py.File(lagging, "a") as f:
+        f["memory/backward"].resize((4,))  # the writer had extended it for 4 steps only
+    run = fl.load_run(lagging)
+    assert run.n_steps == 4 and len(run.memory) == 4 and len(run.positions) == 4
+    assert run.steps["loss"].tolist() == loss[:4].tolist()
+    assert len(run.kernels) == 4 * TOY_LAYERS * 2 and run.kernels["step"].max() == 3
+    run.close()
+
+    rng = np.random.default_rng()
+    ev_steps = np.array([0, 2, 4], dtype=np.int64)
+    ev_loss, ev_tau = rng.uniform(1, 5, 3), rng.uniform(1, 8, 3)
+    ev_acc = rng.uniform(0, 1, (3, 5))
+    with_eval = tmp_path / "eval.h5"
+    shutil.copy(path, with_eval)
+    with h5py.File(with_eval, "a") as f:
+        g = f.create_group("eval")
+        g["step"], g["loss"], g["tau"], g["position_accuracy"] = ev_steps, ev_loss, ev_tau, ev_acc
+    run = fl.load_run(with_eval)
+    assert run.eval["step"].tolist() == ev_steps.tolist()
+    assert run.eval["loss"].tolist() == ev_loss.tolist()
+    assert run.eval["tau"].tolist() == ev_tau.tolist()
+    for j in range(5):
+        assert run.eval[f"acc_{j + 1}"].tolist() == ev_acc[:, j].tolist()
+    assert run.eval_positions.to_numpy().tolist() == ev_acc.tolist()
+    assert run.eval_positions.index.tolist() == ev_steps.tolist()
+    assert "eval       3 rows" in run.summary()
+    fig = fl.plot_loss(run)
+    assert "eval loss" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    run.close()
+
+    empty = tmp_path / "empty.h5"
+    shutil.copy(path, empty)
+    with h5py.File(empty, "a") as f:
+        for g in ("steps", "memory", "kernels"):
+            for name, ds in f[g].items():
+                if name != "names":
+                    ds.resize(0, axis=0)
+    run = fl.load_run(empty)
+    assert run.n_steps == 0 and len(run.memory) == 0 and len(run.kernels) == 0
+    assert run.positions.shape == (0, 1)
+    written = fl.plot_all(run, tmp_path / "png", compare=path)
+    assert all(p.stat().st_size > 1000 for p in written)
+    run.close()
