@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "flash_attention.cuh"
+#include "flash_kernels.cuh"  // only for the per-phase backward timing in bench
 
 using namespace flashdraft::flash_cuda;
 
@@ -474,8 +475,10 @@ FlashParams make_params(const Problem& pr, const Buffers& bf, const DeviceMask& 
 
 static int g_failures = 0;
 
+// scale_error != 1: negative control -- the kernel runs with a wrong scale and the check
+// must fail (counted as a failure when it does not).
 template <class T>
-void run_check(const Problem& pr, Config cfg, uint64_t seed) {
+void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error = 1.f) {
   const DType dt = std::is_same<T, __nv_bfloat16>::value ? DType::bf16 : DType::fp16;
   const double tol = dt == DType::bf16 ? 2e-2 : 1e-2;
   DeviceMask dm;
@@ -483,8 +486,11 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed) {
   Buffers bf;
   FlashParams p0;
   p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
-  alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0));
+  p0.D = pr.D;
+  alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0, cfg));
   FlashParams p = make_params(pr, bf, dm, dt);
+  const float true_scale = p.scale;
+  p.scale *= scale_error;
   const int Lq = p.Lq, Lkv = p.Lkv, D = p.D;
   const size_t nq = (size_t)pr.B * pr.Hq * Lq * D, nk = (size_t)pr.B * pr.Hkv * Lkv * D, nl = (size_t)pr.B * pr.Hq * Lq;
   // poison every output: 0xFF bytes are NaN in bf16, fp16 and fp32
@@ -493,7 +499,7 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed) {
   CK(cudaMemset(bf.dq, 0xFF, nq * sizeof(T)));
   CK(cudaMemset(bf.dk, 0xFF, nk * sizeof(T)));
   CK(cudaMemset(bf.dv, 0xFF, nk * sizeof(T)));
-  CK(cudaMemset(bf.ws, 0xFF, flash_backward_workspace_bytes(p)));
+  CK(cudaMemset(bf.ws, 0xFF, flash_backward_workspace_bytes(p, cfg)));
   std::string vf, vb;
   try {
     vf = flash_forward(p, cfg);
@@ -510,7 +516,7 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed) {
   RefArgs a;
   a.q = bf.q, a.k = bf.k, a.v = bf.v, a.dout = bf.dout;
   a.qs = bf.qs, a.ks = bf.ks, a.vs = bf.vs, a.dos = bf.dos;
-  a.B = pr.B, a.Hq = pr.Hq, a.Hkv = pr.Hkv, a.Lq = Lq, a.Lkv = Lkv, a.D = D, a.scale = p.scale;
+  a.B = pr.B, a.Hq = pr.Hq, a.Hkv = pr.Hkv, a.Lq = Lq, a.Lkv = Lkv, a.D = D, a.scale = true_scale;
   a.mask = dm.dense, a.mb = pr.mask.batch, a.mh = pr.mask.heads;
   CK(cudaMalloc(&a.out, nq * 4));
   CK(cudaMalloc(&a.dq, nq * 4));
@@ -556,9 +562,10 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed) {
   const size_t nonfinite = co.nonfinite + cq.nonfinite + ck.nonfinite + cv.nonfinite;
   const bool ok = co.rel <= tol && cq.rel <= tol && ck.rel <= tol && cv.rel <= tol && nonfinite == 0 &&
                   lse_bad == 0 && empty_bad == 0 && lse_err < 1e-2;
-  if (!ok) ++g_failures;
-  std::printf("%s %-30s %-5s d%-3d %-5s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
-              ok ? "ok  " : "FAIL", pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D,
+  const bool control = scale_error != 1.f;
+  if (ok == control) ++g_failures;
+  std::printf("%s%s %-30s %-5s d%-3d %-5s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
+              control ? (ok ? "NEGATIVE CONTROL NOT CAUGHT " : "negative control caught: ") : "", ok ? "ok  " : "FAIL", pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D,
               cfg == Config::sm90 ? "sm90" : "sm120", pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
               lse_err, cq.rel, ck.rel, cv.rel, nonfinite, empty_rows, lse_bad, empty_bad);
   std::fflush(stdout);
@@ -584,6 +591,51 @@ std::vector<Problem> check_problems(std::mt19937& rng, int D) {
 }
 
 // ------------------------------------------------------------------ benchmark
+
+// Per-phase backward timing (bf16, d128): launches the backward kernels directly.
+template <bool ATOMIC, int DQS, int MT>
+void time_phases(const FlashParams& p, const char* label) {
+  using namespace flashdraft::flash_cuda::detail;
+  using T = __nv_bfloat16;
+  constexpr int D = 128, KVS = 2;
+  const int lq_pad = (p.Lq + BQ - 1) / BQ * BQ;
+  const size_t rows = size_t(p.B) * p.Hq * lq_pad;
+  float* l2 = static_cast<float*>(p.workspace);
+  float* de = l2 + rows;
+  float* acc = de + rows;
+  constexpr int skv = ATOMIC ? KvSmem<D, KVS>::bytes_atomic : KvSmem<D, KVS>::bytes, sdq = DqSmem<D, DQS>::bytes;
+  CK(cudaFuncSetAttribute(flash_bwd_dkdv_kernel<T, D, KVS, ATOMIC>, cudaFuncAttributeMaxDynamicSharedMemorySize, skv));
+  CK(cudaFuncSetAttribute(flash_bwd_dq_kernel<T, D, DQS, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, sdq));
+  cudaEvent_t ev[4];
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  std::vector<float> t0, t1, t2;
+  for (int r = 0; r < 30; ++r) {
+    CK(cudaEventRecord(ev[0]));
+    flash_bwd_pre_kernel<T, D><<<dim3(lq_pad / 16, p.B * p.Hq), 256>>>(p, l2, de, lq_pad);
+    if (ATOMIC) CK(cudaMemsetAsync(acc, 0, rows * D * 4));
+    CK(cudaEventRecord(ev[1]));
+    flash_bwd_dkdv_kernel<T, D, KVS, ATOMIC><<<dim3((p.Lkv + BKV - 1) / BKV, p.Hkv, p.B), 128, skv>>>(p, l2, de, lq_pad, acc);
+    CK(cudaEventRecord(ev[2]));
+    if (ATOMIC)
+      flash_bwd_dq_convert_kernel<T, D><<<dim3((lq_pad * (D / 8) + 255) / 256, p.B * p.Hq), 256>>>(p, acc, lq_pad);
+    else
+      flash_bwd_dq_kernel<T, D, DQS, MT><<<dim3((p.Lq + BQ - 1) / BQ, p.Hq, p.B), 256 / MT, sdq>>>(p, l2, de, lq_pad);
+    CK(cudaEventRecord(ev[3]));
+    CK(cudaEventSynchronize(ev[3]));
+    CK(cudaGetLastError());
+    float a, b, c;
+    CK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+    CK(cudaEventElapsedTime(&b, ev[1], ev[2]));
+    CK(cudaEventElapsedTime(&c, ev[2], ev[3]));
+    if (r >= 5) t0.push_back(a), t1.push_back(b), t2.push_back(c);
+  }
+  auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  std::printf("PHASES %-8s %-7s dQ pass %2d rows/warp %d stage(s): preprocess%s %.3f ms  dK/dV%s %.3f ms  %s %.3f ms\n",
+              label, ATOMIC ? "atomic" : "2-pass", ATOMIC ? 0 : MT * 16, ATOMIC ? 0 : DQS, ATOMIC ? "+memset" : "",
+              med(t0), ATOMIC ? "+dQ atomics" : "", med(t1), ATOMIC ? "dQ convert" : "dQ pass", med(t2));
+  for (auto& e : ev) cudaEventDestroy(e);
+}
+
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -595,7 +647,8 @@ void bench_problem(const Problem& pr, const char* label) {
   Buffers bf;
   FlashParams p0;
   p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0));
+  p0.D = pr.D;
+  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0, Config::sm90) + (size_t)p0.B * p0.Hq * ((p0.Lq + 127) / 128 * 128) * p0.D * 4);  // + room for the atomic-dQ phase timing
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
   const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
   const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
@@ -625,8 +678,14 @@ void bench_problem(const Problem& pr, const char* label) {
     std::printf("BENCH %-8s %-5s fwd %.3f ms (%.0f TFLOP/s)  bwd %.3f ms (%.0f TFLOP/s)  fwd+bwd %.3f ms | pairs/head %.4g tiles f%d p%d | %s %s\n",
                 label, cfg == Config::sm90 ? "sm90" : "sm120", mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
                 pairs / pr.Hq, dm.nfull, dm.npart, vf.c_str(), vb.c_str());
+    std::printf("      workspace %.2f MiB (flash_backward_workspace_bytes); no other allocation by the kernel\n",
+                flash_backward_workspace_bytes(p, cfg) / 1048576.0);
     std::fflush(stdout);
   }
+  time_phases<false, 1, 2>(p, label);
+  time_phases<false, 1, 1>(p, label);
+  time_phases<false, 2, 1>(p, label);
+  time_phases<true, 1, 1>(p, label);
   free_buffers(bf);
 }
 
@@ -649,6 +708,10 @@ int main(int argc, char** argv) {
           run_check<__nv_bfloat16>(pr, c, s += 17);
           run_check<__half>(pr, c, s += 17);
         }
+    {  // the check must be able to fail: a 2% scale error has to be reported
+      const Problem pr = check_problems(rng, 128)[0];
+      run_check<__nv_bfloat16>(pr, Config::sm120, s += 17, 1.02f);
+    }
   }
   if (mode == "bench" || mode == "all") {
     Problem big;

@@ -102,9 +102,14 @@ std::string flash_variant(bool backward, Config c, DType dtype, int d) {
          "n" + std::to_string(kTileKV);
 }
 
-size_t flash_backward_workspace_bytes(const FlashParams& p) {
+size_t flash_backward_workspace_bytes(const FlashParams& p, Config config) {
   const size_t lq_pad = (size_t(p.Lq) + kTileQ - 1) / kTileQ * kTileQ;
-  return 2 * size_t(p.B) * size_t(p.Hq) * lq_pad * sizeof(float);
+  const size_t rows = size_t(p.B) * size_t(p.Hq) * lq_pad;
+  int device = 0;
+  cudaGetDevice(&device);
+  (void)flash_resolve_config(config, device);  // both configurations need the same
+  // lse*log2(e) and delta per padded row (the unused atomic-dQ path would add D floats)
+  return 2 * rows * sizeof(float);
 }
 
 }  // namespace flashdraft::flash_cuda

@@ -11,30 +11,37 @@
 // Backward gives dq, dk, dv in the input dtype (accumulated in fp32 registers).
 //
 // Algorithm (see flash_kernels.cuh for the device code and its invariants):
-//   forward : one CTA per (128-query tile, q head, batch); 8 warps x 16 rows; walks the
-//             tile's partial then full KV tiles (64 keys) from the CSR lists;
-//             mma.sync m16n8k16 (fp32 accumulate), ldmatrix, cp.async multi-stage
-//             K/V pipeline, online softmax in base 2; full tiles never read a bitmap.
+//   forward : one CTA per (128-query tile, q head, batch); 4 warps x 32 rows (two m16
+//             tiles per warp, as FlashAttention-2: every K/V fragment read from shared
+//             memory feeds two MMAs); walks the tile's partial then full KV tiles (64 keys)
+//             from the CSR lists; mma.sync m16n8k16 (fp32 accumulate), ldmatrix with an
+//             XOR swizzle, cp.async 2-stage K/V pipeline, online softmax in base 2; full
+//             tiles never read a bitmap (only the ragged last KV tile is cut by column).
 //   backward: (1) preprocess: delta = rowsum(dO * O) and lse*log2(e) into the workspace
-//             (rows padded to the tile; pad rows get lse = +inf so they vanish);
+//             (rows padded to the tile; pad rows and empty rows get lse = +inf: P = 0);
 //             (2) dK/dV: one CTA per (64-key tile, kv head, batch), 4 warps x 16 keys,
 //             walking the transposed lists (all q heads of the GQA group) in 64-row
-//             query steps; dK, dV stay in registers and are written once;
+//             query steps, 2-stage Q/dO pipeline; dK, dV stay in fp32 registers and are
+//             written once (no atomics, no zeroing);
 //             (3) dQ: one CTA per (128-query tile, q head, batch) walking the forward
-//             lists, recomputing P and dP, dQ accumulated in fp32 registers.
+//             lists, recomputing P and dP; dQ accumulated in fp32 registers.
 //   dQ is a SEPARATE PASS, not atomics: every dq element is written exactly once by one
-//   CTA (deterministic, no fp32 dq buffer to zero and convert, no atomic traffic through
-//   L2 -- with atomics each (kv tile, q tile) pair would add 128x128 floats); the price
-//   is recomputing S and dP (7 instead of 5 GEMMs in the backward).
+//   CTA (deterministic, no fp32 dq buffer to zero and convert: workspace 2 MB instead of
+//   +134 MB at B=1,H=32,L=8192). The price is recomputing S and dP (7 instead of 5 GEMMs).
+//   The atomic alternative (dQ += dS K inside the dK/dV kernel, red.global.add.v2.f32)
+//   is in flash_kernels.cuh and was measured on the H200: no faster (DFlash 3.91+0.05 ms
+//   vs 2.35+1.65 ms, NOTES.md v3), so no configuration uses it.
 //
 // Tiles: the BlockMask must be built at block_q = 128, block_kv = 64 (flash_tile_size()).
-// Configurations (same tiles, different shared-memory pipelines):
-//   sm120: fits 99 KB of shared memory per block (RTX 50xx / RTX PRO 6000): forward
-//          2 K/V stages (96 KB at d128), dK/dV 2 Q/dO stages (98 KB), dQ 1 stage (96 KB).
-//   sm90 : deeper pipelines for 227 KB parts (H100/H200, also A100's 163 KB):
-//          forward 3 stages (128 KB), dK/dV 3 stages (131 KB), dQ 2 stages (128 KB).
+// Configurations (same tiles and forward; they differ in the dQ pass):
+//   sm120: every kernel fits 99 KB of shared memory per block (RTX 50xx / RTX PRO 6000):
+//          forward 96 KB, dK/dV 98 KB, dQ 4 warps x 32 rows with one K/V stage (96 KB).
+//   sm90 : for parts with >= 160 KB per block (H100/H200, A100): dQ 8 warps x 16 rows
+//          with two K/V stages (128 KB) -- the fastest measured on the H200.
 //   Config::automatic picks sm90 where the device allows >= 160 KB per block, else
-//   sm120. FLASHDRAFT_FLASH_CUDA_CONFIG=sm120|sm90|auto forces one (flash_config_from_env).
+//   sm120. FLASHDRAFT_FLASH_CUDA_CONFIG=sm120|sm90|auto forces one: the launchers use the
+//   Config they are given; the plugin passes flash_config_from_env() (and reports the
+//   variant string the launcher returns).
 // Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90}/{bf16,fp16}/d{64,128}/m128n64.
 //
 // Requirements checked by flash_check(): D in {64, 128}; last dim contiguous and every
@@ -132,8 +139,9 @@ std::string flash_variant(bool backward, Config resolved, DType dtype, int head_
 
 // Launches on p.stream (asynchronous); returns the variant that ran.
 std::string flash_forward(const FlashParams& p, Config config = Config::automatic);
-// Bytes of p.workspace the backward needs (2 floats per padded query row).
-size_t flash_backward_workspace_bytes(const FlashParams& p);
+// Bytes of p.workspace flash_backward(p, config) needs: 2 floats per query row, rows
+// padded to 128 (2 MB for B=1, H=32, L=8192). p needs B, Hq, Lq, D set.
+size_t flash_backward_workspace_bytes(const FlashParams& p, Config config = Config::automatic);
 std::string flash_backward(const FlashParams& p, Config config = Config::automatic);
 
 }  // namespace flashdraft::flash_cuda

@@ -112,16 +112,21 @@ __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
 
 // Copies rows [row0, row0 + ROWS) of a [L][D] matrix (row stride in elements) into a
 // swizzled tile; rows >= L are zero-filled (so masked-out garbage can never be NaN).
+// Thread tid always copies chunk tid % C of rows tid / C + k * (NT / C); NT / C is a
+// multiple of 8, so the swizzle key (row & 7) is the same for every k: one destination
+// base per thread instead of ROWS * C / NT live addresses.
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* base, int64_t row_stride,
                                           int row0, int L, int tid) {
-  constexpr int C = D / 8;
+  constexpr int C = D / 8, RPP = NT / C;
+  static_assert(RPP % 8 == 0 && ROWS % RPP == 0, "tile copy shape");
+  const int r0 = tid / C, c = tid % C;
+  const uint32_t d0 = dst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
+  const uint16_t* src = base + (int64_t)(row0 + r0) * row_stride + c * 8;
 #pragma unroll
-  for (int i = tid; i < ROWS * C; i += NT) {
-    const int r = i / C, c = i % C;
-    const bool ok = row0 + r < L;
-    const uint16_t* src = ok ? base + (int64_t)(row0 + r) * row_stride + c * 8 : base;
-    cp_async16(dst + tile_off<D>(r, c), src, ok);
+  for (int k = 0; k < ROWS / RPP; ++k) {
+    const bool ok = row0 + r0 + k * RPP < L;
+    cp_async16(d0 + k * RPP * (D * 2), ok ? src + (int64_t)k * RPP * row_stride : base, ok);
   }
 }
 
@@ -164,40 +169,84 @@ __device__ __forceinline__ void zero_rows(uint16_t* base, int64_t row_stride, in
   }
 }
 
-// S(16 x 64) += A(16 rows of sA at arow0, D) * B(64 rows of sB, D)^T, both swizzled [.][D].
-template <class T, int D>
-__device__ __forceinline__ void gemm_abt(float (&s)[8][4], uint32_t sA, int arow0, uint32_t sB, int lane) {
+// ldmatrix addressing. In all three patterns below the 8 rows a lane group addresses are
+// consecutive and start at a multiple of 8, so (row & 7) == (lane & 7) and the swizzled
+// chunk is (2 * step) ^ key(lane): one per-lane base plus a compile-time row offset and
+// an XOR with the step; this keeps the compiler from holding dozens of addresses live.
+//   A operand, [m][k] tile : row lane % 16,                       chunk 2kk + lane / 16
+//   B operand, [n][k] tile : row (lane / 16) * 8 + lane % 8,      chunk 2kk + (lane / 8) % 2
+//   B operand, [k][n] tile (.trans): row ((lane / 8) % 2) * 8 + lane % 8, chunk 2dp + lane / 16
+template <int D>
+struct LaneAddr {
+  static constexpr int RB = D * 2;  // bytes per row
+  uint32_t a_row, b_row, t_row;     // byte offsets of this lane's row
+  uint32_t a_key, b_key;            // XOR keys (the .trans pattern uses a_key)
+  __device__ __forceinline__ explicit LaneAddr(int lane) {
+    a_row = (lane % 16) * RB;
+    b_row = ((lane / 16) * 8 + lane % 8) * RB;
+    t_row = (((lane / 8) % 2) * 8 + lane % 8) * RB;
+    a_key = (lane / 16) ^ (lane & 7);
+    b_key = ((lane / 8) % 2) ^ (lane & 7);
+  }
+  __device__ __forceinline__ static uint32_t chunk(int step2, uint32_t key) { return ((step2 ^ key) << 4); }
+};
+
+// S[mt](16 x 64) += A(rows arow0 + 16 mt .., D) * B(64 rows, D)^T. A warp owns MT m-tiles
+// of 16 rows and every B fragment read from shared memory feeds MT products
+// (FlashAttention-2's 32 rows per warp halve the shared-memory reads per FLOP vs 16).
+// J0, NJ: only B rows [16 J0, 16 (J0 + NJ)) (s holds 2 NJ n-tiles of 8).
+template <class T, int D, int MT, int J0 = 0, int NJ = 4>
+__device__ __forceinline__ void gemm_abt_mt(float (&s)[MT][2 * NJ][4], uint32_t sA, int arow0, uint32_t sB,
+                                            const LaneAddr<D>& la) {
+  constexpr int RB = LaneAddr<D>::RB;
+  const uint32_t abase = sA + arow0 * RB + la.a_row, bbase = sB + la.b_row;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    ldsm_x4(a, sA + tile_off<D>(arow0 + (lane % 16), 2 * kk + lane / 16));
+    uint32_t a[MT][4];
+    const uint32_t ac = LaneAddr<D>::chunk(2 * kk, la.a_key), bc = LaneAddr<D>::chunk(2 * kk, la.b_key);
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
+    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], abase + mt * 16 * RB + ac);
+#pragma unroll
+    for (int jj = 0; jj < NJ; ++jj) {
       uint32_t b[4];
-      ldsm_x4(b, sB + tile_off<D>(jj * 16 + (lane / 16) * 8 + (lane % 8), 2 * kk + (lane / 8) % 2));
-      Ops<T>::mma(s[2 * jj], a, b[0], b[1]);
-      Ops<T>::mma(s[2 * jj + 1], a, b[2], b[3]);
+      ldsm_x4(b, bbase + (J0 + jj) * 16 * RB + bc);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Ops<T>::mma(s[mt][2 * jj], a[mt], b[0], b[1]);
+        Ops<T>::mma(s[mt][2 * jj + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
-// O(16 x D) += P(16 x 64, fp32 accumulator layout, rounded to T) * V(64 rows of sV, D).
-template <class T, int D>
-__device__ __forceinline__ void gemm_pv(float (&o)[D / 8][4], const float (&p)[8][4], uint32_t sV, int lane) {
+// Packs a 16 x 64 fp32 accumulator into the A fragments of 4 k-steps of 16.
+template <class T>
+__device__ __forceinline__ void pack_a(uint32_t (&pa)[4][4], const float (&p)[8][4]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a[4];
-    a[0] = Ops<T>::pack(p[2 * kk][0], p[2 * kk][1]);
-    a[1] = Ops<T>::pack(p[2 * kk][2], p[2 * kk][3]);
-    a[2] = Ops<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[3] = Ops<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    pa[kk][0] = Ops<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+    pa[kk][1] = Ops<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+    pa[kk][2] = Ops<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    pa[kk][3] = Ops<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  }
+}
+// O[mt](16 x D) += PA[mt](16 x 64, packed A fragments) * V(64 rows of sV, D).
+template <class T, int D, int MT>
+__device__ __forceinline__ void gemm_pv_mt(float (&o)[MT][D / 8][4], const uint32_t (&pa)[MT][4][4], uint32_t sV,
+                                           const LaneAddr<D>& la) {
+  constexpr int RB = LaneAddr<D>::RB;
+  const uint32_t vbase = sV + la.t_row;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       uint32_t b[4];
-      ldsm_x4_t(b, sV + tile_off<D>(kk * 16 + ((lane / 8) % 2) * 8 + (lane % 8), 2 * dp + lane / 16));
-      Ops<T>::mma(o[2 * dp], a, b[0], b[1]);
-      Ops<T>::mma(o[2 * dp + 1], a, b[2], b[3]);
+      ldsm_x4_t(b, vbase + kk * 16 * RB + LaneAddr<D>::chunk(2 * dp, la.a_key));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Ops<T>::mma(o[mt][2 * dp], pa[mt][kk], b[0], b[1]);
+        Ops<T>::mma(o[mt][2 * dp + 1], pa[mt][kk], b[2], b[3]);
+      }
     }
-  }
 }
 
 // The KV tile of list position `it` of a query tile's row: partial tiles first.
@@ -260,16 +309,19 @@ struct FwdSmem {
   static constexpr int kKV = BKV * D * 2;
   static constexpr int bytes = kQ + STAGES * 2 * kKV;
 };
+constexpr int kFwdWarps = 4, kFwdMT = 2;  // 4 warps x 2 m-tiles x 16 rows = 128 rows
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(256, 1) flash_fwd_kernel(const FlashParams p) {
+__global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const FlashParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = FwdSmem<D, STAGES>;
+  constexpr int MT = kFwdMT, NT = kFwdWarps * 32, WR = MT * 16;  // rows per warp
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
   const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const LaneAddr<D> la(lane);
   const int q0 = qb * BQ;
 
   const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
@@ -280,7 +332,7 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_kernel(const FlashParams p) 
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {  // no visible key in the whole tile
-    zero_rows<T, D>(O, p.out_strides.row, q0, BQ, p.Lq, tid, 256);
+    zero_rows<T, D>(O, p.out_strides.row, q0, BQ, p.Lq, tid, NT);
     if (tid < BQ && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
     return;
   }
@@ -290,11 +342,11 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_kernel(const FlashParams p) 
   auto load_kv = [&](int it, int st) {
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
-    load_tile<D, BKV, 256>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
-    load_tile<D, BKV, 256>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+    load_tile<D, BKV, NT>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+    load_tile<D, BKV, NT>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
   };
 
-  load_tile<D, BQ, 256>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  load_tile<D, BQ, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -303,11 +355,15 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_kernel(const FlashParams p) 
   }
 
   const float sl2 = p.scale * kLog2e;
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int qrow = warp * 16 + g;  // this thread's rows: qrow, qrow + 8 (within the tile)
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+  // row r of m-tile mt: tile row warp*WR + mt*16 + g + 8r
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
 
   for (int it = 0; it < rl.n; ++it) {
     {
@@ -321,77 +377,87 @@ __global__ void __launch_bounds__(256, 1) flash_fwd_kernel(const FlashParams p) 
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
 
-    float s[8][4];
+    float s[MT][8][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    gemm_abt<T, D>(s, sQ, warp * 16, sK(st), lane);
-    apply_mask(s, p.mask, entry, kvb * BKV, p.Lkv, qrow, t);
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+    gemm_abt_mt<T, D, MT>(s, sQ, warp * WR, sK(st), la);
 
-    // online softmax, two rows per thread, reduced over the 4 lanes of a quad
-    float mx[2] = {m[0], m[1]};
+    uint32_t pa[MT][4][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-    }
+    for (int mt = 0; mt < MT; ++mt) {
+      apply_mask(s[mt], p.mask, entry, kvb * BKV, p.Lkv, warp * WR + mt * 16 + g, t);
+      // online softmax, two rows per thread, reduced over the 4 lanes of a quad
+      float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    float base[2], alpha[2];
+      for (int j = 0; j < 8; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[mt][j][0], s[mt][j][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[mt][j][2], s[mt][j][3]));
+      }
+      float base[2], alpha[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      base[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-      alpha[r] = fast_exp2(m[r] * sl2 - base[r]);  // m = -inf -> 0
-      m[r] = mx[r];
-      l[r] *= alpha[r];
-    }
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        base[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+        alpha[r] = fast_exp2(m[mt][r] * sl2 - base[r]);  // m = -inf -> 0
+        m[mt][r] = mx[r];
+        l[mt][r] *= alpha[r];
+      }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[j][0] = fast_exp2(fmaf(s[j][0], sl2, -base[0]));
-      s[j][1] = fast_exp2(fmaf(s[j][1], sl2, -base[0]));
-      s[j][2] = fast_exp2(fmaf(s[j][2], sl2, -base[1]));
-      s[j][3] = fast_exp2(fmaf(s[j][3], sl2, -base[1]));
-      l[0] += s[j][0] + s[j][1];
-      l[1] += s[j][2] + s[j][3];
-    }
+      for (int j = 0; j < 8; ++j) {
+        s[mt][j][0] = fast_exp2(fmaf(s[mt][j][0], sl2, -base[0]));
+        s[mt][j][1] = fast_exp2(fmaf(s[mt][j][1], sl2, -base[0]));
+        s[mt][j][2] = fast_exp2(fmaf(s[mt][j][2], sl2, -base[1]));
+        s[mt][j][3] = fast_exp2(fmaf(s[mt][j][3], sl2, -base[1]));
+        l[mt][0] += s[mt][j][0] + s[mt][j][1];
+        l[mt][1] += s[mt][j][2] + s[mt][j][3];
+      }
+      // rescale O only when some row of the warp got a new max (rare after the first tiles)
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+        for (int j = 0; j < D / 8; ++j) {
+          o[mt][j][0] *= alpha[0];
+          o[mt][j][1] *= alpha[0];
+          o[mt][j][2] *= alpha[1];
+          o[mt][j][3] *= alpha[1];
+        }
+      }
+      pack_a<T>(pa[mt], s[mt]);
     }
-    gemm_pv<T, D>(o, s, sV(st), lane);
+    gemm_pv_mt<T, D, MT>(o, pa, sV(st), la);
     __syncthreads();
   }
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  const float inv0 = l[0] > 0.f ? 1.f / l[0] : 0.f, inv1 = l[1] > 0.f ? 1.f / l[1] : 0.f;
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-    o[j][0] *= inv0;
-    o[j][1] *= inv0;
-    o[j][2] *= inv1;
-    o[j][3] *= inv1;
-  }
-  // Each warp reuses its own 16 rows of the Q tile for staging: no block barrier needed.
-  acc_to_smem<T, D>(smem, warp * 16, o, lane);
-  __syncwarp();
-  smem_to_global<D>(O, p.out_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
-  if (t == 0) {
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int q = q0 + qrow + 8 * r;
-      if (q < p.Lq) lse[q] = l[r] > 0.f ? (m[r] * sl2 + __log2f(l[r])) * kLn2 : -INFINITY;
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
+    }
+    const float inv0 = l[mt][0] > 0.f ? 1.f / l[mt][0] : 0.f, inv1 = l[mt][1] > 0.f ? 1.f / l[mt][1] : 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      o[mt][j][0] *= inv0;
+      o[mt][j][1] *= inv0;
+      o[mt][j][2] *= inv1;
+      o[mt][j][3] *= inv1;
+    }
+    // Each warp reuses its own rows of the Q tile for staging: no block barrier needed.
+    acc_to_smem<T, D>(smem, warp * WR + mt * 16, o[mt], lane);
+    if (t == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int q = q0 + warp * WR + mt * 16 + g + 8 * r;
+        if (q < p.Lq) lse[q] = l[mt][r] > 0.f ? (m[mt][r] * sl2 + __log2f(l[mt][r])) * kLn2 : -INFINITY;
+      }
     }
   }
+  __syncwarp();
+  smem_to_global<D>(O, p.out_strides.row, smem, warp * WR, WR, q0 + warp * WR, p.Lq, lane, 32);
 }
 
 // ---------------------------------------------------------------- backward preprocess
@@ -439,7 +505,9 @@ struct KvSmem {
   static constexpr int kQ = BQ_STEP * D * 2;
   // stage: Q tile, dO tile, lse2[64], delta[64], bits[64 rows x 2 words], flag
   static constexpr int kStage = 2 * kQ + 64 * 4 * 2 + 128 * 4 + 16;
+  static constexpr int kDS = BKV * BQ_STEP * 2;  // dS^T tile [64 keys][64 queries] (dQ by atomics)
   static constexpr int bytes = 2 * kKV + STAGES * kStage;
+  static constexpr int bytes_atomic = bytes + kDS;
 };
 
 // One step of the dK/dV walk: 64 query rows of head h starting at q0; entry = partial
@@ -491,14 +559,18 @@ struct KvCursor {
   }
 };
 
-template <class T, int D, int STAGES>
+// DQ_ATOMIC: also dQ += dS K for the step (dS^T through shared memory, keys contracted
+// across the 4 warps) added into the fp32 buffer dq_acc [B*Hq][Lq_pad][D] with
+// red.global.add (v2 on sm_90+); flash_bwd_dq_convert_kernel then scales and converts.
+template <class T, int D, int STAGES, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
-                                                                const float* ws_delta, int Lq_pad) {
+                                                                const float* ws_delta, int Lq_pad, float* dq_acc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = KvSmem<D, STAGES>;
   const int kv_blocks = (p.Lkv + BKV - 1) / BKV;
   const int kvb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const LaneAddr<D> la(lane);
   const int kv0 = kvb * BKV;
 
   const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
@@ -536,11 +608,11 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
   }
 
   const float sl2 = p.scale * kLog2e;
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[1][D / 8][4], dv[1][D / 8][4];
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int x = 0; x < 4; ++x) dk[j][x] = dv[j][x] = 0.f;
+    for (int x = 0; x < 4; ++x) dk[0][j][x] = dv[0][j][x] = 0.f;
   const int krow = warp * 16 + g;  // this thread's keys: krow, krow + 8 (within the tile)
 
   KvCursor cc;
@@ -563,13 +635,13 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
     const bool partial = *reinterpret_cast<const int*>(sL + 256) != 0;
 
     // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys x 64 queries
-    float s[8][4], dp[8][4];
+    float s[1][8][4], dp[1][8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) s[j][x] = dp[j][x] = 0.f;
-    gemm_abt<T, D>(s, sK, warp * 16, sQ, lane);
-    gemm_abt<T, D>(dp, sV, warp * 16, sdO, lane);
+      for (int x = 0; x < 4; ++x) s[0][j][x] = dp[0][j][x] = 0.f;
+    gemm_abt_mt<T, D, 1>(s, sK, warp * 16, sQ, la);
+    gemm_abt_mt<T, D, 1>(dp, sV, warp * 16, sdO, la);
 
     // P^T = exp2(s * sl2 - lse2[q]) (0 where masked), dS^T = P^T (dP^T - delta[q])
     const int word = warp / 2;  // keys 16w..16w+15 all sit in word (16w)/32 of a row
@@ -579,21 +651,62 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
       for (int x = 0; x < 2; ++x) {
         const int c = 8 * j + 2 * t + x;  // query column within the step
         const float l2 = sL[c], de = sDelta[c];
-        float p0 = fast_exp2(fmaf(s[j][x], sl2, -l2));
-        float p1 = fast_exp2(fmaf(s[j][2 + x], sl2, -l2));
+        float p0 = fast_exp2(fmaf(s[0][j][x], sl2, -l2));
+        float p1 = fast_exp2(fmaf(s[0][j][2 + x], sl2, -l2));
         if (partial) {
           const uint32_t w = sBits[c * 2 + word];
           if (!((w >> (krow % 32)) & 1u)) p0 = 0.f;
           if (!((w >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
         }
-        s[j][x] = p0;
-        s[j][2 + x] = p1;
-        dp[j][x] = p0 * (dp[j][x] - de);
-        dp[j][2 + x] = p1 * (dp[j][2 + x] - de);
+        s[0][j][x] = p0;
+        s[0][j][2 + x] = p1;
+        dp[0][j][x] = p0 * (dp[0][j][x] - de);
+        dp[0][j][2 + x] = p1 * (dp[0][j][2 + x] - de);
       }
     // dV += P^T dO, dK += dS^T Q (contraction over the 64 queries)
-    gemm_pv<T, D>(dv, s, sdO, lane);
-    gemm_pv<T, D>(dk, dp, sQ, lane);
+    {
+      uint32_t pa[1][4][4];
+      pack_a<T>(pa[0], s[0]);
+      gemm_pv_mt<T, D, 1>(dv, pa, sdO, la);
+      pack_a<T>(pa[0], dp[0]);
+      gemm_pv_mt<T, D, 1>(dk, pa, sQ, la);
+      if constexpr (DQ_ATOMIC) {
+        // this warp's dS^T rows (keys 16w + g, +8) into the [key][query] tile
+        unsigned char* tds = smem + 2 * S::kKV + STAGES * S::kStage;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          *reinterpret_cast<uint32_t*>(tds + tile_off<64>(krow, 2 * kk) + t * 4) = pa[0][kk][0];
+          *reinterpret_cast<uint32_t*>(tds + tile_off<64>(krow + 8, 2 * kk) + t * 4) = pa[0][kk][1];
+          *reinterpret_cast<uint32_t*>(tds + tile_off<64>(krow, 2 * kk + 1) + t * 4) = pa[0][kk][2];
+          *reinterpret_cast<uint32_t*>(tds + tile_off<64>(krow + 8, 2 * kk + 1) + t * 4) = pa[0][kk][3];
+        }
+        __syncthreads();
+        // dQ rows 16w .. 16w + 15 of the step: A = dS (query x key) read transposed
+        const uint32_t sds = smem_addr(tds);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ldsm_x4_t(pa[0][kk], sds + tile_off<64>(kk * 16 + (lane / 16) * 8 + lane % 8, 2 * warp + (lane / 8) % 2));
+        float acc[1][D / 8][4];
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        gemm_pv_mt<T, D, 1>(acc, pa, sK, la);
+        float* dst = dq_acc + (((int64_t)b * p.Hq + cs.h) * Lq_pad + cs.q0 + warp * 16 + g) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+#if __CUDA_ARCH__ >= 900
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * j), "f"(acc[0][j][0]),
+                       "f"(acc[0][j][1]) : "memory");
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * D + 8 * j), "f"(acc[0][j][2]),
+                       "f"(acc[0][j][3]) : "memory");
+#else
+          atomicAdd(dst + 8 * j, acc[0][j][0]);
+          atomicAdd(dst + 8 * j + 1, acc[0][j][1]);
+          atomicAdd(dst + 8 * D + 8 * j, acc[0][j][2]);
+          atomicAdd(dst + 8 * D + 8 * j + 1, acc[0][j][3]);
+#endif
+        }
+      }
+    }
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -602,12 +715,12 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
 #pragma unroll
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-    for (int x = 0; x < 4; ++x) dk[j][x] *= p.scale;
+    for (int x = 0; x < 4; ++x) dk[0][j][x] *= p.scale;
   // Stage through the first stage's Q and dO tiles (64 rows each, free after the loop).
   unsigned char* tdk = smem + stage(0);
   unsigned char* tdv = smem + stage(0) + S::kQ;
-  acc_to_smem<T, D>(tdk, warp * 16, dk, lane);
-  acc_to_smem<T, D>(tdv, warp * 16, dv, lane);
+  acc_to_smem<T, D>(tdk, warp * 16, dk[0], lane);
+  acc_to_smem<T, D>(tdv, warp * 16, dv[0], lane);
   __syncthreads();
   uint16_t* dK = static_cast<uint16_t*>(p.dk) + b * p.dk_strides.batch + hk * p.dk_strides.head;
   uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
@@ -623,16 +736,21 @@ struct DqSmem {
   static constexpr int bytes = 2 * kQ + STAGES * 2 * kKV;
 };
 
-template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(256, 1) flash_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                              const float* ws_delta, int Lq_pad) {
+// P is rounded to the input type right after the exp (its A-fragment form), which keeps
+// S and dP from being live at once (32 rows x (dq 128 + P 32 + dP 64) registers).
+// MT m-tiles of 16 rows per warp, 8 / MT warps (128 rows per CTA).
+template <class T, int D, int STAGES, int MT>
+__global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
+                                                                   const float* ws_delta, int Lq_pad) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = DqSmem<D, STAGES>;
+  constexpr int NT = 256 / MT, WR = MT * 16;
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
   const int qb = q_blocks - 1 - blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const LaneAddr<D> la(lane);
   const int q0 = qb * BQ;
 
   const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
@@ -643,7 +761,7 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_dq_kernel(const FlashParams 
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
-    zero_rows<T, D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, 256);
+    zero_rows<T, D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, NT);
     return;
   }
   const uint32_t sQ = smem_addr(smem), sdO = sQ + S::kQ;
@@ -652,25 +770,30 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_dq_kernel(const FlashParams 
   auto load_kv = [&](int it, int st) {
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
-    load_tile<D, BKV, 256>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
-    load_tile<D, BKV, 256>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+    load_tile<D, BKV, NT>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+    load_tile<D, BKV, NT>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
   };
-  load_tile<D, BQ, 256>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
-  load_tile<D, BQ, 256>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
+  load_tile<D, BQ, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  load_tile<D, BQ, NT>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < rl.n) load_kv(s, s);
     cp_async_commit();
   }
-  const int qrow = warp * 16 + g;
-  const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + qrow;  // padded: always in range
-  const float l2[2] = {ws_lse2[wrow], ws_lse2[wrow + 8]};
-  const float de[2] = {ws_delta[wrow], ws_delta[wrow + 8]};
-  const float sl2 = p.scale * kLog2e;
-  float dq[D / 8][4];
+  float l2[MT][2], de[MT][2];
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
+    const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + warp * WR + mt * 16 + g;  // padded: in range
+    l2[mt][0] = ws_lse2[wrow], l2[mt][1] = ws_lse2[wrow + 8];
+    de[mt][0] = ws_delta[wrow], de[mt][1] = ws_delta[wrow + 8];
+  }
+  const float sl2 = p.scale * kLog2e;
+  float dq[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) dq[mt][j][0] = dq[mt][j][1] = dq[mt][j][2] = dq[mt][j][3] = 0.f;
 
   for (int it = 0; it < rl.n; ++it) {
     {
@@ -683,34 +806,83 @@ __global__ void __launch_bounds__(256, 1) flash_bwd_dq_kernel(const FlashParams 
     const int st = it % STAGES;
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
-    float s[8][4], dp[8][4];
+    uint32_t pa[MT][4][4];
+    {
+      float s[MT][8][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) s[j][x] = dp[j][x] = 0.f;
-    gemm_abt<T, D>(s, sQ, warp * 16, sK(st), lane);
-    gemm_abt<T, D>(dp, sdO, warp * 16, sV(st), lane);
-    apply_mask(s, p.mask, entry, kvb * BKV, p.Lkv, qrow, t);
+        for (int j = 0; j < 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+      gemm_abt_mt<T, D, MT>(s, sQ, warp * WR, sK(st), la);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int mt = 0; mt < MT; ++mt) {
+        apply_mask(s[mt], p.mask, entry, kvb * BKV, p.Lkv, warp * WR + mt * 16 + g, t);
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const float pr = fast_exp2(fmaf(s[j][x], sl2, -l2[x / 2]));
-        dp[j][x] = pr * (dp[j][x] - de[x / 2]);
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) s[mt][j][x] = fast_exp2(fmaf(s[mt][j][x], sl2, -l2[mt][x / 2]));
+        pack_a<T>(pa[mt], s[mt]);
       }
+    }
+    // dP = dO V^T in two halves of 32 keys (fewer live registers), then
+    // dS = P (dP - delta) in place over P's fragments (same layout as pack_a)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float dp[MT][4][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dp[mt][j][0] = dp[mt][j][1] = dp[mt][j][2] = dp[mt][j][3] = 0.f;
+      if (half == 0) gemm_abt_mt<T, D, MT, 0, 2>(dp, sdO, warp * WR, sV(st), la);
+      else gemm_abt_mt<T, D, MT, 2, 2>(dp, sdO, warp * WR, sV(st), la);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int jl = 0; jl < 4; ++jl)
+#pragma unroll
+          for (int hx = 0; hx < 2; ++hx) {
+            const int j = 4 * half + jl;
+            uint32_t& w = pa[mt][j / 2][(j % 2) * 2 + hx];
+            const float2 pr = Ops<T>::unpack(w);
+            w = Ops<T>::pack(pr.x * (dp[mt][jl][2 * hx] - de[mt][hx]), pr.y * (dp[mt][jl][2 * hx + 1] - de[mt][hx]));
+          }
+    }
     // dQ += dS K: B operand = K tile read transposed (k = key, n = head dim)
-    gemm_pv<T, D>(dq, dp, sK(st), lane);
+    gemm_pv_mt<T, D, MT>(dq, pa, sK(st), la);
     __syncthreads();
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j)
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int x = 0; x < 4; ++x) dq[j][x] *= p.scale;
-  // each warp stages its own 16 rows through its rows of the Q tile
-  acc_to_smem<T, D>(smem, warp * 16, dq, lane);
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) dq[mt][j][x] *= p.scale;
+    // each warp stages its own rows through its rows of the Q tile
+    acc_to_smem<T, D>(smem, warp * WR + mt * 16, dq[mt], lane);
+  }
   __syncwarp();
-  smem_to_global<D>(dQ, p.dq_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+  smem_to_global<D>(dQ, p.dq_strides.row, smem, warp * WR, WR, q0 + warp * WR, p.Lq, lane, 32);
+}
+
+// dq = scale * dq_acc (fp32, padded rows) -> T, rows < Lq; one thread per 8 elements.
+template <class T, int D>
+__global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const FlashParams p, const float* dq_acc,
+                                                                   int Lq_pad) {
+  constexpr int C = D / 8;
+  const int bh = blockIdx.y, b = bh / p.Hq, h = bh % p.Hq;
+  const int i = blockIdx.x * 256 + threadIdx.x, q = i / C, c = i % C;
+  if (q >= p.Lq) return;
+  const float4* src = reinterpret_cast<const float4*>(dq_acc + ((int64_t)bh * Lq_pad + q) * D + c * 8);
+  const float4 x = src[0], y = src[1];
+  const float s = p.scale;
+  uint4 o;
+  o.x = Ops<T>::pack(x.x * s, x.y * s);
+  o.y = Ops<T>::pack(x.z * s, x.w * s);
+  o.z = Ops<T>::pack(y.x * s, y.y * s);
+  o.w = Ops<T>::pack(y.z * s, y.w * s);
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head +
+                            (int64_t)q * p.dq_strides.row + c * 8) = o;
 }
 
 }  // namespace flashdraft::flash_cuda::detail

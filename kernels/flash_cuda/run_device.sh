@@ -14,6 +14,6 @@ fi
 cuobjdump --list-elf "$B/check_flash_cuda" | grep -c flash_ | sed 's/^/elf images: /'
 cuobjdump --list-elf "$B/check_flash_cuda" | sed 's/.*\.\(sm_[0-9]*\)\..*/\1/' | sort | uniq -c
 timeout 240 "$B/check_flash_cuda" check > "$OUT/check.log" 2>&1; echo "check rc=$?"
-grep -E "FAIL|PASSED|FAILED|device|seed" "$OUT/check.log" | head -60
+grep -E "FAIL|PASSED|FAILED|device|seed|negative" "$OUT/check.log" | head -60
 timeout 200 "$B/check_flash_cuda" bench > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
 cat "$OUT/bench.log"
