@@ -1,10 +1,12 @@
 #!/bin/bash
-# Builds check_flash_cuda (SASS for sm_80, sm_90, sm_120 + compute_120 PTX) into $1 (default build-flash).
+# Builds check_flash_cuda (SASS for sm_80, sm_90, sm_120 + compute_120 PTX) into $1 (default build-flash,
+# relative to the caller's directory).
 # The ptxas resource report goes to $1/ptxas.log.
 set -e
-cd "$(dirname "$0")"
-OUTDIR=${1:-../../build-flash}
+OUTDIR=${1:-build-flash}
 mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)   # absolute, before changing directory
+cd "$(dirname "$0")"
 ARCH="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"
 FLAGS="-O3 -std=c++17 -lineinfo $ARCH -Xptxas -v"
 pids=()

@@ -414,15 +414,12 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
         l[mt][0] += s[mt][j][0] + s[mt][j][1];
         l[mt][1] += s[mt][j][2] + s[mt][j][3];
       }
-      // rescale O only when some row of the warp got a new max (rare after the first tiles)
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[mt][j][0] *= alpha[0];
-          o[mt][j][1] *= alpha[0];
-          o[mt][j][2] *= alpha[1];
-          o[mt][j][3] *= alpha[1];
-        }
+      for (int j = 0; j < D / 8; ++j) {
+        o[mt][j][0] *= alpha[0];
+        o[mt][j][1] *= alpha[0];
+        o[mt][j][2] *= alpha[1];
+        o[mt][j][3] *= alpha[1];
       }
       pack_a<T>(pa[mt], s[mt]);
     }
