@@ -21,3 +21,4 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/flashdraftConfigVersion.cma
 install(FILES ${CMAKE_BINARY_DIR}/flashdraftConfig.cmake
   ${CMAKE_BINARY_DIR}/flashdraftConfigVersion.cmake cmake/FlashdraftPlugin.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flashdraft)
+install(FILES analysis/flashdraft_logs.py analysis/plot_run.py DESTINATION ${CMAKE_INSTALL_DATADIR}/flashdraft/analysis)

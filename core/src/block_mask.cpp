@@ -60,8 +60,11 @@ void BlockMask::validate() const {
     if (static_cast<int64_t>(off.size()) != nrows + 1)
       bad(std::string(name) + " offsets have " + std::to_string(off.size()) + " entries, expected " + std::to_string(nrows + 1));
     if (off[0] != 0) bad(std::string(name) + " offsets start at " + std::to_string(off[0]) + ", expected 0");
-    for (int64_t r = 0; r < nrows; ++r) {
+    if (static_cast<int64_t>(idx.size()) != off[nrows])
+      bad(std::string(name) + " has " + std::to_string(idx.size()) + " indices but offsets end at " + std::to_string(off[nrows]));
+    for (int64_t r = 0; r < nrows; ++r)
       if (off[r + 1] < off[r]) bad(std::string(name) + " offsets decrease at row " + std::to_string(r));
+    for (int64_t r = 0; r < nrows; ++r) {
       for (int32_t e = off[r]; e < off[r + 1]; ++e) {
         if (idx[e] < 0 || idx[e] >= limit)
           bad(std::string(name) + " index " + std::to_string(idx[e]) + " at row " + std::to_string(r) +
@@ -71,8 +74,6 @@ void BlockMask::validate() const {
               std::to_string(idx[e - 1]) + " then " + std::to_string(idx[e]) + ")");
       }
     }
-    if (static_cast<int64_t>(idx.size()) != off[nrows])
-      bad(std::string(name) + " has " + std::to_string(idx.size()) + " indices but offsets end at " + std::to_string(off[nrows]));
   };
   check_csr(full_offset, full_index, rows, nk, "full");
   check_csr(part_offset, part_index, rows, nk, "partial");

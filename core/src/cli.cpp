@@ -4,7 +4,10 @@
 #include "registry.hpp"
 #include "trainer.hpp"
 
+#include <sys/wait.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -50,15 +53,19 @@ const char* help_for(const std::string& cmd) {
            "Prints every key of the engine's tables and of each plugin's table: type, default, accepted values\n"
            "and meaning. With PLUGIN, only that plugin's table.\n";
   if (cmd == "inspect")
-    return "usage: flashdraft inspect RUN.h5\n"
+    return "usage: flashdraft inspect RUN.h5 [--plot DIR]\n"
            "Prints a summary of a run log: steps, loss, metrics, memory peaks per phase, kernels that ran,\n"
-           "events. Works on a log still being written and on one left by a crashed run.\n";
+           "events. Works on a log still being written and on one left by a crashed run.\n"
+           "  --plot DIR  also write the figures (loss, per-position accuracy, tau_sim, memory per phase,\n"
+           "              kernel timeline) as PNG files into DIR, through the Python module\n"
+           "              analysis/flashdraft_logs.py (the project's .venv, or $FLASHDRAFT_PYTHON)\n";
   return nullptr;
 }
 
 struct Args {
   std::vector<std::string> positional;
   std::string out;
+  std::string plot;
   int64_t steps = -1;
   std::vector<std::string> plugin_paths;
   bool help = false;
@@ -74,6 +81,7 @@ Args parse(int argc, char** argv, int first) {
     };
     if (s == "--help" || s == "-h") a.help = true;
     else if (s == "--out") a.out = value("--out");
+    else if (s == "--plot") a.plot = value("--plot");
     else if (s == "--plugin-path") a.plugin_paths.push_back(value("--plugin-path"));
     else if (s == "--steps") {
       const std::string v = value("--steps");
@@ -85,6 +93,38 @@ Args parse(int argc, char** argv, int first) {
     else a.positional.push_back(s);
   }
   return a;
+}
+
+// The figures are drawn by the Python side (analysis/plot_run.py, matplotlib): one
+// plotting code path for the notebook and the command line.
+int plot_log(const std::string& log, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path exe = fs::read_symlink("/proc/self/exe");
+  std::vector<fs::path> scripts;
+  if (const char* env = std::getenv("FLASHDRAFT_ANALYSIS_DIR")) scripts.push_back(fs::path(env) / "plot_run.py");
+  scripts.push_back(exe.parent_path().parent_path() / "share" / "flashdraft" / "analysis" / "plot_run.py");
+  scripts.push_back(fs::path(FLASHDRAFT_SOURCE_DIR) / "analysis" / "plot_run.py");
+  fs::path script;
+  for (const auto& p : scripts)
+    if (fs::exists(p)) { script = p; break; }
+  if (script.empty()) {
+    std::cerr << "error: --plot needs analysis/plot_run.py; looked in:";
+    for (const auto& p : scripts) std::cerr << " " << p.string();
+    std::cerr << " (set FLASHDRAFT_ANALYSIS_DIR)\n";
+    return 2;
+  }
+  std::string python = "python3";
+  if (const char* env = std::getenv("FLASHDRAFT_PYTHON")) python = env;
+  else if (fs::exists(fs::path(FLASHDRAFT_SOURCE_DIR) / ".venv" / "bin" / "python"))
+    python = (fs::path(FLASHDRAFT_SOURCE_DIR) / ".venv" / "bin" / "python").string();
+  auto quote = [](const std::string& x) {
+    std::string q = "'";
+    for (char c : x) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  std::cout << "figures (" << script.string() << "):" << std::endl;
+  const int rc = std::system((quote(python) + " " + quote(script.string()) + " " + quote(log) + " " + quote(dir)).c_str());
+  return rc == 0 ? 0 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : 1);
 }
 
 Registry make_registry(const Args& a) { return Registry(Registry::search_path(a.plugin_paths, {}, "")); }
@@ -119,9 +159,15 @@ int cmd_schema(const Args& a) {
     if (!only.empty() && p.name != only) continue;
     any = true;
     Schema s = reg.schema(p);
-    s.set_table(p.kind == PluginKind::kernel ? "kernels." + p.name : std::string(to_string(p.kind)) + "] plugin = \"" + p.name + "\"  [" + std::string(to_string(p.kind)));
+    const bool kernel = p.kind == PluginKind::kernel;
+    s.set_table(kernel ? "kernels." + p.name : std::string(to_string(p.kind)));
     std::cout << "# " << to_string(p.kind) << " plugin '" << p.name << "' " << p.version << ": " << p.summary << "\n";
-    std::cout << s.describe() << "\n";
+    std::string text = s.describe();
+    if (!kernel) {  // the table names its plugin first
+      const auto eol = text.find('\n');
+      text = text.substr(0, eol + 1) + "  plugin = \"" + p.name + "\"\n" + text.substr(eol + 1);
+    }
+    std::cout << text << "\n";
   }
   if (!only.empty() && !any) {
     std::string names;
@@ -159,7 +205,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") {
       if (a.positional.size() != 1) throw std::invalid_argument("inspect takes one run log (RUN.h5)");
       inspect_log(a.positional[0], std::cout);
-      return 0;
+      return a.plot.empty() ? 0 : plot_log(a.positional[0], a.plot);
     }
     if (a.positional.size() != 1) throw std::invalid_argument(cmd + " takes one experiment file (EXP.toml)");
     RunOptions o;

@@ -203,7 +203,8 @@ std::vector<Schema> Experiment::engine_schemas() {
   out.push_back(plugins);
 
   Schema ckpt("checkpoint");
-  ckpt.integer("every", "write a checkpoint every N steps (0 = only at the end)").def(int64_t(0)).at_least(0);
+  ckpt.integer("every", "write a checkpoint to <out>/checkpoints/step_<n> every N steps (0 = only at the end)")
+      .def(int64_t(0)).at_least(0);
   ckpt.integer("keep", "checkpoints kept (older ones are deleted)").def(int64_t(2)).range(1, 1000);
   ckpt.boolean("enabled", "write checkpoints at all").def(false);
   out.push_back(ckpt);
@@ -211,6 +212,7 @@ std::vector<Schema> Experiment::engine_schemas() {
   Schema eval("eval");
   eval.integer("every", "validate every N steps (0 = only at the end)").def(int64_t(0)).at_least(0);
   eval.boolean("enabled", "run validation on the held-out sequences").def(false);
+  eval.integer("batches", "held-out batches per validation (0 = all the dataset has)").def(int64_t(0)).at_least(0);
   out.push_back(eval);
   return out;
 }

@@ -71,6 +71,11 @@ std::unique_ptr<RunLog> RunLog::reopen(const std::string& path) {
   log->path_ = path;
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
+  // A writer killed in SWMR mode (SIGKILL, OOM killer) leaves the superblock's "open for
+  // writing" flags set and HDF5 refuses to open the file for writing again; h5clear's
+  // file-access property clears them. The log itself is consistent at every flushed step.
+  hbool_t clear_flags = 1;
+  H5E_BEGIN_TRY { H5Pset(fapl, "clear_status_flags", &clear_flags); } H5E_END_TRY;
   log->file_ = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl);
   H5Pclose(fapl);
   if (log->file_ < 0) throw std::runtime_error("cannot open the run log " + path + " to append to it");
@@ -224,6 +229,11 @@ int64_t RunLog::rows(const std::string& name) const {
   return it == datasets_.end() ? 0 : it->second->rows;
 }
 bool RunLog::has(const std::string& name) const { return datasets_.count(name) > 0; }
+std::vector<std::string> RunLog::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, ds] : datasets_) out.push_back(name);
+  return out;
+}
 
 void RunLog::flush() { check(H5Fflush(file_, H5F_SCOPE_GLOBAL), "flushing " + path_); }
 

@@ -21,8 +21,9 @@ class FLASHDRAFT_API RunLog {
 
   // Creates (truncates) the file; attributes go on the root group.
   RunLog(const std::string& path, const std::map<std::string, std::string>& attributes);
-  // Opens an existing log to append to it (resumed runs); rows are truncated to
-  // `keep_rows` of dataset `key` (e.g. the steps before the checkpoint).
+  // Opens an existing log to append to it (resumed runs): declare() skips datasets that
+  // exist, truncate() cuts them back to a checkpoint's rows, start() resumes SWMR. A log
+  // left by a killed writer opens too (its "open for writing" flags are cleared).
   static std::unique_ptr<RunLog> reopen(const std::string& path);
   ~RunLog();
   RunLog(const RunLog&) = delete;
@@ -45,6 +46,8 @@ class FLASHDRAFT_API RunLog {
   // Overwrites the trailing rows of all datasets of a group down to `rows` (resume).
   void truncate(const std::string& name, int64_t rows);
   int64_t rows(const std::string& name) const;
+  // Every dataset, "group/name" (for checkpoints: rows per dataset at a step).
+  std::vector<std::string> names() const;
   bool has(const std::string& name) const;
   void flush();
   const std::string& path() const { return path_; }

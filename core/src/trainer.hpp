@@ -23,4 +23,18 @@ FLASHDRAFT_API int run_experiment(const RunOptions& options);
 // Checks the experiment and every plugin table without running; prints what would run.
 FLASHDRAFT_API int validate_experiment(const RunOptions& options);
 
+// Exact greedy acceptance of block proposals, as speculative decoding with greedy
+// verification measures it: in each valid block (block_valid[b] != 0, labels[b][1] >= 0)
+// the target accepts drafted tokens j = 1, 2, ... while predictions[b][j] == labels[b][j]
+// (labels < 0 end the block: no target token to verify against). Returns the number of
+// blocks counted and the sum of accepted tokens; tau = 1 + accepted / blocks (the +1 is
+// the token the target emits itself after the last accepted one).
+// predictions, labels: [blocks, block_size]; block_valid: [blocks] (null: all valid).
+struct Acceptance {
+  int64_t blocks = 0;
+  int64_t accepted = 0;
+};
+FLASHDRAFT_API Acceptance greedy_acceptance(const int64_t* predictions, const int64_t* labels,
+                                            const uint8_t* block_valid, int64_t blocks, int64_t block_size);
+
 }  // namespace flashdraft

@@ -75,6 +75,12 @@ struct StepResult {
   std::vector<double> position_accuracy;  // per block position 1..BS-1
   std::vector<std::pair<std::string, double>> scalars;  // extra metrics, e.g. tau_sim
   int64_t tokens = 0;                  // tokens that carried loss
+  // Optional, for validation (training == false): the drafter's block proposals, so the
+  // engine can measure the exact greedy acceptance length. Undefined = not provided.
+  at::Tensor predictions;  // [B, N, BS] int64: argmax token at every block position
+  at::Tensor labels;       // [B, N, BS] int64: the target's token there, -1 = none
+                           // (position 0, past the sequence, outside the loss mask)
+  at::Tensor block_valid;  // [B, N] bool: real blocks (false = padding blocks)
 };
 
 class FLASHDRAFT_API Drafter : public PluginObject {

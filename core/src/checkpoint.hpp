@@ -1,0 +1,126 @@
+// Training checkpoints: what a run needs to continue exactly where it stopped, and the
+// drafter weights export.
+//
+// A checkpoint is a folder <out>/checkpoints/step_<n>/ (n = optimizer steps completed,
+// i.e. the next step to run) holding
+//   weights.pt    the drafter's trainable tensors, keys "p0", "p1", ... in the order of
+//                 Drafter::parameters() (LibTorch archives refuse dots in keys; the
+//                 manifest maps index -> name and shape)
+//   optimizer.pt  the AdamW state (torch::optim::AdamW::save: moments, step counts,
+//                 param groups; matched to parameters by position on load)
+//   rng.pt        generator states: "anchor" (the trainer's anchor generator) and
+//                 "cpu_default" (LibTorch's default CPU generator)
+//   manifest      text, written last: format, step, data position, run-log row counts,
+//                 the drafter's plugin and config, every tensor's name and shape, and
+//                 every file's size and FNV-1a 64 checksum; its last line is
+//                 "complete".
+// Format choice: LibTorch archives (torch::serialize::OutputArchive), because the
+// optimizer serialises itself into one; the weights export below is HDF5 so that other
+// tools can read it without LibTorch.
+//
+// Atomicity: everything is written into <out>/checkpoints/.tmp-step_<n>-<pid>/, each
+// file fsync'ed, the folder fsync'ed, then renamed to step_<n> and the parent
+// fsync'ed. A step_<n> folder therefore only ever appears complete; a crash leaves at
+// most a .tmp-* folder, which is never taken for a checkpoint (and is removed by the
+// next write). Corruption after the fact (a truncated or edited file) is caught by the
+// manifest's sizes and checksums and by the tensor checks on load.
+#pragma once
+
+#include <flashdraft/export.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace flashdraft::checkpoint {
+
+// A checkpoint that cannot be used; what() is a sentence naming the file and the problem.
+class FLASHDRAFT_API Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct FileEntry {
+  std::string name;
+  int64_t bytes = 0;
+  uint64_t checksum = 0;  // FNV-1a 64 of the bytes
+};
+
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+struct Manifest {
+  int64_t step = 0;           // optimizer steps completed; the run continues with this step
+  int64_t data_position = 0;  // index of the next training batch
+  std::string log_file;       // the run log's file name, in the run's out folder
+  std::map<std::string, int64_t> log_rows;  // rows of each log dataset at this step
+  std::string drafter_plugin;               // name of the drafter plugin
+  std::string drafter_toml;                 // the [drafter] table, every key resolved
+  std::vector<TensorEntry> tensors;         // weights.pt, in order
+  std::vector<FileEntry> files;
+};
+
+// Everything that is saved besides the manifest's bookkeeping.
+struct State {
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  torch::optim::Optimizer* optimizer = nullptr;
+  at::Tensor anchor_rng;   // at::Generator::get_state()
+  at::Tensor cpu_default_rng;
+};
+
+// FNV-1a 64 over a byte range (used for the manifest's checksums).
+FLASHDRAFT_API uint64_t fnv1a64(const char* data, size_t size, uint64_t h = 1469598103934665603ULL);
+
+// Writes <root>/step_<manifest.step> atomically (see above) and deletes all but the
+// newest `keep` step_* folders under root. Returns the folder written.
+FLASHDRAFT_API std::filesystem::path write(const std::filesystem::path& root, Manifest manifest, const State& state, int64_t keep);
+
+// step_* folders under root, newest (largest step) first. Other names are ignored.
+FLASHDRAFT_API std::vector<std::filesystem::path> list(const std::filesystem::path& root);
+
+// Reads and checks the manifest and every file's size and checksum; throws Error.
+FLASHDRAFT_API Manifest read_manifest(const std::filesystem::path& dir);
+
+// Loads a checkpoint into a run: checks the manifest and files, that every expected
+// tensor is there with the expected shape (expected = the drafter built from the
+// experiment), copies the weights into `state.weights` (in place), loads the optimizer
+// and returns the generator states in state.anchor_rng / cpu_default_rng. Throws Error
+// before changing anything when the checkpoint does not fit.
+FLASHDRAFT_API Manifest load(const std::filesystem::path& dir, State& state);
+
+// Checks a checkpoint as load() would, without changing anything: "" if usable, else
+// the reason (a sentence naming the file and the problem).
+FLASHDRAFT_API std::string check(const std::filesystem::path& dir, const std::vector<std::pair<std::string, at::Tensor>>& expected);
+
+// The newest usable checkpoint under root; every skipped one is reported through
+// `say` with its reason. Throws Error when none is usable.
+FLASHDRAFT_API std::filesystem::path latest(const std::filesystem::path& root,
+                             const std::vector<std::pair<std::string, at::Tensor>>& expected,
+                             const std::function<void(const std::string&)>& say);
+
+// Drafter weights export (HDF5, documented in plugins/dflash/README.md):
+//   root attributes (strings): format = "flashdraft-drafter-weights-v1", drafter_plugin,
+//     drafter_config (the [drafter] table as TOML, every key resolved), step,
+//     source (what it was exported from)
+//   /weights/<name>: float32 dataset per trainable tensor, the tensor's shape, named as
+//     Drafter::parameters() names it (e.g. "layers.0.self_attn.q_proj.weight")
+FLASHDRAFT_API void export_weights(const std::string& path, const Manifest& info,
+                    const std::vector<std::pair<std::string, at::Tensor>>& weights, const std::string& source);
+// Exports the weights of a checkpoint folder (no plugin needed). Returns the file written.
+FLASHDRAFT_API std::string export_checkpoint(const std::filesystem::path& dir, const std::string& path);
+
+}  // namespace flashdraft::checkpoint
