@@ -140,10 +140,11 @@ class TargetLM {
   }
 
   // Runs tokens [B, T] at positions start..start+T-1 against the caches (which hold
-  // positions 0..start-1 and get the new keys/values appended). Writes the residual
+  // positions 0..start-1 and get the new keys/values written after them; capacity =
+  // the longest sequence). Writes the residual
   // stream after each exported layer into hidden_out[:, start:start+T, e, :] and returns
   // the logits of the last new position [B, V].
-  at::Tensor forward(const at::Tensor& tokens, int64_t start, std::vector<at::Tensor>& kcache,
+  at::Tensor forward(const at::Tensor& tokens, int64_t start, int64_t capacity, std::vector<at::Tensor>& kcache,
                      std::vector<at::Tensor>& vcache, const std::vector<int64_t>& exported, at::Tensor& hidden_out) {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     at::Tensor x = embedding.index_select(0, tokens.reshape({-1})).view({B, T, hidden_});
@@ -161,11 +162,19 @@ class TargetLM {
       const at::Tensor q = rope(split(at::linear(h, P.wq)));
       const at::Tensor k = rope(split(at::linear(h, P.wk)));
       const at::Tensor v = split(at::linear(h, P.wv));
-      kcache[l] = kcache[l].defined() ? at::cat({kcache[l], k}, 2) : k;
-      vcache[l] = vcache[l].defined() ? at::cat({vcache[l], v}, 2) : v;
-      // Causal: new query t sees keys 0..start+t. With start == 0 that is the plain
-      // causal mask; a single new token (T == 1) sees the whole cache.
-      const at::Tensor a = at::scaled_dot_product_attention(q, kcache[l], vcache[l], std::nullopt, 0.0,
+      // Caches are allocated once at full length ([B, heads, capacity, D]) and filled in
+      // place: concatenating per token would copy the whole cache at every step.
+      if (!kcache[l].defined()) {
+        kcache[l] = at::empty({B, heads_, capacity, dim_}, k.options());
+        vcache[l] = at::empty({B, heads_, capacity, dim_}, v.options());
+      }
+      kcache[l].narrow(2, start, T).copy_(k);
+      vcache[l].narrow(2, start, T).copy_(v);
+      // Causal: new query t sees keys 0..start+t. Prefill starts at 0 (the plain causal
+      // mask); a single new token (T == 1) sees the whole filled cache.
+      TORCH_CHECK(T == 1 || start == 0, "prefill must start at position 0");
+      const at::Tensor a = at::scaled_dot_product_attention(q, kcache[l].narrow(2, 0, start + T),
+                                                            vcache[l].narrow(2, 0, start + T), std::nullopt, 0.0,
                                                             /*is_causal=*/T > 1);
       x = x + at::linear(a.transpose(1, 2).reshape({B, T, hidden_}), P.wo);
       const at::Tensor h2 = rms(x);
@@ -375,10 +384,10 @@ class EmbeddedDataset final : public Dataset {
       std::vector<at::Tensor> kc(static_cast<size_t>(layers_)), vc(static_cast<size_t>(layers_));
       // Prefill the prompt, then one greedy token at a time: the token at position t is
       // the argmax of the logits after position t - 1.
-      at::Tensor logits = lm.forward(tok.narrow(1, 0, prompt_len_), 0, kc, vc, exported_, hid);
+      at::Tensor logits = lm.forward(tok.narrow(1, 0, prompt_len_), 0, seq_len_, kc, vc, exported_, hid);
       for (int64_t t = prompt_len_; t < seq_len_; ++t) {
         tok.select(1, t).copy_(logits.argmax(-1));
-        logits = lm.forward(tok.narrow(1, t, 1), t, kc, vc, exported_, hid);
+        logits = lm.forward(tok.narrow(1, t, 1), t, seq_len_, kc, vc, exported_, hid);
       }
       done += B;
       if (done >= next_report || done == n) {
