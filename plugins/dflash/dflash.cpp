@@ -284,7 +284,8 @@ class DFlashDrafter final : public Drafter {
     StepResult result;
     result.loss = (nll * w).sum() / (weight_sum > 0 ? weight_sum : 1.0);
 
-    // --- metrics --------------------------------------------------------------------------
+    // --- metrics: per position j, argmax == label over the counted slots (0 when a
+    // position has none, e.g. every block of the batch is padding) ------------------------
     const at::Tensor pred = logits.detach().argmax(-1);
     const at::Tensor correct = (pred.eq(label_t) & counted).view({B, N, BS}).sum(at::IntArrayRef{0, 1}).to(at::kCPU, at::kLong);
     const at::Tensor count = counted.view({B, N, BS}).sum(at::IntArrayRef{0, 1}).to(at::kCPU, at::kLong);
@@ -294,6 +295,15 @@ class DFlashDrafter final : public Drafter {
       result.tokens += c;
     }
     result.scalars.emplace_back("tau_sim", dflash::simulated_acceptance(result.position_accuracy));
+    if (!training) {
+      // Validation: the block proposals, so the engine can measure the exact greedy
+      // acceptance length (leading matches with the target's tokens at anchor + j).
+      result.predictions = pred.view({B, N, BS}).to(at::kCPU);
+      result.labels = label_t.view({B, N, BS}).to(at::kCPU);
+      std::vector<uint8_t> valid;
+      for (const auto& v : input.block_valid) valid.insert(valid.end(), v.begin(), v.end());
+      result.block_valid = at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
+    }
     return result;
   }
 
