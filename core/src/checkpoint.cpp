@@ -7,6 +7,7 @@
 #include <hdf5.h>
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -181,6 +182,20 @@ int64_t step_of(const fs::path& p) {
 
 }  // namespace
 
+void remove_tree(const fs::path& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  // Depth first, links not followed: files, then the folders that held them.
+  ::nftw(
+      path.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) {
+        ::remove(p);  // keep going: remove what can be removed
+        return 0;
+      },
+      16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
 uint64_t fnv1a64(const char* data, size_t size, uint64_t h) {
   for (size_t i = 0; i < size; ++i) {
     h ^= static_cast<unsigned char>(data[i]);
@@ -193,7 +208,7 @@ fs::path write(const fs::path& root, Manifest m, const State& state, int64_t kee
   fs::create_directories(root);
   // Leftovers of writes that crashed are never checkpoints; clear them.
   for (const auto& e : fs::directory_iterator(root))
-    if (e.path().filename().string().rfind(".tmp-step_", 0) == 0) fs::remove_all(e.path());
+    if (e.path().filename().string().rfind(".tmp-step_", 0) == 0) remove_tree(e.path());
   const std::string name = "step_" + std::to_string(m.step);
   const fs::path tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
   fs::create_directories(tmp);
@@ -259,15 +274,15 @@ fs::path write(const fs::path& root, Manifest m, const State& state, int64_t kee
   fs::path old;
   if (fs::exists(final_dir)) {
     old = root / (".old-" + name + "-" + std::to_string(::getpid()));
-    fs::remove_all(old);
+    remove_tree(old);
     fs::rename(final_dir, old);
   }
   fs::rename(tmp, final_dir);
   fsync_dir(root);
-  if (!old.empty()) fs::remove_all(old);
+  if (!old.empty()) remove_tree(old);
 
   const std::vector<fs::path> all = list(root);
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < all.size(); ++i) fs::remove_all(all[i]);
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < all.size(); ++i) remove_tree(all[i]);
   fsync_dir(root);
   return final_dir;
 }

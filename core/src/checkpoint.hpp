@@ -82,6 +82,10 @@ struct State {
   at::Tensor cpu_default_rng;
 };
 
+// Removes a file or a folder with everything in it (what std::filesystem::remove_all
+// does; that one resolves to a broken copy inside libtorch.so in this build and crashes).
+FLASHDRAFT_API void remove_tree(const std::filesystem::path& path);
+
 // FNV-1a 64 over a byte range (used for the manifest's checksums).
 FLASHDRAFT_API uint64_t fnv1a64(const char* data, size_t size, uint64_t h = 1469598103934665603ULL);
 

@@ -1,4 +1,5 @@
 // The flashdraft command line.
+#include "checkpoint.hpp"
 #include "experiment.hpp"
 #include "inspect.hpp"
 #include "registry.hpp"
@@ -22,18 +23,24 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS]   train as the experiment says\n"
+    "      [--resume [CHECKPOINT|latest]]                          ... continuing from a checkpoint\n"
     "  validate EXP.toml [--plugin-path DIRS]                      check an experiment without running it\n"
     "  plugins [--plugin-path DIRS]                                plugins found (and files rejected, with why)\n"
     "  schema [PLUGIN] [--plugin-path DIRS]                        every key of the experiment tables\n"
     "  inspect RUN.h5                                              text summary of a run log\n"
+    "  export-weights CHECKPOINT [--out FILE]                      drafter weights of a checkpoint as HDF5\n"
     "\n"
     "`flashdraft <command> --help` describes one command. Plugins are searched in --plugin-path,\n"
     "FLASHDRAFT_PLUGIN_PATH, the experiment's [plugins].paths, then the build's plugin folder.\n";
 
 const char* help_for(const std::string& cmd) {
   if (cmd == "run")
-    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS]\n"
+    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS] [--resume [CHECKPOINT|latest]]\n"
            "Trains as EXP.toml says and writes one HDF5 log per run, <out>/<name>.h5 (a new name if it exists).\n"
+           "  --resume [CHECKPOINT|latest]  continue from a checkpoint folder (<out>/checkpoints/step_<n>) or\n"
+           "                     from the newest usable one under <out>/checkpoints (latest, the default):\n"
+           "                     weights, optimizer, schedule, generators and data position are restored and\n"
+           "                     the run appends to the same log, cut back to the checkpoint's step\n"
            "  --out DIR          output folder (overrides [run].out); the data cache goes there too\n"
            "  --steps N          number of steps (overrides [run].steps)\n"
            "  --plugin-path DIRS extra plugin folders, ':'-separated, searched first\n"
@@ -52,6 +59,11 @@ const char* help_for(const std::string& cmd) {
     return "usage: flashdraft schema [PLUGIN] [--plugin-path DIRS]\n"
            "Prints every key of the engine's tables and of each plugin's table: type, default, accepted values\n"
            "and meaning. With PLUGIN, only that plugin's table.\n";
+  if (cmd == "export-weights")
+    return "usage: flashdraft export-weights CHECKPOINT [--out FILE]\n"
+           "Writes the drafter weights of a checkpoint folder (<out>/checkpoints/step_<n>) as HDF5 (default\n"
+           "CHECKPOINT/weights.h5): the [drafter] table as TOML and every tensor by name; the layout is in\n"
+           "plugins/dflash/README.md. A finished run writes <out>/<name>.weights.h5 itself.\n";
   if (cmd == "inspect")
     return "usage: flashdraft inspect RUN.h5 [--plot DIR]\n"
            "Prints a summary of a run log: steps, loss, metrics, memory peaks per phase, kernels that ran,\n"
@@ -68,6 +80,7 @@ struct Args {
   std::string plot;
   int64_t steps = -1;
   std::vector<std::string> plugin_paths;
+  std::string resume;
   bool help = false;
 };
 
@@ -83,6 +96,12 @@ Args parse(int argc, char** argv, int first) {
     else if (s == "--out") a.out = value("--out");
     else if (s == "--plot") a.plot = value("--plot");
     else if (s == "--plugin-path") a.plugin_paths.push_back(value("--plugin-path"));
+    else if (s == "--resume") {
+      // The value is optional: the next word, unless it is an option or the experiment file.
+      const std::string next = i + 1 < argc ? argv[i + 1] : "";
+      const bool toml = next.size() > 5 && next.compare(next.size() - 5, 5, ".toml") == 0;
+      a.resume = !next.empty() && next.rfind("--", 0) != 0 && !toml ? argv[++i] : "latest";
+    }
     else if (s == "--steps") {
       const std::string v = value("--steps");
       char* end = nullptr;
@@ -207,12 +226,23 @@ int main(int argc, char** argv) {
       inspect_log(a.positional[0], std::cout);
       return a.plot.empty() ? 0 : plot_log(a.positional[0], a.plot);
     }
+    if (cmd == "export-weights") {
+      if (a.positional.size() != 1) throw std::invalid_argument("export-weights takes one checkpoint folder");
+      try {
+        std::cout << "weights: " << checkpoint::export_checkpoint(a.positional[0], a.out) << "\n";
+      } catch (const checkpoint::Error& e) {
+        std::cerr << "error: " << e.what() << "\n";
+        return 1;
+      }
+      return 0;
+    }
     if (a.positional.size() != 1) throw std::invalid_argument(cmd + " takes one experiment file (EXP.toml)");
     RunOptions o;
     o.experiment = a.positional[0];
     o.out = a.out;
     o.steps = a.steps;
     o.plugin_paths = a.plugin_paths;
+    o.resume = a.resume;
     return cmd == "run" ? run_experiment(o) : validate_experiment(o);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

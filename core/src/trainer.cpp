@@ -6,6 +6,7 @@
 #include <flashdraft/mask_generator.hpp>
 #include <flashdraft/model.hpp>
 
+#include "checkpoint.hpp"
 #include "dispatch.hpp"
 #include "experiment.hpp"
 #include "ledger.hpp"
@@ -13,6 +14,7 @@
 #include "registry.hpp"
 #include "run_log.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -138,6 +140,38 @@ struct Schedule {
   }
 };
 
+// The plugin's table as TOML with every declared key resolved (defaults filled in): what
+// a checkpoint and the weights export record of the drafter.
+std::string table_toml(const std::string& table, const std::string& plugin, const Schema& schema, const Config& c) {
+  std::ostringstream os;
+  os << "[" << table << "]\nplugin = \"" << plugin << "\"\n";
+  for (const auto& k : schema.keys()) {
+    Value v;
+    switch (k.type) {
+      case ValueType::integer: v = c.integer(k.name); break;
+      case ValueType::real: v = c.real(k.name); break;
+      case ValueType::boolean: v = c.boolean(k.name); break;
+      case ValueType::string: v = c.string(k.name); break;
+      case ValueType::integer_list: v = c.integers(k.name); break;
+      case ValueType::real_list: v = c.reals(k.name); break;
+      case ValueType::string_list: v = c.strings(k.name); break;
+    }
+    os << k.name << " = " << to_string(v) << "\n";
+  }
+  return os.str();
+}
+
+// tau_sim = 1 + sum_k prod_{j<=k} acc_j: the acceptance length if block positions were
+// accepted independently with their marginal accuracies.
+double simulated_tau(const std::vector<double>& acc) {
+  double tau = 1.0, run = 1.0;
+  for (double a : acc) {
+    run *= a;
+    tau += run;
+  }
+  return tau;
+}
+
 std::string unique_log_path(const fs::path& dir, const std::string& name) {
   fs::path p = dir / (name + ".h5");
   for (int i = 1; fs::exists(p); ++i) p = dir / (name + "-" + std::to_string(i) + ".h5");
@@ -145,6 +179,21 @@ std::string unique_log_path(const fs::path& dir, const std::string& name) {
 }
 
 }  // namespace
+
+Acceptance greedy_acceptance(const int64_t* predictions, const int64_t* labels, const uint8_t* block_valid,
+                             int64_t blocks, int64_t block_size) {
+  Acceptance out;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t* pred = predictions + b * block_size;
+    const int64_t* lab = labels + b * block_size;
+    if ((block_valid && !block_valid[b]) || block_size < 2 || lab[1] < 0) continue;
+    int64_t accepted = 0;
+    for (int64_t j = 1; j < block_size && lab[j] >= 0 && pred[j] == lab[j]; ++j) ++accepted;
+    ++out.blocks;
+    out.accepted += accepted;
+  }
+  return out;
+}
 
 int validate_experiment(const RunOptions& options) {
   try {
@@ -251,8 +300,32 @@ int run_experiment(const RunOptions& options) {
     AttentionDispatcher dispatcher(std::move(choice), mask.get(), ex.attention().string("on_fallback"), &ledger,
                                    [&](const std::string& k, const std::string& m) { event(k, m); });
 
+    // --- resume: which checkpoint --------------------------------------------------------
+    const Config& ckpt_cfg = ex.checkpoint();
+    const Config& eval_cfg = ex.eval();
+    fs::path checkpoint_root = out_dir / "checkpoints";
+    fs::path resume_dir;
+    checkpoint::Manifest resume_manifest;
+    std::vector<std::string> resume_kernel_names;
+    if (!options.resume.empty()) {
+      if (options.resume == "latest") {
+        resume_dir = checkpoint::latest(checkpoint_root, drafter->parameters(), ctx.say);
+      } else {
+        resume_dir = options.resume;
+        const std::string why = checkpoint::check(resume_dir, drafter->parameters());
+        if (!why.empty()) throw checkpoint::Error("cannot resume: " + why);
+      }
+      resume_manifest = checkpoint::read_manifest(resume_dir);
+      // The run continues in the folder of the checkpoint it resumes.
+      checkpoint_root = fs::absolute(resume_dir).parent_path();
+    }
+
     // --- the log --------------------------------------------------------------------
-    const std::string log_path = unique_log_path(out_dir, run.string("name"));
+    // A resumed run appends to the log of the run it continues: <run folder>/<log_file>,
+    // the run folder being the one that holds checkpoints/step_<n>.
+    const std::string log_path =
+        resume_dir.empty() ? unique_log_path(out_dir, run.string("name"))
+                           : (fs::absolute(resume_dir).parent_path().parent_path() / resume_manifest.log_file).string();
     std::map<std::string, std::string> attrs;
     attrs["experiment"] = ex.text();
     attrs["experiment_path"] = fs::absolute(ex.path()).string();
@@ -276,7 +349,18 @@ int run_experiment(const RunOptions& options) {
     for (const auto& [name, p] : s.kernels)
       if (p) plugin_line("kernel", *p);
     attrs["plugins"] = plugins;
-    log = std::make_unique<RunLog>(log_path, attrs);
+    if (resume_dir.empty()) {
+      log = std::make_unique<RunLog>(log_path, attrs);
+    } else {
+      if (!fs::exists(log_path))
+        throw checkpoint::Error("cannot resume from " + resume_dir.string() + ": its run log " + log_path +
+                                " does not exist (the log is appended to; it must stay next to checkpoints/)");
+      {
+        LogReader reader(log_path);
+        if (reader.exists("kernels/names")) resume_kernel_names = reader.strings("kernels/names");
+      }
+      log = RunLog::reopen(log_path);
+    }
     const int64_t layers = drafter->attention_layers();
     const int64_t positions = drafter->positions();
     const std::vector<std::string> scalar_names = drafter->scalar_names();
@@ -298,6 +382,14 @@ int run_experiment(const RunOptions& options) {
     log->declare("events/step", RunLog::Type::i64, 0, 0, "step of the event (-1: before step 0)");
     log->declare("events/kind", RunLog::Type::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ...");
     log->declare("events/message", RunLog::Type::str, 0, 2048, "what happened");
+    log->declare("eval/step", RunLog::Type::i64, 0, 0, "optimizer steps completed when the validation ran");
+    log->declare("eval/loss", RunLog::Type::f64, 0, 0, "mean loss over the held-out batches");
+    log->declare("eval/tau", RunLog::Type::f64, 0, 0,
+                 "exact greedy acceptance length: 1 + mean leading matches of the block proposals with the "
+                 "target's greedy continuation (NaN if the drafter returns no predictions)");
+    log->declare("eval/tau_sim", RunLog::Type::f64, 0, 0, "1 + sum_k prod_{j<=k} acc_j from eval/position_accuracy");
+    log->declare("eval/blocks", RunLog::Type::i64, 0, 0, "blocks (anchors) the acceptance length averages over");
+    log->declare("eval/position_accuracy", RunLog::Type::f64, positions, 0, "held-out accuracy per block position 1..BS-1");
     log->set_group_attribute("memory", "device", device.str());
     log->set_group_attribute("memory", "method", device.is_cpu() ? "tracking CPU allocator (live tensor bytes)"
                                                                  : "CUDA caching allocator statistics (allocated bytes)");
@@ -305,6 +397,18 @@ int run_experiment(const RunOptions& options) {
     log->set_group_attribute("kernels", "problem", dispatcher.choice().problem.str());
     log->set_group_attribute("kernels", "selection", dispatcher.choice().report());
     log->set_group_attribute("kernels", "on_fallback", ex.attention().string("on_fallback"));
+    if (!resume_dir.empty()) {
+      // Cut every dataset back to its rows at the checkpoint, so the resumed steps follow
+      // the checkpoint's exactly. /events is history and is kept whole.
+      for (const auto& name : log->names())
+        if (name.rfind("events/", 0) != 0) {
+          const auto it = resume_manifest.log_rows.find(name);
+          log->truncate(name, it == resume_manifest.log_rows.end() ? 0 : it->second);
+        }
+      const auto it = resume_manifest.log_rows.find("kernels/names");
+      resume_kernel_names.resize(std::min(resume_kernel_names.size(),
+                                          static_cast<size_t>(it == resume_manifest.log_rows.end() ? 0 : it->second)));
+    }
     log->start();
     for (const auto& [st, ev] : pending_events) {
       log->append("events/step", st);
@@ -325,21 +429,159 @@ int run_experiment(const RunOptions& options) {
     const Schedule schedule{oc.real("lr"), oc.real("min_lr_ratio"), oc.integer("warmup_steps"), steps};
     const double clip = oc.real("grad_clip");
     at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(seed + 0x5eed);
+    at::Generator default_rng = at::detail::getDefaultCPUGenerator();  // shares the default generator
+    const std::string drafter_toml =
+        table_toml("drafter", s.drafter_plugin->name, s.registry->schema(*s.drafter_plugin), s.drafter_config);
+
+    // --- resume: load the state ------------------------------------------------------------
+    int64_t first_step = 0;
+    int64_t names_written = 0;
+    if (!resume_dir.empty()) {
+      checkpoint::State state{drafter->parameters(), &optimizer, {}, {}};
+      const checkpoint::Manifest m = checkpoint::load(resume_dir, state);
+      rng.set_state(state.anchor_rng);
+      {
+        std::lock_guard<std::mutex> lock(default_rng.mutex());
+        default_rng.set_state(state.cpu_default_rng);
+      }
+      first_step = m.step;
+      // The ledger hands out variant ids in order of first sight; the log's names list
+      // must keep meaning the same ids.
+      for (const auto& n : resume_kernel_names) ledger.id(n);
+      names_written = static_cast<int64_t>(resume_kernel_names.size());
+      // Checkpoints past this one belong to the abandoned continuation: set aside (renamed
+      // abandoned_step_<n>), not deleted, so that `latest` and `keep` never pick them.
+      for (const auto& dir : checkpoint::list(checkpoint_root)) {
+        if (fs::equivalent(dir, resume_dir)) continue;
+        int64_t other = -1;
+        try {
+          other = checkpoint::read_manifest(dir).step;
+        } catch (const std::exception&) {
+          continue;
+        }
+        if (other > m.step) {
+          const fs::path aside = checkpoint_root / ("abandoned_" + dir.filename().string());
+          checkpoint::remove_tree(aside);
+          fs::rename(dir, aside);
+          std::cout << "resume: " << dir.string() << " is past the resumed step; moved to " << aside.string() << std::endl;
+        }
+      }
+      const std::string msg = "resumed from " + resume_dir.string() + " at step " + std::to_string(m.step) +
+                              " (data position " + std::to_string(m.data_position) + "); log cut back to " +
+                              std::to_string(m.step) + " steps";
+      current_step = m.step;
+      event("resume", msg);
+      std::cout << "resume: " << msg << std::endl;
+    }
+
+    // --- validation and checkpoints ------------------------------------------------------
+    const bool eval_on = eval_cfg.boolean("enabled");
+    const int64_t eval_every = eval_cfg.integer("every");
+    const bool ckpt_on = ckpt_cfg.boolean("enabled");
+    const int64_t ckpt_every = ckpt_cfg.integer("every");
+    int64_t last_checkpoint = first_step;
+    // Validation: the held-out batches with anchors from a generator of its own, seeded
+    // the same way every time (every validation sees the same blocks; training's
+    // generators are not touched, so enabling validation does not change training).
+    auto validate = [&](int64_t done) {
+      const int64_t available = dataset->eval_batches();
+      const int64_t n = eval_cfg.integer("batches") > 0 ? std::min(eval_cfg.integer("batches"), available) : available;
+      if (n == 0) {
+        std::cout << "eval: the dataset has no held-out batch; nothing to validate" << std::endl;
+        return;
+      }
+      at::Generator eval_rng = at::make_generator<at::CPUGeneratorImpl>(seed * 0x9E3779B97F4A7C15ULL + 0xe7a1);
+      double loss_sum = 0.0;
+      std::vector<int64_t> correct(static_cast<size_t>(positions), 0), count(static_cast<size_t>(positions), 0);
+      std::vector<double> acc_sum(static_cast<size_t>(positions), 0.0);
+      Acceptance total;
+      bool exact = true;
+      for (int64_t i = 0; i < n; ++i) {
+        Batch batch = dataset->eval_batch(i);
+        ledger.begin_step(done, layers);
+        StepResult r = drafter->step(batch, dispatcher, eval_rng, /*training=*/false);
+        loss_sum += r.loss.item<double>();
+        for (size_t j = 0; j < acc_sum.size() && j < r.position_accuracy.size(); ++j) acc_sum[j] += r.position_accuracy[j];
+        if (!r.predictions.defined() || !r.labels.defined()) {
+          exact = false;
+          continue;
+        }
+        const at::Tensor pred = r.predictions.to(at::kCPU, at::kLong).contiguous();
+        const at::Tensor lab = r.labels.to(at::kCPU, at::kLong).contiguous();
+        const int64_t bs = pred.size(-1), blocks = pred.numel() / bs;
+        const at::Tensor valid = r.block_valid.defined() ? r.block_valid.to(at::kCPU, at::kByte).contiguous().view({-1})
+                                                         : at::ones({blocks}, at::kByte);
+        const Acceptance a = greedy_acceptance(pred.data_ptr<int64_t>(), lab.data_ptr<int64_t>(),
+                                               valid.data_ptr<uint8_t>(), blocks, bs);
+        total.blocks += a.blocks;
+        total.accepted += a.accepted;
+        // Per-position accuracy pooled over every block (not a mean of batch ratios).
+        const int64_t* p = pred.data_ptr<int64_t>();
+        const int64_t* l = lab.data_ptr<int64_t>();
+        const uint8_t* v = valid.data_ptr<uint8_t>();
+        for (int64_t b = 0; b < blocks; ++b)
+          for (int64_t j = 1; j < bs && j - 1 < positions; ++j)
+            if (v[b] && l[b * bs + j] >= 0) {
+              ++count[static_cast<size_t>(j - 1)];
+              correct[static_cast<size_t>(j - 1)] += p[b * bs + j] == l[b * bs + j];
+            }
+      }
+      std::vector<double> acc(static_cast<size_t>(positions));
+      for (size_t j = 0; j < acc.size(); ++j)
+        acc[j] = exact ? (count[j] > 0 ? double(correct[j]) / double(count[j]) : 0.0) : acc_sum[j] / double(n);
+      const double loss = loss_sum / double(n);
+      const double tau = exact && total.blocks > 0 ? 1.0 + double(total.accepted) / double(total.blocks) : std::nan("");
+      const double tau_sim = simulated_tau(acc);
+      log->append("eval/step", done);
+      log->append("eval/loss", loss);
+      log->append("eval/tau", tau);
+      log->append("eval/tau_sim", tau_sim);
+      log->append("eval/blocks", total.blocks);
+      log->append("eval/position_accuracy", acc);
+      log->flush();
+      std::ostringstream os;
+      os << "eval  after step " << done << ": loss " << std::fixed << std::setprecision(4) << loss << "  tau "
+         << std::setprecision(3) << tau << " (exact greedy, " << total.blocks << " blocks)  tau_sim " << tau_sim
+         << "  acc[1..]";
+      for (size_t j = 0; j < acc.size() && j < 6; ++j) os << " " << std::setprecision(2) << acc[j];
+      if (acc.size() > 6) os << " ...";
+      std::cout << os.str() << std::endl;
+    };
+    auto save_checkpoint = [&](int64_t done) {
+      checkpoint::Manifest m;
+      m.step = done;
+      m.data_position = done;  // train_batch(i) is a function of (seed, i): the position is the step
+      m.log_file = fs::path(log_path).filename().string();
+      m.drafter_plugin = s.drafter_plugin->name;
+      m.drafter_toml = drafter_toml;
+      for (const auto& name : log->names())
+        if (name.rfind("events/", 0) != 0) m.log_rows[name] = log->rows(name);
+      checkpoint::State state{drafter->parameters(), &optimizer, rng.get_state(), {}};
+      {
+        std::lock_guard<std::mutex> lock(default_rng.mutex());
+        state.cpu_default_rng = default_rng.get_state();
+      }
+      const fs::path dir = checkpoint::write(checkpoint_root, m, state, ckpt_cfg.integer("keep"));
+      last_checkpoint = done;
+      std::cout << "checkpoint: " << dir.string() << std::endl;
+      event("checkpoint", "wrote " + dir.string());
+    };
 
     g_signal = 0;
     auto old_int = std::signal(SIGINT, on_signal);
     auto old_term = std::signal(SIGTERM, on_signal);
-    int64_t names_written = 0;
     const int64_t print_every = run.integer("print_every");
     std::cout << "training: " << steps << " steps, " << params.size() << " parameter tensors ("
               << [&] { int64_t n = 0; for (auto& p : params) n += p.numel(); return n; }() << " values)" << std::endl;
 
-    for (int64_t step = 0; step < steps; ++step) {
+    if (eval_on && first_step == 0) validate(0);  // the untrained drafter: where tau starts
+    for (int64_t step = first_step; step < steps; ++step) {
       current_step = step;
       if (g_signal) {
         event("interrupted", "signal " + std::to_string(g_signal.load()) + " received; stopped before step " +
                                  std::to_string(step));
         std::cout << "interrupted before step " << step << "; the log keeps steps 0.." << step - 1 << std::endl;
+        if (ckpt_on && step > last_checkpoint) save_checkpoint(step);
         exit_code = 130;
         break;
       }
@@ -406,12 +648,23 @@ int run_experiment(const RunOptions& options) {
            << ledger.summary(Phase::forward) << " bwd " << ledger.summary(Phase::backward);
         std::cout << os.str() << std::endl;
       }
+      const int64_t done = step + 1;
+      if (eval_on && ((eval_every > 0 && done % eval_every == 0) || done == steps)) validate(done);
+      if (ckpt_on && ((ckpt_every > 0 && done % ckpt_every == 0) || done == steps)) save_checkpoint(done);
     }
     std::signal(SIGINT, old_int);
     std::signal(SIGTERM, old_term);
     if (exit_code == 0) {
       current_step = steps;
       event("finished", "completed " + std::to_string(steps) + " steps");
+      // The trained drafter in the documented HDF5 layout (plugins/dflash/README.md).
+      checkpoint::Manifest info;
+      info.step = steps;
+      info.drafter_plugin = s.drafter_plugin->name;
+      info.drafter_toml = drafter_toml;
+      const std::string weights_path = (out_dir / (fs::path(log_path).stem().string() + ".weights.h5")).string();
+      checkpoint::export_weights(weights_path, info, drafter->parameters(), "run log " + log_path);
+      std::cout << "weights: " << weights_path << std::endl;
       std::cout << "done: " << steps << " steps; log: " << log_path << std::endl;
     }
   } catch (const ConfigError& e) {
