@@ -453,12 +453,7 @@ int run_experiment(const RunOptions& options) {
       // abandoned_step_<n>), not deleted, so that `latest` and `keep` never pick them.
       for (const auto& dir : checkpoint::list(checkpoint_root)) {
         if (fs::equivalent(dir, resume_dir)) continue;
-        int64_t other = -1;
-        try {
-          other = checkpoint::read_manifest(dir).step;
-        } catch (const std::exception&) {
-          continue;
-        }
+        const int64_t other = std::stoll(dir.filename().string().substr(5));  // list() only returns step_<digits>
         if (other > m.step) {
           const fs::path aside = checkpoint_root / ("abandoned_" + dir.filename().string());
           checkpoint::remove_tree(aside);
