@@ -235,6 +235,22 @@ TEST(DFlashDrafter, StepPosesTheAnnouncedAttentionProblem) {
   ASSERT_EQ(r.scalars.size(), 1u);
   EXPECT_EQ(r.scalars[0].first, "tau_sim");
   EXPECT_DOUBLE_EQ(r.scalars[0].second, tau);
+  // Validation (training = false) also returns the proposals: labels are the tokens at
+  // anchor + j (j >= 1), -1 at j = 0; block_valid mirrors the mask input.
+  OracleAttention attn_eval;
+  const StepResult v = d->step(p.batch, attn_eval, rng, false);
+  EXPECT_FALSE(v.loss.requires_grad());
+  ASSERT_EQ(v.labels.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
+  ASSERT_EQ(v.predictions.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
+  ASSERT_EQ(v.block_valid.sizes().vec(), (std::vector<int64_t>{2, 3}));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t n = 0; n < 3; ++n) {
+      const int64_t anchor = attn_eval.input_.anchors[size_t(b)][size_t(n)];
+      EXPECT_EQ(v.block_valid[b][n].item<bool>(), attn_eval.input_.block_valid[size_t(b)][size_t(n)] != 0);
+      EXPECT_EQ(v.labels[b][n][0].item<int64_t>(), -1);
+      for (int64_t j = 1; j < 4; ++j)
+        EXPECT_EQ(v.labels[b][n][j].item<int64_t>(), p.batch.tokens[b][anchor + j].item<int64_t>());
+    }
 }
 
 // --- bad input --------------------------------------------------------------------------------
