@@ -233,6 +233,8 @@ fs::path write(const fs::path& root, Manifest m, const State& state, int64_t kee
     torch::serialize::OutputArchive archive;
     archive.write("anchor", state.anchor_rng.clone(), /*is_buffer=*/true);
     archive.write("cpu_default", state.cpu_default_rng.clone(), /*is_buffer=*/true);
+    if (state.cuda_default_rng.defined())
+      archive.write("cuda_default", state.cuda_default_rng.to(at::kCPU).clone(), /*is_buffer=*/true);
     files.emplace_back(kRng, archive_bytes(archive));
   }
   m.files.clear();
@@ -426,8 +428,11 @@ Manifest load(const fs::path& dir, State& state) {
                       " for a parameter of shape " +
                       shape_str(std::vector<int64_t>(p.sizes().begin(), p.sizes().end())));
     }
+  at::Tensor cuda;
+  if (!rng.try_read("cuda_default", cuda, true)) cuda = at::Tensor();
   state.anchor_rng = anchor;
   state.cpu_default_rng = cpu;
+  state.cuda_default_rng = cuda;
   return m;
 }
 

@@ -8,8 +8,9 @@
 //                 manifest maps index -> name and shape)
 //   optimizer.pt  the AdamW state (torch::optim::AdamW::save: moments, step counts,
 //                 param groups; matched to parameters by position on load)
-//   rng.pt        generator states: "anchor" (the trainer's anchor generator) and
-//                 "cpu_default" (LibTorch's default CPU generator)
+//   rng.pt        generator states: "anchor" (the trainer's anchor generator),
+//                 "cpu_default" (LibTorch's default CPU generator) and, on CUDA runs,
+//                 "cuda_default" (the default generator of the run's GPU)
 //   manifest      text, written last: format, step, data position, run-log row counts,
 //                 the drafter's plugin and config, every tensor's name and shape, and
 //                 every file's size and FNV-1a 64 checksum; its last line is
@@ -80,6 +81,7 @@ struct State {
   torch::optim::Optimizer* optimizer = nullptr;
   at::Tensor anchor_rng;   // at::Generator::get_state()
   at::Tensor cpu_default_rng;
+  at::Tensor cuda_default_rng;  // undefined: not a CUDA run (or not in the checkpoint)
 };
 
 // Removes a file or a folder with everything in it (what std::filesystem::remove_all

@@ -30,6 +30,7 @@
 
 #ifdef FLASHDRAFT_ENGINE_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
 namespace fs = std::filesystem;
@@ -437,13 +438,20 @@ int run_experiment(const RunOptions& options) {
     int64_t first_step = 0;
     int64_t names_written = 0;
     if (!resume_dir.empty()) {
-      checkpoint::State state{drafter->parameters(), &optimizer, {}, {}};
+      checkpoint::State state{drafter->parameters(), &optimizer, {}, {}, {}};
       const checkpoint::Manifest m = checkpoint::load(resume_dir, state);
       rng.set_state(state.anchor_rng);
       {
         std::lock_guard<std::mutex> lock(default_rng.mutex());
         default_rng.set_state(state.cpu_default_rng);
       }
+#ifdef FLASHDRAFT_ENGINE_CUDA
+      if (device.is_cuda() && state.cuda_default_rng.defined()) {
+        at::Generator cuda_rng = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+        std::lock_guard<std::mutex> lock(cuda_rng.mutex());
+        cuda_rng.set_state(state.cuda_default_rng);
+      }
+#endif
       first_step = m.step;
       // The ledger hands out variant ids in order of first sight; the log's names list
       // must keep meaning the same ids.
@@ -551,11 +559,18 @@ int run_experiment(const RunOptions& options) {
       m.drafter_toml = drafter_toml;
       for (const auto& name : log->names())
         if (name.rfind("events/", 0) != 0) m.log_rows[name] = log->rows(name);
-      checkpoint::State state{drafter->parameters(), &optimizer, rng.get_state(), {}};
+      checkpoint::State state{drafter->parameters(), &optimizer, rng.get_state(), {}, {}};
       {
         std::lock_guard<std::mutex> lock(default_rng.mutex());
         state.cpu_default_rng = default_rng.get_state();
       }
+#ifdef FLASHDRAFT_ENGINE_CUDA
+      if (device.is_cuda()) {
+        at::Generator cuda_rng = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+        std::lock_guard<std::mutex> lock(cuda_rng.mutex());
+        state.cuda_default_rng = cuda_rng.get_state();
+      }
+#endif
       const fs::path dir = checkpoint::write(checkpoint_root, m, state, ckpt_cfg.integer("keep"));
       last_checkpoint = done;
       std::cout << "checkpoint: " << dir.string() << std::endl;
