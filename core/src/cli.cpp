@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
     if (cmd == "export-weights") {
       if (a.positional.size() != 1) throw std::invalid_argument("export-weights takes one checkpoint folder");
       try {
-        std::cout << "weights: " << checkpoint::export_checkpoint(a.positional[0], a.out) << "\n";
+        const std::string written = checkpoint::export_checkpoint(a.positional[0], a.out);
+        std::cout << "weights: " << written << "\n";
       } catch (const checkpoint::Error& e) {
         std::cerr << "error: " << e.what() << "\n";
         return 1;

@@ -210,7 +210,8 @@ std::vector<Schema> Experiment::engine_schemas() {
   out.push_back(ckpt);
 
   Schema eval("eval");
-  eval.integer("every", "validate every N steps (0 = only at the end)").def(int64_t(0)).at_least(0);
+  eval.integer("every", "validate before step 0, every N steps and at the end (0 = before and at the end); "
+               "rows in /eval of the log").def(int64_t(0)).at_least(0);
   eval.boolean("enabled", "run validation on the held-out sequences").def(false);
   eval.integer("batches", "held-out batches per validation (0 = all the dataset has)").def(int64_t(0)).at_least(0);
   out.push_back(eval);
