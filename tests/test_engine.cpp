@@ -174,7 +174,12 @@ TEST(Engine, LogIsReadableWhileWrittenAndAfterSigkill) {
   for (double x : loss) EXPECT_TRUE(std::isfinite(x));
   H5Dclose(l);
   H5Fclose(f);
-  // And with h5py, the Python side's reader.
+  // And with h5py, the Python side's reader (the project's .venv; absent on machines
+  // that build against another torch, where this part is reported and left out).
+  if (!std::filesystem::exists(FLASHDRAFT_PYTHON)) {
+    std::printf("note: %s not found; h5py check of the killed log left out\n", FLASHDRAFT_PYTHON);
+    return;
+  }
   std::string out;
   const std::string py = std::string(FLASHDRAFT_PYTHON) + " -c \"import h5py,sys; f=h5py.File(sys.argv[1],'r',swmr=True);"
                          " n=len(f['steps/step']); assert list(f['steps/step'][:])==list(range(n)); print('h5py steps', n)\" " + log;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <stdexcept>
 
 namespace flashdraft {
@@ -27,8 +28,10 @@ void raise_peak(int64_t now) {
   }
 }
 
-// Wraps LibTorch's CPU allocator. Each allocation carries a small context with the
-// inner DataPtr and its size, so a free subtracts exactly what was added.
+// Wraps LibTorch's CPU allocator. The DataPtrs it hands out are "simple" (context ==
+// data), as the default CPU allocator's are: some CPU kernels (oneDNN bf16 paths)
+// assert it. The size and the inner deleter of each live allocation are kept in a
+// table, so a free subtracts exactly what its allocation added.
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
@@ -36,24 +39,53 @@ class TrackingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
-    auto* ctx = new Context{std::move(inner), static_cast<int64_t>(n)};
-    raise_peak(g_live.fetch_add(ctx->bytes, std::memory_order_relaxed) + ctx->bytes);
-    return c10::DataPtr(data, ctx, &TrackingAllocator::release, c10::Device(c10::kCPU));
+    c10::DeleterFnPtr inner_deleter = inner.get_deleter();
+    void* context = inner.release_context();
+    if (!context)  // a zero-byte allocation: nothing to track
+      return c10::DataPtr(data, data, inner_deleter, c10::Device(c10::kCPU));
+    if (context != data) {  // the base allocator is not simple; give the memory back
+      inner_deleter(context);
+      throw std::runtime_error("memory tracking: LibTorch's CPU allocator returned a DataPtr whose context is not its "
+                               "data; the tracking allocator cannot wrap it");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      live()[data] = Entry{static_cast<int64_t>(n), inner_deleter};
+    }
+    raise_peak(g_live.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n));
+    return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::kCPU));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count) std::memcpy(dest, src, count);
   }
 
  private:
-  struct Context {
-    c10::DataPtr inner;
+  struct Entry {
     int64_t bytes;
+    c10::DeleterFnPtr deleter;
   };
+  // Leaked on purpose: frees during static destruction still need them.
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::unordered_map<void*, Entry>& live() {
+    static auto* table = new std::unordered_map<void*, Entry>();
+    return *table;
+  }
   static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    g_live.fetch_sub(ctx->bytes, std::memory_order_relaxed);
-    delete ctx;  // frees the inner allocation through its own deleter
+    Entry e{0, nullptr};
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      auto it = live().find(p);
+      if (it != live().end()) {
+        e = it->second;
+        live().erase(it);
+      }
+    }
+    g_live.fetch_sub(e.bytes, std::memory_order_relaxed);
+    if (e.deleter) e.deleter(p);
   }
   c10::Allocator* base_;
 };
