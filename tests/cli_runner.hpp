@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checkpoint.hpp"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -66,7 +68,7 @@ inline int run_cli(const std::vector<std::string>& args, std::string* output) {
 
 inline std::string temp_dir(const std::string& name) {
   const auto p = std::filesystem::temp_directory_path() / ("flashdraft-test-" + name + "-" + std::to_string(getpid()));
-  std::filesystem::remove_all(p);
+  flashdraft::checkpoint::remove_tree(p);  // not fs::remove_all (see checkpoint.hpp)
   std::filesystem::create_directories(p);
   return p.string();
 }

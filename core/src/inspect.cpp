@@ -68,6 +68,21 @@ void inspect_log(const std::string& path, std::ostream& out) {
       if (!v.empty()) out << "  " << std::left << std::setw(10) << ph << std::right << gib(*std::max_element(v.begin(), v.end())) << "\n";
     }
   }
+  if (r.exists("eval/step")) {
+    const auto es = r.f64("eval/step");
+    out << "eval      " << es.size() << " validations (held-out sequences)\n";
+    std::vector<std::pair<std::string, std::vector<double>>> cols;
+    for (const char* c : {"loss", "tau", "tau_sim"})
+      if (r.exists(std::string("eval/") + c)) cols.push_back({c, r.f64(std::string("eval/") + c)});
+    out << "  " << std::setw(8) << "step";
+    for (const auto& c : cols) out << std::setw(10) << c.first;
+    out << "\n";
+    for (size_t i = 0; i < es.size(); ++i) {
+      out << "  " << std::setw(8) << int64_t(es[i]);
+      for (const auto& c : cols) out << std::setw(10) << std::setprecision(3) << (i < c.second.size() ? c.second[i] : NAN);
+      out << "\n";
+    }
+  }
   const auto ka = r.attributes("/kernels");
   out << "kernels   selected " << (ka.count("selected") ? ka.at("selected") : "?") << " for "
       << (ka.count("problem") ? ka.at("problem") : "?") << "\n";
