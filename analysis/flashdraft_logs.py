@@ -291,6 +291,8 @@ class Run:
         if not raw:
             return
         n = min(len(a) for a in raw.values())
+        if n == 0:  # the engine declares /eval in every log; no validation ran
+            return
         step = raw["step"][:n].astype(np.int64) if "step" in raw else np.arange(n, dtype=np.int64)
         cols: dict[str, np.ndarray] = {"step": step}
         for name in sorted(raw):
