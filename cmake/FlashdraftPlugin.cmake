@@ -24,7 +24,11 @@ function(flashdraft_add_plugin target)
   elseif(DEFINED FLASHDRAFT_PLUGIN_DIR)
     set_target_properties(${target} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${FLASHDRAFT_PLUGIN_DIR})
   endif()
-  # In the flashdraft tree, `flashdraft_all_plugins` builds every plugin.
+  # In the flashdraft tree, plugins get the project's warnings (errors in CI) and
+  # `flashdraft_all_plugins` builds every plugin.
+  if(TARGET flashdraft_warnings)
+    target_link_libraries(${target} PRIVATE flashdraft_warnings)
+  endif()
   if(TARGET flashdraft_all_plugins)
     add_dependencies(flashdraft_all_plugins ${target})
   endif()
