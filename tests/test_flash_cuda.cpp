@@ -23,6 +23,7 @@
 //
 // Without a CUDA device (CI) the GPU tests skip with a message; the supports() refusals
 // that need no device still run.
+#include "attention_error.hpp"
 #include "registry.hpp"
 
 #include <flashdraft/attention.hpp>
@@ -49,7 +50,6 @@ namespace fd = flashdraft;
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 const char* kConfigEnv = "FLASHDRAFT_FLASH_CUDA_CONFIG";
 
 const fd::Registry& registry() {
@@ -124,24 +124,10 @@ void poison_cuda_cache() {
   small.clear();
 }
 
-double max_abs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
-
-double relative_error(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor af = a.to(at::kDouble), bf = b.to(at::kDouble);
-  const double diff = max_abs(af - bf), ref = max_abs(bf);
-  if (ref == 0.0) return diff == 0.0 ? 0.0 : kInf;
-  return diff / ref;
-}
-
-double lse_relative_error(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ai = at::isinf(a), bi = at::isinf(b);
-  if (!at::equal(ai, bi)) return kInf;
-  if (ai.any().item<bool>() && !(a.masked_select(ai) < 0).all().item<bool>()) return kInf;
-  const at::Tensor finite = bi.logical_not();
-  return relative_error(a.masked_select(finite), b.masked_select(finite));
-}
-
-bool has_nan(const at::Tensor& t) { return at::isnan(t).any().item<bool>(); }
+using test::has_nan;
+using test::lse_relative_error;
+using test::max_abs;
+using test::relative_error;
 
 using Visible = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t k)>;
 

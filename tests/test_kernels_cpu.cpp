@@ -14,6 +14,7 @@
 // Poisoning: LibTorch's "fill uninitialized memory" mode (deterministic algorithms on,
 // warn only) makes every at::empty return NaN-filled memory, so an output element a
 // kernel forgot to write stays NaN; every result is then checked to be NaN-free.
+#include "attention_error.hpp"
 #include "registry.hpp"
 
 #include <flashdraft/attention.hpp>
@@ -90,26 +91,10 @@ fd::BlockMask build_mask(int64_t batch, int64_t heads, int64_t q_len, int64_t kv
   return mask;
 }
 
-double max_abs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
-
-// max|a - b| / max|b| (0 / 0 counts as 0).
-double relative_error(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor af = a.to(at::kDouble), bf = b.to(at::kDouble);
-  const double diff = max_abs(af - bf), ref = max_abs(bf);
-  if (ref == 0.0) return diff == 0.0 ? 0.0 : kInf;
-  return diff / ref;
-}
-
-// lse: -inf entries must coincide; the finite ones are compared as above.
-double lse_relative_error(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ai = at::isinf(a), bi = at::isinf(b);
-  if (!at::equal(ai, bi)) return kInf;
-  if (ai.any().item<bool>() && !(a.masked_select(ai) < 0).all().item<bool>()) return kInf;
-  const at::Tensor finite = bi.logical_not();
-  return relative_error(a.masked_select(finite), b.masked_select(finite));
-}
-
-bool has_nan(const at::Tensor& t) { return at::isnan(t).any().item<bool>(); }
+using test::has_nan;
+using test::lse_relative_error;
+using test::max_abs;
+using test::relative_error;
 
 struct Case {
   std::string name;

@@ -1,0 +1,34 @@
+// Error measures the kernel tests share: every fast kernel is compared with the
+// reference by the same numbers.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+namespace test {
+
+inline double max_abs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
+
+// max|a - b| / max|b| (0 / 0 counts as 0; anything / 0 as infinite).
+inline double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor af = a.to(at::kDouble), bf = b.to(at::kDouble);
+  const double diff = max_abs(af - bf), ref = max_abs(bf);
+  if (ref == 0.0) return diff == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return diff / ref;
+}
+
+// lse: the -inf entries (rows that see no key) must coincide exactly; the finite ones
+// are compared as above.
+inline double lse_relative_error(const at::Tensor& a, const at::Tensor& b) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor ai = at::isinf(a), bi = at::isinf(b);
+  if (!at::equal(ai, bi)) return inf;
+  if (ai.any().item<bool>() && !(a.masked_select(ai) < 0).all().item<bool>()) return inf;
+  const at::Tensor finite = bi.logical_not();
+  return relative_error(a.masked_select(finite), b.masked_select(finite));
+}
+
+inline bool has_nan(const at::Tensor& t) { return at::isnan(t).any().item<bool>(); }
+
+}  // namespace test
