@@ -28,16 +28,10 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 step "configure + build (whole tree, -j16)"
 TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 t0=$(date +%s)
-# Workarounds for core (reported to the lead, 2026-11-29): core/CMakeLists.txt does not
-# link tomlplusplus::tomlplusplus, so the carried TOML++ headers are not on the include
-# path (CPATH puts them there); gcc 13 there reports -Werror=array-bounds inside
-# libstdc++'s vector<bool> from core/src/dispatch.cpp (gcc 12 here does not).
-export CPATH=$ROOT/.deps/usr/include${CPATH:+:$CPATH}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" \
-  -DFLASHDRAFT_WARNINGS_AS_ERRORS=OFF \
   > "$X/configure.log" 2>&1 || { tail -40 "$X/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
 grep -E "flash_cuda|flashdraft: LibTorch" "$X/configure.log"
-# -k: a target that fails (another engineer's file mid-edit) must not stop the others
+# -k: one target that fails must not stop the others
 cmake --build "$BUILD" -j16 -- -k > "$X/build.log" 2>&1
 rc=$?
 echo "--- last lines of the build (rc $rc, $(( $(date +%s) - t0 )) s):"
