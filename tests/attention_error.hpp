@@ -1,5 +1,5 @@
-// Error measures the kernel tests share: every fast kernel is compared with the
-// reference by the same numbers.
+// What the kernel tests share: every fast kernel is compared with the reference by the
+// same error measures, on outputs allocated from NaN-poisoned memory.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,5 +30,27 @@ inline double lse_relative_error(const at::Tensor& a, const at::Tensor& b) {
 }
 
 inline bool has_nan(const at::Tensor& t) { return at::isnan(t).any().item<bool>(); }
+
+// Every at::empty in scope returns NaN-filled memory (integers: their max value), so an
+// output element a kernel forgets to write shows up as NaN.
+class PoisonedAllocations {
+ public:
+  PoisonedAllocations()
+      : algorithms_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
+        fill_(at::globalContext().deterministicFillUninitializedMemory()) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setDeterministicFillUninitializedMemory(true);
+  }
+  ~PoisonedAllocations() {
+    at::globalContext().setDeterministicAlgorithms(algorithms_, warn_only_);
+    at::globalContext().setDeterministicFillUninitializedMemory(fill_);
+  }
+  PoisonedAllocations(const PoisonedAllocations&) = delete;
+  PoisonedAllocations& operator=(const PoisonedAllocations&) = delete;
+
+ private:
+  bool algorithms_, warn_only_, fill_;
+};
 
 }  // namespace test

@@ -95,24 +95,7 @@ class ConfigEnv {
   std::string old_;
 };
 
-// Every at::empty in scope returns NaN-filled memory.
-class PoisonedAllocations {
- public:
-  PoisonedAllocations()
-      : algorithms_(at::globalContext().deterministicAlgorithms()),
-        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
-        fill_(at::globalContext().deterministicFillUninitializedMemory()) {
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-    at::globalContext().setDeterministicFillUninitializedMemory(true);
-  }
-  ~PoisonedAllocations() {
-    at::globalContext().setDeterministicAlgorithms(algorithms_, warn_only_);
-    at::globalContext().setDeterministicFillUninitializedMemory(fill_);
-  }
-
- private:
-  bool algorithms_, warn_only_, fill_;
-};
+using test::PoisonedAllocations;
 
 // Fills the caching allocator's free memory with NaN: large blocks (one 256 MB tensor,
 // split by later allocations) and the small-allocation pool (many < 1 MB tensors).

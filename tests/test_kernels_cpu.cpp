@@ -54,24 +54,7 @@ std::unique_ptr<fd::AttentionKernel> load_kernel(const std::string& name) {
   return fd::create_as<fd::AttentionKernel>(registry(), plugin, config);
 }
 
-// Every at::empty in scope returns NaN-filled memory (ints: their max value).
-class PoisonedAllocations {
- public:
-  PoisonedAllocations()
-      : algorithms_(at::globalContext().deterministicAlgorithms()),
-        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
-        fill_(at::globalContext().deterministicFillUninitializedMemory()) {
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-    at::globalContext().setDeterministicFillUninitializedMemory(true);
-  }
-  ~PoisonedAllocations() {
-    at::globalContext().setDeterministicAlgorithms(algorithms_, warn_only_);
-    at::globalContext().setDeterministicFillUninitializedMemory(fill_);
-  }
-
- private:
-  bool algorithms_, warn_only_, fill_;
-};
+using test::PoisonedAllocations;
 
 using Visible = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t k)>;
 
