@@ -2,7 +2,11 @@
 // same error measures, on outputs allocated from NaN-poisoned memory.
 #pragma once
 
+#include <flashdraft/block_mask.hpp>
+
 #include <ATen/ATen.h>
+
+#include <functional>
 
 #include <limits>
 
@@ -27,6 +31,24 @@ inline double lse_relative_error(const at::Tensor& a, const at::Tensor& b) {
   if (ai.any().item<bool>() && !(a.masked_select(ai) < 0).all().item<bool>()) return inf;
   const at::Tensor finite = bi.logical_not();
   return relative_error(a.masked_select(finite), b.masked_select(finite));
+}
+
+// A BlockMask classified tile by tile from a plain predicate (the tests' own masks).
+using Visible = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t k)>;
+inline flashdraft::BlockMask build_mask(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len, int64_t block_q,
+                                        int64_t block_kv, const Visible& visible) {
+  flashdraft::BlockMaskBuilder builder(batch, heads, q_len, kv_len, block_q, block_kv);
+  const int64_t nq = (q_len + block_q - 1) / block_q, nk = (kv_len + block_kv - 1) / block_kv;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < nq; ++i) {
+        builder.begin_row();
+        for (int64_t j = 0; j < nk; ++j)
+          builder.add_tile(static_cast<int32_t>(j), [&](int64_t q, int64_t k) { return visible(b, h, q, k); });
+      }
+  flashdraft::BlockMask mask = builder.finish();
+  mask.validate();
+  return mask;
 }
 
 inline bool has_nan(const at::Tensor& t) { return at::isnan(t).any().item<bool>(); }

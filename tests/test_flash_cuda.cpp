@@ -112,7 +112,7 @@ using test::lse_relative_error;
 using test::max_abs;
 using test::relative_error;
 
-using Visible = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t k)>;
+using test::Visible;
 
 struct Case {
   std::string name;
@@ -122,20 +122,9 @@ struct Case {
   bool expect_empty_rows = false;
 };
 
-fd::BlockMask build_from_predicate(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                                   const Visible& visible) {
-  fd::BlockMaskBuilder builder(batch, heads, q_len, kv_len, 128, 64);
-  const int64_t nq = (q_len + 127) / 128, nk = (kv_len + 63) / 64;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < nq; ++i) {
-        builder.begin_row();
-        for (int64_t j = 0; j < nk; ++j)
-          builder.add_tile(static_cast<int32_t>(j), [&](int64_t q, int64_t k) { return visible(b, h, q, k); });
-      }
-  fd::BlockMask mask = builder.finish();
-  mask.validate();
-  return mask;
+// The kernel's tile (128 x 64).
+fd::BlockMask build_from_predicate(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len, const Visible& visible) {
+  return test::build_mask(batch, heads, q_len, kv_len, 128, 64, visible);
 }
 
 // Cases from every mask generator plugin, through its own build().

@@ -56,23 +56,9 @@ std::unique_ptr<fd::AttentionKernel> load_kernel(const std::string& name) {
 
 using test::PoisonedAllocations;
 
-using Visible = std::function<bool(int64_t b, int64_t h, int64_t q, int64_t k)>;
+using test::Visible;
 
-fd::BlockMask build_mask(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len, int64_t block_q,
-                         int64_t block_kv, const Visible& visible) {
-  fd::BlockMaskBuilder builder(batch, heads, q_len, kv_len, block_q, block_kv);
-  const int64_t nq = (q_len + block_q - 1) / block_q, nk = (kv_len + block_kv - 1) / block_kv;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < nq; ++i) {
-        builder.begin_row();
-        for (int64_t j = 0; j < nk; ++j)
-          builder.add_tile(static_cast<int32_t>(j), [&](int64_t q, int64_t k) { return visible(b, h, q, k); });
-      }
-  fd::BlockMask mask = builder.finish();
-  mask.validate();
-  return mask;
-}
+using test::build_mask;
 
 using test::has_nan;
 using test::lse_relative_error;

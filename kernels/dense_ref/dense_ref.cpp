@@ -36,31 +36,25 @@ using flashdraft::BlockMaskTensors;
 using flashdraft::BlockSize;
 using flashdraft::Support;
 
-std::string shape(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 // Throws std::invalid_argument naming the first input that does not fit the contract.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const BlockMaskTensors& mask) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("dense_ref: q, k, v must be 4-D [B, H, L, D]; found q " + shape(q) +
-                                ", k " + shape(k) + ", v " + shape(v));
+    throw std::invalid_argument("dense_ref: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) +
+                                ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
   if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) ||
       k.size(1) < 1 || q.size(1) % k.size(1) != 0)
     throw std::invalid_argument("dense_ref: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] "
-                                "with Hq a multiple of Hkv; found q " + shape(q) + ", k " + shape(k) +
-                                ", v " + shape(v));
+                                "with Hq a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) +
+                                ", v " + c10::str(v.sizes()));
   if (mask.host == nullptr) throw std::invalid_argument("dense_ref: the BlockMaskTensors carry no host mask");
   const flashdraft::BlockMask& m = *mask.host;
   if (m.q_len != q.size(2) || m.kv_len != k.size(2) || (m.batch != 1 && m.batch != q.size(0)) ||
       (m.heads != 1 && m.heads != q.size(1)))
     throw std::invalid_argument("dense_ref: the mask (batch " + std::to_string(m.batch) + ", heads " +
                                 std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
-                                std::to_string(m.kv_len) + ") does not fit q " + shape(q) + " and k " +
-                                shape(k) + " (mask batch and heads must be 1 or equal to B and Hq)");
+                                std::to_string(m.kv_len) + ") does not fit q " + c10::str(q.sizes()) + " and k " +
+                                c10::str(k.sizes()) + " (mask batch and heads must be 1 or equal to B and Hq)");
 }
 
 // GQA: kv head g serves query heads g * group .. (g + 1) * group - 1.

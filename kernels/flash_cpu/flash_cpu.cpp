@@ -70,12 +70,6 @@ using Tile = Eigen::Map<RowMatrix>;
 constexpr int64_t kMaxHeadDim = 256;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::string shape(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 // Everything a task needs to find its rows and its mask lists.
 struct Geometry {
   int64_t batch, heads_q, heads_kv, group, q_len, kv_len, dim;
@@ -106,13 +100,13 @@ std::string precision_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const BlockMaskTensors& mask) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("flash_cpu: q, k, v must be 4-D [B, H, L, D]; found q " + shape(q) +
-                                ", k " + shape(k) + ", v " + shape(v));
+    throw std::invalid_argument("flash_cpu: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) +
+                                ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
   if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) || k.size(1) < 1 ||
       q.size(1) % k.size(1) != 0)
     throw std::invalid_argument("flash_cpu: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] "
-                                "with Hq a multiple of Hkv; found q " + shape(q) + ", k " + shape(k) +
-                                ", v " + shape(v));
+                                "with Hq a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) +
+                                ", v " + c10::str(v.sizes()));
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (!t->device().is_cpu())
       throw std::invalid_argument("flash_cpu: tensors must be on the CPU; found one on " + t->device().str());
@@ -132,8 +126,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     throw std::invalid_argument("flash_cpu: the mask (batch " + std::to_string(m.batch) + ", heads " +
                                 std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
                                 std::to_string(m.kv_len) + ", blocks " + std::to_string(m.block_q) + "x" +
-                                std::to_string(m.block_kv) + ") does not fit q " + shape(q) + " and k " +
-                                shape(k) + " (mask batch and heads must be 1 or equal to B and Hq)");
+                                std::to_string(m.block_kv) + ") does not fit q " + c10::str(q.sizes()) + " and k " +
+                                c10::str(k.sizes()) + " (mask batch and heads must be 1 or equal to B and Hq)");
 }
 
 // Rows [0, n) x [0, dim) of a tile as fp32: float input is used in place, bf16 input
@@ -419,12 +413,12 @@ class FlashCpu : public flashdraft::AttentionKernel {
                              const BlockMaskTensors& mask, double scale) override {
     check_inputs(q_in, k_in, v_in, mask);
     if (dout_in.sizes() != q_in.sizes() || out_in.sizes() != q_in.sizes())
-      throw std::invalid_argument("flash_cpu: dout " + shape(dout_in) + " and out " + shape(out_in) +
-                                  " must have q's shape " + shape(q_in));
+      throw std::invalid_argument("flash_cpu: dout " + c10::str(dout_in.sizes()) + " and out " + c10::str(out_in.sizes()) +
+                                  " must have q's shape " + c10::str(q_in.sizes()));
     if (lse_in.dim() != 3 || lse_in.size(0) != q_in.size(0) || lse_in.size(1) != q_in.size(1) ||
         lse_in.size(2) != q_in.size(2))
-      throw std::invalid_argument("flash_cpu: lse " + shape(lse_in) + " must be [B, Hq, Lq] for q " +
-                                  shape(q_in));
+      throw std::invalid_argument("flash_cpu: lse " + c10::str(lse_in.sizes()) + " must be [B, Hq, Lq] for q " +
+                                  c10::str(q_in.sizes()));
     const at::ScalarType t = q_in.scalar_type();
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const at::Tensor dout = dout_in.to(t).contiguous(), out = out_in.to(t).contiguous();

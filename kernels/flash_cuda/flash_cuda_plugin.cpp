@@ -37,12 +37,6 @@ using flashdraft::BlockMaskTensors;
 using flashdraft::BlockSize;
 using flashdraft::Support;
 
-std::string shape(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 // Compute capability of a CUDA device as major*10+minor, or a reason why it is unknown.
 int compute_capability(int device, std::string* why) {
   int count = 0;
@@ -87,12 +81,12 @@ at::Tensor kernel_ready(const at::Tensor& t) {
 // Throws std::invalid_argument naming the first input that does not fit the contract.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("flash_cuda: q, k, v must be 4-D [B, H, L, D]; found q " + shape(q) + ", k " +
-                                shape(k) + ", v " + shape(v));
+    throw std::invalid_argument("flash_cuda: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) + ", k " +
+                                c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
   if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) || k.size(1) < 1 ||
       q.size(1) % k.size(1) != 0)
     throw std::invalid_argument("flash_cuda: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] with Hq "
-                                "a multiple of Hkv; found q " + shape(q) + ", k " + shape(k) + ", v " + shape(v));
+                                "a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
   if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
     throw std::invalid_argument("flash_cuda: q, k, v must be on one CUDA device; found " + q.device().str() + ", " +
                                 k.device().str() + ", " + v.device().str());
@@ -110,7 +104,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       (m.heads != 1 && m.heads != q.size(1)))
     throw std::invalid_argument("flash_cuda: the mask (batch " + std::to_string(m.batch) + ", heads " +
                                 std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
-                                std::to_string(m.kv_len) + ") does not fit q " + shape(q) + " and k " + shape(k) +
+                                std::to_string(m.kv_len) + ") does not fit q " + c10::str(q.sizes()) + " and k " + c10::str(k.sizes()) +
                                 " (mask batch and heads must be 1 or equal to B and Hq)");
   const fc::TileSize tile = fc::flash_tile_size(static_cast<int>(q.size(3)));
   if (m.block_q != tile.q || m.block_kv != tile.kv)
@@ -242,13 +236,13 @@ class FlashCuda : public flashdraft::AttentionKernel {
     check_inputs(q_in, k_in, v_in, mask);
     if (dout_in.sizes() != q_in.sizes() || out_in.sizes() != q_in.sizes() ||
         dout_in.scalar_type() != q_in.scalar_type() || out_in.scalar_type() != q_in.scalar_type())
-      throw std::invalid_argument("flash_cuda backward: dout " + shape(dout_in) + " and out " + shape(out_in) +
-                                  " must have q's shape " + shape(q_in) + " and dtype");
+      throw std::invalid_argument("flash_cuda backward: dout " + c10::str(dout_in.sizes()) + " and out " + c10::str(out_in.sizes()) +
+                                  " must have q's shape " + c10::str(q_in.sizes()) + " and dtype");
     if (lse_in.dim() != 3 || lse_in.size(0) != q_in.size(0) || lse_in.size(1) != q_in.size(1) ||
         lse_in.size(2) != q_in.size(2) || lse_in.scalar_type() != at::kFloat)
       throw std::invalid_argument("flash_cuda backward: lse must be float32 [B, Hq, Lq] = [" +
                                   std::to_string(q_in.size(0)) + ", " + std::to_string(q_in.size(1)) + ", " +
-                                  std::to_string(q_in.size(2)) + "]; found " + shape(lse_in) + " " +
+                                  std::to_string(q_in.size(2)) + "]; found " + c10::str(lse_in.sizes()) + " " +
                                   c10::toString(lse_in.scalar_type()));
     const c10::cuda::CUDAGuard guard(q_in.device());
     const at::Tensor q = kernel_ready(q_in), k = kernel_ready(k_in), v = kernel_ready(v_in);
