@@ -166,7 +166,7 @@ int table(const std::string& rows_path, const std::string& xdir) {
                      v = at::randn({sh.B, sh.H, sh.Lkv, sh.D}, opt), dout = at::randn({sh.B, sh.H, sh.Lq, sh.D}, opt);
     const fd::BlockMaskTensors t = fd::to_tensors(sh.mask, c10::Device(c10::kCUDA, 0));
     const double scale = 1.0 / std::sqrt(double(sh.D));
-    for (const std::string cfg : {"sm90", "sm120"}) {
+    for (const std::string cfg : {"sm90a", "sm90", "sm120"}) {
       setenv("FLASHDRAFT_FLASH_CUDA_CONFIG", cfg.c_str(), 1);
       torch::cuda::synchronize();
       // peak: one forward + backward

@@ -44,6 +44,7 @@ ls -la "$PLUGIN"
 cuobjdump --list-elf "$PLUGIN"
 cuobjdump --list-ptx "$PLUGIN"
 
+export FLASHDRAFT_EXPECT_SM90A=1  # the H200 must run the wgmma configuration
 step "test_flash_cuda"
 ( cd "$BUILD" && timeout 300 ./bin/test_flash_cuda ) > "$OUT/test_flash_cuda.log" 2>&1
 echo "rc $?"
@@ -56,7 +57,7 @@ step "flex_attention cross-check through files (DFlash, GQA, padding blocks)"
 "$BUILD/bin/bench_flash_cuda" dump "$X" && timeout 240 python3 bench/flex_reference.py check "$X" 2>&1 | \
   grep -v Warning | tee "$OUT/flex_check.log"
 
-step "benchmark: flash_cuda (sm90 and sm120 configurations)"
+step "benchmark: flash_cuda (sm90a, sm90 and sm120 configurations)"
 ROWS=$X/rows.md
 : > "$ROWS"
 "$BUILD/bin/bench_flash_cuda" table "$ROWS" "$X"

@@ -222,6 +222,21 @@ uint64_t base_seed() {
   return env ? std::strtoull(env, nullptr, 10) : 4321;
 }
 
+// The configurations this GPU runs: sm90a (wgmma) exists on compute capability 9.0 only,
+// which the plugin's supports() knows. Where FLASHDRAFT_EXPECT_SM90A is set (the device
+// scripts set it on the H200), a refusal of sm90a is a failure, not a skip.
+std::vector<std::string> configs_here(fd::AttentionKernel& flash) {
+  std::vector<std::string> c = {"", "sm120", "sm90"};
+  const ConfigEnv env("sm90a");
+  fd::AttentionProblem p;
+  p.device = c10::Device(c10::kCUDA, 0), p.dtype = at::kBFloat16, p.head_dim = 64, p.q_len = p.kv_len = 70;
+  const fd::Support s = flash.supports(p);
+  if (s.ok) c.push_back("sm90a");
+  else if (std::getenv("FLASHDRAFT_EXPECT_SM90A")) ADD_FAILURE() << "sm90a refused on this device: " << s.reason;
+  else std::printf("  configuration sm90a not run here: %s\n", s.reason.c_str());
+  return c;
+}
+
 // One case, one dtype, one head dim, one configuration ("" = auto).
 void compare(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c, at::ScalarType dtype,
              int64_t dim, const std::string& config, uint64_t seed) {
@@ -326,14 +341,16 @@ TEST_F(FlashCuda, MatchesDenseRefForEveryMaskGeneratorDtypeHeadDimAndConfig) {
   for (Case& c : predicate_cases()) cases.push_back(std::move(c));
   uint64_t seed = base_seed();
   int runs = 0;
-  for (const std::string config : {"", "sm120", "sm90"})
+  const std::vector<std::string> configs = configs_here(*flash);
+  for (const std::string& config : configs)
     for (const Case& c : cases)
       for (at::ScalarType dtype : {at::kBFloat16, at::kHalf})
         for (int64_t dim : {64, 128}) {
           compare(*flash, *dense, c, dtype, dim, config, seed++);
           ++runs;
         }
-  std::printf("  %d comparisons (%zu masks x 2 dtypes x 2 head dims x 3 configurations)\n", runs, cases.size());
+  std::printf("  %d comparisons (%zu masks x 2 dtypes x 2 head dims x %zu configurations)\n", runs, cases.size(),
+              configs.size());
 }
 
 // Every mask generator plugin found is covered above (a new one must be added there).
@@ -358,13 +375,20 @@ TEST_F(FlashCuda, ConfigSwitchIsReadPerCall) {
     const ConfigEnv env(cfg);
     EXPECT_EQ(flash->forward(q, k, v, t, 0.125).variant, "flash_cuda/fwd/" + cfg + "/bf16/d64/m128n64");
   }
+  if (configs_here(*flash).back() == "sm90a") {
+    const ConfigEnv env("sm90a");
+    const fd::AttentionForward f = flash->forward(q, k, v, t, 0.125);
+    EXPECT_EQ(f.variant, "flash_cuda/fwd/sm90a/bf16/d64/m128n64");
+    EXPECT_EQ(flash->backward(at::randn_like(q), q, k, v, f.out, f.lse, t, 0.125).variant,
+              "flash_cuda/bwd/sm90a/bf16/d64/m128n64");
+  }
   const ConfigEnv env("sm75");
   fd::AttentionProblem p;
   p.device = c10::Device(c10::kCUDA, 0), p.dtype = at::kBFloat16, p.head_dim = 64, p.q_len = p.kv_len = 70;
   const fd::Support s = flash->supports(p);
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.reason.find("'sm75'"), std::string::npos) << s.reason;
-  EXPECT_NE(s.reason.find("auto, sm120, sm90"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("auto, sm120, sm90, sm90a"), std::string::npos) << s.reason;
   EXPECT_THROW(flash->forward(q, k, v, t, 0.125), std::exception);
 }
 

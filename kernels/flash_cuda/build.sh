@@ -1,5 +1,5 @@
 #!/bin/bash
-# Builds check_flash_cuda (SASS for sm_80, sm_90, sm_120 + compute_120 PTX) into $1 (default build-flash,
+# Builds check_flash_cuda (SASS for sm_80, sm_90, sm_120 + compute_120 PTX; flash_sm90a.cu for sm_90a) into $1 (default build-flash,
 # relative to the caller's directory).
 # The ptxas resource report goes to $1/ptxas.log.
 set -e
@@ -14,9 +14,14 @@ for f in flash_attention flash_forward flash_backward check_flash_cuda; do
   nvcc $FLAGS -c $f.cu -o "$OUTDIR/$f.o" > "$OUTDIR/$f.ptxas.log" 2>&1 &
   pids+=($!)
 done
+# the Hopper (wgmma) backward: sm_90a only
+nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90a,code=sm_90a -Xptxas -v -c flash_sm90a.cu \
+  -o "$OUTDIR/flash_sm90a.o" > "$OUTDIR/flash_sm90a.ptxas.log" 2>&1 &
+pids+=($!)
 rc=0
 for p in "${pids[@]}"; do wait $p || rc=1; done
 cat "$OUTDIR"/*.ptxas.log > "$OUTDIR/ptxas.log"
 if [ $rc -ne 0 ]; then grep -B2 -A5 -i error "$OUTDIR/ptxas.log" | head -50; exit 1; fi
-nvcc $ARCH "$OUTDIR"/flash_attention.o "$OUTDIR"/flash_forward.o "$OUTDIR"/flash_backward.o "$OUTDIR"/check_flash_cuda.o -o "$OUTDIR/check_flash_cuda"
+nvcc $ARCH -gencode arch=compute_90a,code=sm_90a "$OUTDIR"/flash_attention.o "$OUTDIR"/flash_forward.o \
+  "$OUTDIR"/flash_backward.o "$OUTDIR"/flash_sm90a.o "$OUTDIR"/check_flash_cuda.o -o "$OUTDIR/check_flash_cuda"
 echo "built $OUTDIR/check_flash_cuda"

@@ -566,7 +566,7 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   if (ok == control) ++g_failures;
   std::printf("%s%s %-30s %-5s d%-3d %-5s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
               control ? (ok ? "NEGATIVE CONTROL NOT CAUGHT " : "negative control caught: ") : "", ok ? "ok  " : "FAIL", pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D,
-              cfg == Config::sm90 ? "sm90" : "sm120", pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
+              flash_config_name(cfg), pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
               lse_err, cq.rel, ck.rel, cv.rel, nonfinite, empty_rows, lse_bad, empty_bad);
   std::fflush(stdout);
   for (float* x : {a.out, a.dq, a.dk, a.dv, a.lse, a.delta}) cudaFree(x);
@@ -655,7 +655,7 @@ void bench_problem(const Problem& pr, const char* label) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  for (Config cfg : {Config::sm120, Config::sm90}) {
+  for (Config cfg : {Config::sm120, Config::sm90, Config::sm90a}) {
     std::string vf, vb;
     std::vector<float> tf, tb;
     for (int r = 0; r < 60; ++r) {
@@ -676,7 +676,7 @@ void bench_problem(const Problem& pr, const char* label) {
     CK(cudaGetLastError());
     const float mf = median(tf), mb = median(tb);
     std::printf("BENCH %-8s %-5s fwd %.3f ms (%.0f TFLOP/s)  bwd %.3f ms (%.0f TFLOP/s)  fwd+bwd %.3f ms | pairs/head %.4g tiles f%d p%d | %s %s\n",
-                label, cfg == Config::sm90 ? "sm90" : "sm120", mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
+                label, flash_config_name(cfg), mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
                 pairs / pr.Hq, dm.nfull, dm.npart, vf.c_str(), vb.c_str());
     std::printf("      workspace %.2f MiB (flash_backward_workspace_bytes); no other allocation by the kernel\n",
                 flash_backward_workspace_bytes(p, cfg) / 1048576.0);
@@ -700,6 +700,7 @@ int main(int argc, char** argv) {
   std::printf("seed %llu\n", (unsigned long long)seed);
   std::vector<Config> cfgs = {Config::sm120};
   if (prop.sharedMemPerBlockOptin >= 160 * 1024) cfgs.push_back(Config::sm90);
+  if (prop.major == 9 && prop.minor == 0) cfgs.push_back(Config::sm90a);
   if (mode == "check" || mode == "all") {
     uint64_t s = seed;
     for (int D : {64, 128})

@@ -22,8 +22,9 @@ Config flash_config_from_env() {
   if (s == "auto") return Config::automatic;
   if (s == "sm120") return Config::sm120;
   if (s == "sm90") return Config::sm90;
+  if (s == "sm90a") return Config::sm90a;
   throw std::runtime_error("FLASHDRAFT_FLASH_CUDA_CONFIG is '" + s +
-                           "'; accepted values: auto, sm120, sm90");
+                           "'; accepted values: auto, sm120, sm90, sm90a");
 }
 
 namespace {
@@ -47,9 +48,29 @@ std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
 }
 }  // namespace
 
+const char* flash_config_name(Config c) {
+  switch (c) {
+    case Config::automatic: return "auto";
+    case Config::sm120: return "sm120";
+    case Config::sm90: return "sm90";
+    case Config::sm90a: return "sm90a";
+  }
+  return "?";
+}
+
 Config flash_resolve_config(Config requested, int device) {
   const int smem = device_smem_optin(device);
-  if (requested == Config::automatic) return smem >= kSm90MinSmem ? Config::sm90 : Config::sm120;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    throw std::runtime_error("flash_cuda: cannot read the compute capability of device " + std::to_string(device));
+  const bool hopper = major == 9 && minor == 0;
+  if (requested == Config::automatic)
+    return hopper ? Config::sm90a : smem >= kSm90MinSmem ? Config::sm90 : Config::sm120;
+  if (requested == Config::sm90a && !hopper)
+    throw std::runtime_error("flash_cuda: configuration sm90a needs a compute capability 9.0 device (wgmma); device " +
+                             std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor) +
+                             "; use sm90, sm120 or auto");
   if (requested == Config::sm90 && smem < kSm90MinSmem)
     throw std::runtime_error("flash_cuda: configuration sm90 needs " + std::to_string(kSm90MinSmem / 1024) +
                              " KB of shared memory per block, device " + std::to_string(device) +
@@ -97,7 +118,7 @@ std::string flash_check(const FlashParams& p, bool backward) {
 }
 
 std::string flash_variant(bool backward, Config c, DType dtype, int d) {
-  return std::string("flash_cuda/") + (backward ? "bwd/" : "fwd/") + (c == Config::sm90 ? "sm90/" : "sm120/") +
+  return std::string("flash_cuda/") + (backward ? "bwd/" : "fwd/") + flash_config_name(c) + "/" +
          (dtype == DType::bf16 ? "bf16/" : "fp16/") + "d" + std::to_string(d) + "/m" + std::to_string(kTileQ) +
          "n" + std::to_string(kTileKV);
 }
@@ -107,7 +128,7 @@ size_t flash_backward_workspace_bytes(const FlashParams& p, Config config) {
   const size_t rows = size_t(p.B) * size_t(p.Hq) * lq_pad;
   int device = 0;
   cudaGetDevice(&device);
-  (void)flash_resolve_config(config, device);  // both configurations need the same
+  (void)flash_resolve_config(config, device);  // every configuration needs the same
   // lse*log2(e) and delta per padded row (the unused atomic-dQ path would add D floats)
   return 2 * rows * sizeof(float);
 }

@@ -33,16 +33,19 @@
 //   vs 2.35+1.65 ms, NOTES.md v3), so no configuration uses it.
 //
 // Tiles: the BlockMask must be built at block_q = 128, block_kv = 64 (flash_tile_size()).
-// Configurations (same tiles and forward; they differ in the dQ pass):
+// Configurations (same tiles; they differ in the backward kernels):
 //   sm120: every kernel fits 99 KB of shared memory per block (RTX 50xx / RTX PRO 6000):
 //          forward 96 KB, dK/dV 98 KB, dQ 4 warps x 32 rows with one K/V stage (96 KB).
 //   sm90 : for parts with >= 160 KB per block (H100/H200, A100): dQ 8 warps x 16 rows
-//          with two K/V stages (128 KB) -- the fastest measured on the H200.
-//   Config::automatic picks sm90 where the device allows >= 160 KB per block, else
-//   sm120. FLASHDRAFT_FLASH_CUDA_CONFIG=sm120|sm90|auto forces one: the launchers use the
-//   Config they are given; the plugin passes flash_config_from_env() (and reports the
-//   variant string the launcher returns).
-// Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90}/{bf16,fp16}/d{64,128}/m128n64.
+//          with two K/V stages (128 KB).
+//   sm90a: Hopper (compute capability 9.0) only: every product on the warpgroup MMA
+//          (wgmma, flash_sm90a.cu: forward 81 KB, dK/dV 101 KB, dQ 129 KB).
+//   Config::automatic picks sm90a on compute capability 9.0, else sm90 where the device
+//   allows >= 160 KB per block, else sm120. FLASHDRAFT_FLASH_CUDA_CONFIG=
+//   auto|sm120|sm90|sm90a forces one: the launchers use the Config they are given; the
+//   plugin passes flash_config_from_env() (and reports the variant string the launcher
+//   returns).
+// Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90,sm90a}/{bf16,fp16}/d{64,128}/m128n64.
 //
 // Requirements checked by flash_check(): D in {64, 128}; last dim contiguous and every
 // row start 16-byte aligned (row/head/batch strides multiples of 8 elements, pointers
@@ -66,7 +69,7 @@
 namespace flashdraft::flash_cuda {
 
 enum class DType : int { bf16 = 0, fp16 = 1 };
-enum class Config : int { automatic = 0, sm120 = 1, sm90 = 2 };
+enum class Config : int { automatic = 0, sm120 = 1, sm90 = 2, sm90a = 3 };
 
 constexpr int kTileQ = 128;   // query rows per mask tile (BlockMask::block_q)
 constexpr int kTileKV = 64;   // keys per mask tile (BlockMask::block_kv)
@@ -126,11 +129,12 @@ TileSize flash_tile_size(int head_dim);
 // Head dims the kernel supports, as text for a refusal reason: "64, 128".
 const char* flash_supported_head_dims();
 bool flash_supports_head_dim(int head_dim);
-// Reads FLASHDRAFT_FLASH_CUDA_CONFIG (unset or "auto" -> automatic, "sm120", "sm90");
+// Reads FLASHDRAFT_FLASH_CUDA_CONFIG (unset or "auto" -> automatic, "sm120", "sm90", "sm90a");
 // throws std::runtime_error naming the value and the accepted ones otherwise.
 Config flash_config_from_env();
-// automatic -> sm90 when the device allows >= 160 KB shared memory per block, else sm120.
-// Throws when the device cannot run the requested one (e.g. sm90 on a 99 KB part).
+// automatic -> sm90a on compute capability 9.0, else sm90 when the device allows >= 160 KB
+// shared memory per block, else sm120. Throws when the device cannot run the requested
+// one (sm90 on a 99 KB part, sm90a on anything but compute capability 9.0).
 Config flash_resolve_config(Config requested, int device);
 // "" when the problem is runnable, else a sentence with the found and accepted values.
 std::string flash_check(const FlashParams& p, bool backward);
@@ -143,5 +147,11 @@ std::string flash_forward(const FlashParams& p, Config config = Config::automati
 // padded to 128 (2 MB for B=1, H=32, L=8192). p needs B, Hq, Lq, D set.
 size_t flash_backward_workspace_bytes(const FlashParams& p, Config config = Config::automatic);
 std::string flash_backward(const FlashParams& p, Config config = Config::automatic);
+// The sm90a kernels (flash_sm90a.cu, wgmma); flash_forward() / flash_backward() call them
+// for Config::sm90a.
+void flash_forward_sm90a(const FlashParams& p);
+void flash_backward_sm90a(const FlashParams& p);
+// "auto", "sm120", "sm90", "sm90a"
+const char* flash_config_name(Config c);
 
 }  // namespace flashdraft::flash_cuda

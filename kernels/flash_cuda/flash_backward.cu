@@ -84,6 +84,10 @@ std::string flash_backward(const FlashParams& p, Config config) {
   int device = 0;
   cudaGetDevice(&device);
   const Config c = flash_resolve_config(config, device);
+  if (c == Config::sm90a) {
+    flash_backward_sm90a(p);
+    return flash_variant(true, c, p.dtype, p.D);
+  }
   if (p.dtype == DType::bf16) {
     if (p.D == 64) launch_bwd_cfg<__nv_bfloat16, 64>(p, c);
     else launch_bwd_cfg<__nv_bfloat16, 128>(p, c);

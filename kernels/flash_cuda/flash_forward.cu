@@ -44,6 +44,10 @@ std::string flash_forward(const FlashParams& p, Config config) {
   int device = 0;
   cudaGetDevice(&device);
   const Config c = flash_resolve_config(config, device);
+  if (c == Config::sm90a) {
+    flash_forward_sm90a(p);
+    return flash_variant(false, c, p.dtype, p.D);
+  }
   if (p.dtype == DType::bf16) {
     if (p.D == 64) launch_fwd_cfg<__nv_bfloat16, 64>(p, c);
     else launch_fwd_cfg<__nv_bfloat16, 128>(p, c);

@@ -1,0 +1,621 @@
+// flash_cuda for Hopper (configuration "sm90a"): the same algorithm, lists and workspace
+// as flash_kernels.cuh's forward, dK/dV and dQ kernels, with every product on the
+// warpgroup MMA (wgmma, sm_90a) instead of mma.sync:
+//   fwd  : one CTA = one warpgroup per (64-query half of a mask tile, q head, batch);
+//          S = Q K^T (smem x smem), online softmax in registers, O += P V (P from
+//          registers, V read MN-major); 2-stage cp.async K/V pipeline; 81 KB, 2 CTAs/SM.
+//   dK/dV: one CTA = one warpgroup (4 warps) per (64-key tile, kv head, batch), walking the
+//          transposed lists in 64-query steps with a 2-stage cp.async Q/dO pipeline;
+//          per step S^T = K Q^T and dP^T = V dO^T (A and B from shared memory, K-major),
+//          then dV += P^T dO and dK += dS^T Q (A = P^T / dS^T from registers, B = dO / Q
+//          read MN-major from the same tiles). 101 KB of shared memory: two CTAs per SM.
+//   dQ   : one CTA = two warpgroups (64 query rows each) per (128-query tile, q head,
+//          batch), walking the forward lists with a 2-stage K/V pipeline; per KV tile
+//          S = Q K^T, dP = dO V^T (smem x smem), dQ += dS K (registers x smem, MN-major).
+// This file is compiled for sm_90a only (CMakeLists.txt); the host launchers below are
+// called by flash_forward() / flash_backward() when the resolved configuration is sm90a, which
+// flash_resolve_config() allows only on compute capability 9.0 devices.
+#include <stdexcept>
+
+#include "flash_kernels.cuh"
+#include "wgmma.cuh"
+
+namespace flashdraft::flash_cuda {
+namespace detail {
+namespace {
+
+// Copies rows [row0, row0 + ROWS) of a [L][D] matrix into a sw128 tile (wgmma.cuh);
+// rows >= L are zero-filled. Thread tid copies 16-byte piece tid % C of rows
+// tid / C + k * (NT / C); NT / C is a multiple of 8, so (row % 8) is fixed per thread.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void load_sw128(uint32_t dst, const uint16_t* base, int64_t row_stride, int row0, int L,
+                                           int tid) {
+  constexpr int C = D / 8, RPP = NT / C;
+  static_assert(RPP % 8 == 0 && ROWS % RPP == 0, "tile copy shape");
+  const int r0 = tid / C, c = tid % C;
+  const uint32_t d0 = dst + (c / 8) * (ROWS * 128) + r0 * 128 + (((c % 8) ^ (r0 & 7)) << 4);
+  const uint16_t* src = base + (int64_t)(row0 + r0) * row_stride + c * 8;
+#pragma unroll
+  for (int k = 0; k < ROWS / RPP; ++k) {
+    const bool ok = row0 + r0 + k * RPP < L;
+    cp_async16(d0 + k * RPP * 128, ok ? src + (int64_t)k * RPP * row_stride : base, ok);
+  }
+}
+
+// Packs a 64-column fp32 accumulator fragment (wgmma.cuh layout) into 4 A k-steps.
+template <class T>
+__device__ __forceinline__ void pack_a_flat(uint32_t (&pa)[4][4], const float (&p)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = Ops<T>::pack(p[8 * kk + 0], p[8 * kk + 1]);
+    pa[kk][1] = Ops<T>::pack(p[8 * kk + 2], p[8 * kk + 3]);
+    pa[kk][2] = Ops<T>::pack(p[8 * kk + 4], p[8 * kk + 5]);
+    pa[kk][3] = Ops<T>::pack(p[8 * kk + 6], p[8 * kk + 7]);
+  }
+}
+
+// Stores a warp's 16 rows of a 64 x D fp32 accumulator (flat wgmma layout) to a tile in
+// flash_kernels.cuh's [rows][D] layout (tile_off), for smem_to_global.
+template <class T, int D>
+__device__ __forceinline__ void acc_flat_to_smem(unsigned char* tile, int row0, const float (&acc)[D / 2], int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g, j) + t * 4) = Ops<T>::pack(acc[4 * j], acc[4 * j + 1]);
+    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g + 8, j) + t * 4) =
+        Ops<T>::pack(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+__device__ __forceinline__ uint32_t align1024(uint32_t a) { return (a + 1023u) & ~1023u; }
+
+// ---------------------------------------------------------------- dK / dV
+template <int D, int STAGES>
+struct WgKvSmem {
+  static constexpr int kKV = BKV * D * 2;      // K or V tile, 64 rows
+  static constexpr int kQ = BQ_STEP * D * 2;   // Q or dO tile, 64 rows
+  static constexpr int kMeta = 2048;           // lse2[64], delta[64], bits[64 x 2], flag
+  static constexpr int kStage = 2 * kQ + kMeta;
+  static constexpr int bytes = 1024 + 2 * kKV + STAGES * kStage;  // + alignment slack
+};
+
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(128, 2) wg_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
+                                                             const float* ws_delta, int Lq_pad) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WgKvSmem<D, STAGES>;
+  const uint32_t s0 = align1024(smem_addr(smem_raw));
+  unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
+  const int kv_blocks = (p.Lkv + BKV - 1) / BKV;
+  const int kvb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const int kv0 = kvb * BKV;
+
+  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
+  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  const uint32_t sK = s0, sV = s0 + S::kKV;
+  auto stage = [&](int st) { return 2 * S::kKV + st * S::kStage; };  // byte offset from s0
+  auto load_step = [&](const KvStep& s, int st) {
+    const int off = stage(st);
+    const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + s.h * p.q_strides.head;
+    const uint16_t* dO =
+        static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
+    load_sw128<D, BQ_STEP, 128>(s0 + off, Q, p.q_strides.row, s.q0, p.Lq, tid);
+    load_sw128<D, BQ_STEP, 128>(s0 + off + S::kQ, dO, p.dout_strides.row, s.q0, p.Lq, tid);
+    const int64_t row = ((int64_t)b * p.Hq + s.h) * Lq_pad + s.q0;
+    const uint32_t sl = s0 + off + 2 * S::kQ;
+    if (tid < 16) cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
+    else if (tid < 32) cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
+    else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
+      cp_async16(sl + 512 + (tid - 32) * 16,
+                 p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
+    if (tid == 0) *reinterpret_cast<int*>(smem + off + 2 * S::kQ + 1024) = s.entry >= 0 ? 1 : 0;
+  };
+
+  load_sw128<D, BKV, 128>(sK, K, p.k_strides.row, kv0, p.Lkv, tid);
+  load_sw128<D, BKV, 128>(sV, V, p.v_strides.row, kv0, p.Lkv, tid);
+  KvCursor lc;
+  KvStep ls;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (lc.settle(p, b, hk, kvb, kv_blocks, ls)) {
+      load_step(ls, s);
+      lc.advance();
+    }
+    cp_async_commit();
+  }
+
+  const float sl2 = p.scale * kLog2e;
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const int krow = warp * 16 + g;  // this thread's keys: krow, krow + 8 (within the tile)
+  const int word = warp / 2;       // keys 16w .. 16w + 15 sit in word (16w) / 32 of a bitmap row
+
+  KvCursor cc;
+  KvStep cs;
+  for (int it = 0; cc.settle(p, b, hk, kvb, kv_blocks, cs); ++it, cc.advance()) {
+    if (lc.settle(p, b, hk, kvb, kv_blocks, ls)) {
+      load_step(ls, (it + STAGES - 1) % STAGES);
+      lc.advance();
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    wg::fence_async_smem();
+    __syncthreads();
+    const int off = stage(it % STAGES);
+    const uint32_t sQ = s0 + off, sdO = s0 + off + S::kQ;
+    const float* sL = reinterpret_cast<const float*>(smem + off + 2 * S::kQ);
+    const float* sDelta = sL + 64;
+    const uint32_t* sBits = reinterpret_cast<const uint32_t*>(sL + 128);
+    const bool partial = *reinterpret_cast<const int*>(sL + 256) != 0;
+
+    // S^T = K Q^T, dP^T = V dO^T: 64 keys x 64 queries, two commit groups
+    float s[32], dp[32];
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::ss64(s, wg::desc_k<BKV>(sK, 0, kk), wg::desc_k<BQ_STEP>(sQ, 0, kk), kk > 0);
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::ss64(dp, wg::desc_k<BKV>(sV, 0, kk), wg::desc_k<BQ_STEP>(sdO, 0, kk), kk > 0);
+    wg::commit();
+    wg::wait<1>();
+    wg::pin(s);
+    // P^T = exp2(s * sl2 - lse2[q]) (0 where masked)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int c = 8 * j + 2 * t + x;  // query column within the step
+        const float l2 = sL[c];
+        float p0 = fast_exp2(fmaf(s[4 * j + x], sl2, -l2));
+        float p1 = fast_exp2(fmaf(s[4 * j + 2 + x], sl2, -l2));
+        if (partial) {
+          const uint32_t w = sBits[c * 2 + word];
+          if (!((w >> (krow % 32)) & 1u)) p0 = 0.f;
+          if (!((w >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
+        }
+        s[4 * j + x] = p0;
+        s[4 * j + 2 + x] = p1;
+      }
+    uint32_t pa[4][4], pb[4][4];
+    pack_a_flat<T>(pa, s);
+    wg::wait<0>();
+    wg::pin(dp);
+    // dS^T = P^T (dP^T - delta[q])
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float de = sDelta[8 * j + 2 * t + x];
+        dp[4 * j + x] = s[4 * j + x] * (dp[4 * j + x] - de);
+        dp[4 * j + 2 + x] = s[4 * j + 2 + x] * (dp[4 * j + 2 + x] - de);
+      }
+    pack_a_flat<T>(pb, dp);
+    // dV += P^T dO, dK += dS^T Q (contraction over the 64 queries; B read MN-major)
+    wg::pin(pa);
+    wg::pin(pb);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dv, pa[kk], wg::desc_mn<BQ_STEP>(sdO, kk));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dk, pb[kk], wg::desc_mn<BQ_STEP>(sQ, kk));
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(dv);
+    wg::pin(dk);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] *= p.scale;
+  // Stage through the first stage's Q and dO tiles (free after the loop), in the
+  // [rows][D] layout smem_to_global reads.
+  unsigned char* tdk = smem + stage(0);
+  unsigned char* tdv = smem + stage(0) + S::kQ;
+  acc_flat_to_smem<T, D>(tdk, warp * 16, dk, lane);
+  acc_flat_to_smem<T, D>(tdv, warp * 16, dv, lane);
+  __syncthreads();
+  uint16_t* dK = static_cast<uint16_t*>(p.dk) + b * p.dk_strides.batch + hk * p.dk_strides.head;
+  uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
+  smem_to_global<D>(dK, p.dk_strides.row, tdk, 0, BKV, kv0, p.Lkv, tid, 128);
+  smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid, 128);
+}
+
+// ---------------------------------------------------------------- dQ
+template <int D, int STAGES>
+struct WgDqSmem {
+  static constexpr int kQ = BQ * D * 2;    // Q or dO tile, 128 rows
+  static constexpr int kKV = BKV * D * 2;  // K or V tile, 64 rows
+  static constexpr int bytes = 1024 + 2 * kQ + STAGES * 2 * kKV;
+};
+
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
+                                                           const float* ws_delta, int Lq_pad) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WgDqSmem<D, STAGES>;
+  const uint32_t s0 = align1024(smem_addr(smem_raw));
+  unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
+  const int q_blocks = (p.Lq + BQ - 1) / BQ;
+  const int qb = q_blocks - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const int wgi = warp / 4;  // warpgroup: query rows 64 wgi .. 64 wgi + 63 of the tile
+  const int q0 = qb * BQ;
+
+  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
+  const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
+  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  uint16_t* dQ = static_cast<uint16_t*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
+
+  const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
+  if (rl.n == 0) {
+    zero_rows<T, D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, 256);
+    return;
+  }
+  const uint32_t sQ = s0, sdO = s0 + S::kQ;
+  auto sK = [&](int st) { return s0 + 2 * S::kQ + st * 2 * S::kKV; };
+  auto sV = [&](int st) { return s0 + 2 * S::kQ + st * 2 * S::kKV + S::kKV; };
+  auto load_kv = [&](int it, int st) {
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    load_sw128<D, BKV, 256>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+    load_sw128<D, BKV, 256>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+  };
+  load_sw128<D, BQ, 256>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  load_sw128<D, BQ, 256>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < rl.n) load_kv(s, s);
+    cp_async_commit();
+  }
+  const int qrow = warp * 16 + g;  // this thread's rows within the tile: qrow, qrow + 8
+  float l2[2], de[2];
+  {
+    const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + qrow;  // padded: in range
+    l2[0] = ws_lse2[wrow], l2[1] = ws_lse2[wrow + 8];
+    de[0] = ws_delta[wrow], de[1] = ws_delta[wrow + 8];
+  }
+  const float sl2 = p.scale * kLog2e;
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+
+  for (int it = 0; it < rl.n; ++it) {
+    {
+      const int nx = it + STAGES - 1;
+      if (nx < rl.n) load_kv(nx, nx % STAGES);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    wg::fence_async_smem();
+    __syncthreads();
+    const int st = it % STAGES;
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    float s[32], dp[32];
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::ss64(s, wg::desc_k<BQ>(sQ, 64 * wgi, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::ss64(dp, wg::desc_k<BQ>(sdO, 64 * wgi, kk), wg::desc_k<BKV>(sV(st), 0, kk), kk > 0);
+    wg::commit();
+    wg::wait<1>();
+    wg::pin(s);
+    // mask: partial tiles by bitmap (2 words per row), the ragged KV edge by column
+    const int kv0 = kvb * BKV;
+    if (entry >= 0) {
+      const uint32_t* w = p.mask.bits + (int64_t)entry * (BQ * 2);
+      const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
+      const uint32_t w1[2] = {__ldg(w + (qrow + 8) * 2), __ldg(w + (qrow + 8) * 2 + 1)};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const int bit = (j % 4) * 8 + 2 * t + x;
+          if (!((w0[j / 4] >> bit) & 1u)) s[4 * j + x] = -INFINITY;
+          if (!((w1[j / 4] >> bit) & 1u)) s[4 * j + 2 + x] = -INFINITY;
+        }
+    } else if (kv0 + BKV > p.Lkv) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+          if (kv0 + 8 * j + 2 * t + x >= p.Lkv) s[4 * j + x] = s[4 * j + 2 + x] = -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[4 * j + x] = fast_exp2(fmaf(s[4 * j + x], sl2, -l2[x / 2]));
+    wg::wait<0>();
+    wg::pin(dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) dp[4 * j + x] = s[4 * j + x] * (dp[4 * j + x] - de[x / 2]);
+    uint32_t pb[4][4];
+    pack_a_flat<T>(pb, dp);
+    wg::pin(pb);
+    // dQ += dS K: B = the K tile read MN-major (k = key, n = head dim)
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dq, pb[kk], wg::desc_mn<BKV>(sK(st), kk));
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(dq);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] *= p.scale;
+  // each warp stages its own 16 rows through the (now free) Q tile, [rows][D] layout
+  acc_flat_to_smem<T, D>(smem, warp * 16, dq, lane);
+  __syncwarp();
+  smem_to_global<D>(dQ, p.dq_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+}
+
+
+// ---------------------------------------------------------------- forward
+// One CTA = one warpgroup per (64-query half of a 128-row mask tile, q head, batch), so
+// two CTAs share an SM (80 KB each at d128) and overlap each other's softmax and MMAs.
+template <int D, int STAGES>
+struct WgFwdSmem {
+  static constexpr int kQ = BQ_STEP * D * 2;  // 64 rows
+  static constexpr int kKV = BKV * D * 2;
+  static constexpr int bytes = 1024 + kQ + STAGES * 2 * kKV;
+};
+
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(128, 2) wg_fwd_kernel(const FlashParams p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WgFwdSmem<D, STAGES>;
+  const uint32_t s0 = align1024(smem_addr(smem_raw));
+  unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
+  const int q_blocks = (p.Lq + BQ - 1) / BQ;
+  const int qh = 2 * q_blocks - 1 - blockIdx.x;  // heavy (late) halves first
+  const int qb = qh / 2, half = qh % 2;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
+  const int q0 = qb * BQ + half * BQ_STEP;
+  if (q0 >= p.Lq) return;
+  const int qrow = half * BQ_STEP + warp * 16 + g;  // row within the 128-row mask tile (and + 8)
+
+  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
+  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
+  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  uint16_t* O = static_cast<uint16_t*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+  float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.Lq;
+
+  const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
+  if (rl.n == 0) {  // no visible key in the whole tile
+    zero_rows<T, D>(O, p.out_strides.row, q0, BQ_STEP, p.Lq, tid, 128);
+    if (tid < BQ_STEP && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
+    return;
+  }
+  const uint32_t sQ = s0;
+  auto sK = [&](int st) { return s0 + S::kQ + st * 2 * S::kKV; };
+  auto sV = [&](int st) { return s0 + S::kQ + st * 2 * S::kKV + S::kKV; };
+  auto load_kv = [&](int it, int st) {
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    load_sw128<D, BKV, 128>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+    load_sw128<D, BKV, 128>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+  };
+  load_sw128<D, BQ_STEP, 128>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < rl.n) load_kv(s, s);
+    cp_async_commit();
+  }
+
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int it = 0; it < rl.n; ++it) {
+    {
+      const int nx = it + STAGES - 1;
+      if (nx < rl.n) load_kv(nx, nx % STAGES);
+      cp_async_commit();
+    }
+    cp_async_wait<STAGES - 1>();
+    wg::fence_async_smem();
+    __syncthreads();
+    const int st = it % STAGES;
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+
+    float s[32];
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::ss64(s, wg::desc_k<BQ_STEP>(sQ, 0, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(s);
+    const int kv0 = kvb * BKV;
+    if (entry >= 0) {
+      const uint32_t* w = p.mask.bits + (int64_t)entry * (BQ * 2);
+      const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
+      const uint32_t w1[2] = {__ldg(w + (qrow + 8) * 2), __ldg(w + (qrow + 8) * 2 + 1)};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const int bit = (j % 4) * 8 + 2 * t + x;
+          if (!((w0[j / 4] >> bit) & 1u)) s[4 * j + x] = -INFINITY;
+          if (!((w1[j / 4] >> bit) & 1u)) s[4 * j + 2 + x] = -INFINITY;
+        }
+    } else if (kv0 + BKV > p.Lkv) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+          if (kv0 + 8 * j + 2 * t + x >= p.Lkv) s[4 * j + x] = s[4 * j + 2 + x] = -INFINITY;
+    }
+    // online softmax, two rows per thread, reduced over the 4 lanes of a quad
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    float base[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      base[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+      alpha[r] = fast_exp2(m[r] * sl2 - base[r]);  // m = -inf -> 0
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        s[4 * j + x] = fast_exp2(fmaf(s[4 * j + x], sl2, -base[x / 2]));
+        l[x / 2] += s[4 * j + x];
+      }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[4 * j + x] *= alpha[x / 2];
+    uint32_t pa[4][4];
+    pack_a_flat<T>(pa, s);
+    wg::pin(pa);
+    wg::pin(o);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_mn<BKV>(sV(st), kk));
+    wg::commit();
+    wg::wait<0>();
+    wg::pin(o);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  const float inv[2] = {l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f};
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) o[4 * j + x] *= inv[x / 2];
+  // each warp stages its own 16 rows through the (now free) Q tile, [rows][D] layout
+  acc_flat_to_smem<T, D>(smem, warp * 16, o, lane);
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + warp * 16 + g + 8 * r;
+      if (q < p.Lq) lse[q] = l[r] > 0.f ? (m[r] * sl2 + __log2f(l[r])) * kLn2 : -INFINITY;
+    }
+  }
+  __syncwarp();
+  smem_to_global<D>(O, p.out_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+}
+
+template <class K>
+void allow_smem(K kernel, int smem, const char* what) {
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("flash_cuda ") + what + ": cannot allow " + std::to_string(smem) +
+                             " bytes of shared memory: " + cudaGetErrorString(e));
+}
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("flash_cuda ") + what + " launch: " + cudaGetErrorString(e));
+}
+
+template <class T, int D>
+void launch(const FlashParams& p) {
+  const int lq_pad = (p.Lq + BQ - 1) / BQ * BQ;
+  const size_t rows = size_t(p.B) * p.Hq * lq_pad;
+  float* ws_lse2 = static_cast<float*>(p.workspace);
+  float* ws_delta = ws_lse2 + rows;
+  {
+    constexpr int rpb = 256 / (D / 8);
+    const dim3 grid(lq_pad / rpb, p.B * p.Hq);
+    flash_bwd_pre_kernel<T, D><<<grid, 256, 0, p.stream>>>(p, ws_lse2, ws_delta, lq_pad);
+    check_launch("backward preprocess (sm90a)");
+  }
+  {
+    constexpr int smem = WgKvSmem<D, 2>::bytes;
+    auto kernel = wg_bwd_dkdv_kernel<T, D, 2>;
+    static const bool allowed = (allow_smem(kernel, smem, "backward dK/dV (sm90a)"), true);
+    (void)allowed;
+    const dim3 grid((p.Lkv + BKV - 1) / BKV, p.Hkv, p.B);
+    kernel<<<grid, 128, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad);
+    check_launch("backward dK/dV (sm90a)");
+  }
+  {
+    constexpr int smem = WgDqSmem<D, 2>::bytes;
+    auto kernel = wg_bwd_dq_kernel<T, D, 2>;
+    static const bool allowed = (allow_smem(kernel, smem, "backward dQ (sm90a)"), true);
+    (void)allowed;
+    const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
+    kernel<<<grid, 256, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad);
+    check_launch("backward dQ (sm90a)");
+  }
+}
+
+template <class T, int D>
+void launch_fwd(const FlashParams& p) {
+  constexpr int smem = WgFwdSmem<D, 2>::bytes;
+  auto kernel = wg_fwd_kernel<T, D, 2>;
+  static const bool allowed = (allow_smem(kernel, smem, "forward (sm90a)"), true);
+  (void)allowed;
+  const dim3 grid(2 * ((p.Lq + BQ - 1) / BQ), p.Hq, p.B);
+  kernel<<<grid, 128, smem, p.stream>>>(p);
+  check_launch("forward (sm90a)");
+}
+
+}  // namespace
+}  // namespace detail
+
+// Called by flash_forward() (flash_forward.cu) after flash_check() and with the
+// configuration resolved to sm90a.
+void flash_forward_sm90a(const FlashParams& p) {
+  using namespace detail;
+  if (p.dtype == DType::bf16) {
+    if (p.D == 64) launch_fwd<__nv_bfloat16, 64>(p);
+    else launch_fwd<__nv_bfloat16, 128>(p);
+  } else {
+    if (p.D == 64) launch_fwd<__half, 64>(p);
+    else launch_fwd<__half, 128>(p);
+  }
+}
+
+// Called by flash_backward() (flash_backward.cu) after flash_check() and with the
+// configuration resolved to sm90a.
+void flash_backward_sm90a(const FlashParams& p) {
+  using namespace detail;
+  if (p.dtype == DType::bf16) {
+    if (p.D == 64) launch<__nv_bfloat16, 64>(p);
+    else launch<__nv_bfloat16, 128>(p);
+  } else {
+    if (p.D == 64) launch<__half, 64>(p);
+    else launch<__half, 128>(p);
+  }
+}
+
+}  // namespace flashdraft::flash_cuda
