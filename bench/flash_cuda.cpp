@@ -3,7 +3,8 @@
 //   bench_flash_cuda table <rows.md> <xchg dir>
 //     bf16, B = 1, H = 32, D = 128: the DFlash mask (S = 4096 context, 512 anchors x 16:
 //     Lq = 8192, Lkv = 12288; anchors drawn at random, seed 7) and causal L = 8192, for
-//     the sm90 and sm120 configurations (FLASHDRAFT_FLASH_CUDA_CONFIG set per row).
+//     the sm90a, sm90 and sm120 configurations (FLASHDRAFT_FLASH_CUDA_CONFIG set per row;
+//     FLASHDRAFT_BENCH_CONFIGS=sm90a,sm90 limits the list).
 //     Appends markdown rows to <rows.md>; writes the DFlash anchors and the visible-pair
 //     counts to <xchg dir> so bench/flex_reference.py times FlexAttention on the same mask.
 //   bench_flash_cuda dump <xchg dir>
@@ -43,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -166,7 +168,13 @@ int table(const std::string& rows_path, const std::string& xdir) {
                      v = at::randn({sh.B, sh.H, sh.Lkv, sh.D}, opt), dout = at::randn({sh.B, sh.H, sh.Lq, sh.D}, opt);
     const fd::BlockMaskTensors t = fd::to_tensors(sh.mask, c10::Device(c10::kCUDA, 0));
     const double scale = 1.0 / std::sqrt(double(sh.D));
-    for (const std::string cfg : {"sm90a", "sm90", "sm120"}) {
+    std::vector<std::string> cfgs = {"sm90a", "sm90", "sm120"};
+    if (const char* only = std::getenv("FLASHDRAFT_BENCH_CONFIGS")) {  // e.g. "sm90a" or "sm90a,sm90"
+      cfgs.clear();
+      std::stringstream ss(only);
+      for (std::string c; std::getline(ss, c, ',');) cfgs.push_back(c);
+    }
+    for (const std::string& cfg : cfgs) {
       setenv("FLASHDRAFT_FLASH_CUDA_CONFIG", cfg.c_str(), 1);
       torch::cuda::synchronize();
       // peak: one forward + backward
