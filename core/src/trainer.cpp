@@ -37,6 +37,10 @@ namespace fs = std::filesystem;
 
 namespace flashdraft {
 
+namespace detail {
+const char* git_revision();  // generated at build time (cmake/FlashdraftRevision.cmake)
+}  // namespace detail
+
 namespace {
 
 std::atomic<int> g_signal{0};
@@ -331,7 +335,7 @@ int run_experiment(const RunOptions& options) {
     attrs["experiment"] = ex.text();
     attrs["experiment_path"] = fs::absolute(ex.path()).string();
     attrs["flashdraft_version"] = FLASHDRAFT_VERSION;
-    attrs["git_revision"] = FLASHDRAFT_GIT_REVISION;
+    attrs["git_revision"] = detail::git_revision();
     attrs["torch_version"] = FLASHDRAFT_TORCH_VERSION;
     attrs["torch_cuda"] = FLASHDRAFT_WITH_CUDA ? "yes" : "no";
     attrs["device"] = device.str();

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import flashdraft_logs as fl
-from conftest import ANALYSIS_DIR
+from conftest import ANALYSIS_DIR, SOURCE_DIR
 
 # The toy drafter has 2 attention layers and one block position.
 TOY_LAYERS = 2
@@ -116,6 +116,22 @@ def test_finished_log_matches_the_file_and_the_cli_output(finished_toy_run):
     text = run.summary()
     assert "6 steps recorded, status finished" in text and "other/bwd x6 (steps 3..5)  <- FALLBACK" in text
     run.close()
+
+
+def test_log_records_the_commit_the_binary_was_built_from(finished_toy_run):
+    """git_revision is taken at build time, not configure time: it names the commit the
+    source tree is at (with "-dirty" when tracked files differ from it)."""
+    path, _ = finished_toy_run
+    with h5py.File(path, "r") as f:
+        revision = f.attrs["git_revision"]
+    revision = revision.decode() if isinstance(revision, bytes) else str(revision)
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=SOURCE_DIR,
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        assert revision == "unknown"
+        return
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?", revision), revision
+    assert revision.split("-")[0] == head.stdout.strip(), (revision, head.stdout)
 
 
 def test_non_logs_are_refused_with_a_reason(tmp_path):
