@@ -6,11 +6,29 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
-
 #include <limits>
+#include <random>
 
 namespace test {
+
+// The base seed of a test program's random inputs: fresh on every run (printed once), or
+// FLASHDRAFT_TEST_SEED to repeat one. Each comparison adds its own offset and prints
+// the seed it used when it fails.
+inline uint64_t base_seed() {
+  static const uint64_t seed = [] {
+    if (const char* env = std::getenv("FLASHDRAFT_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
+    std::random_device rd;
+    const uint64_t s = (uint64_t(rd()) << 20 ^ rd()) % 1000000000ull;
+    std::printf("random inputs: base seed %llu (FLASHDRAFT_TEST_SEED=%llu repeats this run)\n",
+                (unsigned long long)s, (unsigned long long)s);
+    return s;
+  }();
+  return seed;
+}
 
 inline double max_abs(const at::Tensor& t) { return t.numel() ? t.abs().max().item<double>() : 0.0; }
 

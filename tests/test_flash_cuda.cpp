@@ -217,10 +217,7 @@ class FlashCuda : public ::testing::Test {
   }
 };
 
-uint64_t base_seed() {
-  const char* env = std::getenv("FLASHDRAFT_TEST_SEED");
-  return env ? std::strtoull(env, nullptr, 10) : 4321;
-}
+using test::base_seed;
 
 // The configurations this GPU runs: sm90a (wgmma) exists on compute capability 9.0 only,
 // which the plugin's supports() knows. Where FLASHDRAFT_EXPECT_SM90A is set (the device

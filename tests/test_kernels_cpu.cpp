@@ -276,10 +276,7 @@ void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, 
   }
 }
 
-uint64_t base_seed() {
-  const char* env = std::getenv("FLASHDRAFT_TEST_SEED");
-  return env ? std::strtoull(env, nullptr, 10) : 1234;
-}
+using test::base_seed;
 
 TEST_F(KernelsCpu, FlashMatchesDenseFp32) {
   uint64_t seed = base_seed();

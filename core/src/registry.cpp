@@ -5,6 +5,8 @@
 #include <flashdraft/mask_generator.hpp>
 #include <flashdraft/model.hpp>
 
+#include <ATen/ATen.h>
+
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
@@ -27,6 +29,23 @@ namespace {
 std::vector<boost::dll::shared_library>& loaded_libraries() {
   static auto* libs = new std::vector<boost::dll::shared_library>();
   return *libs;
+}
+
+// LibTorch computes exp, log, sqrt, tanh, sin, erf ... of contiguous fp32/fp64 CPU
+// tensors with MKL's vector math (VML). VML picks its kernel table from a CPU type that
+// it detects on its first call, without synchronisation: it stores the raw CPU code (9
+// on AVX-512) before the table index that code maps to (5). A thread that makes its
+// first VML call in that window runs the wrong table, whose exp is off by up to 1.5e-4
+// relative instead of 1e-7. The first VML call of a process is typically an op split
+// across the OpenMP threads, so two threads do race: dense_ref's exp(S - m) then came
+// out with that error on the half of the rows one thread computed, now and then (more
+// often on a loaded machine), up to 3x the 1e-5 fp32 bound of the kernel tests. One
+// VML call on a single thread, before any plugin runs, completes the detection for the
+// whole process. 16 elements: below LibTorch's parallel grain, so it runs on this
+// thread only.
+void settle_vector_math_dispatch() {
+  static std::once_flag once;
+  std::call_once(once, [] { (void)at::exp(at::zeros({16}, at::kFloat)); });
 }
 
 std::vector<std::string> split_paths(const std::string& s) {
@@ -78,6 +97,7 @@ std::vector<std::string> Registry::search_path(const std::vector<std::string>& c
 }
 
 Registry::Registry(std::vector<std::string> folders) : folders_(std::move(folders)) {
+  settle_vector_math_dispatch();
   for (const auto& dir : folders_) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) continue;

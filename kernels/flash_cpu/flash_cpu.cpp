@@ -32,7 +32,9 @@
 // Precision: fp32 or bf16 inputs; bf16 tiles are converted to fp32 when loaded, all
 // accumulation is fp32, results are rounded to the input dtype once at the end.
 // Parallelism: at::parallel_for over (batch, head, tile) tasks; Eigen itself runs
-// single-threaded inside a task (EIGEN_DONT_PARALLELIZE).
+// single-threaded inside a task (EIGEN_DONT_PARALLELIZE). at::parallel_for is an inline
+// OpenMP region here, so this file is compiled with OpenMP (CMakeLists.txt) and runs on
+// LibTorch's thread pool (at::set_num_threads / OMP_NUM_THREADS).
 // Scratch is allocated per parallel chunk as at::Tensor (so memory trackers see it).
 //
 // Variants: "flash_cpu/<fwd|bwd>/<fp32|bf16>/q<BQ>k<BKV>"; BQ x BKV is the mask's
