@@ -73,6 +73,15 @@ __device__ __forceinline__ void acc_flat_to_smem(unsigned char* tile, int row0, 
   }
 }
 
+// Masks a 64-column score fragment (wgmma.cuh layout; this thread's rows qrow, qrow + 8 of
+// the 128-row mask tile) with flash_kernels.cuh's apply_mask: partial tiles by bitmap, a
+// full tile only at the ragged KV edge. The flat [32] and mma.sync's [8][4] fragments
+// are the same registers in the same order.
+__device__ __forceinline__ void mask_scores(float (&s)[32], const FlashParams& p, int kvb, int entry, int qrow,
+                                            int t) {
+  apply_mask(reinterpret_cast<float(&)[8][4]>(s), p.mask, entry, kvb * BKV, p.Lkv, qrow, t);
+}
+
 __device__ __forceinline__ uint32_t align1024(uint32_t a) { return (a + 1023u) & ~1023u; }
 
 // ---------------------------------------------------------------- dK / dV
@@ -336,27 +345,7 @@ __global__ void __launch_bounds__(WGS * 128, 2 / WGS) wg_bwd_dq_kernel(const Fla
     cp_async_commit();
     wg::wait<1>();
     wg::pin(s);
-    // mask: partial tiles by bitmap (2 words per row), the ragged KV edge by column
-    const int kv0 = kvb * BKV;
-    if (entry >= 0) {
-      const uint32_t* w = p.mask.bits + (int64_t)entry * (BQ * 2);
-      const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
-      const uint32_t w1[2] = {__ldg(w + (qrow + 8) * 2), __ldg(w + (qrow + 8) * 2 + 1)};
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int bit = (j % 4) * 8 + 2 * t + x;
-          if (!((w0[j / 4] >> bit) & 1u)) s[4 * j + x] = -INFINITY;
-          if (!((w1[j / 4] >> bit) & 1u)) s[4 * j + 2 + x] = -INFINITY;
-        }
-    } else if (kv0 + BKV > p.Lkv) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 2; ++x)
-          if (kv0 + 8 * j + 2 * t + x >= p.Lkv) s[4 * j + x] = s[4 * j + 2 + x] = -INFINITY;
-    }
+    mask_scores(s, p, kvb, entry, qrow, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -396,55 +385,36 @@ template <class T, int D>
 __device__ __forceinline__ void fwd_softmax(float (&s)[32], float (&o)[D / 2], float (&m)[2], float (&l)[2],
                                             uint32_t (&pa)[4][4], const FlashParams& p, int kvb, int entry, int qrow,
                                             int t, float sl2) {
-    const int kv0 = kvb * BKV;
-    if (entry >= 0) {
-      const uint32_t* w = p.mask.bits + (int64_t)entry * (BQ * 2);
-      const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
-      const uint32_t w1[2] = {__ldg(w + (qrow + 8) * 2), __ldg(w + (qrow + 8) * 2 + 1)};
+  mask_scores(s, p, kvb, entry, qrow, t);
+  // online softmax, two rows per thread, reduced over the 4 lanes of a quad
+  float mx[2] = {m[0], m[1]};
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  float base[2], alpha[2];
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int bit = (j % 4) * 8 + 2 * t + x;
-          if (!((w0[j / 4] >> bit) & 1u)) s[4 * j + x] = -INFINITY;
-          if (!((w1[j / 4] >> bit) & 1u)) s[4 * j + 2 + x] = -INFINITY;
-        }
-    } else if (kv0 + BKV > p.Lkv) {
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    base[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+    alpha[r] = fast_exp2(m[r] * sl2 - base[r]);  // m = -inf -> 0
+    m[r] = mx[r];
+    l[r] *= alpha[r];
+  }
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int x = 0; x < 2; ++x)
-          if (kv0 + 8 * j + 2 * t + x >= p.Lkv) s[4 * j + x] = s[4 * j + 2 + x] = -INFINITY;
-    }
-    // online softmax, two rows per thread, reduced over the 4 lanes of a quad
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    float base[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      base[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-      alpha[r] = fast_exp2(m[r] * sl2 - base[r]);  // m = -inf -> 0
-      m[r] = mx[r];
-      l[r] *= alpha[r];
+    for (int x = 0; x < 4; ++x) {
+      s[4 * j + x] = fast_exp2(fmaf(s[4 * j + x], sl2, -base[x / 2]));
+      l[x / 2] += s[4 * j + x];
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        s[4 * j + x] = fast_exp2(fmaf(s[4 * j + x], sl2, -base[x / 2]));
-        l[x / 2] += s[4 * j + x];
-      }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) o[4 * j + x] *= alpha[x / 2];
-    pack_a_flat<T>(pa, s);
+    for (int x = 0; x < 4; ++x) o[4 * j + x] *= alpha[x / 2];
+  pack_a_flat<T>(pa, s);
 }
 
 // One CTA = one warpgroup per (64-query half of a 128-row mask tile, q head, batch), so
