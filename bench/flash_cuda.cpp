@@ -20,6 +20,7 @@
 // 5 GEMMs of which the forward has 2). Peak GiB: the caching allocator's peak during
 // one forward + backward minus what was allocated before (q, k, v, dout, mask lists),
 // i.e. out, lse, dq, dk, dv and the workspace: the memory attention itself adds.
+#include "plugin_loading.hpp"
 #include "registry.hpp"
 
 #include <flashdraft/attention.hpp>
@@ -54,24 +55,7 @@ namespace fd = flashdraft;
 #if FLASHDRAFT_WITH_CUDA
 namespace {
 
-const fd::Registry& registry() {
-  static const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
-  return reg;
-}
-
-template <class T>
-std::shared_ptr<T> load(fd::PluginKind kind, const std::string& name, const std::string& table,
-                        const std::map<std::string, fd::Value>& overrides = {}) {
-  const fd::FoundPlugin& plugin = registry().get(kind, name);
-  const fd::Schema schema = registry().schema(plugin);
-  fd::Config config(table, fd::SourcePosition{});
-  for (const fd::KeySpec& key : schema.keys()) {
-    const auto o = overrides.find(key.name);
-    if (o != overrides.end()) config.set(key.name, o->second, std::nullopt);
-    else if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
-  }
-  return fd::create_as<T>(registry(), plugin, config);
-}
+using test::load;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));

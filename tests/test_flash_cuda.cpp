@@ -24,6 +24,7 @@
 // Without a CUDA device (CI) the GPU tests skip with a message; the supports() refusals
 // that need no device still run.
 #include "attention_error.hpp"
+#include "plugin_loading.hpp"
 #include "registry.hpp"
 
 #include <flashdraft/attention.hpp>
@@ -52,24 +53,7 @@ namespace {
 
 const char* kConfigEnv = "FLASHDRAFT_FLASH_CUDA_CONFIG";
 
-const fd::Registry& registry() {
-  static const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
-  return reg;
-}
-
-template <class T>
-std::shared_ptr<T> load(fd::PluginKind kind, const std::string& name, const std::string& table,
-                        const std::map<std::string, fd::Value>& overrides = {}) {
-  const fd::FoundPlugin& plugin = registry().get(kind, name);
-  const fd::Schema schema = registry().schema(plugin);
-  fd::Config config(table, fd::SourcePosition{});
-  for (const fd::KeySpec& key : schema.keys()) {
-    const auto o = overrides.find(key.name);
-    if (o != overrides.end()) config.set(key.name, o->second, std::nullopt);
-    else if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
-  }
-  return fd::create_as<T>(registry(), plugin, config);
-}
+using test::load;
 
 std::shared_ptr<fd::AttentionKernel> kernel(const std::string& name) {
   return load<fd::AttentionKernel>(fd::PluginKind::kernel, name, "kernels." + name);
@@ -354,7 +338,7 @@ TEST_F(FlashCuda, MatchesDenseRefForEveryMaskGeneratorDtypeHeadDimAndConfig) {
 // Runs without a GPU.
 TEST(FlashCudaCases, EveryMaskGeneratorIsCovered) {
   std::vector<std::string> covered = {"causal", "sliding_window", "document", "prefix_lm", "dflash"};
-  for (const fd::FoundPlugin* p : registry().of_kind(fd::PluginKind::mask))
+  for (const fd::FoundPlugin* p : test::plugins().of_kind(fd::PluginKind::mask))
     EXPECT_NE(std::find(covered.begin(), covered.end(), p->name), covered.end())
         << "mask generator " << p->name << " has no case in test_flash_cuda.cpp";
 }

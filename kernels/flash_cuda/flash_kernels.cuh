@@ -556,6 +556,22 @@ struct KvCursor {
   }
 };
 
+// Stages the per-row data of a dK/dV step behind its Q and dO tiles (the layout both
+// dK/dV kernels read): lse2[64] at +0, delta[64] at +256, the step's 64 bitmap rows
+// (2 words each) of a partial tile at +512, and the int flag "partial" at +1024.
+// sl / meta: the same place as a shared-memory address and as a pointer; row: the
+// step's first row in the padded workspace. Threads 0..63 issue the copies.
+__device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta, const KvStep& s,
+                                               const FlashParams& p, const float* ws_lse2, const float* ws_delta,
+                                               int64_t row, int tid) {
+  if (tid < 16) cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
+  else if (tid < 32) cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
+  else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
+    cp_async16(sl + 512 + (tid - 32) * 16,
+               p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
+  if (tid == 0) *reinterpret_cast<int*>(meta + 1024) = s.entry >= 0 ? 1 : 0;
+}
+
 // DQ_ATOMIC: also dQ += dS K for the step (dS^T through shared memory, keys contracted
 // across the 4 warps) added into the fp32 buffer dq_acc [B*Hq][Lq_pad][D] with
 // red.global.add (v2 on sm_90+); flash_bwd_dq_convert_kernel then scales and converts.
@@ -581,14 +597,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
         static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
     load_tile<D, BQ_STEP, 128>(sK + off, Q, p.q_strides.row, s.q0, p.Lq, tid);
     load_tile<D, BQ_STEP, 128>(sK + off + S::kQ, dO, p.dout_strides.row, s.q0, p.Lq, tid);
-    const int64_t row = ((int64_t)b * p.Hq + s.h) * Lq_pad + s.q0;
-    const uint32_t sl = sK + off + 2 * S::kQ;
-    if (tid < 16) cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
-    else if (tid < 32) cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
-    else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
-      cp_async16(sl + 512 + (tid - 32) * 16,
-                 p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
-    if (tid == 0) *reinterpret_cast<int*>(smem + off + 2 * S::kQ + 1024) = s.entry >= 0 ? 1 : 0;
+    load_step_meta(sK + off + 2 * S::kQ, smem + off + 2 * S::kQ, s, p, ws_lse2, ws_delta,
+                   ((int64_t)b * p.Hq + s.h) * Lq_pad + s.q0, tid);
   };
 
   load_tile<D, BKV, 128>(sK, K, p.k_strides.row, kv0, p.Lkv, tid);

@@ -117,14 +117,8 @@ __global__ void __launch_bounds__(128, 2) wg_bwd_dkdv_kernel(const FlashParams p
         static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
     load_sw128<D, BQ_STEP, 128>(s0 + off, Q, p.q_strides.row, s.q0, p.Lq, tid);
     load_sw128<D, BQ_STEP, 128>(s0 + off + S::kQ, dO, p.dout_strides.row, s.q0, p.Lq, tid);
-    const int64_t row = ((int64_t)b * p.Hq + s.h) * Lq_pad + s.q0;
-    const uint32_t sl = s0 + off + 2 * S::kQ;
-    if (tid < 16) cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
-    else if (tid < 32) cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
-    else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
-      cp_async16(sl + 512 + (tid - 32) * 16,
-                 p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
-    if (tid == 0) *reinterpret_cast<int*>(smem + off + 2 * S::kQ + 1024) = s.entry >= 0 ? 1 : 0;
+    load_step_meta(s0 + off + 2 * S::kQ, smem + off + 2 * S::kQ, s, p, ws_lse2, ws_delta,
+                   ((int64_t)b * p.Hq + s.h) * Lq_pad + s.q0, tid);
   };
 
   load_sw128<D, BKV, 128>(sK, K, p.k_strides.row, kv0, p.Lkv, tid);
