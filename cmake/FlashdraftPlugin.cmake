@@ -1,12 +1,34 @@
-# flashdraft_add_plugin(<target> KIND <drafter|mask|kernel|dataset> SOURCES <files...>
+# flashdraft_add_plugin(<target> KIND <kind> SOURCES <files...>
 #                       [LIBRARIES <libs...>] [OUTPUT_DIRECTORY <dir>] [NO_PCH])
 # Builds a plugin shared library against the flashdraft engine: hidden visibility
 # (only the entry point is exported), the engine's build fingerprint, LibTorch.
 # Used in-tree and, through the installed CMake package, by out-of-tree plugins.
+# The kinds are the rows of flashdraft/plugin_kinds.def (the engine's one table of kinds).
+
+# Kind names from plugin_kinds.def, found in the source tree or the installed headers.
+function(_flashdraft_plugin_kinds out)
+  foreach(dir ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../core/include
+              ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../../../include)
+    if(EXISTS ${dir}/flashdraft/plugin_kinds.def)
+      file(STRINGS ${dir}/flashdraft/plugin_kinds.def rows REGEX "^FLASHDRAFT_PLUGIN_KIND\\(")
+      set(kinds "")
+      foreach(row ${rows})
+        string(REGEX REPLACE "^FLASHDRAFT_PLUGIN_KIND\\([0-9]+, *([a-z_]+),.*" "\\1" kind "${row}")
+        list(APPEND kinds ${kind})
+      endforeach()
+      set(${out} ${kinds} PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  message(FATAL_ERROR "flashdraft: flashdraft/plugin_kinds.def not found next to ${CMAKE_CURRENT_FUNCTION_LIST_DIR}")
+endfunction()
+
 function(flashdraft_add_plugin target)
   cmake_parse_arguments(P "NO_PCH" "KIND;OUTPUT_DIRECTORY" "SOURCES;LIBRARIES" ${ARGN})
-  if(NOT P_KIND MATCHES "^(drafter|mask|kernel|dataset)$")
-    message(FATAL_ERROR "flashdraft_add_plugin(${target}): KIND '${P_KIND}' is not one of drafter, mask, kernel, dataset")
+  _flashdraft_plugin_kinds(kinds)
+  if(NOT P_KIND IN_LIST kinds)
+    string(REPLACE ";" ", " kinds_text "${kinds}")
+    message(FATAL_ERROR "flashdraft_add_plugin(${target}): KIND '${P_KIND}' is not one of ${kinds_text} (flashdraft/plugin_kinds.def)")
   endif()
   if(NOT P_SOURCES)
     message(FATAL_ERROR "flashdraft_add_plugin(${target}): no SOURCES given")

@@ -33,15 +33,18 @@ struct Child {
   }
 };
 
-// Starts `flashdraft args...` with stdout and stderr sent to `output_file`.
-inline Child start_cli(const std::vector<std::string>& args, const std::string& output_file) {
+// Starts `flashdraft args...` with stdout and stderr sent to `output_file` (stderr to
+// `error_file` instead when one is given).
+inline Child start_cli(const std::vector<std::string>& args, const std::string& output_file,
+                       const std::string& error_file = "") {
   Child c;
   c.output_file = output_file;
   c.pid = fork();
   if (c.pid == 0) {
     FILE* f = std::fopen(output_file.c_str(), "w");
+    FILE* e = error_file.empty() ? f : std::fopen(error_file.c_str(), "w");
     dup2(fileno(f), 1);
-    dup2(fileno(f), 2);
+    dup2(fileno(e), 2);
     std::vector<char*> argv;
     std::string exe = FLASHDRAFT_CLI;
     argv.push_back(exe.data());
@@ -54,14 +57,24 @@ inline Child start_cli(const std::vector<std::string>& args, const std::string& 
   return c;
 }
 
-inline int run_cli(const std::vector<std::string>& args, std::string* output) {
+// Runs the CLI; `output` gets stdout and stderr together, or stdout alone when `errors`
+// is given (it gets stderr).
+inline int run_cli(const std::vector<std::string>& args, std::string* output, std::string* errors = nullptr) {
   static int counter = 0;
-  const std::string file = (std::filesystem::temp_directory_path() /
-                            ("flashdraft-cli-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".txt"))
+  const std::string stem = (std::filesystem::temp_directory_path() /
+                            ("flashdraft-cli-" + std::to_string(getpid()) + "-" + std::to_string(counter++)))
                                .string();
-  Child c = start_cli(args, file);
+  const std::string file = stem + ".txt", error_file = errors ? stem + ".err.txt" : "";
+  Child c = start_cli(args, file, error_file);
   const int rc = c.wait();
   if (output) *output = c.output();
+  if (errors) {
+    std::ifstream in(error_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    *errors = ss.str();
+    std::filesystem::remove(error_file);
+  }
   std::filesystem::remove(file);
   return rc;
 }

@@ -47,8 +47,8 @@ TEST(ExperimentFile, ValidFileParsesWithDefaults) {
   EXPECT_FALSE(e.run().given("device"));
   EXPECT_TRUE(e.run().given("steps"));
   EXPECT_EQ(e.attention().string("on_fallback"), "error");  // the strict default
-  EXPECT_EQ(e.drafter().plugin, "toy_drafter");
-  EXPECT_EQ(e.drafter().where.line, 5);
+  EXPECT_EQ(e.choice("drafter").plugin, "toy_drafter");
+  EXPECT_EQ(e.choice("drafter").where.line, 5);
 }
 
 TEST(ExperimentFile, SyntaxError) {

@@ -4,6 +4,8 @@
 #include "dflash_oracle.hpp"
 #include "../plugins/dflash/dflash_labels.hpp"
 
+#include <flashdraft/acceptance.hpp>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,9 +68,9 @@ TEST(DFlashLabels, BlockPositionJIsTrainedOnTokenAtAnchorPlusJ) {
 
 TEST(DFlashLabels, SimulatedAcceptance) {
   // 1 + 0.5 + 0.5*0.5 + 0.5*0.5*1 = 2.0 ; all ones over 15 positions = 16
-  EXPECT_DOUBLE_EQ(dflash::simulated_acceptance({0.5, 0.5, 1.0}), 2.0);
-  EXPECT_DOUBLE_EQ(dflash::simulated_acceptance(std::vector<double>(15, 1.0)), 16.0);
-  EXPECT_DOUBLE_EQ(dflash::simulated_acceptance({0.0, 1.0}), 1.0);
+  EXPECT_DOUBLE_EQ(flashdraft::simulated_tau({0.5, 0.5, 1.0}), 2.0);
+  EXPECT_DOUBLE_EQ(flashdraft::simulated_tau(std::vector<double>(15, 1.0)), 16.0);
+  EXPECT_DOUBLE_EQ(flashdraft::simulated_tau({0.0, 1.0}), 1.0);
 }
 
 // --- anchors --------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 // weights export. The layout and the atomic write are described in checkpoint.hpp.
 #include "checkpoint.hpp"
 
+#include <flashdraft/hdf5_attributes.hpp>
+#include <flashdraft/text.hpp>
+
 #include <torch/torch.h>
 
 #include <hdf5.h>
@@ -196,13 +199,6 @@ void remove_tree(const fs::path& path) {
       FTW_DEPTH | FTW_PHYS);
 }
 
-uint64_t fnv1a64(const char* data, size_t size, uint64_t h) {
-  for (size_t i = 0; i < size; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 fs::path write(const fs::path& root, Manifest m, const State& state, int64_t keep) {
   fs::create_directories(root);
@@ -453,20 +449,6 @@ fs::path latest(const fs::path& root, const std::vector<std::pair<std::string, a
 // --- weights export (HDF5) -------------------------------------------------------------
 namespace {
 
-void h5_string_attr(hid_t obj, const std::string& key, const std::string& value) {
-  hid_t type = H5Tcopy(H5T_C_S1);
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t attr = H5Acreate2(obj, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT);
-  const char* p = value.c_str();
-  const herr_t st = attr >= 0 ? H5Awrite(attr, type, &p) : -1;
-  if (attr >= 0) H5Aclose(attr);
-  H5Sclose(space);
-  H5Tclose(type);
-  if (st < 0) throw std::runtime_error("HDF5: writing attribute " + key + " failed");
-}
-
 }  // namespace
 
 void export_weights(const std::string& path, const Manifest& info,
@@ -475,11 +457,11 @@ void export_weights(const std::string& path, const Manifest& info,
   hid_t file = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (file < 0) throw std::runtime_error("cannot create the weights file " + tmp + " (is the folder writable?)");
   try {
-    h5_string_attr(file, "format", "flashdraft-drafter-weights-v1");
-    h5_string_attr(file, "drafter_plugin", info.drafter_plugin);
-    h5_string_attr(file, "drafter_config", info.drafter_toml);
-    h5_string_attr(file, "step", std::to_string(info.step));
-    h5_string_attr(file, "source", source);
+    hdf5::write_string_attribute(file, "format", "flashdraft-drafter-weights-v1");
+    hdf5::write_string_attribute(file, "drafter_plugin", info.drafter_plugin);
+    hdf5::write_string_attribute(file, "drafter_config", info.drafter_toml);
+    hdf5::write_string_attribute(file, "step", std::to_string(info.step));
+    hdf5::write_string_attribute(file, "source", source);
     hid_t group = H5Gcreate2(file, "weights", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (group < 0) throw std::runtime_error("HDF5: creating /weights failed");
     for (const auto& [name, tensor] : weights) {

@@ -88,9 +88,6 @@ struct State {
 // does; that one resolves to a broken copy inside libtorch.so in this build and crashes).
 FLASHDRAFT_API void remove_tree(const std::filesystem::path& path);
 
-// FNV-1a 64 over a byte range (used for the manifest's checksums).
-FLASHDRAFT_API uint64_t fnv1a64(const char* data, size_t size, uint64_t h = 1469598103934665603ULL);
-
 // Writes <root>/step_<manifest.step> atomically (see above) and deletes all but the
 // newest `keep` step_* folders under root. Returns the folder written.
 FLASHDRAFT_API std::filesystem::path write(const std::filesystem::path& root, Manifest manifest, const State& state, int64_t keep);

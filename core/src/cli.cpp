@@ -24,7 +24,7 @@ const char* kUsage =
     "commands:\n"
     "  run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS]   train as the experiment says\n"
     "      [--resume [CHECKPOINT|latest]]                          ... continuing from a checkpoint\n"
-    "  validate EXP.toml [--plugin-path DIRS]                      check an experiment without running it\n"
+    "  validate EXP.toml [--out DIR] [--plugin-path DIRS]          everything run checks before step 0, no training\n"
     "  plugins [--plugin-path DIRS]                                plugins found (and files rejected, with why)\n"
     "  schema [PLUGIN] [--plugin-path DIRS]                        every key of the experiment tables\n"
     "  inspect RUN.h5                                              text summary of a run log\n"
@@ -48,9 +48,14 @@ const char* help_for(const std::string& cmd) {
            "Exit status: 0 finished, 1 failed (the log keeps every finished step), 2 bad experiment,\n"
            "130 interrupted (Ctrl-C finishes the step in flight, then stops).\n";
   if (cmd == "validate")
-    return "usage: flashdraft validate EXP.toml [--plugin-path DIRS]\n"
-           "Checks every table of EXP.toml against the engine's and the plugins' schemas (keys, types, ranges)\n"
-           "and that every named plugin is found. Exit status 0 when valid, 2 otherwise.\n";
+    return "usage: flashdraft validate EXP.toml [--out DIR] [--plugin-path DIRS]\n"
+           "A dry run: everything `flashdraft run` does before step 0 that can refuse the experiment, without\n"
+           "training or writing a log. Every table is checked against the engine's and the plugins' schemas,\n"
+           "the plugins are created, the dataset is opened (the embedded data is generated into <out>/data\n"
+           "if it is not cached there yet, and validate says so), the drafter is bound to the data's shapes\n"
+           "and the attention kernel is chosen (the selection report is printed).\n"
+           "Exit status and first error line are the ones `run` would give: 0 valid, 2 bad experiment,\n"
+           "1 refused for another reason (e.g. no kernel accepts the problem under on_fallback = \"error\").\n";
   if (cmd == "plugins")
     return "usage: flashdraft plugins [--plugin-path DIRS]\n"
            "Lists the plugins found on the search path (kind, name, version, file) and every rejected file\n"
@@ -171,15 +176,21 @@ int cmd_schema(const Args& a) {
   if (only.empty()) {
     std::cout << "# engine tables\n";
     for (const auto& s : Experiment::engine_schemas()) std::cout << s.describe() << "\n";
-    std::cout << "# plugin tables: [drafter], [dataset], [mask] take `plugin = \"<name>\"` and that plugin's keys;\n"
-                 "# kernels take their keys in [kernels.<name>].\n\n";
+    std::string one, listed;
+    for (const auto& k : plugin_kinds()) {
+      if (k.listed) listed += std::string(listed.empty() ? "" : ", ") + "[" + k.table + ".<name>]";
+      else one += std::string(one.empty() ? "" : ", ") + "[" + k.table + "]";
+    }
+    std::cout << "# plugin tables: " << one << " take `plugin = \"<name>\"` and that plugin's keys;\n"
+              << "# kernels take their keys in " << listed << ".\n\n";
   }
   for (const auto& p : reg.found()) {
     if (!only.empty() && p.name != only) continue;
     any = true;
     Schema s = reg.schema(p);
-    const bool kernel = p.kind == PluginKind::kernel;
-    s.set_table(kernel ? "kernels." + p.name : std::string(to_string(p.kind)));
+    const PluginKindInfo& kind = plugin_kind(p.kind);
+    const bool kernel = kind.listed;
+    s.set_table(kernel ? std::string(kind.table) + "." + p.name : std::string(kind.table));
     std::cout << "# " << to_string(p.kind) << " plugin '" << p.name << "' " << p.version << ": " << p.summary << "\n";
     std::string text = s.describe();
     if (!kernel) {  // the table names its plugin first

@@ -1,6 +1,9 @@
 // Kernel selection, per-step masks, and the autograd function around the kernel.
 #include "dispatch.hpp"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/torch.h>
 
 #include <sstream>
@@ -13,9 +16,10 @@ std::string KernelChoice::report() const {
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << "  " << c.name << ": ";
-    if (i == selected)
+    if (i == selected) {
       os << "selected" << (fallback ? " (FALLBACK: not the first preference)" : "");
-    else if (!c.support.ok)
+      if (!c.support.reason.empty()) os << ": " << c.support.reason;  // e.g. the configuration it runs
+    } else if (!c.support.ok)
       os << "refused: " << c.support.reason;
     else
       os << "supported, not needed (an earlier preference was selected)";
@@ -47,10 +51,12 @@ KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCa
   }
   choice.fallback = choice.selected != 0;
   if (choice.fallback && on_fallback == "error") {
-    std::string msg = "attention kernel '" + choice.candidates[0].name + "' (first preference) refused the problem: " +
-                      choice.candidates[0].support.reason + ".\n" + choice.report() +
+    std::string msg = "attention kernel '" + choice.candidates[0].name +
+                      "' (first preference) refused the problem: " + choice.candidates[0].support.reason + ".\n" +
+                      choice.report() +
                       "The run stops before step 0 because [attention].on_fallback = \"error\"; set it to \"warn\" to "
-                      "run on '" + choice.candidates[choice.selected].name + "' instead (recorded in the log).";
+                      "run on '" +
+                      choice.candidates[choice.selected].name + "' instead (recorded in the log).";
     throw FallbackError(msg);
   }
   return choice;
@@ -58,45 +64,53 @@ KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCa
 
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-// The engine's autograd node around a kernel. The dispatcher is passed by address
-// (it outlives every graph of the run); its current mask is the step's mask, which
-// stays set until the step's backward has run.
-struct KernelAttention : public torch::autograd::Function<KernelAttention> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               int64_t dispatcher, int64_t layer, double scale) {
-    auto* d = reinterpret_cast<AttentionDispatcher*>(dispatcher);
-    AttentionForward r = d->kernel().forward(q, k, v, d->mask_tensors(), scale);
-    if (!r.out.defined() || r.out.sizes() != q.sizes())
-      throw std::runtime_error("attention kernel '" + d->kernel_name() + "' returned an output of shape " +
-                               (r.out.defined() ? c10::str(r.out.sizes()) : std::string("(none)")) + ", expected " +
-                               c10::str(q.sizes()));
-    d->note(layer, Phase::forward, r.variant);
-    ctx->save_for_backward({q, k, v, r.out, r.lse});
-    ctx->saved_data["dispatcher"] = dispatcher;
-    ctx->saved_data["layer"] = layer;
-    ctx->saved_data["scale"] = scale;
-    return {r.out};
+void check_shape(const AttentionDispatcher& d, const char* what, const at::Tensor& t, const at::Tensor& like) {
+  if (!t.defined() || t.sizes() != like.sizes())
+    throw std::runtime_error("attention kernel '" + d.kernel_name() + "' returned " + what + " of shape " +
+                             (t.defined() ? c10::str(t.sizes()) : std::string("(none)")) + ", expected " +
+                             c10::str(like.sizes()));
+}
+
+// The backward of one attention call. It owns what its forward used: the inputs, the
+// output and lse, and the StepMask (never the dispatcher's current mask, which a later
+// set_mask() may have replaced). The dispatcher outlives every graph of the run.
+struct KernelAttentionBackward final : public torch::autograd::Node {
+  AttentionDispatcher* dispatcher = nullptr;
+  int64_t layer = 0;
+  double scale = 1.0;
+  std::shared_ptr<const StepMask> mask;
+  SavedVariable q, k, v, out;
+  at::Tensor lse;  // float32, no autograd history
+
+  std::string name() const override { return "flashdraft::KernelAttentionBackward"; }
+
+  void release_variables() override {
+    q.reset_data();
+    k.reset_data();
+    v.reset_data();
+    out.reset_data();
+    lse.reset();
+    mask.reset();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* d = reinterpret_cast<AttentionDispatcher*>(ctx->saved_data["dispatcher"].toInt());
-    const int64_t layer = ctx->saved_data["layer"].toInt();
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const auto saved = ctx->get_saved_variables();
-    at::Tensor dout = grads[0].contiguous();
-    AttentionBackward r = d->kernel().backward(dout, saved[0], saved[1], saved[2], saved[3], saved[4],
-                                               d->mask_tensors(), scale);
-    for (const auto& [t, ref, name] : {std::tuple{r.dq, saved[0], "dq"}, std::tuple{r.dk, saved[1], "dk"},
-                                       std::tuple{r.dv, saved[2], "dv"}})
-      if (!t.defined() || t.sizes() != ref.sizes())
-        throw std::runtime_error("attention kernel '" + d->kernel_name() + "' backward returned " + name +
-                                 " of shape " + (t.defined() ? c10::str(t.sizes()) : std::string("(none)")) +
-                                 ", expected " + c10::str(ref.sizes()));
-    d->note(layer, Phase::backward, r.variant);
-    return {r.dq, r.dk, r.dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  variable_list apply(variable_list&& grads) override {
+    if (!mask)
+      throw std::runtime_error("attention layer " + std::to_string(layer) +
+                               ": backward ran a second time after its saved tensors were freed (pass "
+                               "retain_graph = true to the first backward to run it twice)");
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor qs = q.unpack(), ks = k.unpack(), vs = v.unpack();
+    const at::Tensor os = out.unpack(shared_from_this());
+    const at::Tensor dout = grads[0].contiguous();
+    AttentionBackward r = dispatcher->kernel().backward(dout, qs, ks, vs, os, lse, mask->tensors, scale);
+    check_shape(*dispatcher, "dq", r.dq, qs);
+    check_shape(*dispatcher, "dk", r.dk, ks);
+    check_shape(*dispatcher, "dv", r.dv, vs);
+    dispatcher->note(layer, Phase::backward, r.variant);
+    return {r.dq, r.dk, r.dv};
   }
 };
 
@@ -112,24 +126,54 @@ AttentionDispatcher::AttentionDispatcher(KernelChoice choice, const MaskGenerato
   block_ = kernel().block_size(choice_.problem);
 }
 
-void AttentionDispatcher::set_mask(const MaskInput& input) {
-  mask_ = generator_->build(input, block_.q, block_.kv);
-  tensors_ = to_tensors(mask_, choice_.problem.device);
-  tensors_.host = &mask_;
-  mask_set_ = true;
+const StepMask& AttentionDispatcher::current() const {
+  if (!current_)
+    throw std::logic_error("attention called before set_mask() in this run (the drafter must set the mask)");
+  return *current_;
 }
 
-at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, double scale) {
-  if (!mask_set_) throw std::logic_error("attention called before set_mask() in this run (the drafter must set the mask)");
-  if (q.size(2) != mask_.q_len || k.size(2) != mask_.kv_len)
+void AttentionDispatcher::set_mask(const MaskInput& input) {
+  // A new StepMask every time: nodes of earlier forwards keep theirs.
+  auto m = std::make_shared<StepMask>();
+  m->mask = generator_->build(input, block_.q, block_.kv);
+  m->tensors = to_tensors(m->mask, choice_.problem.device);
+  m->tensors.host = &m->mask;
+  current_ = std::move(m);
+}
+
+at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          double scale) {
+  std::shared_ptr<const StepMask> mask = current_;
+  const BlockMask& bm = current().mask;
+  if (q.size(2) != bm.q_len || k.size(2) != bm.kv_len)
     throw std::invalid_argument("attention layer " + std::to_string(layer) + ": q has " + std::to_string(q.size(2)) +
                                 " rows and k " + std::to_string(k.size(2)) + ", but the mask is " +
-                                std::to_string(mask_.q_len) + " x " + std::to_string(mask_.kv_len));
-  return KernelAttention::apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                reinterpret_cast<int64_t>(this), layer, scale)[0];
+                                std::to_string(bm.q_len) + " x " + std::to_string(bm.kv_len));
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  AttentionForward r;
+  {
+    at::NoGradGuard no_grad;  // the kernel's own ops are not recorded: the node below is their gradient
+    r = kernel().forward(qc, kc, vc, mask->tensors, scale);
+  }
+  check_shape(*this, "an output", r.out, qc);
+  note(layer, Phase::forward, r.variant);
+  at::Tensor out = r.out.is_view() ? r.out.clone() : r.out;  // the node's output owns its storage
+  if (at::GradMode::is_enabled() && (qc.requires_grad() || kc.requires_grad() || vc.requires_grad())) {
+    auto node = std::shared_ptr<KernelAttentionBackward>(new KernelAttentionBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(qc, kc, vc));
+    node->dispatcher = this;
+    node->layer = layer;
+    node->scale = scale;
+    node->mask = std::move(mask);
+    node->q = SavedVariable(qc, /*is_output=*/false);
+    node->k = SavedVariable(kc, /*is_output=*/false);
+    node->v = SavedVariable(vc, /*is_output=*/false);
+    node->lse = r.lse;
+    torch::autograd::set_history(out, node);
+    node->out = SavedVariable(out, /*is_output=*/true);
+  }
+  return out;
 }
-
 void AttentionDispatcher::note(int64_t layer, Phase phase, const std::string& variant) {
   if (ledger_) ledger_->record(layer, phase, variant);
   if (variant_belongs_to(variant, kernel_name())) return;

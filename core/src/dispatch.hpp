@@ -1,7 +1,13 @@
 // Attention dispatch: picks the kernel before step 0 (a chain of supports() checks
 // over one problem record, with a reason for every refusal), builds each step's
-// BlockMask at the kernel's block size, and runs attention through a custom autograd
-// function whose forward and backward both record what ran in the ledger.
+// BlockMask at the kernel's block size, and runs attention through an autograd node
+// of its own whose forward and backward both record what ran in the ledger.
+//
+// Mask ownership: every set_mask() makes a new StepMask; the dispatcher's current mask
+// is only what the next forward uses. Each forward's autograd node keeps a reference
+// to the StepMask it ran with, and its backward runs with that one. So a step may build
+// several masks before any backward (gradient accumulation, unrolled drafters,
+// recomputation, validation between training steps) and every gradient stays right.
 #pragma once
 
 #include <flashdraft/attention.hpp>
@@ -34,7 +40,7 @@ struct KernelChoice {
   AttentionProblem problem;
   std::vector<KernelCandidate> candidates;  // in preference order, with reasons
   size_t selected = 0;
-  bool fallback = false;  // selected is not the first preference
+  bool fallback = false;       // selected is not the first preference
   std::string report() const;  // the lines printed before step 0
 };
 
@@ -42,6 +48,14 @@ struct KernelChoice {
 // preference refuses and the policy is "error", or when none supports the problem.
 FLASHDRAFT_API KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCandidate> candidates,
                                           const std::string& on_fallback);
+
+// The mask of one set_mask() call: the host BlockMask and its lists on the kernel's
+// device (tensors.host points at mask). Immutable once built; shared by the dispatcher
+// and by the autograd nodes of the forwards that used it.
+struct StepMask {
+  BlockMask mask;
+  BlockMaskTensors tensors;
+};
 
 class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
  public:
@@ -56,11 +70,13 @@ class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
   const KernelChoice& choice() const { return choice_; }
   const std::string& kernel_name() const { return choice_.candidates[choice_.selected].name; }
   AttentionKernel& kernel() { return *choice_.candidates[choice_.selected].kernel; }
-  const BlockMask& mask() const { return mask_; }
-  const BlockMaskTensors& mask_tensors() const { return tensors_; }
+  // The current mask (the one the next forward uses); set_mask() must have run.
+  const BlockMask& mask() const { return current().mask; }
+  const BlockMaskTensors& mask_tensors() const { return current().tensors; }
   BlockSize block_size() const { return block_; }
 
-  // Called by the autograd function.
+  // Records a call in the ledger and applies the fallback policy (the forward and the
+  // backward node call it).
   void note(int64_t layer, Phase phase, const std::string& variant);
 
  private:
@@ -70,9 +86,8 @@ class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
   KernelLedger* ledger_;
   EventSink events_;
   BlockSize block_;
-  BlockMask mask_;
-  BlockMaskTensors tensors_;
-  bool mask_set_ = false;
+  std::shared_ptr<const StepMask> current_;
+  const StepMask& current() const;
 };
 
 }  // namespace flashdraft

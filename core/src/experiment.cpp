@@ -5,6 +5,8 @@
 
 #include "experiment.hpp"
 
+#include <flashdraft/plugin.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -19,7 +21,20 @@ struct Experiment::Parsed {
 
 namespace {
 
-const std::vector<std::string> kPluginSections = {"drafter", "dataset", "mask"};
+// Tables that name one plugin, and the table of per-plugin options of listed kinds
+// ([kernels.<name>]), from plugin_kinds.def.
+std::vector<std::string> plugin_sections() {
+  std::vector<std::string> out;
+  for (const auto& k : plugin_kinds())
+    if (!k.listed) out.push_back(k.table);
+  return out;
+}
+std::vector<std::string> listed_sections() {
+  std::vector<std::string> out;
+  for (const auto& k : plugin_kinds())
+    if (k.listed) out.push_back(k.table);
+  return out;
+}
 
 SourcePosition position(const std::string& file, const toml::source_region& src) {
   return SourcePosition{file, static_cast<int64_t>(src.begin.line), static_cast<int64_t>(src.begin.column)};
@@ -246,8 +261,9 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
   }
   const toml::table& root = parsed->root;
 
-  std::set<std::string> known = {"kernels"};
-  for (const auto& s : kPluginSections) known.insert(s);
+  std::set<std::string> known;
+  for (const auto& s : listed_sections()) known.insert(s);
+  for (const auto& s : plugin_sections()) known.insert(s);
   const std::vector<Schema> schemas = engine_schemas();
   for (const auto& s : schemas) known.insert(s.table());
   Schema table_names;
@@ -263,9 +279,14 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
       throw ConfigError(position(path, k.source()).str() + ": " + msg + " (tables: " + names + ")");
     }
   }
-  if (root.empty())
-    throw ConfigError(path + ": the experiment file is empty; it needs at least [drafter], [dataset] and [mask] "
-                             "tables (see experiments/quickstart.toml, or `flashdraft schema`)");
+  if (root.empty()) {
+    std::string needed;
+    const auto sections = plugin_sections();
+    for (size_t i = 0; i < sections.size(); ++i)
+      needed += (i ? (i + 1 == sections.size() ? " and " : ", ") : "") + ("[" + sections[i] + "]");
+    throw ConfigError(path + ": the experiment file is empty; it needs at least " + needed +
+                      " tables (see experiments/quickstart.toml, or `flashdraft schema`)");
+  }
 
   const SourcePosition file_pos{path, 0, 0};
   auto table_pos = [&](const toml::table* t) { return t ? position(path, t->source()) : file_pos; };
@@ -279,7 +300,7 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
     else if (s.table() == "checkpoint") e.checkpoint_ = c;
     else if (s.table() == "eval") e.eval_ = c;
   }
-  for (const auto& name : kPluginSections) {
+  for (const auto& name : plugin_sections()) {
     const toml::table* t = section(root, name, path);
     if (!t)
       throw ConfigError(path + ": missing required table [" + name + "] (it names the " + name +
@@ -291,19 +312,24 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
     if (!p->is_string())
       throw ConfigError(position(path, p->source()).str() + ": [" + name + "] plugin: expected a string, found " +
                         describe(*p));
-    PluginChoice c{name, *p->value<std::string>(), position(path, p->source())};
-    if (name == "drafter") e.drafter_ = c;
-    else if (name == "dataset") e.dataset_ = c;
-    else e.mask_ = c;
+    e.choices_[name] = PluginChoice{name, *p->value<std::string>(), position(path, p->source())};
   }
-  if (const toml::table* k = section(root, "kernels", path)) {
-    for (const auto& [kname, node] : *k)
-      if (!node.is_table())
-        throw ConfigError(position(path, node.source()).str() + ": [kernels] " + std::string(kname.str()) +
-                          ": expected a table [kernels." + std::string(kname.str()) + "], found " + describe(node));
-  }
+  for (const auto& listed : listed_sections())
+    if (const toml::table* k = section(root, listed, path)) {
+      for (const auto& [kname, node] : *k)
+        if (!node.is_table())
+          throw ConfigError(position(path, node.source()).str() + ": [" + listed + "] " + std::string(kname.str()) +
+                            ": expected a table [" + listed + "." + std::string(kname.str()) + "], found " +
+                            describe(node));
+    }
   e.parsed_ = parsed;
   return e;
+}
+
+const PluginChoice& Experiment::choice(const std::string& table) const {
+  const auto it = choices_.find(table);
+  if (it == choices_.end()) throw std::logic_error("the experiment has no plugin table [" + table + "]");
+  return it->second;
 }
 
 Config Experiment::plugin_config(const std::string& name, const Schema& schema) const {
@@ -314,12 +340,13 @@ Config Experiment::plugin_config(const std::string& name, const Schema& schema) 
 }
 
 Config Experiment::kernel_config(const std::string& kernel, const Schema& schema) const {
-  const toml::table* k = section(parsed_->root, "kernels", path_);
+  const std::string table = plugin_kind(PluginKind::kernel).table;
+  const toml::table* k = section(parsed_->root, table, path_);
   const toml::table* t = nullptr;
   if (k)
     if (const toml::node* n = k->get(kernel)) t = n->as_table();
   Schema s = schema;
-  s.set_table("kernels." + kernel);
+  s.set_table(table + "." + kernel);
   return check(t, s, path_, t ? position(path_, t->source()) : SourcePosition{path_, 0, 0}, {});
 }
 

@@ -11,7 +11,8 @@
 
 namespace flashdraft {
 
-// One of the tables that name a plugin: [drafter], [dataset], [mask].
+// One of the tables that name a plugin (a kind of selection "one" in plugin_kinds.def:
+// [drafter], [dataset], [mask]).
 struct PluginChoice {
   std::string section;  // "drafter"
   std::string plugin;   // value of `plugin`
@@ -32,9 +33,9 @@ class FLASHDRAFT_API Experiment {
   const Config& plugins() const { return plugins_; }
   const Config& checkpoint() const { return checkpoint_; }
   const Config& eval() const { return eval_; }
-  const PluginChoice& drafter() const { return drafter_; }
-  const PluginChoice& dataset() const { return dataset_; }
-  const PluginChoice& mask() const { return mask_; }
+  // The plugin a table names: choice("drafter"). Every kind whose selection is "one" has
+  // its table checked at load (missing table or `plugin` key: ConfigError).
+  const PluginChoice& choice(const std::string& table) const;
 
   // Checks a plugin's table against the plugin's schema. For [drafter], [dataset]
   // and [mask] the table is the section itself (less `plugin`); for a kernel it is
@@ -54,7 +55,7 @@ class FLASHDRAFT_API Experiment {
   std::shared_ptr<const Parsed> parsed_;
   std::string path_, text_;
   Config run_, attention_, optimizer_, plugins_, checkpoint_, eval_;
-  PluginChoice drafter_, dataset_, mask_;
+  std::map<std::string, PluginChoice> choices_;
 };
 
 }  // namespace flashdraft

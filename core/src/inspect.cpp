@@ -1,5 +1,6 @@
 #include "inspect.hpp"
 
+#include "log_schema.hpp"
 #include "run_log.hpp"
 
 #include <algorithm>
@@ -63,17 +64,19 @@ void inspect_log(const std::string& path, std::ostream& out) {
       out << "\n";
     }
     out << "memory peaks (max over steps; " << r.attributes("/memory")["device"] << ")\n";
-    for (const char* ph : {"forward", "backward", "optimizer", "step"}) {
-      const auto v = r.f64(std::string("memory/") + ph);
-      if (!v.empty()) out << "  " << std::left << std::setw(10) << ph << std::right << gib(*std::max_element(v.begin(), v.end())) << "\n";
+    for (const auto& column : log_columns("memory")) {
+      const auto v = r.f64(column.name);
+      const std::string phase = column.name.substr(column.name.find('/') + 1);
+      if (!v.empty()) out << "  " << std::left << std::setw(10) << phase << std::right << gib(*std::max_element(v.begin(), v.end())) << "\n";
     }
   }
   if (r.exists("eval/step")) {
     const auto es = r.f64("eval/step");
     out << "eval      " << es.size() << " validations (held-out sequences)\n";
     std::vector<std::pair<std::string, std::vector<double>>> cols;
-    for (const char* c : {"loss", "tau", "tau_sim"})
-      if (r.exists(std::string("eval/") + c)) cols.push_back({c, r.f64(std::string("eval/") + c)});
+    for (const auto& column : log_columns("eval"))  // the scalar measures: loss, tau, tau_sim
+      if (column.type == RunLog::Type::f64 && column.width == 0 && r.exists(column.name))
+        cols.push_back({column.name.substr(5), r.f64(column.name)});
     out << "  " << std::setw(8) << "step";
     for (const auto& c : cols) out << std::setw(10) << c.first;
     out << "\n";

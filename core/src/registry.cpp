@@ -1,10 +1,6 @@
 // Plugin discovery and loading through Boost.DLL.
 #include "registry.hpp"
 
-#include <flashdraft/attention.hpp>
-#include <flashdraft/mask_generator.hpp>
-#include <flashdraft/model.hpp>
-
 #include <ATen/ATen.h>
 
 #include <boost/dll/runtime_symbol_info.hpp>
@@ -55,16 +51,6 @@ std::vector<std::string> split_paths(const std::string& s) {
   while (std::getline(ss, item, ':'))
     if (!item.empty()) out.push_back(item);
   return out;
-}
-
-const char* kind_interface(PluginKind k) {
-  switch (k) {
-    case PluginKind::drafter: return "flashdraft::Drafter";
-    case PluginKind::mask: return "flashdraft::MaskGenerator";
-    case PluginKind::kernel: return "flashdraft::AttentionKernel";
-    case PluginKind::dataset: return "flashdraft::Dataset";
-  }
-  return "?";
 }
 
 }  // namespace
@@ -144,7 +130,11 @@ void Registry::load_file(const std::string& path) {
     return reject("built with compiler major version " + std::to_string(p.compiler_major) + ", engine with " +
                   std::to_string(e.compiler_major));
   const int kind = static_cast<int>(d->kind);
-  if (kind < 0 || kind > 3) return reject("unknown plugin kind " + std::to_string(kind));
+  if (!find_plugin_kind(kind)) {
+    std::string known;
+    for (const auto& k : plugin_kinds()) known += (known.empty() ? "" : ", ") + std::string(k.name);
+    return reject("unknown plugin kind " + std::to_string(kind) + " (this engine knows: " + known + ")");
+  }
   if (!d->name || !*d->name) return reject("descriptor has an empty name");
   if (!d->create || !d->declare) return reject("descriptor lacks its create or declare function");
   for (const auto& f : found_)
@@ -196,16 +186,10 @@ Schema Registry::schema(const FoundPlugin& plugin) const {
 
 std::unique_ptr<PluginObject> Registry::create(const FoundPlugin& plugin, const Config& config) const {
   std::unique_ptr<PluginObject> obj(plugin.descriptor->create(config));
-  bool ok = false;
-  switch (plugin.kind) {
-    case PluginKind::drafter: ok = dynamic_cast<Drafter*>(obj.get()) != nullptr; break;
-    case PluginKind::mask: ok = dynamic_cast<MaskGenerator*>(obj.get()) != nullptr; break;
-    case PluginKind::kernel: ok = dynamic_cast<AttentionKernel*>(obj.get()) != nullptr; break;
-    case PluginKind::dataset: ok = dynamic_cast<Dataset*>(obj.get()) != nullptr; break;
-  }
-  if (!ok)
-    throw std::runtime_error(plugin.path + ": " + to_string(plugin.kind) + " plugin '" + plugin.name +
-                             "' created an object that does not implement " + kind_interface(plugin.kind));
+  const PluginKindInfo& kind = plugin_kind(plugin.kind);
+  if (!kind.implements(obj.get()))
+    throw std::runtime_error(plugin.path + ": " + kind.name + " plugin '" + plugin.name +
+                             "' created an object that does not implement " + kind.interface);
   return obj;
 }
 

@@ -1,6 +1,8 @@
 // HDF5 run log (C API): chunked extendable datasets, SWMR writer, flushed per step.
 #include "run_log.hpp"
 
+#include <flashdraft/hdf5_attributes.hpp>
+
 #include <hdf5.h>
 
 #include <algorithm>
@@ -27,20 +29,6 @@ hid_t string_type(int64_t len) {
   return t;
 }
 
-void write_string_attribute(hid_t obj, const std::string& key, const std::string& value) {
-  hid_t type = H5Tcopy(H5T_C_S1);
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  hid_t space = H5Screate(H5S_SCALAR);
-  if (H5Aexists(obj, key.c_str()) > 0) H5Adelete(obj, key.c_str());
-  hid_t attr = check_id(H5Acreate2(obj, key.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), "attribute " + key);
-  const char* p = value.c_str();
-  check(H5Awrite(attr, type, &p), "writing attribute " + key);
-  H5Aclose(attr);
-  H5Sclose(space);
-  H5Tclose(type);
-}
-
 }  // namespace
 
 struct RunLog::Dataset {
@@ -63,7 +51,7 @@ RunLog::RunLog(const std::string& path, const std::map<std::string, std::string>
   file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   H5Pclose(fapl);
   if (file_ < 0) throw std::runtime_error("cannot create the run log " + path + " (is the folder writable?)");
-  for (const auto& [k, v] : attributes) write_string_attribute(file_, k, v);
+  for (const auto& [k, v] : attributes) hdf5::write_string_attribute(file_, k, v);
 }
 
 std::unique_ptr<RunLog> RunLog::reopen(const std::string& path) {
@@ -154,7 +142,7 @@ void RunLog::declare(const std::string& name, Type type, int64_t width, int64_t 
     case Type::str: ftype = string_type(str_len); ds->mem_type = string_type(str_len); break;
   }
   ds->id = check_id(H5Dcreate2(file_, name.c_str(), ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), "dataset " + name);
-  if (!doc.empty()) write_string_attribute(ds->id, "doc", doc);
+  if (!doc.empty()) hdf5::write_string_attribute(ds->id, "doc", doc);
   H5Tclose(ftype);
   H5Pclose(dcpl);
   H5Sclose(space);
@@ -163,7 +151,7 @@ void RunLog::declare(const std::string& name, Type type, int64_t width, int64_t 
 
 void RunLog::set_group_attribute(const std::string& g, const std::string& key, const std::string& value) {
   if (started_) throw std::logic_error("RunLog: attribute " + key + " set after start()");
-  write_string_attribute(g == "/" ? file_ : group(g), key, value);
+  hdf5::write_string_attribute(g == "/" ? file_ : group(g), key, value);
 }
 
 void RunLog::start() {

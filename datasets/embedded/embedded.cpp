@@ -31,6 +31,8 @@
 //   attributes: exported_layers, layers, prompt_len, train_sequences, eval_sequences, key
 // The target's greedy continuation is the tokens themselves (positions >= prompt_len).
 #include <flashdraft/model.hpp>
+#include <flashdraft/hdf5_attributes.hpp>
+#include <flashdraft/text.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <hdf5.h>
@@ -81,33 +83,6 @@ void read_array(hid_t file, const std::string& name, hid_t type, void* data) {
   hid_t set = h5check_id(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "open " + name);
   h5check(H5Dread(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "read " + name);
   H5Dclose(set);
-}
-void write_attr_ints(hid_t file, const std::string& name, const std::vector<int64_t>& v) {
-  hsize_t n = v.size();
-  hid_t space = H5Screate_simple(1, &n, nullptr);
-  hid_t a = h5check_id(H5Acreate2(file, name.c_str(), H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), "attr " + name);
-  h5check(H5Awrite(a, H5T_NATIVE_INT64, v.data()), "write attr " + name);
-  H5Aclose(a);
-  H5Sclose(space);
-}
-std::vector<int64_t> read_attr_ints(hid_t file, const std::string& name) {
-  hid_t a = h5check_id(H5Aopen(file, name.c_str(), H5P_DEFAULT), "open attr " + name);
-  hid_t space = H5Aget_space(a);
-  std::vector<int64_t> v(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
-  h5check(H5Aread(a, H5T_NATIVE_INT64, v.data()), "read attr " + name);
-  H5Sclose(space);
-  H5Aclose(a);
-  return v;
-}
-void write_attr_string(hid_t file, const std::string& name, const std::string& s) {
-  hid_t type = H5Tcopy(H5T_C_S1);
-  H5Tset_size(type, s.size() + 1);
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t a = h5check_id(H5Acreate2(file, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), "attr " + name);
-  h5check(H5Awrite(a, type, s.c_str()), "write attr " + name);
-  H5Aclose(a);
-  H5Sclose(space);
-  H5Tclose(type);
 }
 
 // --- the target LM ----------------------------------------------------------------------
@@ -194,23 +169,6 @@ class TargetLM {
   at::Tensor inv_freq_;
 };
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-std::string list_str(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
 class EmbeddedDataset final : public Dataset {
  public:
   static void declare(Schema& s) {
@@ -272,7 +230,7 @@ class EmbeddedDataset final : public Dataset {
     say_ = ctx.say ? ctx.say : [](const std::string& s) { std::printf("%s\n", s.c_str()); };
     run_seed_ = ctx.seed;
     char name[32];
-    std::snprintf(name, sizeof name, "%016llx.h5", static_cast<unsigned long long>(fnv1a(key_)));
+    std::snprintf(name, sizeof name, "%016llx.h5", static_cast<unsigned long long>(fnv1a64(key_)));
     const fs::path dir = fs::path(ctx.out_dir) / "data";
     fs::create_directories(dir);
     path_ = (dir / name).string();
@@ -345,7 +303,7 @@ class EmbeddedDataset final : public Dataset {
       const std::vector<hsize_t> want_tok{hsize_t(n), hsize_t(seq_len_)};
       const std::vector<hsize_t> want_hid{hsize_t(n), hsize_t(seq_len_), hsize_t(E), hsize_t(hidden_)};
       if (array_dims(file, "tokens") != want_tok || array_dims(file, "hidden") != want_hid ||
-          read_attr_ints(file, "exported_layers") != exported_)
+          hdf5::read_int_attribute(file, "exported_layers") != exported_)
         throw std::runtime_error("shapes differ from the configuration");
       tokens_ = at::empty({n, seq_len_}, at::kLong);
       hidden_states_ = at::empty({n, seq_len_, E, hidden_}, at::kFloat);
@@ -417,12 +375,12 @@ class EmbeddedDataset final : public Dataset {
       const at::Tensor emb = embedding_.contiguous(), head = lm_head_.contiguous();
       write_array(file, "embedding", H5T_NATIVE_FLOAT, {hsize_t(vocab_), hsize_t(hidden_)}, emb.data_ptr());
       write_array(file, "lm_head", H5T_NATIVE_FLOAT, {hsize_t(vocab_), hsize_t(hidden_)}, head.data_ptr());
-      write_attr_ints(file, "exported_layers", exported_);
-      write_attr_ints(file, "layers", {layers_});
-      write_attr_ints(file, "prompt_len", {prompt_len_});
-      write_attr_ints(file, "train_sequences", {n_train_});
-      write_attr_ints(file, "eval_sequences", {n_eval_});
-      write_attr_string(file, "key", key_);
+      hdf5::write_int_attribute(file, "exported_layers", exported_);
+      hdf5::write_int_attribute(file, "layers", {layers_});
+      hdf5::write_int_attribute(file, "prompt_len", {prompt_len_});
+      hdf5::write_int_attribute(file, "train_sequences", {n_train_});
+      hdf5::write_int_attribute(file, "eval_sequences", {n_eval_});
+      hdf5::write_string_attribute(file, "key", key_);
       h5check(H5Fclose(file), "close " + tmp);
     } catch (...) {
       H5Fclose(file);

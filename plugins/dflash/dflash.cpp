@@ -18,7 +18,9 @@
 // gradient. The pure label/anchor logic lives in dflash_labels.hpp.
 #include "dflash_labels.hpp"
 
+#include <flashdraft/acceptance.hpp>
 #include <flashdraft/model.hpp>
+#include <flashdraft/text.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -29,14 +31,6 @@
 
 namespace flashdraft {
 namespace {
-
-std::string list_str(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
 
 struct Layer {
   at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj,
@@ -294,7 +288,7 @@ class DFlashDrafter final : public Drafter {
       result.position_accuracy.push_back(c > 0 ? double(correct[j].item<int64_t>()) / double(c) : 0.0);
       result.tokens += c;
     }
-    result.scalars.emplace_back("tau_sim", dflash::simulated_acceptance(result.position_accuracy));
+    result.scalars.emplace_back("tau_sim", simulated_tau(result.position_accuracy));
     if (!training) {
       // Validation: the block proposals, so the engine can measure the exact greedy
       // acceptance length (leading matches with the target's tokens at anchor + j).

@@ -96,16 +96,4 @@ inline BlockLabels block_labels(const int64_t* tokens, const uint8_t* loss_mask,
   return out;
 }
 
-// Simulated acceptance length from per-position accuracies acc_1..acc_{BS-1}:
-// tau = 1 + sum_k prod_{j<=k} acc_j (the anchor token is always accepted; token k is
-// accepted only if tokens 1..k all are, treating positions as independent).
-inline double simulated_acceptance(const std::vector<double>& accuracy) {
-  double tau = 1.0, run = 1.0;
-  for (double a : accuracy) {
-    run *= a;
-    tau += run;
-  }
-  return tau;
-}
-
 }  // namespace flashdraft::dflash

@@ -7,14 +7,16 @@
 //
 // A plugin defines its class and then writes, at namespace scope in one .cpp:
 //   FLASHDRAFT_PLUGIN(kernel, "my_kernel", "0.1.0", "one-line summary", MyKernel)
-// where MyKernel derives from the interface of that kind (AttentionKernel,
-// MaskGenerator, Drafter, Dataset), has a constructor taking `const Config&`, and a
-// static `void declare(Schema&)` that declares the keys of its experiment table.
+// where MyKernel derives from the interface of that kind (plugin_kinds.def: Drafter,
+// MaskGenerator, AttentionKernel, Dataset), has a constructor taking `const Config&`,
+// and a static `void declare(Schema&)` that declares the keys of its experiment table.
 #pragma once
 
 #include <flashdraft/config.hpp>
 
 #include <boost/dll/alias.hpp>
+
+#include <vector>
 
 #ifndef FLASHDRAFT_TORCH_VERSION
 #error "FLASHDRAFT_TORCH_VERSION must be defined by the build (flashdraft's CMake package does it)"
@@ -31,8 +33,30 @@ namespace flashdraft {
 #endif
 constexpr int kPluginApiVersion = 1;  // the engine's; plugins compile FLASHDRAFT_PLUGIN_API_VERSION
 
-enum class PluginKind : int { drafter = 0, mask = 1, kernel = 2, dataset = 3 };
+// The kinds come from one table, plugin_kinds.def.
+enum class PluginKind : int {
+#define FLASHDRAFT_PLUGIN_KIND(ID, KIND, INTERFACE, TABLE, SELECTION) KIND = ID,
+#include <flashdraft/plugin_kinds.def>
+#undef FLASHDRAFT_PLUGIN_KIND
+};
 FLASHDRAFT_API const char* to_string(PluginKind kind);
+
+class PluginObject;
+
+// One row of plugin_kinds.def, as the engine uses it.
+struct PluginKindInfo {
+  PluginKind kind;
+  const char* name;       // "drafter"
+  const char* interface;  // "flashdraft::Drafter"
+  const char* table;      // experiment table: "drafter", or "kernels" for [kernels.<name>]
+  bool listed;            // true: [attention].kernels lists several; false: `plugin = "..."`
+  bool (*implements)(const PluginObject* object);  // the object implements the interface
+};
+// Every kind, in the order of plugin_kinds.def.
+FLASHDRAFT_API const std::vector<PluginKindInfo>& plugin_kinds();
+// The row of a kind id; null for an id no row has (a plugin from a newer engine).
+FLASHDRAFT_API const PluginKindInfo* find_plugin_kind(int id);
+FLASHDRAFT_API const PluginKindInfo& plugin_kind(PluginKind kind);
 
 // What the plugin was compiled against; compared field by field with the engine's.
 struct BuildFingerprint {

@@ -1,0 +1,34 @@
+// Stage 2 of a run: the plugins instantiated and bound to each other before step 0:
+// the dataset opened (data generated or read from its cache), the drafter built against
+// the target and the data's shapes, and the attention kernel chosen for the drafter's
+// problem. Everything `flashdraft run` can refuse before step 0 is refused here, so
+// `flashdraft validate` runs exactly this stage.
+#pragma once
+
+#include <flashdraft/attention.hpp>
+#include <flashdraft/mask_generator.hpp>
+#include <flashdraft/model.hpp>
+
+#include "dispatch.hpp"
+#include "setup.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace flashdraft {
+
+struct BoundPlugins {
+  RunContext ctx;
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Drafter> drafter;
+  std::unique_ptr<MaskGenerator> mask;
+  std::vector<std::unique_ptr<AttentionKernel>> kernels;  // objects of the kernels found
+  KernelChoice choice;  // the kernel selected for the drafter's problem, with every reason
+};
+
+// Seeds LibTorch's default generator with [run].seed, creates the output folder,
+// instantiates and binds. Throws ConfigError (bad value for these data), FallbackError
+// (no acceptable kernel under the policy) or std::runtime_error.
+BoundPlugins bind_plugins(const Setup& setup);
+
+}  // namespace flashdraft

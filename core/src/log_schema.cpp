@@ -1,0 +1,53 @@
+// The run log's columns (the README's "run log" table describes the same).
+#include "log_schema.hpp"
+
+namespace flashdraft {
+
+std::vector<LogColumn> log_columns(const LogShape& shape) {
+  using T = RunLog::Type;
+  std::vector<LogColumn> c = {
+      {"steps/step", T::i64, 0, 0, "optimizer step (0-based)"},
+      {"steps/loss", T::f64, 0, 0, "training loss"},
+      {"steps/lr", T::f64, 0, 0, "learning rate used at this step"},
+      {"steps/grad_norm", T::f64, 0, 0, "global gradient norm before clipping"},
+      {"steps/step_time_s", T::f64, 0, 0, "wall time of the step, seconds"},
+      {"steps/tokens_per_s", T::f64, 0, 0, "loss-carrying tokens per second"},
+      {"steps/position_accuracy", T::f64, shape.positions, 0, "accuracy per block position 1..BS-1"},
+  };
+  for (const auto& n : shape.scalar_names) c.push_back({"steps/" + n, T::f64, 0, 0, "drafter metric"});
+  const std::vector<LogColumn> rest = {
+      {"memory/forward", T::i64, 0, 0, "peak bytes during the forward pass"},
+      {"memory/backward", T::i64, 0, 0, "peak bytes during the backward pass"},
+      {"memory/optimizer", T::i64, 0, 0, "peak bytes during clipping and the optimizer step"},
+      {"memory/step", T::i64, 0, 0, "peak bytes over the whole step"},
+      {"kernels/forward", T::i32, shape.layers, 0, "variant id per layer (forward); -1 = no call"},
+      {"kernels/backward", T::i32, shape.layers, 0, "variant id per layer (backward); -1 = no call"},
+      {"kernels/names", T::str, 0, 256, "variant names; ids index this list"},
+      {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
+      {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},
+      {"events/message", T::str, 0, 2048, "what happened"},
+      {"eval/step", T::i64, 0, 0, "optimizer steps completed when the validation ran"},
+      {"eval/loss", T::f64, 0, 0, "mean loss over the held-out batches"},
+      {"eval/tau", T::f64, 0, 0,
+       "exact greedy acceptance length: 1 + mean leading matches of the block proposals with the "
+       "target's greedy continuation (NaN if the drafter returns no predictions)"},
+      {"eval/tau_sim", T::f64, 0, 0, "1 + sum_k prod_{j<=k} acc_j from eval/position_accuracy"},
+      {"eval/blocks", T::i64, 0, 0, "blocks (anchors) the acceptance length averages over"},
+      {"eval/position_accuracy", T::f64, shape.positions, 0, "held-out accuracy per block position 1..BS-1"},
+  };
+  c.insert(c.end(), rest.begin(), rest.end());
+  return c;
+}
+
+std::vector<LogColumn> log_columns(const std::string& group) {
+  std::vector<LogColumn> out;
+  for (auto& c : log_columns(LogShape{}))
+    if (c.name.compare(0, group.size() + 1, group + "/") == 0) out.push_back(std::move(c));
+  return out;
+}
+
+void declare_log_columns(RunLog& log, const LogShape& shape) {
+  for (const auto& c : log_columns(shape)) log.declare(c.name, c.type, c.width, c.str_len, c.doc);
+}
+
+}  // namespace flashdraft

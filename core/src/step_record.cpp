@@ -1,0 +1,64 @@
+// A step's row in the log and its console line.
+#include "step_record.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+namespace flashdraft {
+
+namespace {
+
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(bytes < (int64_t(10) << 20) ? 2 : 1) << double(bytes) / (1 << 20) << " MiB";
+  return os.str();
+}
+
+}  // namespace
+
+void StepRecorder::record(const StepOutcome& o) {
+  for (; names_written_ < static_cast<int64_t>(ledger_.names().size()); ++names_written_)
+    log_.append("kernels/names", ledger_.names()[static_cast<size_t>(names_written_)]);
+  log_.append("kernels/forward", ledger_.ids(Phase::forward));
+  log_.append("kernels/backward", ledger_.ids(Phase::backward));
+  log_.append("steps/step", o.step);
+  log_.append("steps/loss", o.loss);
+  log_.append("steps/lr", o.lr);
+  log_.append("steps/grad_norm", o.grad_norm);
+  log_.append("steps/step_time_s", o.seconds);
+  log_.append("steps/tokens_per_s", o.seconds > 0 ? double(o.tokens) / o.seconds : 0.0);
+  std::vector<double> acc = o.position_accuracy;
+  acc.resize(static_cast<size_t>(shape_.positions), std::nan(""));
+  log_.append("steps/position_accuracy", acc);
+  const std::map<std::string, double> scalars(o.scalars.begin(), o.scalars.end());
+  for (const auto& n : shape_.scalar_names) {
+    const auto it = scalars.find(n);
+    log_.append("steps/" + n, it != scalars.end() ? it->second : std::nan(""));
+  }
+  log_.append("memory/forward", o.peak_forward);
+  log_.append("memory/backward", o.peak_backward);
+  log_.append("memory/optimizer", o.peak_optimizer);
+  log_.append("memory/step", std::max({o.peak_forward, o.peak_backward, o.peak_optimizer}));
+  log_.flush();
+}
+
+std::string StepRecorder::line(const StepOutcome& o, int64_t steps) const {
+  const std::map<std::string, double> scalars(o.scalars.begin(), o.scalars.end());
+  std::ostringstream os;
+  os << "step " << std::setw(5) << o.step + 1 << "/" << steps << "  loss " << std::fixed << std::setprecision(4)
+     << o.loss;
+  for (const auto& n : shape_.scalar_names) {
+    const auto it = scalars.find(n);
+    os << "  " << n << " " << std::setprecision(3) << (it != scalars.end() ? it->second : 0.0);
+  }
+  os << "  lr " << std::scientific << std::setprecision(2) << o.lr << std::fixed << "  |g| " << std::setprecision(3)
+     << o.grad_norm << "  " << std::setprecision(3) << o.seconds << " s"
+     << "  peak fwd " << mib(o.peak_forward) << " bwd " << mib(o.peak_backward) << "  kernels fwd "
+     << ledger_.summary(Phase::forward) << " bwd " << ledger_.summary(Phase::backward);
+  return os.str();
+}
+
+}  // namespace flashdraft

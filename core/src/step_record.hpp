@@ -1,0 +1,29 @@
+// Recording a step: its row in every /steps, /memory and /kernels column of the log
+// (flushed: a crash keeps it), and its progress line on the console.
+#pragma once
+
+#include "ledger.hpp"
+#include "log_schema.hpp"
+#include "run_log.hpp"
+#include "train_step.hpp"
+
+#include <string>
+
+namespace flashdraft {
+
+class StepRecorder {
+ public:
+  // `names_written`: variant names the log already holds (a resumed log's).
+  StepRecorder(RunLog& log, const KernelLedger& ledger, LogShape shape, int64_t names_written)
+      : log_(log), ledger_(ledger), shape_(std::move(shape)), names_written_(names_written) {}
+  void record(const StepOutcome& o);
+  std::string line(const StepOutcome& o, int64_t steps) const;
+
+ private:
+  RunLog& log_;
+  const KernelLedger& ledger_;
+  LogShape shape_;
+  int64_t names_written_;
+};
+
+}  // namespace flashdraft

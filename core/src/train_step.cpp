@@ -1,0 +1,53 @@
+// One optimizer step.
+#include "train_step.hpp"
+
+#include "memory.hpp"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+namespace flashdraft {
+
+NonFiniteLoss::NonFiniteLoss(double loss_value, int64_t step)
+    : std::runtime_error("loss is not finite (" + std::to_string(loss_value) + ") at step " + std::to_string(step) +
+                         "; the run stops (the log keeps every step before it)"),
+      loss(loss_value) {}
+
+StepOutcome train_step(StepContext& c, int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepOutcome o;
+  o.step = step;
+  o.lr = c.schedule.at(step);
+  set_learning_rate(c.optimizer, o.lr);
+  c.ledger.begin_step(step, c.layers);
+  Batch batch = c.dataset.train_batch(step);
+
+  MemoryTracker::reset_peak(c.device);
+  StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
+  o.peak_forward = MemoryTracker::peak_bytes(c.device);
+  o.loss = result.loss.item<double>();
+  if (!std::isfinite(o.loss)) throw NonFiniteLoss(o.loss, step);
+
+  MemoryTracker::reset_peak(c.device);
+  result.loss.backward();
+  o.peak_backward = MemoryTracker::peak_bytes(c.device);
+  result.loss = at::Tensor();
+
+  MemoryTracker::reset_peak(c.device);
+  const double clip = c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity();
+  o.grad_norm = torch::nn::utils::clip_grad_norm_(c.params, clip);
+  c.optimizer.step();
+  c.optimizer.zero_grad(/*set_to_none=*/true);
+  o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
+  if (c.device.is_cuda()) torch::cuda::synchronize();
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  o.tokens = result.tokens;
+  o.position_accuracy = std::move(result.position_accuracy);
+  o.scalars = std::move(result.scalars);
+  return o;
+}
+
+}  // namespace flashdraft
