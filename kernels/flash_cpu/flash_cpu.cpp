@@ -13,7 +13,8 @@
 // l = alpha l + rowsum P_t, acc = alpha acc + P_t V_j. At the end out = acc / l and
 // lse = m + log l; a row whose m stayed -inf (nothing visible) gets out 0, lse -inf.
 // Invariant that keeps NaN out: the shift used in exp is m' when finite and 0 when
-// m' = -inf, so exp only ever sees -inf - finite (= 0) or finite values.
+// m' = -inf, so exp only ever sees -inf - finite or finite values; exp_shifted() makes
+// exp(-inf) exactly 0 (Eigen's vectorised exp alone gives 1.2e-38 there, see below).
 //
 // Backward (FlashAttention-2, P recomputed tile by tile from the saved lse):
 //   delta[q] = rowsum(dO * O)       (first, one pass over the rows)
@@ -26,8 +27,8 @@
 //   recomputing P and dP (2 extra GEMMs per tile: 7 GEMMs per visible tile in all
 //   instead of 5) in exchange for owning dQ_i outright: no Lq x Lkv matrix and no
 //   per-thread dQ copies; memory stays O(tile) per thread.
-// Rows with lse = -inf use +inf as their shift: exp(S - inf) = 0 for every S, so P, dS
-// and all three gradients are exactly 0 there.
+// Rows with lse = -inf get P = 0 without an exp, so dS and all three gradients are
+// exactly 0 there; masked entries of the other rows get P = 0 from exp_shifted().
 //
 // Precision: fp32 or bf16 inputs; bf16 tiles are converted to fp32 when loaded, all
 // accumulation is fp32, results are rounded to the input dtype once at the end.
@@ -154,6 +155,15 @@ void apply_bitmap(Tile& s, const uint32_t* words, int64_t words_per_row) {
   }
 }
 
+// x[0, n) = exp(x - shift), with exp(-inf) = 0 exactly. Eigen's vectorised exp clamps its
+// argument at about -88.4 and so returns the smallest normal float (1.2e-38), not 0, for a
+// masked score: a row with nothing visible would then get l = n * 1.2e-38 > 0 and the mean
+// of V as its output instead of 0.
+inline void exp_shifted(float* x, int64_t n, float shift) {
+  Eigen::Map<Eigen::ArrayXf> a(x, n);
+  a = (a == -kInf).select(0.0f, (a - shift).exp());
+}
+
 // Calls f(kv_block, bitmap or nullptr) for the tiles of one forward row, ascending.
 template <class F>
 void for_each_kv_tile(const BlockMask& m, int64_t row, F&& f) {
@@ -221,7 +231,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           const float m_new = std::max(mbuf[r], s.row(r).maxCoeff());
           const float shift = m_new == -kInf ? 0.0f : m_new;  // see header: no -inf - -inf
           const float alpha = std::exp(mbuf[r] - shift);        // 0 while nothing was visible
-          s.row(r) = (s.row(r).array() - shift).exp().matrix();
+          exp_shifted(s.data() + r * s.cols(), s.cols(), shift);
           lbuf[r] = alpha * lbuf[r] + s.row(r).sum();
           acc.row(r) *= alpha;
           mbuf[r] = m_new;
@@ -242,14 +252,14 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // P of one tile recomputed from the saved lse: P = exp(scale Q K^T - lse), masked
-// entries 0; rows with lse = -inf (nothing visible) are shifted by +inf, so P = 0.
+// entries 0; rows with lse = -inf (nothing visible) are 0.
 inline void recompute_p(Tile& p, const ConstTile& qt, const ConstTile& kt, const float* lse_rows,
                         const uint32_t* bitmap, const Geometry& g) {
   p.noalias() = static_cast<float>(g.scale) * (qt * kt.transpose());
   if (bitmap) apply_bitmap(p, bitmap, g.words_per_row);
   for (int64_t r = 0; r < p.rows(); ++r) {
-    const float shift = lse_rows[r] == -kInf ? kInf : lse_rows[r];
-    p.row(r) = (p.row(r).array() - shift).exp().matrix();
+    if (lse_rows[r] == -kInf) p.row(r).setZero();
+    else exp_shifted(p.data() + r * p.cols(), p.cols(), lse_rows[r]);
   }
 }
 
