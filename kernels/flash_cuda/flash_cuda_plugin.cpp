@@ -15,6 +15,8 @@
 // entry of it, but flash_check() wants a non-null pointer).
 #include "flash_attention.cuh"
 
+#include "common/attention_inputs.hpp"
+
 #include <flashdraft/attention.hpp>
 #include <flashdraft/plugin.hpp>
 
@@ -37,6 +39,11 @@ using flashdraft::BlockMaskTensors;
 using flashdraft::BlockSize;
 using flashdraft::Support;
 
+// What flash_cuda accepts beyond the contract; supports() and the calls' checks both read it.
+const flashdraft::kernel_inputs::Accepted kAccepted{
+    "flash_cuda", c10::DeviceType::CUDA, {at::kBFloat16, at::kHalf},
+    [](int64_t d) { return fc::flash_supports_head_dim(static_cast<int>(d)); }, fc::flash_supported_head_dims()};
+
 // Compute capability of a CUDA device as major*10+minor, or a reason why it is unknown.
 int compute_capability(int device, std::string* why) {
   int count = 0;
@@ -57,12 +64,8 @@ int compute_capability(int device, std::string* why) {
   return major * 10 + minor;
 }
 
-fc::DType to_dtype(at::ScalarType t) {
-  if (t == at::kBFloat16) return fc::DType::bf16;
-  if (t == at::kHalf) return fc::DType::fp16;
-  throw std::invalid_argument(std::string("flash_cuda: dtype ") + c10::toString(t) +
-                              " unsupported (supported: BFloat16, Half)");
-}
+// After check_inputs(): the dtype is BFloat16 or Half.
+fc::DType to_dtype(at::ScalarType t) { return t == at::kBFloat16 ? fc::DType::bf16 : fc::DType::fp16; }
 
 fc::Strides strides_of(const at::Tensor& t) {
   fc::Strides s;
@@ -78,34 +81,11 @@ at::Tensor kernel_ready(const at::Tensor& t) {
   return ok ? t : t.contiguous();
 }
 
-// Throws std::invalid_argument naming the first input that does not fit the contract.
+// Throws std::invalid_argument naming the first input that does not fit: the shared checks,
+// then the tile the kernels need.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("flash_cuda: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) + ", k " +
-                                c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
-  if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) || k.size(1) < 1 ||
-      q.size(1) % k.size(1) != 0)
-    throw std::invalid_argument("flash_cuda: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] with Hq "
-                                "a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
-  if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
-    throw std::invalid_argument("flash_cuda: q, k, v must be on one CUDA device; found " + q.device().str() + ", " +
-                                k.device().str() + ", " + v.device().str());
-  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
-    throw std::invalid_argument(std::string("flash_cuda: q, k, v must share one dtype; found ") +
-                                c10::toString(q.scalar_type()) + ", " + c10::toString(k.scalar_type()) + ", " +
-                                c10::toString(v.scalar_type()));
-  to_dtype(q.scalar_type());
-  if (!fc::flash_supports_head_dim(static_cast<int>(q.size(3))))
-    throw std::invalid_argument("flash_cuda: head_dim " + std::to_string(q.size(3)) + " unsupported (supported: " +
-                                fc::flash_supported_head_dims() + ")");
-  if (mask.host == nullptr) throw std::invalid_argument("flash_cuda: the BlockMaskTensors carry no host mask");
+  flashdraft::kernel_inputs::check_inputs(kAccepted, q, k, v, mask);
   const flashdraft::BlockMask& m = *mask.host;
-  if (m.q_len != q.size(2) || m.kv_len != k.size(2) || (m.batch != 1 && m.batch != q.size(0)) ||
-      (m.heads != 1 && m.heads != q.size(1)))
-    throw std::invalid_argument("flash_cuda: the mask (batch " + std::to_string(m.batch) + ", heads " +
-                                std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
-                                std::to_string(m.kv_len) + ") does not fit q " + c10::str(q.sizes()) + " and k " + c10::str(k.sizes()) +
-                                " (mask batch and heads must be 1 or equal to B and Hq)");
   const fc::TileSize tile = fc::flash_tile_size(static_cast<int>(q.size(3)));
   if (m.block_q != tile.q || m.block_kv != tile.kv)
     throw std::invalid_argument("flash_cuda: the mask is built at tiles " + std::to_string(m.block_q) + " x " +
@@ -166,17 +146,8 @@ class FlashCuda : public flashdraft::AttentionKernel {
   static void declare(flashdraft::Schema&) {}
 
   Support supports(const AttentionProblem& p) const override {
-    std::string why;
-    auto add = [&](const std::string& reason) { why += (why.empty() ? "" : "; ") + reason; };
-    if (!p.device.is_cuda()) add("device " + p.device.str() + " unsupported (supported: cuda)");
-    if (p.dtype != at::kBFloat16 && p.dtype != at::kHalf)
-      add(std::string("dtype ") + c10::toString(p.dtype) + " unsupported (supported: BFloat16, Half)");
-    if (!fc::flash_supports_head_dim(static_cast<int>(p.head_dim)))
-      add("head_dim " + std::to_string(p.head_dim) + " unsupported (supported: " + fc::flash_supported_head_dims() +
-          ")");
-    if (p.heads_q < 1 || p.heads_kv < 1 || p.heads_q % p.heads_kv != 0)
-      add("heads_q " + std::to_string(p.heads_q) + " is not a multiple of heads_kv " + std::to_string(p.heads_kv) +
-          " (supported: GQA with Hq % Hkv == 0)");
+    flashdraft::kernel_inputs::Refusals why = flashdraft::kernel_inputs::problem_refusals(kAccepted, p);
+    auto add = [&](const std::string& reason) { why.add(reason); };
     if (p.device.is_cuda()) {
       std::string cc_why;
       const int index = p.device.has_index() ? p.device.index() : 0;
@@ -195,7 +166,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
         }
       }
     }
-    return why.empty() ? Support::yes() : Support::no("flash_cuda: " + why);
+    return why.support();
   }
 
   BlockSize block_size(const AttentionProblem& p) const override {
@@ -234,20 +205,11 @@ class FlashCuda : public flashdraft::AttentionKernel {
                              const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
                              const BlockMaskTensors& mask, double scale) override {
     check_inputs(q_in, k_in, v_in, mask);
-    if (dout_in.sizes() != q_in.sizes() || out_in.sizes() != q_in.sizes() ||
-        dout_in.scalar_type() != q_in.scalar_type() || out_in.scalar_type() != q_in.scalar_type())
-      throw std::invalid_argument("flash_cuda backward: dout " + c10::str(dout_in.sizes()) + " and out " + c10::str(out_in.sizes()) +
-                                  " must have q's shape " + c10::str(q_in.sizes()) + " and dtype");
-    if (lse_in.dim() != 3 || lse_in.size(0) != q_in.size(0) || lse_in.size(1) != q_in.size(1) ||
-        lse_in.size(2) != q_in.size(2) || lse_in.scalar_type() != at::kFloat)
-      throw std::invalid_argument("flash_cuda backward: lse must be float32 [B, Hq, Lq] = [" +
-                                  std::to_string(q_in.size(0)) + ", " + std::to_string(q_in.size(1)) + ", " +
-                                  std::to_string(q_in.size(2)) + "]; found " + c10::str(lse_in.sizes()) + " " +
-                                  c10::toString(lse_in.scalar_type()));
+    flashdraft::kernel_inputs::check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
     const at::Tensor q = kernel_ready(q_in), k = kernel_ready(k_in), v = kernel_ready(v_in);
-    const at::Tensor dout = kernel_ready(dout_in.to(q.device())), out = kernel_ready(out_in.to(q.device()));
-    const at::Tensor lse = lse_in.to(q.device()).contiguous();
+    const at::Tensor dout = kernel_ready(dout_in), out = kernel_ready(out_in);
+    const at::Tensor lse = lse_in.contiguous();
     const fc::Config config = fc::flash_config_from_env();
     const int device = q.device().index();
     const std::string variant = fc::flash_variant(true, fc::flash_resolve_config(config, device),
