@@ -3,15 +3,18 @@
 //   bench_flash_cuda table <rows.md> <xchg dir>
 //     bf16, B = 1, H = 32, D = 128: the DFlash mask (S = 4096 context, 512 anchors x 16:
 //     Lq = 8192, Lkv = 12288; anchors drawn at random, seed 7) and causal L = 8192, for
-//     the sm90a, sm90 and sm120 configurations (FLASHDRAFT_FLASH_CUDA_CONFIG set per row;
-//     FLASHDRAFT_BENCH_CONFIGS=sm90a,sm90 limits the list).
+//     the sm90a, sm90 and sm120 configurations, each forced the way an experiment forces it
+//     ([kernels.flash_cuda] config = "sm90a"; FLASHDRAFT_FLASH_CUDA_CONFIG, which would
+//     override every row, is unset first; FLASHDRAFT_BENCH_CONFIGS=sm90a,sm90 limits the list).
 //     Appends markdown rows to <rows.md>; writes the DFlash anchors and the visible-pair
 //     counts to <xchg dir> so bench/flex_reference.py times FlexAttention on the same mask.
-//   bench_flash_cuda dump <xchg dir>
+//   bench_flash_cuda dump <xchg dir> [config]
 //     A smaller DFlash problem (B = 2, Hq = 4, Hkv = 2 (GQA), S = 1024, 64 anchors x 16
 //     with padding blocks, D = 128, bf16): writes q, k, v, dout (bf16) and flash_cuda's
 //     out, lse (fp32), dq, dk, dv (bf16) as raw little-endian files plus meta.json, for
-//     bench/flex_reference.py to recompute with PyTorch's own flex_attention.
+//     bench/flex_reference.py to recompute with PyTorch's own flex_attention. `config`
+//     ("auto" unless given) is the [kernels.flash_cuda] config key the kernel is loaded with;
+//     meta.json records it with supports()'s note and the variants that ran.
 //
 // Timing: CUDA events around each call on the current stream, 10 warm-ups, median of
 // 30. "bwd" is the backward call alone (preprocess + dK/dV + dQ) given the forward's
@@ -118,7 +121,10 @@ std::string fmt(const char* f, double x) {
 }
 
 int table(const std::string& rows_path, const std::string& xdir) {
-  auto flash = load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda");
+  if (const char* env = std::getenv("FLASHDRAFT_FLASH_CUDA_CONFIG")) {
+    std::printf("bench_flash_cuda: FLASHDRAFT_FLASH_CUDA_CONFIG=%s unset: each row forces its own configuration\n", env);
+    unsetenv("FLASHDRAFT_FLASH_CUDA_CONFIG");
+  }
   const int64_t B = 1, H = 32, D = 128;
   std::vector<Shape> shapes;
   {
@@ -159,7 +165,17 @@ int table(const std::string& rows_path, const std::string& xdir) {
       for (std::string c; std::getline(ss, c, ',');) cfgs.push_back(c);
     }
     for (const std::string& cfg : cfgs) {
-      setenv("FLASHDRAFT_FLASH_CUDA_CONFIG", cfg.c_str(), 1);
+      auto flash = load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda",
+                                             {{"config", cfg}});
+      fd::AttentionProblem problem;
+      problem.device = c10::Device(c10::kCUDA, 0), problem.dtype = at::kBFloat16;
+      problem.batch = sh.B, problem.heads_q = problem.heads_kv = sh.H;
+      problem.q_len = sh.Lq, problem.kv_len = sh.Lkv, problem.head_dim = sh.D;
+      const fd::Support s = flash->supports(problem);
+      if (!s.ok) {
+        std::printf("| %s | flash_cuda %s: not run: %s |\n", sh.name.c_str(), cfg.c_str(), s.reason.c_str());
+        continue;
+      }
       torch::cuda::synchronize();
       // peak: one forward + backward
       c10::cuda::CUDACachingAllocator::emptyCache();
@@ -189,7 +205,6 @@ int table(const std::string& rows_path, const std::string& xdir) {
       rows << row << "\n";
     }
   }
-  unsetenv("FLASHDRAFT_FLASH_CUDA_CONFIG");
   return 0;
 }
 
@@ -200,11 +215,18 @@ void write_raw(const std::string& path, const at::Tensor& t) {
   if (!f) throw std::runtime_error("cannot write " + path);
 }
 
-int dump(const std::string& xdir) {
-  auto flash = load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda");
+int dump(const std::string& xdir, const std::string& config) {
+  auto flash =
+      load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda", {{"config", config}});
   auto gen = load<fd::MaskGenerator>(fd::PluginKind::mask, "dflash", "mask");
   const int64_t B = 2, Hq = 4, Hkv = 2, S = 1024, N = 64, BS = 16, D = 128;
   const fd::MaskInput in = dflash_input(B, S, N, BS, 3, 1234);
+  fd::AttentionProblem problem;
+  problem.device = c10::Device(c10::kCUDA, 0), problem.dtype = at::kBFloat16;
+  problem.batch = B, problem.heads_q = Hq, problem.heads_kv = Hkv;
+  problem.q_len = in.q_len, problem.kv_len = in.kv_len, problem.head_dim = D;
+  const fd::Support support = flash->supports(problem);
+  if (!support.ok) throw std::runtime_error("[kernels.flash_cuda] config = \"" + config + "\": " + support.reason);
   const fd::BlockMask mask = gen->build(in, 128, 64);
   const fd::BlockMaskTensors t = fd::to_tensors(mask, c10::Device(c10::kCUDA, 0));
   at::manual_seed(2026);
@@ -222,8 +244,8 @@ int dump(const std::string& xdir) {
   std::ofstream m(xdir + "/meta.json");
   m << "{\"B\": " << B << ", \"Hq\": " << Hq << ", \"Hkv\": " << Hkv << ", \"Lq\": " << in.q_len
     << ", \"Lkv\": " << in.kv_len << ", \"D\": " << D << ", \"S\": " << S << ", \"BS\": " << BS
-    << ", \"scale\": " << fmt("%.17g", scale) << ", \"variant_fwd\": \"" << f.variant << "\", \"variant_bwd\": \""
-    << g.variant << "\", \"anchors\": [";
+    << ", \"scale\": " << fmt("%.17g", scale) << ", \"config\": \"" << config << "\", \"note\": \"" << support.reason
+    << "\", \"variant_fwd\": \"" << f.variant << "\", \"variant_bwd\": \"" << g.variant << "\", \"anchors\": [";
   for (int64_t b = 0; b < B; ++b) {
     m << (b ? ", " : "") << "[";
     for (int64_t n = 0; n < N; ++n) m << (n ? ", " : "") << in.anchors[b][n];
@@ -236,9 +258,9 @@ int dump(const std::string& xdir) {
     m << "]";
   }
   m << "]}\n";
-  std::printf("dump: DFlash B=%lld Hq=%lld Hkv=%lld Lq=%lld Lkv=%lld D=%lld -> %s (%s, %s)\n", (long long)B,
-              (long long)Hq, (long long)Hkv, (long long)in.q_len, (long long)in.kv_len, (long long)D, xdir.c_str(),
-              f.variant.c_str(), g.variant.c_str());
+  std::printf("dump: DFlash B=%lld Hq=%lld Hkv=%lld Lq=%lld Lkv=%lld D=%lld, config \"%s\": %s -> %s (%s, %s)\n",
+              (long long)B, (long long)Hq, (long long)Hkv, (long long)in.q_len, (long long)in.kv_len, (long long)D,
+              config.c_str(), support.reason.c_str(), xdir.c_str(), f.variant.c_str(), g.variant.c_str());
   return 0;
 }
 
@@ -254,8 +276,8 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "table" && argc == 4) return table(argv[2], argv[3]);
-    if (mode == "dump" && argc == 3) return dump(argv[2]);
-    std::fprintf(stderr, "usage: %s table <rows.md> <xchg dir> | dump <xchg dir>\n", argv[0]);
+    if (mode == "dump" && (argc == 3 || argc == 4)) return dump(argv[2], argc == 4 ? argv[3] : "auto");
+    std::fprintf(stderr, "usage: %s table <rows.md> <xchg dir> | dump <xchg dir> [auto|sm90a|sm90|sm120]\n", argv[0]);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_flash_cuda: %s\n", e.what());

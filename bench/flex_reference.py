@@ -6,13 +6,14 @@
       flex_attention compiled with create_block_mask; causal L = 8192 through
       flex_attention compiled, SDPA flash (FA2) and SDPA cuDNN. Appends markdown rows
       (the same columns as bench_flash_cuda) to <rows.md>.
-  python3 bench/flex_reference.py check <xchg dir>
-      Reads the inputs and flash_cuda's outputs that `bench_flash_cuda dump` wrote, runs
+  python3 bench/flex_reference.py check <xchg dir> [<xchg dir> ...]
+      For each folder (one `bench_flash_cuda dump <dir> <config>` per configuration, say):
+      reads the inputs and flash_cuda's outputs that `bench_flash_cuda dump` wrote, runs
       flex_attention (compiled, fp32 on the upcast bf16 inputs: the reference) with the
       DFlash mask written here from the anchors, and prints the relative errors
       max|a - b| / max|b| of flash_cuda's out, lse, dq, dk, dv against it (bound 2e-2
-      for bf16), next to flex_attention's own bf16 errors for scale. Exit code 1 on a
-      failure. The mask here is written from DESIGN.md's definition, not from our code.
+      for bf16), next to flex_attention's own bf16 errors for scale. Exit code 1 when any
+      folder fails. The mask here is written from DESIGN.md's definition, not from our code.
 
 Timing: triton.testing.do_bench, median, after its warm-up; bwd = (fwd + bwd) - fwd.
 TFLOP/s over visible pairs: 4 * pairs * D per head forward, 2.5x that backward.
@@ -200,7 +201,8 @@ def check(xdir):
         seen = torch.stack([mod(b, 0, qi, ki).any(-1) for b in range(B)])  # [B, Lq]
         seen = seen[:, None, :].expand(B, Hq, Lq)
     print(f"flex check: DFlash B={B} Hq={Hq} Hkv={Hkv} Lq={Lq} Lkv={Lkv} D={D}, "
-          f"flash_cuda {m['variant_fwd']} / {m['variant_bwd']}; reference flex_attention fp32", flush=True)
+          f"flash_cuda {m['variant_fwd']} / {m['variant_bwd']} ({m.get('note', '')}); "
+          f"reference flex_attention fp32", flush=True)
     empty = ~seen
     ok = bool((got["lse"][empty] == -math.inf).all().item() and (got["out"][empty] == 0).all().item()
               and (got["dq"][empty] == 0).all().item())
@@ -217,15 +219,15 @@ def check(xdir):
         ok &= good
         print(f"  {name:4s} flash_cuda bf16 vs flex fp32: {e_ours:.2e}   flex bf16 vs flex fp32: {e_flex:.2e}"
               f"   NaN: {nan}   {'ok' if good else 'FAIL'} (bound 2e-2)", flush=True)
-    print("flex check:", "PASS" if ok else "FAIL", flush=True)
+    print(f"flex check: {'PASS' if ok else 'FAIL'} ({m['variant_bwd']})", flush=True)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "bench":
         bench(sys.argv[2], sys.argv[3])
-    elif len(sys.argv) == 3 and sys.argv[1] == "check":
-        sys.exit(check(sys.argv[2]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "check":
+        sys.exit(max(check(d) for d in sys.argv[2:]))
     else:
         print(__doc__)
         sys.exit(2)

@@ -17,13 +17,21 @@
 // every at::empty NaN-filled too; so an output element the kernel does not write stays
 // NaN and fails the NaN check.
 //
-// Configurations: every case runs with FLASHDRAFT_FLASH_CUDA_CONFIG unset (auto), then
-// forced to sm120 and to sm90; the reported variant must name the forced one, which
-// also proves the plugin reads the variable on every call.
+// Configurations: every case runs once per configuration this GPU runs ("auto", "sm90a",
+// "sm90", "sm120"), forced through the experiment key [kernels.flash_cuda].config with
+// FLASHDRAFT_FLASH_CUDA_CONFIG unset; the reported variant must name the configuration and
+// supports()'s note must say who chose it. Another test checks that the variable overrides
+// the key and is read on every call, and the sentences of every choice and refusal are
+// checked on the configuration rules themselves (flash_config.hpp) for an H200, an A100 and
+// a 99 KB part, without a GPU.
+//
+// The checks of each comparison are kernel_comparison.hpp's, shared with test_kernels_cpu.
 //
 // Without a CUDA device (CI) the GPU tests skip with a message; the supports() refusals
-// that need no device still run.
+// that need no device and the configuration rules still run.
 #include "attention_error.hpp"
+#include "flash_config.hpp"
+#include "kernel_comparison.hpp"
 #include "plugin_loading.hpp"
 #include "registry.hpp"
 
@@ -43,7 +51,9 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -51,12 +61,17 @@ namespace fd = flashdraft;
 
 namespace {
 
-const char* kConfigEnv = "FLASHDRAFT_FLASH_CUDA_CONFIG";
-
+namespace fc = flashdraft::flash_cuda;
+using fc::kConfigEnv;
 using test::load;
 
-std::shared_ptr<fd::AttentionKernel> kernel(const std::string& name) {
-  return load<fd::AttentionKernel>(fd::PluginKind::kernel, name, "kernels." + name);
+std::shared_ptr<fd::AttentionKernel> dense_ref() {
+  return load<fd::AttentionKernel>(fd::PluginKind::kernel, "dense_ref", "kernels.dense_ref");
+}
+// flash_cuda as an experiment with [kernels.flash_cuda] config = `config` configures it.
+std::shared_ptr<fd::AttentionKernel> flash_cuda(const std::string& config) {
+  return load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda",
+                                   {{"config", config}});
 }
 
 // Sets FLASHDRAFT_FLASH_CUDA_CONFIG for a scope ("" unsets it), restoring it after.
@@ -91,11 +106,10 @@ void poison_cuda_cache() {
   small.clear();
 }
 
-using test::has_nan;
+using test::KernelResults;
 using test::lse_relative_error;
-using test::max_abs;
 using test::relative_error;
-
+using test::run_kernel;
 using test::Visible;
 
 struct Case {
@@ -177,21 +191,6 @@ std::vector<Case> predicate_cases() {
   return cases;
 }
 
-struct Results {
-  at::Tensor out, lse, dq, dk, dv;
-  std::string fwd, bwd;
-};
-
-Results run(fd::AttentionKernel& k, const at::Tensor& q, const at::Tensor& kk, const at::Tensor& v,
-            const at::Tensor& dout, const fd::BlockMask& mask, double scale, bool poison) {
-  const fd::BlockMaskTensors tensors = fd::to_tensors(mask, q.device());
-  if (poison) poison_cuda_cache();
-  fd::AttentionForward f = k.forward(q, kk, v, tensors, scale);
-  if (poison) poison_cuda_cache();
-  fd::AttentionBackward g = k.backward(dout, q, kk, v, f.out, f.lse, tensors, scale);
-  return {f.out, f.lse, g.dq, g.dk, g.dv, f.variant, g.variant};
-}
-
 class FlashCuda : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -203,29 +202,42 @@ class FlashCuda : public ::testing::Test {
 
 using test::base_seed;
 
-// The configurations this GPU runs: sm90a (wgmma) exists on compute capability 9.0 only,
-// which the plugin's supports() knows. Where FLASHDRAFT_EXPECT_SM90A is set (the device
-// scripts set it on the H200), a refusal of sm90a is a failure, not a skip.
-std::vector<std::string> configs_here(fd::AttentionKernel& flash) {
-  std::vector<std::string> c = {"", "sm120", "sm90"};
-  const ConfigEnv env("sm90a");
+// A problem every configuration accepts, for supports() alone.
+fd::AttentionProblem small_problem() {
   fd::AttentionProblem p;
   p.device = c10::Device(c10::kCUDA, 0), p.dtype = at::kBFloat16, p.head_dim = 64, p.q_len = p.kv_len = 70;
-  const fd::Support s = flash.supports(p);
-  if (s.ok) c.push_back("sm90a");
-  else if (std::getenv("FLASHDRAFT_EXPECT_SM90A")) ADD_FAILURE() << "sm90a refused on this device: " << s.reason;
-  else std::printf("  configuration sm90a not run here: %s\n", s.reason.c_str());
-  return c;
+  return p;
 }
 
-// One case, one dtype, one head dim, one configuration ("" = auto).
+// The configuration a supports() note names: "config sm90a (...)" -> "sm90a".
+std::string noted_config(const std::string& note) {
+  if (note.rfind("config ", 0) != 0) return "";
+  return note.substr(7, note.find(' ', 7) - 7);
+}
+
+// The configurations this GPU runs: "auto", then each forced one its supports() accepts
+// (sm90a needs compute capability 9.0, sm90 160 KB of shared memory per block). Where
+// FLASHDRAFT_EXPECT_SM90A is set (the device scripts set it on the H200), a refusal of
+// sm90a is a failure, not a skip.
+std::vector<std::string> configs_here() {
+  const ConfigEnv env("");
+  std::vector<std::string> configs = {"auto"};
+  for (const std::string config : {"sm90a", "sm90", "sm120"}) {
+    const fd::Support s = flash_cuda(config)->supports(small_problem());
+    if (s.ok) configs.push_back(config);
+    else if (config == "sm90a" && std::getenv("FLASHDRAFT_EXPECT_SM90A")) ADD_FAILURE() << "sm90a refused: " << s.reason;
+    else std::printf("  configuration %s not run here: %s\n", config.c_str(), s.reason.c_str());
+  }
+  return configs;
+}
+
+// One case, one dtype, one head dim, one configuration of the experiment key.
 void compare(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c, at::ScalarType dtype,
              int64_t dim, const std::string& config, uint64_t seed) {
   const std::string precision = dtype == at::kBFloat16 ? "bf16" : "fp16";
-  const std::string cfg = config.empty() ? "auto" : config;
-  SCOPED_TRACE(c.name + " " + precision + " d" + std::to_string(dim) + " config " + cfg + " seed " +
+  SCOPED_TRACE(c.name + " " + precision + " d" + std::to_string(dim) + " config " + config + " seed " +
                std::to_string(seed));
-  const ConfigEnv env(config);
+  const ConfigEnv env("");  // the experiment key alone decides
   fd::AttentionProblem problem;
   problem.device = c10::Device(c10::kCUDA, 0);
   problem.dtype = dtype;
@@ -233,6 +245,11 @@ void compare(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case&
   problem.q_len = c.q_len, problem.kv_len = c.kv_len, problem.head_dim = dim;
   const fd::Support s = flash.supports(problem);
   ASSERT_TRUE(s.ok) << s.reason;
+  if (config == "auto")
+    EXPECT_NE(s.reason.find(" (auto: compute capability "), std::string::npos) << s.reason;
+  else
+    EXPECT_EQ(s.reason, "config " + config + " (forced by [kernels.flash_cuda].config)");
+  const std::string ran = noted_config(s.reason);
   const fd::BlockSize bs = flash.block_size(problem);
   ASSERT_EQ(bs.q, 128);
   ASSERT_EQ(bs.kv, 64);
@@ -248,88 +265,43 @@ void compare(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case&
   const at::Tensor v = at::randn({c.batch, c.heads_kv, c.kv_len, dim}, opt).to(dtype);
   const at::Tensor dout = at::randn({c.batch, c.heads_q, c.q_len, dim}, opt).to(dtype);
 
-  Results got, want;
+  KernelResults got, want;
   {
     PoisonedAllocations poison;
-    got = run(flash, q, k, v, dout, mask, scale, true);
+    got = run_kernel(flash, q, k, v, dout, mask, scale, poison_cuda_cache);
   }
-  want = run(dense, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat), mask, scale, false);
-  for (const at::Tensor& t : {want.out, want.lse, want.dq, want.dk, want.dv}) ASSERT_FALSE(has_nan(t));
-
-  const std::string suffix = (config.empty() ? std::string("") : config + "/") + precision + "/d" +
-                             std::to_string(dim) + "/m128n64";
-  if (config.empty()) {  // auto: either configuration, named fully
-    EXPECT_TRUE(got.fwd.rfind("flash_cuda/fwd/sm", 0) == 0) << got.fwd;
-    EXPECT_NE(got.fwd.find(precision + "/d" + std::to_string(dim) + "/m128n64"), std::string::npos) << got.fwd;
-    EXPECT_TRUE(got.bwd.rfind("flash_cuda/bwd/sm", 0) == 0) << got.bwd;
-  } else {
-    EXPECT_EQ(got.fwd, "flash_cuda/fwd/" + suffix);
-    EXPECT_EQ(got.bwd, "flash_cuda/bwd/" + suffix);
-  }
-  EXPECT_EQ(got.out.scalar_type(), dtype);
-  EXPECT_EQ(got.dq.scalar_type(), dtype);
-  EXPECT_EQ(got.dk.scalar_type(), dtype);
-  EXPECT_EQ(got.dv.scalar_type(), dtype);
-  EXPECT_EQ(got.lse.scalar_type(), at::kFloat);
-  EXPECT_TRUE(got.out.is_cuda() && got.dq.is_cuda() && got.dk.is_cuda() && got.dv.is_cuda());
-  ASSERT_EQ(got.out.sizes(), q.sizes());
-  ASSERT_EQ(got.lse.sizes().vec(), (std::vector<int64_t>{c.batch, c.heads_q, c.q_len}));
-  ASSERT_EQ(got.dq.sizes(), q.sizes());
-  ASSERT_EQ(got.dk.sizes(), k.sizes());
-  ASSERT_EQ(got.dv.sizes(), v.sizes());
-  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"out", got.out}, {"lse", got.lse},
-                                {"dq", got.dq}, {"dk", got.dk}, {"dv", got.dv}})
-    EXPECT_FALSE(has_nan(t)) << name << " has NaN (an element left unwritten, or a 0/0)";
-  EXPECT_FALSE(at::isinf(got.out).any().item<bool>() || at::isinf(got.dq).any().item<bool>() ||
-               at::isinf(got.dk).any().item<bool>() || at::isinf(got.dv).any().item<bool>());
-
-  const double tol = dtype == at::kBFloat16 ? 2e-2 : 1e-2;
-  const double e_out = relative_error(got.out, want.out), e_lse = lse_relative_error(got.lse, want.lse),
-               e_dq = relative_error(got.dq, want.dq), e_dk = relative_error(got.dk, want.dk),
-               e_dv = relative_error(got.dv, want.dv);
-  std::printf("  %-17s %s d%-3lld %-5s rel err: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e (bound %.0e)\n",
-              c.name.c_str(), precision.c_str(), static_cast<long long>(dim), cfg.c_str(), e_out, e_lse, e_dq, e_dk,
-              e_dv, tol);
-  EXPECT_LE(e_out, tol) << "out";
-  EXPECT_LE(e_lse, tol) << "lse";
-  EXPECT_LE(e_dq, tol) << "dq";
-  EXPECT_LE(e_dk, tol) << "dk";
-  EXPECT_LE(e_dv, tol) << "dv";
-
-  // Rows with no visible key, from the predicate itself: out 0, lse -inf, dq 0 exactly.
-  const at::Tensor lse_cpu = got.lse.cpu(), out_rows = got.out.abs().amax(-1).cpu(),
-                   dq_rows = got.dq.abs().amax(-1).cpu();
-  int64_t empty_rows = 0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t h = 0; h < c.heads_q; ++h)
-      for (int64_t qi = 0; qi < c.q_len; ++qi) {
-        bool any = false;
-        for (int64_t ki = 0; ki < c.kv_len && !any; ++ki) any = c.visible(b, h, qi, ki);
-        if (any) continue;
-        ++empty_rows;
-        EXPECT_EQ(lse_cpu[b][h][qi].item<float>(), -std::numeric_limits<float>::infinity());
-        EXPECT_EQ(out_rows[b][h][qi].item<float>(), 0.f);
-        EXPECT_EQ(dq_rows[b][h][qi].item<float>(), 0.f);
-      }
+  // The oracle: dense_ref on the same device in fp32 on the very same rounded values.
+  want = run_kernel(dense, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat), mask, scale);
+  const std::string suffix = ran + "/" + precision + "/d" + std::to_string(dim) + "/m128n64";
+  EXPECT_EQ(got.fwd, "flash_cuda/fwd/" + suffix);
+  EXPECT_EQ(got.bwd, "flash_cuda/bwd/" + suffix);
+  char label[64];
+  std::snprintf(label, sizeof label, "%-17s %s d%-3lld %-5s", c.name.c_str(), precision.c_str(),
+                static_cast<long long>(dim), config == "auto" ? ("auto=" + ran).c_str() : config.c_str());
+  ASSERT_NO_FATAL_FAILURE(
+      test::expect_matches_reference(got, want, q, k, dtype, dtype == at::kBFloat16 ? 2e-2 : 1e-2, label));
+  const int64_t empty_rows = test::expect_unseen_exactly_zero(got, c.heads_kv, c.visible);
   if (c.expect_empty_rows) {
     EXPECT_GT(empty_rows, 0) << "the case was meant to have rows with no visible key";
   }
 }
 
 TEST_F(FlashCuda, MatchesDenseRefForEveryMaskGeneratorDtypeHeadDimAndConfig) {
-  std::shared_ptr<fd::AttentionKernel> flash = kernel("flash_cuda"), dense = kernel("dense_ref");
+  std::shared_ptr<fd::AttentionKernel> dense = dense_ref();
   std::vector<Case> cases = generator_cases();
   for (Case& c : predicate_cases()) cases.push_back(std::move(c));
   uint64_t seed = base_seed();
   int runs = 0;
-  const std::vector<std::string> configs = configs_here(*flash);
-  for (const std::string& config : configs)
+  const std::vector<std::string> configs = configs_here();
+  for (const std::string& config : configs) {
+    std::shared_ptr<fd::AttentionKernel> flash = flash_cuda(config);
     for (const Case& c : cases)
       for (at::ScalarType dtype : {at::kBFloat16, at::kHalf})
         for (int64_t dim : {64, 128}) {
           compare(*flash, *dense, c, dtype, dim, config, seed++);
           ++runs;
         }
+  }
   std::printf("  %d comparisons (%zu masks x 2 dtypes x 2 head dims x %zu configurations)\n", runs, cases.size(),
               configs.size());
 }
@@ -343,39 +315,147 @@ TEST(FlashCudaCases, EveryMaskGeneratorIsCovered) {
         << "mask generator " << p->name << " has no case in test_flash_cuda.cpp";
 }
 
-// The configuration is read on every call: switching the variable switches the variant.
-TEST_F(FlashCuda, ConfigSwitchIsReadPerCall) {
-  std::shared_ptr<fd::AttentionKernel> flash = kernel("flash_cuda");
+// FLASHDRAFT_FLASH_CUDA_CONFIG wins over the experiment key, is read on every call, and
+// supports()'s note says so.
+TEST_F(FlashCuda, EnvironmentVariableOverridesTheExperimentKeyOnEveryCall) {
+  std::shared_ptr<fd::AttentionKernel> flash = flash_cuda("sm120");
+  bool sm90a = false;
+  {
+    const ConfigEnv env("");
+    sm90a = flash_cuda("sm90a")->supports(small_problem()).ok;
+  }
   const fd::BlockMask mask =
       build_from_predicate(1, 1, 130, 70, [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; });
   const fd::BlockMaskTensors t = fd::to_tensors(mask, c10::Device(c10::kCUDA, 0));
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::Tensor q = at::randn({1, 2, 130, 64}, opt), k = at::randn({1, 2, 70, 64}, opt),
                    v = at::randn({1, 2, 70, 64}, opt);
-  for (const std::string cfg : {"sm90", "sm120", "sm90"}) {
-    const ConfigEnv env(cfg);
-    EXPECT_EQ(flash->forward(q, k, v, t, 0.125).variant, "flash_cuda/fwd/" + cfg + "/bf16/d64/m128n64");
-  }
-  if (configs_here(*flash).back() == "sm90a") {
-    const ConfigEnv env("sm90a");
+  const std::string over = ", overriding [kernels.flash_cuda].config = \"sm120\")";
+  struct Step {
+    std::string env, note, variant;
+  };
+  std::vector<Step> steps = {
+      {"", "config sm120 (forced by [kernels.flash_cuda].config)", "sm120"},
+      {"sm90", "config sm90 (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm90" + over, "sm90"},
+      {"sm120", "config sm120 (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm120, as [kernels.flash_cuda].config)",
+       "sm120"},
+      {"auto", "", ""},  // the note and variant of auto depend on the GPU
+      {"", "config sm120 (forced by [kernels.flash_cuda].config)", "sm120"},
+  };
+  if (sm90a) steps.insert(steps.begin() + 2, {"sm90a", "config sm90a (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm90a" + over,
+                                              "sm90a"});
+  for (const Step& step : steps) {
+    SCOPED_TRACE("FLASHDRAFT_FLASH_CUDA_CONFIG=" + step.env);
+    const ConfigEnv env(step.env);
+    const fd::Support s = flash->supports(small_problem());
+    ASSERT_TRUE(s.ok) << s.reason;
+    std::string variant = step.variant;
+    if (step.env == "auto") {
+      EXPECT_NE(s.reason.find(" (auto: compute capability "), std::string::npos) << s.reason;
+      EXPECT_NE(s.reason.find("; FLASHDRAFT_FLASH_CUDA_CONFIG=auto" + over), std::string::npos) << s.reason;
+      variant = noted_config(s.reason);
+    } else {
+      EXPECT_EQ(s.reason, step.note);
+    }
+    std::printf("  FLASHDRAFT_FLASH_CUDA_CONFIG=%-5s [kernels.flash_cuda].config = \"sm120\": %s\n", step.env.c_str(),
+                s.reason.c_str());
     const fd::AttentionForward f = flash->forward(q, k, v, t, 0.125);
-    EXPECT_EQ(f.variant, "flash_cuda/fwd/sm90a/bf16/d64/m128n64");
+    EXPECT_EQ(f.variant, "flash_cuda/fwd/" + variant + "/bf16/d64/m128n64");
     EXPECT_EQ(flash->backward(at::randn_like(q), q, k, v, f.out, f.lse, t, 0.125).variant,
-              "flash_cuda/bwd/sm90a/bf16/d64/m128n64");
+              "flash_cuda/bwd/" + variant + "/bf16/d64/m128n64");
   }
+  // A value that names no configuration: refused by supports() and by the calls alike.
   const ConfigEnv env("sm75");
-  fd::AttentionProblem p;
-  p.device = c10::Device(c10::kCUDA, 0), p.dtype = at::kBFloat16, p.head_dim = 64, p.q_len = p.kv_len = 70;
-  const fd::Support s = flash->supports(p);
+  const fd::Support s = flash->supports(small_problem());
   EXPECT_FALSE(s.ok);
-  EXPECT_NE(s.reason.find("'sm75'"), std::string::npos) << s.reason;
-  EXPECT_NE(s.reason.find("auto, sm120, sm90, sm90a"), std::string::npos) << s.reason;
-  EXPECT_THROW(flash->forward(q, k, v, t, 0.125), std::exception);
+  try {
+    flash->forward(q, k, v, t, 0.125);
+    ADD_FAILURE() << "forward ran with FLASHDRAFT_FLASH_CUDA_CONFIG=sm75";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), s.reason);
+  }
+}
+
+// An invalid value of the variable is refused before any device question (runs in CI).
+TEST(FlashCudaSupports, RefusesAnEnvironmentValueThatNamesNoConfiguration) {
+  const ConfigEnv env("sm75");
+  const fd::Support s = flash_cuda("auto")->supports(small_problem());
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("flash_cuda: FLASHDRAFT_FLASH_CUDA_CONFIG is 'sm75', not a configuration; accepted values: "
+                          "auto, sm90a, sm90, sm120 (or unset it to use [kernels.flash_cuda].config = \"auto\")"),
+            std::string::npos)
+      << s.reason;
+}
+
+// The key is declared in the plugin's schema: a string, default "auto", four choices.
+TEST(FlashCudaSupports, DeclaresTheConfigKey) {
+  const fd::Schema schema = test::plugins().schema(test::plugins().get(fd::PluginKind::kernel, "flash_cuda"));
+  const fd::KeySpec* key = schema.find("config");
+  ASSERT_NE(key, nullptr);
+  EXPECT_EQ(key->type, fd::ValueType::string);
+  ASSERT_TRUE(key->fallback.has_value());
+  EXPECT_EQ(std::get<std::string>(*key->fallback), "auto");
+  EXPECT_EQ(key->choices, (std::vector<std::string>{"auto", "sm90a", "sm90", "sm120"}));
+}
+
+// The choice and its sentences, for devices this machine may not have.
+TEST(FlashCudaConfigChoice, NotesAndRefusalsNameTheValueWhereItCameFromAndWhatIsAccepted) {
+  const fc::DeviceLimits h200{9, 0, 227 * 1024}, a100{8, 0, 163 * 1024}, rtx{12, 0, 99 * 1024};
+  auto choose = [](const std::string& key, const std::string& where, std::optional<std::string> env,
+                   const fc::DeviceLimits& d) {
+    fc::ConfigRequest r;
+    r.key_value = key, r.key_where = where, r.env = std::move(env);
+    return fc::flash_choose_config(r, d, "cuda:0");
+  };
+  fc::ConfigChoice c = choose("auto", "", std::nullopt, h200);
+  EXPECT_EQ(c.config, fc::Config::sm90a);
+  EXPECT_EQ(c.note, "config sm90a (auto: compute capability 9.0)");
+  EXPECT_EQ(c.refusal, "");
+  c = choose("auto", "", std::nullopt, a100);
+  EXPECT_EQ(c.config, fc::Config::sm90);
+  EXPECT_EQ(c.note, "config sm90 (auto: compute capability 8.0, 163 KB of shared memory per block)");
+  c = choose("auto", "", std::nullopt, rtx);
+  EXPECT_EQ(c.config, fc::Config::sm120);
+  EXPECT_EQ(c.note, "config sm120 (auto: compute capability 12.0, 99 KB of shared memory per block, below the 160 KB "
+                    "sm90 needs)");
+  c = choose("sm90a", "x.toml:22:10", std::nullopt, h200);
+  EXPECT_EQ(c.config, fc::Config::sm90a);
+  EXPECT_EQ(c.note, "config sm90a (forced by [kernels.flash_cuda].config)");
+  c = choose("auto", "", std::string("sm120"), h200);
+  EXPECT_EQ(c.config, fc::Config::sm120);
+  EXPECT_EQ(c.note,
+            "config sm120 (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm120, overriding [kernels.flash_cuda].config = "
+            "\"auto\")");
+  c = choose("sm90", "", std::string("auto"), h200);
+  EXPECT_EQ(c.config, fc::Config::sm90a);
+  EXPECT_EQ(c.note, "config sm90a (auto: compute capability 9.0; FLASHDRAFT_FLASH_CUDA_CONFIG=auto, overriding "
+                    "[kernels.flash_cuda].config = \"sm90\")");
+  // Forced configurations the device cannot run.
+  c = choose("sm90a", "x.toml:22:10", std::nullopt, a100);
+  EXPECT_EQ(c.note, "");
+  EXPECT_EQ(c.refusal, "[kernels.flash_cuda].config = \"sm90a\" (x.toml:22:10) cannot run on cuda:0: sm90a needs "
+                       "compute capability 9.0 (wgmma), the device has 8.0; accepted on cuda:0: \"auto\", \"sm90\", "
+                       "\"sm120\"");
+  c = choose("auto", "", std::string("sm90"), rtx);
+  EXPECT_EQ(c.refusal, "FLASHDRAFT_FLASH_CUDA_CONFIG=sm90 (overriding [kernels.flash_cuda].config = \"auto\") cannot "
+                       "run on cuda:0: sm90 needs 160 KB of shared memory per block, the device allows 99 KB; accepted "
+                       "on cuda:0: auto, sm120");
+  c = choose("sm120", "", std::string("sm90a"), rtx);
+  EXPECT_EQ(c.refusal, "FLASHDRAFT_FLASH_CUDA_CONFIG=sm90a (overriding [kernels.flash_cuda].config = \"sm120\") "
+                       "cannot run on cuda:0: sm90a needs compute capability 9.0 (wgmma), the device has 12.0; "
+                       "accepted on cuda:0: auto, sm120");
+  // Values that name no configuration (a file value only reaches here past the schema in tests).
+  c = choose("auto", "", std::string("SM90"), h200);
+  EXPECT_EQ(c.refusal, "FLASHDRAFT_FLASH_CUDA_CONFIG is 'SM90', not a configuration; accepted values: auto, sm90a, "
+                       "sm90, sm120 (or unset it to use [kernels.flash_cuda].config = \"auto\")");
+  c = choose("sm80", "x.toml:3:1", std::nullopt, h200);
+  EXPECT_EQ(c.refusal, "[kernels.flash_cuda].config is \"sm80\" at x.toml:3:1, not a configuration; accepted values: "
+                       "\"auto\", \"sm90a\", \"sm90\", \"sm120\"");
 }
 
 // Inputs that are not contiguous (a transposed [B, L, H, D] layout) give the same result.
 TEST_F(FlashCuda, StridedInputs) {
-  std::shared_ptr<fd::AttentionKernel> flash = kernel("flash_cuda"), dense = kernel("dense_ref");
+  std::shared_ptr<fd::AttentionKernel> flash = flash_cuda("auto"), dense = dense_ref();
   const fd::BlockMask mask =
       build_from_predicate(1, 1, 150, 150, [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; });
   const fd::BlockMaskTensors t = fd::to_tensors(mask, c10::Device(c10::kCUDA, 0));
@@ -425,7 +505,8 @@ TEST(FlashCudaCases, MasksBuildAndMatchTheirPredicates) {
 
 // Refusals that need no GPU: they run in CI too.
 TEST(FlashCudaSupports, RefusesWithReasonsNamingFoundAndSupportedValues) {
-  std::shared_ptr<fd::AttentionKernel> flash = kernel("flash_cuda");
+  const ConfigEnv env("");
+  std::shared_ptr<fd::AttentionKernel> flash = flash_cuda("auto");
   fd::AttentionProblem p;
   p.dtype = at::kBFloat16, p.head_dim = 128, p.q_len = p.kv_len = 256, p.heads_q = 4, p.heads_kv = 2;
   fd::Support s = flash->supports(p);  // device cpu

@@ -14,7 +14,10 @@
 // Poisoning: LibTorch's "fill uninitialized memory" mode (deterministic algorithms on,
 // warn only) makes every at::empty return NaN-filled memory, so an output element a
 // kernel forgot to write stays NaN; every result is then checked to be NaN-free.
+// The checks of each comparison are kernel_comparison.hpp's, shared with test_flash_cuda.
 #include "attention_error.hpp"
+#include "kernel_comparison.hpp"
+#include "plugin_loading.hpp"
 #include "registry.hpp"
 
 #include <flashdraft/attention.hpp>
@@ -41,29 +44,19 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-const fd::Registry& registry() {
-  static const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
-  return reg;
+std::shared_ptr<fd::AttentionKernel> load_kernel(const std::string& name) {
+  return test::load<fd::AttentionKernel>(fd::PluginKind::kernel, name, "kernels." + name);
 }
-
-std::unique_ptr<fd::AttentionKernel> load_kernel(const std::string& name) {
-  const fd::FoundPlugin& plugin = registry().get(fd::PluginKind::kernel, name);
-  const fd::Schema schema = registry().schema(plugin);
-  fd::Config config("kernels." + name, fd::SourcePosition{});
-  for (const fd::KeySpec& key : schema.keys()) config.set(key.name, *key.fallback, std::nullopt);
-  return fd::create_as<fd::AttentionKernel>(registry(), plugin, config);
-}
-
-using test::PoisonedAllocations;
-
-using test::Visible;
 
 using test::build_mask;
-
 using test::has_nan;
+using test::KernelResults;
 using test::lse_relative_error;
 using test::max_abs;
+using test::PoisonedAllocations;
 using test::relative_error;
+using test::run_kernel;
+using test::Visible;
 
 struct Case {
   std::string name;
@@ -137,34 +130,19 @@ std::vector<Case> mask_cases() {
   return cases;
 }
 
-struct Results {
-  at::Tensor out, lse, dq, dk, dv;
-  std::string fwd, bwd;
-};
-
-Results run(fd::AttentionKernel& kernel, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-            const at::Tensor& dout, const fd::BlockMask& mask, double scale) {
-  const fd::BlockMaskTensors tensors = fd::to_tensors(mask, c10::kCPU);
-  fd::AttentionForward f = kernel.forward(q, k, v, tensors, scale);
-  fd::AttentionBackward g = kernel.backward(dout, q, k, v, f.out, f.lse, tensors, scale);
-  return {f.out, f.lse, g.dq, g.dk, g.dv, f.variant, g.variant};
-}
-
 class KernelsCpu : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    flash_ = load_kernel("flash_cpu").release();
-    dense_ = load_kernel("dense_ref").release();
+    flash_ = load_kernel("flash_cpu");
+    dense_ = load_kernel("dense_ref");
   }
   static void TearDownTestSuite() {
-    delete flash_;
-    delete dense_;
+    flash_.reset();
+    dense_.reset();
   }
-  static fd::AttentionKernel* flash_;
-  static fd::AttentionKernel* dense_;
+  static std::shared_ptr<fd::AttentionKernel> flash_, dense_;
 };
-fd::AttentionKernel* KernelsCpu::flash_ = nullptr;
-fd::AttentionKernel* KernelsCpu::dense_ = nullptr;
+std::shared_ptr<fd::AttentionKernel> KernelsCpu::flash_, KernelsCpu::dense_;
 
 // The poisoning this file relies on is really active.
 TEST_F(KernelsCpu, PoisonFillsEmptyTensorsWithNaN) {
@@ -198,78 +176,29 @@ void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, 
   const at::Tensor v = at::randn({c.batch, c.heads_kv, c.kv_len, c.dim}).to(dtype);
   const at::Tensor dout = at::randn({c.batch, c.heads_q, c.q_len, c.dim}).to(dtype);
 
-  Results got, want;
+  KernelResults got, want;
   {
     PoisonedAllocations poison;
-    got = run(flash, q, k, v, dout, mask, scale);
+    got = run_kernel(flash, q, k, v, dout, mask, scale);
     // The oracle: dense_ref in fp32 on the very same (possibly bf16-rounded) values.
-    want = run(dense, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat), mask, scale);
+    want = run_kernel(dense, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), dout.to(at::kFloat), mask, scale);
   }
-  for (const at::Tensor& t : {want.out, want.lse, want.dq, want.dk, want.dv}) ASSERT_FALSE(has_nan(t));
-
   const std::string precision = dtype == at::kBFloat16 ? "bf16" : "fp32";
   const std::string tiles = "q" + std::to_string(mask.block_q) + "k" + std::to_string(mask.block_kv);
   EXPECT_EQ(got.fwd, "flash_cpu/fwd/" + precision + "/" + tiles);
   EXPECT_EQ(got.bwd, "flash_cpu/bwd/" + precision + "/" + tiles);
   EXPECT_EQ(want.fwd, "dense_ref");
   EXPECT_EQ(want.bwd, "dense_ref");
-  EXPECT_EQ(got.out.scalar_type(), dtype);
-  EXPECT_EQ(got.dq.scalar_type(), dtype);
-  EXPECT_EQ(got.dk.scalar_type(), dtype);
-  EXPECT_EQ(got.dv.scalar_type(), dtype);
-  EXPECT_EQ(got.lse.scalar_type(), at::kFloat);
-  ASSERT_EQ(got.out.sizes(), q.sizes());
-  ASSERT_EQ(got.lse.sizes().vec(), (std::vector<int64_t>{c.batch, c.heads_q, c.q_len}));
-  ASSERT_EQ(got.dq.sizes(), q.sizes());
-  ASSERT_EQ(got.dk.sizes(), k.sizes());
-  ASSERT_EQ(got.dv.sizes(), v.sizes());
+  char label[64];
+  std::snprintf(label, sizeof label, "%-18s %s tiles %-7s", c.name.c_str(), precision.c_str(), tiles.c_str());
+  ASSERT_NO_FATAL_FAILURE(
+      test::expect_matches_reference(got, want, q, k, dtype, dtype == at::kBFloat16 ? 2e-2 : 1e-5, label));
 
-  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"out", got.out}, {"lse", got.lse},
-                                {"dq", got.dq}, {"dk", got.dk}, {"dv", got.dv}})
-    EXPECT_FALSE(has_nan(t)) << name << " has NaN (an element left unwritten, or a 0/0)";
-  EXPECT_FALSE(at::isinf(got.out).any().item<bool>());
-  EXPECT_FALSE(at::isinf(got.dq).any().item<bool>() || at::isinf(got.dk).any().item<bool>() ||
-               at::isinf(got.dv).any().item<bool>());
-
-  const double tol = dtype == at::kBFloat16 ? 2e-2 : 1e-5;
-  const double e_out = relative_error(got.out, want.out), e_lse = lse_relative_error(got.lse, want.lse),
-               e_dq = relative_error(got.dq, want.dq), e_dk = relative_error(got.dk, want.dk),
-               e_dv = relative_error(got.dv, want.dv);
-  std::printf("  %-18s %s tiles %-7s rel err: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e (bound %.0e)\n",
-              c.name.c_str(), precision.c_str(), tiles.c_str(), e_out, e_lse, e_dq, e_dk, e_dv, tol);
-  EXPECT_LE(e_out, tol) << "out";
-  EXPECT_LE(e_lse, tol) << "lse";
-  EXPECT_LE(e_dq, tol) << "dq";
-  EXPECT_LE(e_dk, tol) << "dk";
-  EXPECT_LE(e_dv, tol) << "dv";
-
-  // Rows with no visible key, from the predicate itself: out 0, lse -inf, dq 0.
-  // Keys no query of their group sees: dk, dv 0.
-  const int64_t group = c.heads_q / c.heads_kv;
-  std::vector<uint8_t> key_seen(c.batch * c.heads_kv * c.kv_len, 0);
-  int64_t empty_rows = 0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t h = 0; h < c.heads_q; ++h)
-      for (int64_t qi = 0; qi < c.q_len; ++qi) {
-        bool any = false;
-        for (int64_t ki = 0; ki < c.kv_len; ++ki)
-          if (c.visible(c.mask_batch == 1 ? 0 : b, c.mask_heads == 1 ? 0 : h, qi, ki)) {
-            any = true;
-            key_seen[(b * c.heads_kv + h / group) * c.kv_len + ki] = 1;
-          }
-        if (any) continue;
-        ++empty_rows;
-        EXPECT_EQ(got.lse[b][h][qi].item<float>(), -std::numeric_limits<float>::infinity());
-        EXPECT_EQ(max_abs(got.out[b][h][qi]), 0.0);
-        EXPECT_EQ(max_abs(got.dq[b][h][qi]), 0.0);
-      }
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t g = 0; g < c.heads_kv; ++g)
-      for (int64_t ki = 0; ki < c.kv_len; ++ki)
-        if (!key_seen[(b * c.heads_kv + g) * c.kv_len + ki]) {
-          EXPECT_EQ(max_abs(got.dk[b][g][ki]), 0.0);
-          EXPECT_EQ(max_abs(got.dv[b][g][ki]), 0.0);
-        }
+  // The case's predicate sees mask coordinates: a mask of batch or heads 1 is shared.
+  const Visible visible = [&c](int64_t b, int64_t h, int64_t qi, int64_t ki) {
+    return c.visible(c.mask_batch == 1 ? 0 : b, c.mask_heads == 1 ? 0 : h, qi, ki);
+  };
+  const int64_t empty_rows = test::expect_unseen_exactly_zero(got, c.heads_kv, visible);
   if (c.name.rfind("dflash", 0) == 0 || c.name == "gen_dflash" || c.name == "random_per_head" ||
       c.name == "nothing_visible" || c.name == "no_keys") {
     EXPECT_GT(empty_rows, 0);
@@ -305,8 +234,8 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
 
   uint64_t seed = base_seed() + 4000;
   int64_t tested = 0;
-  for (const fd::FoundPlugin* plugin : registry().of_kind(fd::PluginKind::mask)) {
-    const fd::Schema schema = registry().schema(*plugin);
+  for (const fd::FoundPlugin* plugin : test::plugins().of_kind(fd::PluginKind::mask)) {
+    const fd::Schema schema = test::plugins().schema(*plugin);
     fd::Config config("mask", fd::SourcePosition{});
     const auto over = overrides.find(plugin->name);
     bool complete = true;
@@ -323,7 +252,7 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
                   plugin->name.c_str());
       continue;
     }
-    std::shared_ptr<fd::MaskGenerator> gen = fd::create_as<fd::MaskGenerator>(registry(), *plugin, config);
+    std::shared_ptr<fd::MaskGenerator> gen = fd::create_as<fd::MaskGenerator>(test::plugins(), *plugin, config);
     const fd::MaskInput input = plugin->name == "dflash" ? dflash : self;
     try {
       gen->build(input, 64, 64);
@@ -393,7 +322,7 @@ TEST_F(KernelsCpu, DenseRefMatchesLoop) {
   at::manual_seed(base_seed() + 3000);
   const at::Tensor q = at::randn({B, Hq, Lq, D}), k = at::randn({B, Hkv, Lkv, D}),
                    v = at::randn({B, Hkv, Lkv, D}), dout = at::randn({B, Hq, Lq, D});
-  const Results r = run(*dense_, q, k, v, dout, mask, scale);
+  const KernelResults r = run_kernel(*dense_, q, k, v, dout, mask, scale);
 
   auto Q = q.accessor<float, 4>();
   auto K = k.accessor<float, 4>();
@@ -460,8 +389,8 @@ TEST_F(KernelsCpu, DenseRefMatchesLoop) {
   EXPECT_FALSE(has_nan(r.out) || has_nan(r.dq) || has_nan(r.dk) || has_nan(r.dv) || has_nan(r.lse));
 
   // bf16 inputs: math in fp32, results in bf16, close to the fp32 results.
-  const Results rb = run(*dense_, q.to(at::kBFloat16), k.to(at::kBFloat16), v.to(at::kBFloat16),
-                         dout.to(at::kBFloat16), mask, scale);
+  const KernelResults rb = run_kernel(*dense_, q.to(at::kBFloat16), k.to(at::kBFloat16), v.to(at::kBFloat16),
+                                     dout.to(at::kBFloat16), mask, scale);
   EXPECT_EQ(rb.out.scalar_type(), at::kBFloat16);
   EXPECT_EQ(rb.dk.scalar_type(), at::kBFloat16);
   EXPECT_EQ(rb.lse.scalar_type(), at::kFloat);

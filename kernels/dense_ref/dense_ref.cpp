@@ -17,6 +17,8 @@
 // Runs on any device and dtype (math in fp32, results in the input dtype). Variant:
 // "dense_ref" for both phases. Its check: tests/test_kernels_cpu.cpp compares it with a
 // per-element loop (tiny case) and flash_cpu with it.
+#include "common/attention_inputs.hpp"
+
 #include <flashdraft/attention.hpp>
 #include <flashdraft/plugin.hpp>
 
@@ -24,7 +26,7 @@
 #include <torch/autograd.h>
 
 #include <limits>
-#include <stdexcept>
+#include <optional>
 #include <string>
 
 namespace {
@@ -35,27 +37,11 @@ using flashdraft::AttentionProblem;
 using flashdraft::BlockMaskTensors;
 using flashdraft::BlockSize;
 using flashdraft::Support;
+using flashdraft::kernel_inputs::check_backward_inputs;
+using flashdraft::kernel_inputs::check_inputs;
 
-// Throws std::invalid_argument naming the first input that does not fit the contract.
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const BlockMaskTensors& mask) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("dense_ref: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) +
-                                ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
-  if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) ||
-      k.size(1) < 1 || q.size(1) % k.size(1) != 0)
-    throw std::invalid_argument("dense_ref: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] "
-                                "with Hq a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) +
-                                ", v " + c10::str(v.sizes()));
-  if (mask.host == nullptr) throw std::invalid_argument("dense_ref: the BlockMaskTensors carry no host mask");
-  const flashdraft::BlockMask& m = *mask.host;
-  if (m.q_len != q.size(2) || m.kv_len != k.size(2) || (m.batch != 1 && m.batch != q.size(0)) ||
-      (m.heads != 1 && m.heads != q.size(1)))
-    throw std::invalid_argument("dense_ref: the mask (batch " + std::to_string(m.batch) + ", heads " +
-                                std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
-                                std::to_string(m.kv_len) + ") does not fit q " + c10::str(q.sizes()) + " and k " +
-                                c10::str(k.sizes()) + " (mask batch and heads must be 1 or equal to B and Hq)");
-}
+// Any device, dtype and head dim: the reference checks only the shape contract.
+const flashdraft::kernel_inputs::Accepted kAccepted{"dense_ref", std::nullopt, {}, {}, ""};
 
 // GQA: kv head g serves query heads g * group .. (g + 1) * group - 1.
 at::Tensor expand_heads(const at::Tensor& t, int64_t heads_q) {
@@ -98,7 +84,7 @@ class DenseRef : public flashdraft::AttentionKernel {
 
   AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const BlockMaskTensors& mask, double scale) override {
-    check_inputs(q, k, v, mask);
+    check_inputs(kAccepted, q, k, v, mask);
     if (k.size(2) == 0)  // no keys at all: every row is empty (a row max over nothing is undefined)
       return {at::zeros_like(q), at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<float>::infinity(),
                                           q.options().dtype(at::kFloat)),
@@ -109,9 +95,10 @@ class DenseRef : public flashdraft::AttentionKernel {
   }
 
   AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                              const BlockMaskTensors& mask, double scale) override {
-    check_inputs(q, k, v, mask);
+    check_inputs(kAccepted, q, k, v, mask);
+    check_backward_inputs(kAccepted, dout, out, lse, q);  // out and lse are checked, not read
     if (k.size(2) == 0) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), "dense_ref"};
     // The engine may call this from inside an autograd backward, where grad mode is off.
     at::AutoGradMode grad_on(true);

@@ -13,7 +13,8 @@
 // l = alpha l + rowsum P_t, acc = alpha acc + P_t V_j. At the end out = acc / l and
 // lse = m + log l; a row whose m stayed -inf (nothing visible) gets out 0, lse -inf.
 // Invariant that keeps NaN out: the shift used in exp is m' when finite and 0 when
-// m' = -inf, so exp only ever sees -inf - finite (= 0) or finite values.
+// m' = -inf, so exp only ever sees -inf - finite or finite values; exp_shifted() makes
+// exp(-inf) exactly 0 (Eigen's vectorised exp alone gives 1.2e-38 there, see below).
 //
 // Backward (FlashAttention-2, P recomputed tile by tile from the saved lse):
 //   delta[q] = rowsum(dO * O)       (first, one pass over the rows)
@@ -26,8 +27,8 @@
 //   recomputing P and dP (2 extra GEMMs per tile: 7 GEMMs per visible tile in all
 //   instead of 5) in exchange for owning dQ_i outright: no Lq x Lkv matrix and no
 //   per-thread dQ copies; memory stays O(tile) per thread.
-// Rows with lse = -inf use +inf as their shift: exp(S - inf) = 0 for every S, so P, dS
-// and all three gradients are exactly 0 there.
+// Rows with lse = -inf get P = 0 without an exp, so dS and all three gradients are
+// exactly 0 there; masked entries of the other rows get P = 0 from exp_shifted().
 //
 // Precision: fp32 or bf16 inputs; bf16 tiles are converted to fp32 when loaded, all
 // accumulation is fp32, results are rounded to the input dtype once at the end.
@@ -41,6 +42,8 @@
 // block size (block_size() asks for 64 x 64; any size works).
 // Check: tests/test_kernels_cpu.cpp (against dense_ref); bench: bench/attention_cpu.cpp.
 #define EIGEN_DONT_PARALLELIZE
+#include "common/attention_inputs.hpp"
+
 #include <flashdraft/attention.hpp>
 #include <flashdraft/plugin.hpp>
 
@@ -64,6 +67,8 @@ using flashdraft::BlockMask;
 using flashdraft::BlockMaskTensors;
 using flashdraft::BlockSize;
 using flashdraft::Support;
+using flashdraft::kernel_inputs::check_backward_inputs;
+using flashdraft::kernel_inputs::check_inputs;
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstTile = Eigen::Map<const RowMatrix>;
@@ -97,40 +102,10 @@ struct Geometry {
 
 std::string precision_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; }
 
-// Throws std::invalid_argument naming what does not fit (supports() gives the same
-// reasons before a run; this guards direct calls).
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const BlockMaskTensors& mask) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("flash_cpu: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) +
-                                ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
-  if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) || k.size(1) < 1 ||
-      q.size(1) % k.size(1) != 0)
-    throw std::invalid_argument("flash_cpu: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] "
-                                "with Hq a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) +
-                                ", v " + c10::str(v.sizes()));
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    if (!t->device().is_cpu())
-      throw std::invalid_argument("flash_cpu: tensors must be on the CPU; found one on " + t->device().str());
-    if (t->scalar_type() != q.scalar_type() ||
-        (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16))
-      throw std::invalid_argument(std::string("flash_cpu: q, k, v must all be float32 or all bfloat16; found ") +
-                                  c10::toString(q.scalar_type()) + ", " + c10::toString(k.scalar_type()) +
-                                  ", " + c10::toString(v.scalar_type()));
-  }
-  if (q.size(3) < 1 || q.size(3) > kMaxHeadDim)
-    throw std::invalid_argument("flash_cpu: head_dim " + std::to_string(q.size(3)) +
-                                " unsupported (supported: 1 to " + std::to_string(kMaxHeadDim) + ")");
-  if (mask.host == nullptr) throw std::invalid_argument("flash_cpu: the BlockMaskTensors carry no host mask");
-  const BlockMask& m = *mask.host;
-  if (m.q_len != q.size(2) || m.kv_len != k.size(2) || (m.batch != 1 && m.batch != q.size(0)) ||
-      (m.heads != 1 && m.heads != q.size(1)) || m.block_q < 1 || m.block_kv < 1)
-    throw std::invalid_argument("flash_cpu: the mask (batch " + std::to_string(m.batch) + ", heads " +
-                                std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
-                                std::to_string(m.kv_len) + ", blocks " + std::to_string(m.block_q) + "x" +
-                                std::to_string(m.block_kv) + ") does not fit q " + c10::str(q.sizes()) + " and k " +
-                                c10::str(k.sizes()) + " (mask batch and heads must be 1 or equal to B and Hq)");
-}
+// What flash_cpu accepts beyond the contract; supports() and the calls' checks both read it.
+const flashdraft::kernel_inputs::Accepted kAccepted{
+    "flash_cpu", c10::DeviceType::CPU, {at::kFloat, at::kBFloat16},
+    [](int64_t d) { return d >= 1 && d <= kMaxHeadDim; }, "1 to " + std::to_string(kMaxHeadDim)};
 
 // Rows [0, n) x [0, dim) of a tile as fp32: float input is used in place, bf16 input
 // is converted into `scratch`.
@@ -152,6 +127,15 @@ void apply_bitmap(Tile& s, const uint32_t* words, int64_t words_per_row) {
     for (int64_t c = 0; c < s.cols(); ++c)
       if (!((w[c >> 5] >> (c & 31)) & 1u)) row[c] = -kInf;
   }
+}
+
+// x[0, n) = exp(x - shift), with exp(-inf) = 0 exactly. Eigen's vectorised exp clamps its
+// argument at about -88.4 and so returns the smallest normal float (1.2e-38), not 0, for a
+// masked score: a row with nothing visible would then get l = n * 1.2e-38 > 0 and the mean
+// of V as its output instead of 0.
+inline void exp_shifted(float* x, int64_t n, float shift) {
+  Eigen::Map<Eigen::ArrayXf> a(x, n);
+  a = (a == -kInf).select(0.0f, (a - shift).exp());
 }
 
 // Calls f(kv_block, bitmap or nullptr) for the tiles of one forward row, ascending.
@@ -221,7 +205,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           const float m_new = std::max(mbuf[r], s.row(r).maxCoeff());
           const float shift = m_new == -kInf ? 0.0f : m_new;  // see header: no -inf - -inf
           const float alpha = std::exp(mbuf[r] - shift);        // 0 while nothing was visible
-          s.row(r) = (s.row(r).array() - shift).exp().matrix();
+          exp_shifted(s.data() + r * s.cols(), s.cols(), shift);
           lbuf[r] = alpha * lbuf[r] + s.row(r).sum();
           acc.row(r) *= alpha;
           mbuf[r] = m_new;
@@ -242,14 +226,14 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // P of one tile recomputed from the saved lse: P = exp(scale Q K^T - lse), masked
-// entries 0; rows with lse = -inf (nothing visible) are shifted by +inf, so P = 0.
+// entries 0; rows with lse = -inf (nothing visible) are 0.
 inline void recompute_p(Tile& p, const ConstTile& qt, const ConstTile& kt, const float* lse_rows,
                         const uint32_t* bitmap, const Geometry& g) {
   p.noalias() = static_cast<float>(g.scale) * (qt * kt.transpose());
   if (bitmap) apply_bitmap(p, bitmap, g.words_per_row);
   for (int64_t r = 0; r < p.rows(); ++r) {
-    const float shift = lse_rows[r] == -kInf ? kInf : lse_rows[r];
-    p.row(r) = (p.row(r).array() - shift).exp().matrix();
+    if (lse_rows[r] == -kInf) p.row(r).setZero();
+    else exp_shifted(p.data() + r * p.cols(), p.cols(), lse_rows[r]);
   }
 }
 
@@ -380,24 +364,13 @@ class FlashCpu : public flashdraft::AttentionKernel {
   static void declare(flashdraft::Schema&) {}
 
   Support supports(const AttentionProblem& p) const override {
-    std::string why;
-    auto add = [&](const std::string& reason) { why += (why.empty() ? "" : "; ") + reason; };
-    if (!p.device.is_cpu()) add("device " + p.device.str() + " unsupported (supported: cpu)");
-    if (p.dtype != at::kFloat && p.dtype != at::kBFloat16)
-      add(std::string("dtype ") + c10::toString(p.dtype) + " unsupported (supported: Float, BFloat16)");
-    if (p.head_dim < 1 || p.head_dim > kMaxHeadDim)
-      add("head_dim " + std::to_string(p.head_dim) + " unsupported (supported: 1 to " +
-          std::to_string(kMaxHeadDim) + ")");
-    if (p.heads_kv < 1 || p.heads_q % p.heads_kv != 0)
-      add("heads_q " + std::to_string(p.heads_q) + " is not a multiple of heads_kv " +
-          std::to_string(p.heads_kv) + " (supported: GQA with Hq % Hkv == 0)");
-    return why.empty() ? Support::yes() : Support::no("flash_cpu: " + why);
+    return flashdraft::kernel_inputs::problem_refusals(kAccepted, p).support();
   }
   BlockSize block_size(const AttentionProblem&) const override { return {64, 64}; }
 
   AttentionForward forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                            const BlockMaskTensors& mask, double scale) override {
-    check_inputs(q_in, k_in, v_in, mask);
+    check_inputs(kAccepted, q_in, k_in, v_in, mask);
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const BlockMask& m = *mask.host;
     const Geometry g(q, k, m, scale);
@@ -413,18 +386,11 @@ class FlashCpu : public flashdraft::AttentionKernel {
   AttentionBackward backward(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                              const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
                              const BlockMaskTensors& mask, double scale) override {
-    check_inputs(q_in, k_in, v_in, mask);
-    if (dout_in.sizes() != q_in.sizes() || out_in.sizes() != q_in.sizes())
-      throw std::invalid_argument("flash_cpu: dout " + c10::str(dout_in.sizes()) + " and out " + c10::str(out_in.sizes()) +
-                                  " must have q's shape " + c10::str(q_in.sizes()));
-    if (lse_in.dim() != 3 || lse_in.size(0) != q_in.size(0) || lse_in.size(1) != q_in.size(1) ||
-        lse_in.size(2) != q_in.size(2))
-      throw std::invalid_argument("flash_cpu: lse " + c10::str(lse_in.sizes()) + " must be [B, Hq, Lq] for q " +
-                                  c10::str(q_in.sizes()));
+    check_inputs(kAccepted, q_in, k_in, v_in, mask);
+    check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
     const at::ScalarType t = q_in.scalar_type();
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const at::Tensor dout = dout_in.to(t).contiguous(), out = out_in.to(t).contiguous();
-    const at::Tensor lse = lse_in.to(at::kFloat).contiguous();
+    const at::Tensor dout = dout_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
     const BlockMask& m = *mask.host;
     const Geometry g(q, k, m, scale);
     at::Tensor dq = at::empty(q.sizes(), q.options());

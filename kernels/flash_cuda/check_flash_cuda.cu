@@ -6,9 +6,12 @@
 //                              outputs poisoned (0xFF = NaN) before every call.
 //   ./check_flash_cuda bench   DFlash mask (S=4096 context, 512 anchors x 16) and causal
 //                              L=8192, bf16, B=1, H=32, D=128: median ms of forward and
-//                              backward (cudaEvents) for both configurations, effective
-//                              TFLOP/s over visible pairs (4*pairs*D*H fwd, 2.5x bwd); the
-//                              DFlash case is first checked against the reference at H=4.
+//                              backward (cudaEvents) for the sm120, sm90 and sm90a
+//                              configurations, effective TFLOP/s over visible pairs
+//                              (4*pairs*D*H fwd, 2.5x bwd), then the mma.sync backward's
+//                              phases timed one by one, with the dQ-pass shapes and the
+//                              atomic dQ NOTES.md v2/v3 compare; the DFlash case is first
+//                              checked against the reference at H=4.
 // The BlockMask is built here from the dense mask by a tiny builder (same format as
 // flashdraft/block_mask.hpp, 128x64 tiles). Exit code 1 on any failure.
 #include <cuda_bf16.h>
@@ -487,7 +490,7 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   FlashParams p0;
   p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
   p0.D = pr.D;
-  alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0, cfg));
+  alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0));
   FlashParams p = make_params(pr, bf, dm, dt);
   const float true_scale = p.scale;
   p.scale *= scale_error;
@@ -499,7 +502,7 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   CK(cudaMemset(bf.dq, 0xFF, nq * sizeof(T)));
   CK(cudaMemset(bf.dk, 0xFF, nk * sizeof(T)));
   CK(cudaMemset(bf.dv, 0xFF, nk * sizeof(T)));
-  CK(cudaMemset(bf.ws, 0xFF, flash_backward_workspace_bytes(p, cfg)));
+  CK(cudaMemset(bf.ws, 0xFF, flash_backward_workspace_bytes(p)));
   std::string vf, vb;
   try {
     vf = flash_forward(p, cfg);
@@ -648,7 +651,7 @@ void bench_problem(const Problem& pr, const char* label) {
   FlashParams p0;
   p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
   p0.D = pr.D;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0, Config::sm90) + (size_t)p0.B * p0.Hq * ((p0.Lq + 127) / 128 * 128) * p0.D * 4);  // + room for the atomic-dQ phase timing
+  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0) + (size_t)p0.B * p0.Hq * ((p0.Lq + 127) / 128 * 128) * p0.D * 4);  // + room for the atomic-dQ phase timing
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
   const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
   const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
@@ -679,7 +682,7 @@ void bench_problem(const Problem& pr, const char* label) {
                 label, flash_config_name(cfg), mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
                 pairs / pr.Hq, dm.nfull, dm.npart, vf.c_str(), vb.c_str());
     std::printf("      workspace %.2f MiB (flash_backward_workspace_bytes); no other allocation by the kernel\n",
-                flash_backward_workspace_bytes(p, cfg) / 1048576.0);
+                flash_backward_workspace_bytes(p) / 1048576.0);
     std::fflush(stdout);
   }
   time_phases<false, 1, 2>(p, label);

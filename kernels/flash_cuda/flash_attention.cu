@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -15,27 +14,7 @@ TileSize flash_tile_size(int /*head_dim*/) { return TileSize{kTileQ, kTileKV}; }
 const char* flash_supported_head_dims() { return "64, 128"; }
 bool flash_supports_head_dim(int d) { return d == 64 || d == 128; }
 
-Config flash_config_from_env() {
-  const char* v = std::getenv("FLASHDRAFT_FLASH_CUDA_CONFIG");
-  if (v == nullptr || *v == '\0') return Config::automatic;
-  const std::string s(v);
-  if (s == "auto") return Config::automatic;
-  if (s == "sm120") return Config::sm120;
-  if (s == "sm90") return Config::sm90;
-  if (s == "sm90a") return Config::sm90a;
-  throw std::runtime_error("FLASHDRAFT_FLASH_CUDA_CONFIG is '" + s +
-                           "'; accepted values: auto, sm120, sm90, sm90a");
-}
-
 namespace {
-constexpr int kSm90MinSmem = 160 * 1024;  // the sm90 configuration needs up to 131 KB
-int device_smem_optin(int device) {
-  int v = 0;
-  const cudaError_t e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("flash_cuda: cudaDeviceGetAttribute failed: ") + cudaGetErrorString(e));
-  return v;
-}
 std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
   if (ptr == nullptr) return std::string(name) + " is a null pointer";
   if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
@@ -48,33 +27,26 @@ std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
 }
 }  // namespace
 
-const char* flash_config_name(Config c) {
-  switch (c) {
-    case Config::automatic: return "auto";
-    case Config::sm120: return "sm120";
-    case Config::sm90: return "sm90";
-    case Config::sm90a: return "sm90a";
+DeviceLimits flash_device_limits(int device) {
+  DeviceLimits d;
+  if (cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    throw std::runtime_error("flash_cuda: cannot read the compute capability and shared memory of CUDA device " +
+                             std::to_string(device) + ": " + cudaGetErrorString(e));
   }
-  return "?";
+  return d;
 }
 
 Config flash_resolve_config(Config requested, int device) {
-  const int smem = device_smem_optin(device);
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    throw std::runtime_error("flash_cuda: cannot read the compute capability of device " + std::to_string(device));
-  const bool hopper = major == 9 && minor == 0;
-  if (requested == Config::automatic)
-    return hopper ? Config::sm90a : smem >= kSm90MinSmem ? Config::sm90 : Config::sm120;
-  if (requested == Config::sm90a && !hopper)
-    throw std::runtime_error("flash_cuda: configuration sm90a needs a compute capability 9.0 device (wgmma); device " +
-                             std::to_string(device) + " is " + std::to_string(major) + "." + std::to_string(minor) +
-                             "; use sm90, sm120 or auto");
-  if (requested == Config::sm90 && smem < kSm90MinSmem)
-    throw std::runtime_error("flash_cuda: configuration sm90 needs " + std::to_string(kSm90MinSmem / 1024) +
-                             " KB of shared memory per block, device " + std::to_string(device) +
-                             " allows " + std::to_string(smem / 1024) + " KB; use sm120 or auto");
+  const DeviceLimits d = flash_device_limits(device);
+  if (requested == Config::automatic) {
+    std::string why;
+    return flash_auto_config(d, &why);
+  }
+  const std::string unfit = flash_config_unfit(requested, d);
+  if (!unfit.empty()) throw std::runtime_error("flash_cuda: on CUDA device " + std::to_string(device) + ", " + unfit);
   return requested;
 }
 
@@ -123,14 +95,10 @@ std::string flash_variant(bool backward, Config c, DType dtype, int d) {
          "n" + std::to_string(kTileKV);
 }
 
-size_t flash_backward_workspace_bytes(const FlashParams& p, Config config) {
+size_t flash_backward_workspace_bytes(const FlashParams& p) {
   const size_t lq_pad = (size_t(p.Lq) + kTileQ - 1) / kTileQ * kTileQ;
   const size_t rows = size_t(p.B) * size_t(p.Hq) * lq_pad;
-  int device = 0;
-  cudaGetDevice(&device);
-  (void)flash_resolve_config(config, device);  // every configuration needs the same
-  // lse*log2(e) and delta per padded row (the unused atomic-dQ path would add D floats)
-  return 2 * rows * sizeof(float);
+  return 2 * rows * sizeof(float);  // lse*log2(e) and delta per padded row
 }
 
 }  // namespace flashdraft::flash_cuda

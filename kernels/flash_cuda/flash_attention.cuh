@@ -29,8 +29,9 @@
 //   CTA (deterministic, no fp32 dq buffer to zero and convert: workspace 2 MB instead of
 //   +134 MB at B=1,H=32,L=8192). The price is recomputing S and dP (7 instead of 5 GEMMs).
 //   The atomic alternative (dQ += dS K inside the dK/dV kernel, red.global.add.v2.f32)
-//   is in flash_kernels.cuh and was measured on the H200: no faster (DFlash 3.91+0.05 ms
-//   vs 2.35+1.65 ms, NOTES.md v3), so no configuration uses it.
+//   was measured on the H200: no faster (DFlash 3.91+0.05 ms vs 2.35+1.65 ms, NOTES.md
+//   v3), so no configuration uses it; its kernel code in flash_kernels.cuh is reached only
+//   by check_flash_cuda's per-phase timing (`check_flash_cuda bench`).
 //
 // Tiles: the BlockMask must be built at block_q = 128, block_kv = 64 (flash_tile_size()).
 // Configurations (same tiles; they differ in the backward kernels):
@@ -42,10 +43,10 @@
 //          (wgmma, flash_sm90a.cu: forward 81 KB, dK/dV 101 KB, dQ 129 KB); the dQ pass
 //          runs on a second stream, concurrently with dK/dV.
 //   Config::automatic picks sm90a on compute capability 9.0, else sm90 where the device
-//   allows >= 160 KB per block, else sm120. FLASHDRAFT_FLASH_CUDA_CONFIG=
-//   auto|sm120|sm90|sm90a forces one: the launchers use the Config they are given; the
-//   plugin passes flash_config_from_env() (and reports the variant string the launcher
-//   returns).
+//   allows >= 160 KB per block, else sm120 (flash_config.hpp). The launchers run the
+//   Config they are given; the plugin takes it from the experiment's
+//   [kernels.flash_cuda].config, or from FLASHDRAFT_FLASH_CUDA_CONFIG, which overrides it
+//   (flash_choose_config()), and reports the variant string the launcher returns.
 // Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90,sm90a}/{bf16,fp16}/d{64,128}/m128n64.
 //
 // Requirements checked by flash_check(): D in {64, 128}; last dim contiguous and every
@@ -53,13 +54,14 @@
 // 16-byte aligned); Hq % Hkv == 0; mask tile 128x64; mask batch in {1, B}, heads in
 // {1, Hq}; lse contiguous [B, Hq, Lq]. Errors throw std::runtime_error with a sentence.
 //
-// Build and check (standalone, no LibTorch):
-//   nvcc -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-//        -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120
-//        kernels/flash_cuda/{flash_attention,flash_forward,flash_backward,check_flash_cuda}.cu
-//        -o check_flash_cuda && ./check_flash_cuda check && ./check_flash_cuda bench
-//   (kernels/flash_cuda/run_device.sh does exactly this on the device machine.)
+// Build and check (standalone, no LibTorch): kernels/flash_cuda/build.sh build-flash
+// compiles the .cu files and check_flash_cuda.cu with nvcc (sm_80, sm_90, sm_120 SASS +
+// compute_120 PTX; flash_sm90a.cu for sm_90a) into build-flash/check_flash_cuda; on the
+// device, kernels/flash_cuda/run_device.sh build-flash runs `check_flash_cuda check` and
+// `check_flash_cuda bench`.
 #pragma once
+
+#include "flash_config.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -70,7 +72,6 @@
 namespace flashdraft::flash_cuda {
 
 enum class DType : int { bf16 = 0, fp16 = 1 };
-enum class Config : int { automatic = 0, sm120 = 1, sm90 = 2, sm90a = 3 };
 
 constexpr int kTileQ = 128;   // query rows per mask tile (BlockMask::block_q)
 constexpr int kTileKV = 64;   // keys per mask tile (BlockMask::block_kv)
@@ -130,12 +131,11 @@ TileSize flash_tile_size(int head_dim);
 // Head dims the kernel supports, as text for a refusal reason: "64, 128".
 const char* flash_supported_head_dims();
 bool flash_supports_head_dim(int head_dim);
-// Reads FLASHDRAFT_FLASH_CUDA_CONFIG (unset or "auto" -> automatic, "sm120", "sm90", "sm90a");
-// throws std::runtime_error naming the value and the accepted ones otherwise.
-Config flash_config_from_env();
-// automatic -> sm90a on compute capability 9.0, else sm90 when the device allows >= 160 KB
-// shared memory per block, else sm120. Throws when the device cannot run the requested
-// one (sm90 on a 99 KB part, sm90a on anything but compute capability 9.0).
+// The compute capability and shared memory per block of CUDA device `device`; throws
+// std::runtime_error when they cannot be read.
+DeviceLimits flash_device_limits(int device);
+// automatic -> flash_auto_config() of the device; any other -> itself when the device can
+// run it, else throws std::runtime_error with flash_config_unfit()'s reason.
 Config flash_resolve_config(Config requested, int device);
 // "" when the problem is runnable, else a sentence with the found and accepted values.
 std::string flash_check(const FlashParams& p, bool backward);
@@ -144,15 +144,14 @@ std::string flash_variant(bool backward, Config resolved, DType dtype, int head_
 
 // Launches on p.stream (asynchronous); returns the variant that ran.
 std::string flash_forward(const FlashParams& p, Config config = Config::automatic);
-// Bytes of p.workspace flash_backward(p, config) needs: 2 floats per query row, rows
-// padded to 128 (2 MB for B=1, H=32, L=8192). p needs B, Hq, Lq, D set.
-size_t flash_backward_workspace_bytes(const FlashParams& p, Config config = Config::automatic);
+// Bytes of p.workspace flash_backward() needs, the same for every configuration: 2 floats
+// (lse*log2(e) and delta) per query row, rows padded to 128 (2 MB for B=1, H=32, L=8192).
+// p needs B, Hq, Lq set.
+size_t flash_backward_workspace_bytes(const FlashParams& p);
 std::string flash_backward(const FlashParams& p, Config config = Config::automatic);
 // The sm90a kernels (flash_sm90a.cu, wgmma); flash_forward() / flash_backward() call them
 // for Config::sm90a.
 void flash_forward_sm90a(const FlashParams& p);
 void flash_backward_sm90a(const FlashParams& p);
-// "auto", "sm120", "sm90", "sm90a"
-const char* flash_config_name(Config c);
 
 }  // namespace flashdraft::flash_cuda

@@ -4,16 +4,21 @@
 // memory tracker see them), and passes raw pointers, element strides, the BlockMask
 // lists already on the device and the current CUDA stream of the inputs' device.
 //
-// The configuration (sm120 | sm90 | auto) is read from FLASHDRAFT_FLASH_CUDA_CONFIG on
-// every call, never cached, so a test or a run can switch it between calls; the variant
-// the launcher returns (flash_cuda/{fwd,bwd}/{sm120,sm90}/{bf16,fp16}/d{64,128}/m128n64)
-// is what this plugin reports.
+// The configuration (auto | sm90a | sm90 | sm120) is the experiment's
+// [kernels.flash_cuda].config; FLASHDRAFT_FLASH_CUDA_CONFIG, when set, overrides it. The
+// variable is read on every call, never cached, so a test or a benchmark can switch it
+// between calls. supports() answers with the choice as a note ("config sm90a (auto:
+// compute capability 9.0)", printed in the selection report), or refuses a configuration the
+// device cannot run; the variant the launcher returns
+// (flash_cuda/{fwd,bwd}/{sm90a,sm90,sm120}/{bf16,fp16}/d{64,128}/m128n64) is what a call reports.
 //
 // Edge cases handled here rather than in the kernels: Lq = 0 or B*H = 0 (empty outputs),
 // Lkv = 0 (no key at all: out 0, lse -inf, gradients 0, as the header's contract says),
 // and empty mask lists (a zero-length list has no storage; the kernels never read an
 // entry of it, but flash_check() wants a non-null pointer).
 #include "flash_attention.cuh"
+
+#include "common/attention_inputs.hpp"
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/plugin.hpp>
@@ -23,6 +28,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -37,32 +43,33 @@ using flashdraft::BlockMaskTensors;
 using flashdraft::BlockSize;
 using flashdraft::Support;
 
-// Compute capability of a CUDA device as major*10+minor, or a reason why it is unknown.
-int compute_capability(int device, std::string* why) {
+// What flash_cuda accepts beyond the contract; supports() and the calls' checks both read it.
+const flashdraft::kernel_inputs::Accepted kAccepted{
+    "flash_cuda", c10::DeviceType::CUDA, {at::kBFloat16, at::kHalf},
+    [](int64_t d) { return fc::flash_supports_head_dim(static_cast<int>(d)); }, fc::flash_supported_head_dims()};
+
+// The compute capability and shared memory of CUDA device `device`, or false with the
+// reason they are unknown in *why.
+bool device_limits(int device, fc::DeviceLimits* limits, std::string* why) {
   int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
+  const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || device < 0 || device >= count) {
     cudaGetLastError();  // clear the sticky "no device" error for later callers
     *why = "CUDA device " + std::to_string(device) + " is not available (" +
            (e != cudaSuccess ? std::string(cudaGetErrorString(e)) : std::to_string(count) + " devices found") + ")";
-    return 0;
+    return false;
   }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    *why = "cannot read the compute capability of CUDA device " + std::to_string(device);
-    return 0;
+  try {
+    *limits = fc::flash_device_limits(device);
+  } catch (const std::exception& x) {
+    *why = x.what();
+    return false;
   }
-  return major * 10 + minor;
+  return true;
 }
 
-fc::DType to_dtype(at::ScalarType t) {
-  if (t == at::kBFloat16) return fc::DType::bf16;
-  if (t == at::kHalf) return fc::DType::fp16;
-  throw std::invalid_argument(std::string("flash_cuda: dtype ") + c10::toString(t) +
-                              " unsupported (supported: BFloat16, Half)");
-}
+// After check_inputs(): the dtype is BFloat16 or Half.
+fc::DType to_dtype(at::ScalarType t) { return t == at::kBFloat16 ? fc::DType::bf16 : fc::DType::fp16; }
 
 fc::Strides strides_of(const at::Tensor& t) {
   fc::Strides s;
@@ -78,34 +85,11 @@ at::Tensor kernel_ready(const at::Tensor& t) {
   return ok ? t : t.contiguous();
 }
 
-// Throws std::invalid_argument naming the first input that does not fit the contract.
+// Throws std::invalid_argument naming the first input that does not fit: the shared checks,
+// then the tile the kernels need.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask) {
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw std::invalid_argument("flash_cuda: q, k, v must be 4-D [B, H, L, D]; found q " + c10::str(q.sizes()) + ", k " +
-                                c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
-  if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) || k.size(1) < 1 ||
-      q.size(1) % k.size(1) != 0)
-    throw std::invalid_argument("flash_cuda: shapes do not fit q [B, Hq, Lq, D], k = v [B, Hkv, Lkv, D] with Hq "
-                                "a multiple of Hkv; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes()));
-  if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device())
-    throw std::invalid_argument("flash_cuda: q, k, v must be on one CUDA device; found " + q.device().str() + ", " +
-                                k.device().str() + ", " + v.device().str());
-  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
-    throw std::invalid_argument(std::string("flash_cuda: q, k, v must share one dtype; found ") +
-                                c10::toString(q.scalar_type()) + ", " + c10::toString(k.scalar_type()) + ", " +
-                                c10::toString(v.scalar_type()));
-  to_dtype(q.scalar_type());
-  if (!fc::flash_supports_head_dim(static_cast<int>(q.size(3))))
-    throw std::invalid_argument("flash_cuda: head_dim " + std::to_string(q.size(3)) + " unsupported (supported: " +
-                                fc::flash_supported_head_dims() + ")");
-  if (mask.host == nullptr) throw std::invalid_argument("flash_cuda: the BlockMaskTensors carry no host mask");
+  flashdraft::kernel_inputs::check_inputs(kAccepted, q, k, v, mask);
   const flashdraft::BlockMask& m = *mask.host;
-  if (m.q_len != q.size(2) || m.kv_len != k.size(2) || (m.batch != 1 && m.batch != q.size(0)) ||
-      (m.heads != 1 && m.heads != q.size(1)))
-    throw std::invalid_argument("flash_cuda: the mask (batch " + std::to_string(m.batch) + ", heads " +
-                                std::to_string(m.heads) + ", " + std::to_string(m.q_len) + " x " +
-                                std::to_string(m.kv_len) + ") does not fit q " + c10::str(q.sizes()) + " and k " + c10::str(k.sizes()) +
-                                " (mask batch and heads must be 1 or equal to B and Hq)");
   const fc::TileSize tile = fc::flash_tile_size(static_cast<int>(q.size(3)));
   if (m.block_q != tile.q || m.block_kv != tile.kv)
     throw std::invalid_argument("flash_cuda: the mask is built at tiles " + std::to_string(m.block_q) + " x " +
@@ -162,40 +146,45 @@ fc::FlashParams base_params(const at::Tensor& q, const at::Tensor& k, double sca
 
 class FlashCuda : public flashdraft::AttentionKernel {
  public:
-  explicit FlashCuda(const flashdraft::Config&) {}
-  static void declare(flashdraft::Schema&) {}
+  explicit FlashCuda(const flashdraft::Config& c) {
+    key_.key_value = c.string("config");
+    if (c.given("config")) key_.key_where = c.where("config").str();
+    fc::Config parsed;
+    if (!fc::flash_parse_config(key_.key_value, &parsed))  // the engine's schema check already refuses it
+      c.fail("config", "\"" + key_.key_value + "\" is not a configuration; accepted: " + fc::flash_config_names(true));
+  }
+  static void declare(flashdraft::Schema& s) {
+    s.string("config",
+             "kernel configuration: \"auto\" picks sm90a on compute capability 9.0, else sm90 where a block may "
+             "use 160 KB of shared memory, else sm120; the environment variable FLASHDRAFT_FLASH_CUDA_CONFIG "
+             "overrides it")
+        .def(std::string("auto"))
+        .one_of({"auto", "sm90a", "sm90", "sm120"});
+  }
 
   Support supports(const AttentionProblem& p) const override {
-    std::string why;
-    auto add = [&](const std::string& reason) { why += (why.empty() ? "" : "; ") + reason; };
-    if (!p.device.is_cuda()) add("device " + p.device.str() + " unsupported (supported: cuda)");
-    if (p.dtype != at::kBFloat16 && p.dtype != at::kHalf)
-      add(std::string("dtype ") + c10::toString(p.dtype) + " unsupported (supported: BFloat16, Half)");
-    if (!fc::flash_supports_head_dim(static_cast<int>(p.head_dim)))
-      add("head_dim " + std::to_string(p.head_dim) + " unsupported (supported: " + fc::flash_supported_head_dims() +
-          ")");
-    if (p.heads_q < 1 || p.heads_kv < 1 || p.heads_q % p.heads_kv != 0)
-      add("heads_q " + std::to_string(p.heads_q) + " is not a multiple of heads_kv " + std::to_string(p.heads_kv) +
-          " (supported: GQA with Hq % Hkv == 0)");
+    flashdraft::kernel_inputs::Refusals why = flashdraft::kernel_inputs::problem_refusals(kAccepted, p);
+    const fc::ConfigRequest request = config_request();
+    const std::string bad_request = fc::flash_config_request_error(request);  // needs no device
+    why.add(bad_request);
+    std::string note;
     if (p.device.is_cuda()) {
-      std::string cc_why;
       const int index = p.device.has_index() ? p.device.index() : 0;
-      const int cc = compute_capability(index, &cc_why);
-      if (cc == 0) {
-        add(cc_why);
-      } else if (cc < 80) {
-        add("compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10) + " of " +
-            p.device.str() + " unsupported (supported: 8.0 and above; SASS for 8.0, 9.0, 12.0)");
-      } else {
-        // The configuration named in the environment must be valid and fit the device.
-        try {
-          fc::flash_resolve_config(fc::flash_config_from_env(), index);
-        } catch (const std::exception& e) {
-          add(e.what());
-        }
+      const std::string device = "cuda:" + std::to_string(index);
+      fc::DeviceLimits limits;
+      std::string unknown;
+      if (!device_limits(index, &limits, &unknown)) {
+        why.add(unknown);
+      } else if (limits.major < 8) {
+        why.add("compute capability " + std::to_string(limits.major) + "." + std::to_string(limits.minor) + " of " +
+                device + " unsupported (supported: 8.0 and above; SASS for 8.0, 9.0, 12.0)");
+      } else if (bad_request.empty()) {
+        const fc::ConfigChoice choice = fc::flash_choose_config(request, limits, device);
+        why.add(choice.refusal);
+        note = choice.note;
       }
     }
-    return why.empty() ? Support::yes() : Support::no("flash_cuda: " + why);
+    return why.support(note);
   }
 
   BlockSize block_size(const AttentionProblem& p) const override {
@@ -208,10 +197,9 @@ class FlashCuda : public flashdraft::AttentionKernel {
     check_inputs(q_in, k_in, v_in, mask);
     const c10::cuda::CUDAGuard guard(q_in.device());
     const at::Tensor q = kernel_ready(q_in), k = kernel_ready(k_in), v = kernel_ready(v_in);
-    const fc::Config config = fc::flash_config_from_env();  // per call: tests switch it
-    const int device = q.device().index();
-    const std::string variant = fc::flash_variant(false, fc::flash_resolve_config(config, device),
-                                                  to_dtype(q.scalar_type()), static_cast<int>(q.size(3)));
+    const fc::Config config = configuration(q.device());  // per call: tests switch the variable
+    const std::string variant =
+        fc::flash_variant(false, config, to_dtype(q.scalar_type()), static_cast<int>(q.size(3)));
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     if (q.numel() == 0) return {out, lse, variant};
@@ -234,24 +222,14 @@ class FlashCuda : public flashdraft::AttentionKernel {
                              const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
                              const BlockMaskTensors& mask, double scale) override {
     check_inputs(q_in, k_in, v_in, mask);
-    if (dout_in.sizes() != q_in.sizes() || out_in.sizes() != q_in.sizes() ||
-        dout_in.scalar_type() != q_in.scalar_type() || out_in.scalar_type() != q_in.scalar_type())
-      throw std::invalid_argument("flash_cuda backward: dout " + c10::str(dout_in.sizes()) + " and out " + c10::str(out_in.sizes()) +
-                                  " must have q's shape " + c10::str(q_in.sizes()) + " and dtype");
-    if (lse_in.dim() != 3 || lse_in.size(0) != q_in.size(0) || lse_in.size(1) != q_in.size(1) ||
-        lse_in.size(2) != q_in.size(2) || lse_in.scalar_type() != at::kFloat)
-      throw std::invalid_argument("flash_cuda backward: lse must be float32 [B, Hq, Lq] = [" +
-                                  std::to_string(q_in.size(0)) + ", " + std::to_string(q_in.size(1)) + ", " +
-                                  std::to_string(q_in.size(2)) + "]; found " + c10::str(lse_in.sizes()) + " " +
-                                  c10::toString(lse_in.scalar_type()));
+    flashdraft::kernel_inputs::check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
     const at::Tensor q = kernel_ready(q_in), k = kernel_ready(k_in), v = kernel_ready(v_in);
-    const at::Tensor dout = kernel_ready(dout_in.to(q.device())), out = kernel_ready(out_in.to(q.device()));
-    const at::Tensor lse = lse_in.to(q.device()).contiguous();
-    const fc::Config config = fc::flash_config_from_env();
-    const int device = q.device().index();
-    const std::string variant = fc::flash_variant(true, fc::flash_resolve_config(config, device),
-                                                  to_dtype(q.scalar_type()), static_cast<int>(q.size(3)));
+    const at::Tensor dout = kernel_ready(dout_in), out = kernel_ready(out_in);
+    const at::Tensor lse = lse_in.contiguous();
+    const fc::Config config = configuration(q.device());
+    const std::string variant =
+        fc::flash_variant(true, config, to_dtype(q.scalar_type()), static_cast<int>(q.size(3)));
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -272,7 +250,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
     p.mask = dm.lists;
     // The workspace (delta and lse in base 2 per padded row) through the caching
     // allocator; its blocks are 512-byte aligned, more than the 16 bytes needed.
-    const size_t bytes = fc::flash_backward_workspace_bytes(p, config);
+    const size_t bytes = fc::flash_backward_workspace_bytes(p);
     at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
     p.workspace = workspace.data_ptr();
     const std::string ran = fc::flash_backward(p, config);
@@ -280,10 +258,31 @@ class FlashCuda : public flashdraft::AttentionKernel {
     // queued later on this stream, so freeing before the kernels finish is safe.
     return {dq, dk, dv, ran};
   }
+
+ private:
+  // The configuration asked for: the experiment key, and the environment variable read now.
+  fc::ConfigRequest config_request() const {
+    fc::ConfigRequest r = key_;
+    const char* env = std::getenv(fc::kConfigEnv);
+    if (env != nullptr && *env != '\0') r.env = env;
+    return r;
+  }
+  // The configuration a call on `device` runs; throws std::invalid_argument with the
+  // refusal supports() would give.
+  fc::Config configuration(const c10::Device& device) const {
+    fc::DeviceLimits limits;
+    std::string unknown;
+    if (!device_limits(device.index(), &limits, &unknown)) throw std::invalid_argument("flash_cuda: " + unknown);
+    const fc::ConfigChoice choice = fc::flash_choose_config(config_request(), limits, device.str());
+    if (!choice.refusal.empty()) throw std::invalid_argument("flash_cuda: " + choice.refusal);
+    return choice.config;
+  }
+
+  fc::ConfigRequest key_;  // [kernels.flash_cuda].config and where it was given
 };
 
 }  // namespace
 
 FLASHDRAFT_PLUGIN(kernel, "flash_cuda", "0.1.0",
-                  "fused block-sparse attention on CUDA (mma.sync, 128x64 tiles), forward and backward",
+                  "fused block-sparse attention on CUDA (mma.sync; wgmma on Hopper; 128x64 tiles), forward and backward",
                   FlashCuda)

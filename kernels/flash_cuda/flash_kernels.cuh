@@ -1,5 +1,6 @@
 // flash_cuda device code: primitives and the four kernel templates (forward, backward
-// preprocess, dK/dV, dQ). Included by flash_forward.cu and flash_backward.cu only.
+// preprocess, dK/dV, dQ), plus the host helpers their launchers share. Included by the
+// launchers (flash_forward.cu, flash_backward.cu, flash_sm90a.cu) and check_flash_cuda.cu.
 //
 // Fragment conventions (mma.sync m16n8k16, row.col, g = lane / 4, t = lane % 4):
 //   A 16x16 : a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
@@ -21,6 +22,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "flash_attention.cuh"
 
@@ -69,7 +72,6 @@ template <class T>
 struct Ops;
 template <>
 struct Ops<__nv_bfloat16> {
-  static constexpr const char* name = "bf16";
   __device__ static __forceinline__ uint32_t pack(float a, float b) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -87,7 +89,6 @@ struct Ops<__nv_bfloat16> {
 };
 template <>
 struct Ops<__half> {
-  static constexpr const char* name = "fp16";
   __device__ static __forceinline__ uint32_t pack(float a, float b) {
     __half2 v = __floats2half2_rn(a, b);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -156,9 +157,9 @@ __device__ __forceinline__ void smem_to_global(uint16_t* base, int64_t row_strid
   }
 }
 
-// Writes a warp's 16 x D fp32 accumulator straight to global memory (rows >= L skipped).
-// Used where no smem tile is free; each store is 4 bytes.
-template <class T, int D>
+// Writes zeros to rows [row0, row0 + rows) of a [L][D] matrix (rows >= L skipped), 16 bytes
+// per store: the output of a tile that sees no key.
+template <int D>
 __device__ __forceinline__ void zero_rows(uint16_t* base, int64_t row_stride, int row0, int rows, int L,
                                           int tid, int nt) {
   constexpr int C = D / 8;
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {  // no visible key in the whole tile
-    zero_rows<T, D>(O, p.out_strides.row, q0, BQ, p.Lq, tid, NT);
+    zero_rows<D>(O, p.out_strides.row, q0, BQ, p.Lq, tid, NT);
     if (tid < BQ && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
     return;
   }
@@ -575,6 +576,8 @@ __device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta,
 // DQ_ATOMIC: also dQ += dS K for the step (dS^T through shared memory, keys contracted
 // across the 4 warps) added into the fp32 buffer dq_acc [B*Hq][Lq_pad][D] with
 // red.global.add (v2 on sm_90+); flash_bwd_dq_convert_kernel then scales and converts.
+// No configuration launches it (no faster, NOTES.md v3): only check_flash_cuda's per-phase
+// timing does, to keep that measurement repeatable.
 template <class T, int D, int STAGES, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
                                                                 const float* ws_delta, int Lq_pad, float* dq_acc) {
@@ -768,7 +771,7 @@ __global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashP
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
-    zero_rows<T, D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, NT);
+    zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, NT);
     return;
   }
   const uint32_t sQ = smem_addr(smem), sdO = sQ + S::kQ;
@@ -890,6 +893,71 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const FlashPa
   o.w = Ops<T>::pack(y.z * s, y.w * s);
   *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head +
                             (int64_t)q * p.dq_strides.row + c * 8) = o;
+}
+
+// ---------------------------------------------------------------- host side of the launchers
+// The (dtype, head dim) pairs the kernels are instantiated for, as a type.
+template <class T_, int D_>
+struct Instance {
+  using T = T_;
+  static constexpr int D = D_;
+};
+// Calls launch(Instance<T, D>{}) for p's dtype and head dim (flash_check() admits 64 and 128).
+template <class F>
+void for_instance(const FlashParams& p, F&& launch) {
+  if (p.dtype == DType::bf16) {
+    if (p.D == 64) launch(Instance<__nv_bfloat16, 64>{});
+    else launch(Instance<__nv_bfloat16, 128>{});
+  } else {
+    if (p.D == 64) launch(Instance<__half, 64>{});
+    else launch(Instance<__half, 128>{});
+  }
+}
+
+// Lets `kernel` use `smem` bytes of dynamic shared memory: above 48 KB a launch needs this
+// attribute, set once per kernel (callers keep the result in a function-local static).
+template <class K>
+bool allow_smem(K kernel, int smem, const char* what) {
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("flash_cuda ") + what + ": cannot allow " + std::to_string(smem) +
+                             " bytes of shared memory: " + cudaGetErrorString(e));
+  return true;
+}
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("flash_cuda ") + what + " launch: " + cudaGetErrorString(e));
+}
+
+// The configuration a launch runs: the problem checked (flash_check()) and `requested`
+// resolved on the current device; throws std::runtime_error naming the phase otherwise.
+inline Config launch_config(const FlashParams& p, bool backward, Config requested) {
+  const std::string why = flash_check(p, backward);
+  if (!why.empty()) throw std::runtime_error(std::string("flash_cuda ") + (backward ? "backward: " : "forward: ") + why);
+  int device = 0;
+  cudaGetDevice(&device);
+  return flash_resolve_config(requested, device);
+}
+
+// The backward workspace (flash_backward_workspace_bytes()): lse*log2(e), then delta, one
+// float per query row, rows padded to the 128-row tile.
+struct BwdWorkspace {
+  float* lse2;
+  float* delta;
+  int lq_pad;
+};
+// Fills the workspace both backward walks read (flash_bwd_pre_kernel, on p.stream).
+template <class T, int D>
+BwdWorkspace launch_bwd_preprocess(const FlashParams& p, const char* what) {
+  BwdWorkspace w;
+  w.lq_pad = (p.Lq + BQ - 1) / BQ * BQ;
+  w.lse2 = static_cast<float*>(p.workspace);
+  w.delta = w.lse2 + size_t(p.B) * p.Hq * w.lq_pad;
+  constexpr int rows_per_block = 256 / (D / 8);  // D / 8 threads per row
+  const dim3 grid(w.lq_pad / rows_per_block, p.B * p.Hq);
+  flash_bwd_pre_kernel<T, D><<<grid, 256, 0, p.stream>>>(p, w.lse2, w.delta, w.lq_pad);
+  check_launch(what);
+  return w;
 }
 
 }  // namespace flashdraft::flash_cuda::detail

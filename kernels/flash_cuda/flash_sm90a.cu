@@ -243,34 +243,32 @@ __global__ void __launch_bounds__(128, 2) wg_bwd_dkdv_kernel(const FlashParams p
 }
 
 // ---------------------------------------------------------------- dQ
-// WGS warpgroups of 64 query rows per CTA: 2 = the whole 128-row mask tile (K/V loaded
-// once for both; the one launched), 1 = a 64-row half per CTA (two CTAs per SM,
-// independent schedules: measured 4% slower on the DFlash mask, NOTES.md v6).
-template <int D, int STAGES, int WGS>
+// Two warpgroups of 64 query rows per CTA: the whole 128-row mask tile, K/V loaded once for
+// both. (One warpgroup per 64-row half, two CTAs per SM, measured 4% slower on the DFlash
+// mask, NOTES.md v6.)
+template <int D, int STAGES>
 struct WgDqSmem {
-  static constexpr int kQ = WGS * 64 * D * 2;  // Q or dO tile
+  static constexpr int kQ = BQ * D * 2;        // Q or dO tile, 128 rows
   static constexpr int kKV = BKV * D * 2;      // K or V tile, 64 rows
   static constexpr int bytes = 1024 + 2 * kQ + STAGES * 2 * kKV;
 };
 
-template <class T, int D, int STAGES, int WGS>
-__global__ void __launch_bounds__(WGS * 128, 2 / WGS) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                                     const float* ws_delta, int Lq_pad) {
+template <class T, int D, int STAGES>
+__global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
+                                                           const float* ws_delta, int Lq_pad) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WgDqSmem<D, STAGES, WGS>;
+  using S = WgDqSmem<D, STAGES>;
   static_assert(STAGES == 2, "the walk loads tile n + 1 into stage (n + 1) % 2 once tile n - 1's products ended");
-  constexpr int NT = WGS * 128, R = WGS * 64;  // threads, query rows per CTA
+  constexpr int NT = 256;  // threads: two warpgroups
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const int rev = (BQ / R) * q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
-  const int qb = rev / (BQ / R), part = rev % (BQ / R);
+  const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
-  const int wgi = warp / 4;  // warpgroup: query rows 64 wgi .. 64 wgi + 63 of the CTA's rows
-  const int q0 = qb * BQ + part * R;
-  if (q0 >= p.Lq) return;
+  const int wgi = warp / 4;  // warpgroup: query rows 64 wgi .. 64 wgi + 63 of the tile
+  const int q0 = qb * BQ;
 
   const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
   const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
@@ -280,7 +278,7 @@ __global__ void __launch_bounds__(WGS * 128, 2 / WGS) wg_bwd_dq_kernel(const Fla
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
-    zero_rows<T, D>(dQ, p.dq_strides.row, q0, R, p.Lq, tid, NT);
+    zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, NT);
     return;
   }
   const uint32_t sQ = s0, sdO = s0 + S::kQ;
@@ -292,19 +290,18 @@ __global__ void __launch_bounds__(WGS * 128, 2 / WGS) wg_bwd_dq_kernel(const Fla
     load_sw128<D, BKV, NT>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
     load_sw128<D, BKV, NT>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
   };
-  load_sw128<D, R, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
-  load_sw128<D, R, NT>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
+  load_sw128<D, BQ, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
+  load_sw128<D, BQ, NT>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
   cp_async_commit();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < rl.n) load_kv(s, s);
     cp_async_commit();
   }
-  const int crow = warp * 16 + g;           // this thread's rows among the CTA's: crow, crow + 8
-  const int qrow = part * R + crow;         // ... and within the 128-row mask tile
+  const int qrow = warp * 16 + g;  // this thread's rows within the 128-row mask tile: qrow, qrow + 8
   float l2[2], de[2];
   {
-    const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + crow;  // padded: in range
+    const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + qrow;  // padded: in range
     l2[0] = ws_lse2[wrow], l2[1] = ws_lse2[wrow + 8];
     de[0] = ws_delta[wrow], de[1] = ws_delta[wrow + 8];
   }
@@ -324,11 +321,11 @@ __global__ void __launch_bounds__(WGS * 128, 2 / WGS) wg_bwd_dq_kernel(const Fla
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(s, wg::desc_k<R>(sQ, 64 * wgi, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+      wg::Mma<T>::ss64(s, wg::desc_k<BQ>(sQ, 64 * wgi, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
     wg::commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(dp, wg::desc_k<R>(sdO, 64 * wgi, kk), wg::desc_k<BKV>(sV(st), 0, kk), kk > 0);
+      wg::Mma<T>::ss64(dp, wg::desc_k<BQ>(sdO, 64 * wgi, kk), wg::desc_k<BKV>(sV(st), 0, kk), kk > 0);
     wg::commit();
     // the previous tile's dQ product (left running across the loop) ends here; after the
     // barrier no warp reads the other stage, which takes the next tile
@@ -444,7 +441,7 @@ __global__ void __launch_bounds__(128, 2) wg_fwd_kernel(const FlashParams p) {
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {  // no visible key in the whole tile
-    zero_rows<T, D>(O, p.out_strides.row, q0, BQ_STEP, p.Lq, tid, 128);
+    zero_rows<D>(O, p.out_strides.row, q0, BQ_STEP, p.Lq, tid, 128);
     if (tid < BQ_STEP && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
     return;
   }
@@ -530,18 +527,6 @@ __global__ void __launch_bounds__(128, 2) wg_fwd_kernel(const FlashParams p) {
 }
 
 
-template <class K>
-void allow_smem(K kernel, int smem, const char* what) {
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("flash_cuda ") + what + ": cannot allow " + std::to_string(smem) +
-                             " bytes of shared memory: " + cudaGetErrorString(e));
-}
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("flash_cuda ") + what + " launch: " + cudaGetErrorString(e));
-}
-
 // A second stream per device for the dQ pass (independent of dK/dV once the preprocess
 // ran), with the fork / join events; created on first use, kept for the process.
 struct SideStream {
@@ -567,36 +552,27 @@ template <class T, int D>
 void launch_dkdv(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad) {
   constexpr int smem = WgKvSmem<D, 2>::bytes;
   auto kernel = wg_bwd_dkdv_kernel<T, D, 2>;
-  static const bool allowed = (allow_smem(kernel, smem, "backward dK/dV (sm90a)"), true);
+  static const bool allowed = allow_smem(kernel, smem, "backward dK/dV (sm90a)");
   (void)allowed;
   const dim3 grid((p.Lkv + BKV - 1) / BKV, p.Hkv, p.B);
   kernel<<<grid, 128, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad);
   check_launch("backward dK/dV (sm90a)");
 }
-template <class T, int D, int WGS>
+template <class T, int D>
 void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad,
                cudaStream_t stream) {
-  constexpr int smem = WgDqSmem<D, 2, WGS>::bytes;
-  auto kernel = wg_bwd_dq_kernel<T, D, 2, WGS>;
-  static const bool allowed = (allow_smem(kernel, smem, "backward dQ (sm90a)"), true);
+  constexpr int smem = WgDqSmem<D, 2>::bytes;
+  auto kernel = wg_bwd_dq_kernel<T, D, 2>;
+  static const bool allowed = allow_smem(kernel, smem, "backward dQ (sm90a)");
   (void)allowed;
-  const dim3 grid((BQ / (64 * WGS)) * ((p.Lq + BQ - 1) / BQ), p.Hq, p.B);
-  kernel<<<grid, 128 * WGS, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad);
+  const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
+  kernel<<<grid, 256, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad);
   check_launch("backward dQ (sm90a)");
 }
 
 template <class T, int D>
-void launch(const FlashParams& p) {
-  const int lq_pad = (p.Lq + BQ - 1) / BQ * BQ;
-  const size_t rows = size_t(p.B) * p.Hq * lq_pad;
-  float* ws_lse2 = static_cast<float*>(p.workspace);
-  float* ws_delta = ws_lse2 + rows;
-  {
-    constexpr int rpb = 256 / (D / 8);
-    const dim3 grid(lq_pad / rpb, p.B * p.Hq);
-    flash_bwd_pre_kernel<T, D><<<grid, 256, 0, p.stream>>>(p, ws_lse2, ws_delta, lq_pad);
-    check_launch("backward preprocess (sm90a)");
-  }
+void launch_bwd(const FlashParams& p) {
+  const BwdWorkspace ws = launch_bwd_preprocess<T, D>(p, "backward preprocess (sm90a)");
   // dQ (2 warpgroups per 128-row tile) on a second stream, concurrent with dK/dV: both
   // only read what the preprocess wrote. Measured on the H200 (NOTES.md, v6): 5% faster
   // on the DFlash mask than the two passes in sequence.
@@ -605,8 +581,8 @@ void launch(const FlashParams& p) {
   SideStream& side = side_stream(device);
   cudaEventRecord(side.fork, p.stream);
   cudaStreamWaitEvent(side.stream, side.fork, 0);
-  launch_dq<T, D, 2>(p, ws_lse2, ws_delta, lq_pad, side.stream);
-  launch_dkdv<T, D>(p, ws_lse2, ws_delta, lq_pad);
+  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, side.stream);
+  launch_dkdv<T, D>(p, ws.lse2, ws.delta, ws.lq_pad);
   cudaEventRecord(side.join, side.stream);
   cudaStreamWaitEvent(p.stream, side.join, 0);
   check_launch("backward (sm90a) stream join");
@@ -616,7 +592,7 @@ template <class T, int D>
 void launch_fwd(const FlashParams& p) {
   constexpr int smem = WgFwdSmem<D, 2>::bytes;
   auto kernel = wg_fwd_kernel<T, D, 2>;
-  static const bool allowed = (allow_smem(kernel, smem, "forward (sm90a)"), true);
+  static const bool allowed = allow_smem(kernel, smem, "forward (sm90a)");
   (void)allowed;
   const dim3 grid(2 * ((p.Lq + BQ - 1) / BQ), p.Hq, p.B);
   kernel<<<grid, 128, smem, p.stream>>>(p);
@@ -630,26 +606,14 @@ void launch_fwd(const FlashParams& p) {
 // configuration resolved to sm90a.
 void flash_forward_sm90a(const FlashParams& p) {
   using namespace detail;
-  if (p.dtype == DType::bf16) {
-    if (p.D == 64) launch_fwd<__nv_bfloat16, 64>(p);
-    else launch_fwd<__nv_bfloat16, 128>(p);
-  } else {
-    if (p.D == 64) launch_fwd<__half, 64>(p);
-    else launch_fwd<__half, 128>(p);
-  }
+  for_instance(p, [&](auto i) { launch_fwd<typename decltype(i)::T, decltype(i)::D>(p); });
 }
 
 // Called by flash_backward() (flash_backward.cu) after flash_check() and with the
 // configuration resolved to sm90a.
 void flash_backward_sm90a(const FlashParams& p) {
   using namespace detail;
-  if (p.dtype == DType::bf16) {
-    if (p.D == 64) launch<__nv_bfloat16, 64>(p);
-    else launch<__nv_bfloat16, 128>(p);
-  } else {
-    if (p.D == 64) launch<__half, 64>(p);
-    else launch<__half, 128>(p);
-  }
+  for_instance(p, [&](auto i) { launch_bwd<typename decltype(i)::T, decltype(i)::D>(p); });
 }
 
 }  // namespace flashdraft::flash_cuda

@@ -1,0 +1,154 @@
+// flash_cuda configurations and how one is chosen: plain C++17 (no CUDA, no LibTorch), so
+// the kernel library, the plugin and the tests share one set of rules and sentences.
+//
+// The configurations differ in their backward kernels (flash_attention.cuh):
+//   sm90a: the warpgroup MMA (wgmma), compute capability 9.0 only;
+//   sm90 : mma.sync with a dQ pass that needs 160 KB of shared memory per block;
+//   sm120: mma.sync with every kernel within 99 KB per block (any compute capability >= 8.0).
+// "auto" picks sm90a on compute capability 9.0, else sm90 where a block may use 160 KB,
+// else sm120.
+//
+// Who asks: the experiment's [kernels.flash_cuda].config (default "auto"), unless the
+// environment variable FLASHDRAFT_FLASH_CUDA_CONFIG is set and non-empty: it wins over the
+// file (tests and benchmarks switch it between calls). flash_choose_config() turns the
+// request and the device into the configuration that runs plus a note that says who chose
+// it and why, or into a refusal that names the value, where it came from and what the
+// device accepts.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace flashdraft::flash_cuda {
+
+enum class Config : int { automatic = 0, sm120 = 1, sm90 = 2, sm90a = 3 };
+
+constexpr const char* kConfigEnv = "FLASHDRAFT_FLASH_CUDA_CONFIG";
+constexpr const char* kConfigKey = "[kernels.flash_cuda].config";
+constexpr int kSm90MinSmem = 160 * 1024;  // the sm90 dQ pass takes up to 131 KB per block
+
+// What a device offers the configurations.
+struct DeviceLimits {
+  int major = 0, minor = 0;  // compute capability
+  int smem_per_block = 0;    // opt-in shared memory per block, bytes
+};
+
+// "auto", "sm120", "sm90", "sm90a": the names the key and the environment variable take.
+inline const char* flash_config_name(Config c) {
+  switch (c) {
+    case Config::automatic: return "auto";
+    case Config::sm120: return "sm120";
+    case Config::sm90: return "sm90";
+    case Config::sm90a: return "sm90a";
+  }
+  return "?";
+}
+
+// Every name, in the order the documentation lists them; `quoted` as a TOML file writes them.
+inline std::string flash_config_names(bool quoted) {
+  std::string s;
+  for (Config c : {Config::automatic, Config::sm90a, Config::sm90, Config::sm120}) {
+    const std::string n = flash_config_name(c);
+    s += (s.empty() ? "" : ", ") + (quoted ? "\"" + n + "\"" : n);
+  }
+  return s;
+}
+
+// False for anything but one of the names above.
+inline bool flash_parse_config(const std::string& name, Config* out) {
+  for (Config c : {Config::automatic, Config::sm90a, Config::sm90, Config::sm120})
+    if (name == flash_config_name(c)) {
+      *out = c;
+      return true;
+    }
+  return false;
+}
+
+// "" when configuration `c` (not automatic) runs on a device with these limits, else why not.
+inline std::string flash_config_unfit(Config c, const DeviceLimits& d) {
+  if (c == Config::sm90a && !(d.major == 9 && d.minor == 0))
+    return "sm90a needs compute capability 9.0 (wgmma), the device has " + std::to_string(d.major) + "." +
+           std::to_string(d.minor);
+  if (c == Config::sm90 && d.smem_per_block < kSm90MinSmem)
+    return "sm90 needs " + std::to_string(kSm90MinSmem / 1024) + " KB of shared memory per block, the device allows " +
+           std::to_string(d.smem_per_block / 1024) + " KB";
+  return "";
+}
+
+// The configuration "auto" picks on a device with these limits; *why says what decided it.
+inline Config flash_auto_config(const DeviceLimits& d, std::string* why) {
+  const std::string cc = "compute capability " + std::to_string(d.major) + "." + std::to_string(d.minor);
+  if (d.major == 9 && d.minor == 0) {
+    *why = cc;
+    return Config::sm90a;
+  }
+  *why = cc + ", " + std::to_string(d.smem_per_block / 1024) + " KB of shared memory per block";
+  if (d.smem_per_block >= kSm90MinSmem) return Config::sm90;
+  *why += ", below the " + std::to_string(kSm90MinSmem / 1024) + " KB sm90 needs";
+  return Config::sm120;
+}
+
+// The configuration asked for: the experiment key and the environment override.
+struct ConfigRequest {
+  std::string key_value = "auto";  // [kernels.flash_cuda].config, given or defaulted
+  std::string key_where;           // "experiments/x.toml:22:10" when given in a file, else ""
+  std::optional<std::string> env;  // FLASHDRAFT_FLASH_CUDA_CONFIG when set and non-empty
+};
+
+// "" when the request names configurations, else a sentence naming the bad value, where it
+// came from and the accepted names. Needs no device.
+inline std::string flash_config_request_error(const ConfigRequest& r) {
+  Config c = Config::automatic;
+  if (r.env && !flash_parse_config(*r.env, &c))
+    return std::string(kConfigEnv) + " is '" + *r.env + "', not a configuration; accepted values: " +
+           flash_config_names(false) + " (or unset it to use " + kConfigKey + " = \"" + r.key_value + "\")";
+  if (!flash_parse_config(r.key_value, &c))
+    return std::string(kConfigKey) + " is \"" + r.key_value + "\"" + (r.key_where.empty() ? "" : " at " + r.key_where) +
+           ", not a configuration; accepted values: " + flash_config_names(true);
+  return "";
+}
+
+struct ConfigChoice {
+  Config config = Config::automatic;  // what runs; never automatic when refusal is empty
+  std::string note;                   // "config sm90a (auto: compute capability 9.0)"
+  std::string refusal;                // non-empty: nothing runs, and this sentence says why
+};
+
+// The configuration a call on `device` (named so in messages: "cuda:0") runs.
+inline ConfigChoice flash_choose_config(const ConfigRequest& r, const DeviceLimits& d, const std::string& device) {
+  ConfigChoice out;
+  out.refusal = flash_config_request_error(r);
+  if (!out.refusal.empty()) return out;
+  const std::string key = kConfigKey;
+  std::string over;  // how the environment variable, when set, relates to the key
+  if (r.env) over = *r.env == r.key_value ? "as " + key : "overriding " + key + " = \"" + r.key_value + "\"";
+  Config requested = Config::automatic;
+  flash_parse_config(r.env ? *r.env : r.key_value, &requested);
+  if (requested == Config::automatic) {
+    std::string why;
+    out.config = flash_auto_config(d, &why);
+    out.note = std::string("config ") + flash_config_name(out.config) + " (auto: " + why +
+               (r.env ? std::string("; ") + kConfigEnv + "=auto, " + over : "") + ")";
+    return out;
+  }
+  const std::string unfit = flash_config_unfit(requested, d);
+  if (!unfit.empty()) {
+    std::string accepted;
+    for (Config c : {Config::automatic, Config::sm90a, Config::sm90, Config::sm120})
+      if (flash_config_unfit(c, d).empty()) {
+        const std::string n = flash_config_name(c);
+        accepted += (accepted.empty() ? "" : ", ") + (r.env ? n : "\"" + n + "\"");
+      }
+    const std::string asked =
+        r.env ? std::string(kConfigEnv) + "=" + *r.env + " (" + over + ")"
+              : key + " = \"" + r.key_value + "\"" + (r.key_where.empty() ? "" : " (" + r.key_where + ")");
+    out.refusal = asked + " cannot run on " + device + ": " + unfit + "; accepted on " + device + ": " + accepted;
+    return out;
+  }
+  out.config = requested;
+  out.note = std::string("config ") + flash_config_name(requested) + " (forced by " +
+             (r.env ? std::string(kConfigEnv) + "=" + *r.env + ", " + over : key) + ")";
+  return out;
+}
+
+}  // namespace flashdraft::flash_cuda
