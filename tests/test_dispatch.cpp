@@ -36,9 +36,8 @@ fd::MaskInput dflash_input(const std::vector<std::vector<int64_t>>& anchors) {
   in.context_len = kContext;
   in.block_size = kBlock;
   in.anchors = anchors;
-  // Every block valid: this test is about which mask a backward uses (rows with no
-  // visible key are the kernel tests' subject).
   in.block_valid.assign(kBatch, std::vector<uint8_t>(kAnchors, 1));
+  in.block_valid[1][3] = 0;  // a padding block: rows with no visible key
   return in;
 }
 
@@ -65,23 +64,37 @@ Inputs random_inputs(uint64_t seed) {
           r({kBatch, kHeadsQ, kQ, kDim})};
 }
 
-void check_two_masks_one_backward(const std::string& kernel_name) {
-  const auto kernel = test::load<fd::AttentionKernel>(fd::PluginKind::kernel, kernel_name, "kernels." + kernel_name);
-  const auto generator = test::load<fd::MaskGenerator>(fd::PluginKind::mask, "dflash", "mask");
-  fd::AttentionProblem problem;
-  problem.batch = kBatch;
-  problem.heads_q = kHeadsQ;
-  problem.heads_kv = kHeadsKv;
-  problem.q_len = kQ;
-  problem.kv_len = kKv;
-  problem.head_dim = kDim;
-  problem.mask = "dflash";
-  std::vector<fd::KernelCandidate> candidates(1);
-  candidates[0].name = kernel_name;
-  candidates[0].kernel = kernel.get();
+// A dispatcher over one kernel plugin and the dflash mask generator, as the trainer
+// builds it (the plugins it uses stay alive with it).
+struct TestDispatcher {
+  std::shared_ptr<fd::AttentionKernel> kernel;
+  std::shared_ptr<fd::MaskGenerator> generator;
   fd::KernelLedger ledger;
-  fd::AttentionDispatcher dispatcher(fd::choose_kernel(problem, candidates, "error"), generator.get(), "error", &ledger,
-                                     nullptr);
+  std::unique_ptr<fd::AttentionDispatcher> dispatcher;
+
+  explicit TestDispatcher(const std::string& kernel_name)
+      : kernel(test::load<fd::AttentionKernel>(fd::PluginKind::kernel, kernel_name, "kernels." + kernel_name)),
+        generator(test::load<fd::MaskGenerator>(fd::PluginKind::mask, "dflash", "mask")) {
+    fd::AttentionProblem problem;
+    problem.batch = kBatch;
+    problem.heads_q = kHeadsQ;
+    problem.heads_kv = kHeadsKv;
+    problem.q_len = kQ;
+    problem.kv_len = kKv;
+    problem.head_dim = kDim;
+    problem.mask = "dflash";
+    std::vector<fd::KernelCandidate> candidates(1);
+    candidates[0].name = kernel_name;
+    candidates[0].kernel = kernel.get();
+    dispatcher = std::make_unique<fd::AttentionDispatcher>(fd::choose_kernel(problem, candidates, "error"),
+                                                           generator.get(), "error", &ledger, nullptr);
+  }
+};
+
+void check_two_masks_one_backward(const std::string& kernel_name) {
+  TestDispatcher t(kernel_name);
+  fd::AttentionDispatcher& dispatcher = *t.dispatcher;
+  fd::KernelLedger& ledger = t.ledger;
   ledger.begin_step(0, 2);
 
   const fd::MaskInput first = dflash_input({{8, 30, 51, 77}, {3, 40, 41, 60}});
@@ -138,20 +151,9 @@ TEST(Dispatch, EachBackwardUsesItsOwnForwardsMaskFlashCpu) { check_two_masks_one
 
 // A graph freed by its backward cannot be run again: a sentence, not a crash.
 TEST(Dispatch, SecondBackwardWithoutRetainGraphIsRefusedWithASentence) {
-  const auto kernel = test::load<fd::AttentionKernel>(fd::PluginKind::kernel, "dense_ref", "kernels.dense_ref");
-  const auto generator = test::load<fd::MaskGenerator>(fd::PluginKind::mask, "dflash", "mask");
-  fd::AttentionProblem problem;
-  problem.batch = kBatch;
-  problem.heads_q = kHeadsQ;
-  problem.heads_kv = kHeadsKv;
-  problem.q_len = kQ;
-  problem.kv_len = kKv;
-  problem.head_dim = kDim;
-  std::vector<fd::KernelCandidate> candidates(1);
-  candidates[0].name = "dense_ref";
-  candidates[0].kernel = kernel.get();
-  fd::AttentionDispatcher dispatcher(fd::choose_kernel(problem, candidates, "error"), generator.get(), "error", nullptr,
-                                     nullptr);
+  TestDispatcher t("dense_ref");
+  fd::AttentionDispatcher& dispatcher = *t.dispatcher;
+  t.ledger.begin_step(0, 1);
   dispatcher.set_mask(dflash_input({{8, 30, 51, 77}, {3, 40, 41, 60}}));
   Inputs in = random_inputs(test::base_seed() + 7);
   const at::Tensor q = in.q.requires_grad_(true);
