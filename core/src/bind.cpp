@@ -16,6 +16,42 @@ c10::ScalarType dtype_of(const std::string& s) {
   return torch::kFloat;
 }
 
+// The target the drafter binds to: an online one from [target] (its layers chosen by the
+// drafter), or the one the dataset carries.
+TargetModel open_target(const Setup& s, BoundPlugins& b) {
+  const PluginUse* target = s.find(PluginKind::target);
+  if (!target) {
+    TargetModel model = b.dataset->target();
+    if (!model.embedding.defined()) {
+      const PluginUse& dataset = s.use(PluginKind::dataset);
+      dataset.config.fail("plugin", "dataset '" + dataset.name +
+                                        "' carries token sequences only, no target model: add a [target] table "
+                                        "(e.g. plugin = \"hf\", path = \"/models/Qwen3-8B\") to compute the target's "
+                                        "hidden states online");
+    }
+    return model;
+  }
+  b.target = create_as<Target>(*s.registry, *target->plugin, target->config);
+  b.target->open(b.ctx);
+  TargetModel model = b.target->model();
+  b.target_layers = b.drafter->target_layers(model);
+  for (int64_t id : b.target_layers)
+    if (id < 0 || id >= model.layers)
+      s.use(PluginKind::drafter)
+          .config.fail("target_layer_ids", "target layer " + std::to_string(id) + " does not exist: the target (" +
+                                               model.source + ") has layers 0.." + std::to_string(model.layers - 1));
+  model.exported_layers = b.target_layers;
+  b.target_calls = b.target->prepare(b.target_layers);
+  // Its mask: causal within each document of a row (the "document" generator).
+  const FoundPlugin& document = s.registry->get(PluginKind::mask, "document");
+  Config config("mask", SourcePosition{"the target's attention", 0, 0});
+  const Schema schema = s.registry->schema(document);
+  for (const KeySpec& key : schema.keys())
+    if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
+  b.target_mask = create_as<MaskGenerator>(*s.registry, document, config);
+  return model;
+}
+
 }  // namespace
 
 BoundPlugins bind_plugins(const Setup& s) {
@@ -54,11 +90,19 @@ BoundPlugins bind_plugins(const Setup& s) {
   }
 
   b.dataset->open(b.ctx);
-  const TargetModel target = b.dataset->target();
-  b.drafter->bind(target, b.ctx, b.dataset->batch_size(), b.dataset->seq_len());
+  b.target_model = open_target(s, b);
+  b.drafter->bind(b.target_model, b.ctx, b.dataset->batch_size(), b.dataset->seq_len());
   AttentionProblem problem = b.drafter->attention_problem();
   problem.mask = mask.plugin->name;
-  b.choice = choose_kernel(problem, std::move(candidates), s.experiment.attention().string("on_fallback"));
+  const std::string& on_fallback = s.experiment.attention().string("on_fallback");
+  if (b.target) {
+    // The target's attention: forward only, the same kernel preferences and policy.
+    std::vector<KernelCandidate> target_candidates = candidates;
+    AttentionProblem tp = b.target->attention_problem(b.dataset->batch_size(), b.dataset->seq_len());
+    tp.mask = "document";
+    b.target_choice = choose_kernel(tp, std::move(target_candidates), on_fallback);
+  }
+  b.choice = choose_kernel(problem, std::move(candidates), on_fallback);
   return b;
 }
 

@@ -24,6 +24,14 @@ struct BoundPlugins {
   std::unique_ptr<MaskGenerator> mask;
   std::vector<std::unique_ptr<AttentionKernel>> kernels;  // objects of the kernels found
   KernelChoice choice;  // the kernel selected for the drafter's problem, with every reason
+  // An online target ([target]): the model, the layers it computes for the drafter, the
+  // mask of its attention (causal within each document) and its kernel choice.
+  std::unique_ptr<Target> target;
+  std::unique_ptr<MaskGenerator> target_mask;
+  std::vector<int64_t> target_layers;
+  int64_t target_calls = 0;  // attention calls of one target forward
+  KernelChoice target_choice;
+  TargetModel target_model;  // what the drafter was bound to
 };
 
 // Seeds LibTorch's default generator with [run].seed, creates the output folder,

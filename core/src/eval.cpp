@@ -47,7 +47,7 @@ struct EvalTally {
 }  // namespace
 
 std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
-  const int64_t available = c.dataset.eval_batches();
+  const int64_t available = c.batches.eval_batches();
   const int64_t n = c.eval.integer("batches") > 0 ? std::min(c.eval.integer("batches"), available) : available;
   if (n == 0) return std::nullopt;
   at::Generator eval_rng = at::make_generator<at::CPUGeneratorImpl>(c.seed * 0x9E3779B97F4A7C15ULL + 0xe7a1);
@@ -56,8 +56,8 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
   EvalTally tally(c.positions);
   bool exact = true;  // every batch came with block proposals
   for (int64_t i = 0; i < n; ++i) {
-    Batch batch = c.dataset.eval_batch(i);
     c.ledger.begin_step(done, c.layers);
+    Batch batch = c.batches.eval(i);
     StepResult r = c.drafter.step(batch, c.dispatcher, eval_rng, /*training=*/false);
     loss_sum += r.loss.item<double>();
     for (size_t j = 0; j < acc_sum.size() && j < r.position_accuracy.size(); ++j) acc_sum[j] += r.position_accuracy[j];

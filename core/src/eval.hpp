@@ -9,6 +9,7 @@
 #include <flashdraft/config.hpp>
 #include <flashdraft/model.hpp>
 
+#include "batches.hpp"
 #include "dispatch.hpp"
 #include "ledger.hpp"
 #include "run_log.hpp"
@@ -29,7 +30,7 @@ struct EvalResult {
 
 struct EvalContext {
   Drafter& drafter;
-  Dataset& dataset;
+  BatchSource& batches;
   AttentionDispatcher& dispatcher;
   KernelLedger& ledger;
   const Config& eval;  // [eval]

@@ -23,11 +23,16 @@ namespace {
 
 // Tables that name one plugin, and the table of per-plugin options of listed kinds
 // ([kernels.<name>]), from plugin_kinds.def.
-std::vector<std::string> plugin_sections() {
+std::vector<std::string> plugin_sections(bool with_optional = true) {
   std::vector<std::string> out;
   for (const auto& k : plugin_kinds())
-    if (!k.listed) out.push_back(k.table);
+    if (!k.listed && (with_optional || !k.optional)) out.push_back(k.table);
   return out;
+}
+bool optional_section(const std::string& table) {
+  for (const auto& k : plugin_kinds())
+    if (k.table == table) return k.optional;
+  return false;
 }
 std::vector<std::string> listed_sections() {
   std::vector<std::string> out;
@@ -281,7 +286,7 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
   }
   if (root.empty()) {
     std::string needed;
-    const auto sections = plugin_sections();
+    const auto sections = plugin_sections(/*with_optional=*/false);
     for (size_t i = 0; i < sections.size(); ++i)
       needed += (i ? (i + 1 == sections.size() ? " and " : ", ") : "") + ("[" + sections[i] + "]");
     throw ConfigError(path + ": the experiment file is empty; it needs at least " + needed +
@@ -302,6 +307,7 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
   }
   for (const auto& name : plugin_sections()) {
     const toml::table* t = section(root, name, path);
+    if (!t && optional_section(name)) continue;
     if (!t)
       throw ConfigError(path + ": missing required table [" + name + "] (it names the " + name +
                         " plugin: plugin = \"...\"; `flashdraft plugins` lists them)");

@@ -36,6 +36,8 @@ class FLASHDRAFT_API Experiment {
   // The plugin a table names: choice("drafter"). Every kind whose selection is "one" has
   // its table checked at load (missing table or `plugin` key: ConfigError).
   const PluginChoice& choice(const std::string& table) const;
+  // Whether the experiment has the table of an optional kind (e.g. [target]).
+  bool has_choice(const std::string& table) const { return choices_.count(table) > 0; }
 
   // Checks a plugin's table against the plugin's schema. For [drafter], [dataset]
   // and [mask] the table is the section itself (less `plugin`); for a kernel it is

@@ -15,13 +15,17 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"steps/position_accuracy", T::f64, shape.positions, 0, "accuracy per block position 1..BS-1"},
   };
   for (const auto& n : shape.scalar_names) c.push_back({"steps/" + n, T::f64, 0, 0, "drafter metric"});
+  if (shape.target)
+    c.push_back({"steps/target_time_s", T::f64, 0, 0, "wall time of the online target's forward, seconds"});
   const std::vector<LogColumn> rest = {
       {"memory/forward", T::i64, 0, 0, "peak bytes during the forward pass"},
       {"memory/backward", T::i64, 0, 0, "peak bytes during the backward pass"},
       {"memory/optimizer", T::i64, 0, 0, "peak bytes during clipping and the optimizer step"},
       {"memory/step", T::i64, 0, 0, "peak bytes over the whole step"},
-      {"kernels/forward", T::i32, shape.layers, 0, "variant id per layer (forward); -1 = no call"},
-      {"kernels/backward", T::i32, shape.layers, 0, "variant id per layer (backward); -1 = no call"},
+      {"kernels/forward", T::i32, shape.layers, 0,
+       "variant id per attention call (forward): the drafter's layers, then the online target's; -1 = no call"},
+      {"kernels/backward", T::i32, shape.layers, 0,
+       "variant id per attention call (backward), columns as in forward; -1 = no call"},
       {"kernels/names", T::str, 0, 256, "variant names; ids index this list"},
       {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
       {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},

@@ -24,6 +24,7 @@ struct LogShape {
   int64_t layers = 0;
   int64_t positions = 0;
   std::vector<std::string> scalar_names;
+  bool target = false;  // an online target: its forward time per step
 };
 
 std::vector<LogColumn> log_columns(const LogShape& shape);

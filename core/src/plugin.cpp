@@ -20,6 +20,7 @@ const std::vector<PluginKindInfo>& plugin_kinds() {
                  "flashdraft::" #INTERFACE,                           \
                  TABLE,                                               \
                  std::string(#SELECTION) == "listed",                 \
+                 std::string(#SELECTION) == "optional",               \
                  [](const PluginObject* o) { return dynamic_cast<const INTERFACE*>(o) != nullptr; }},
 #include <flashdraft/plugin_kinds.def>
 #undef FLASHDRAFT_PLUGIN_KIND

@@ -63,6 +63,7 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   attrs["start_time"] = now_iso();
   attrs["dtype"] = ex.run().string("dtype");
   attrs["data_source"] = b.dataset->source();
+  if (b.target) attrs["target"] = b.target_model.source;
   std::string plugins;
   auto plugin_line = [&](const std::string& role, const FoundPlugin& p) {
     attrs["plugin." + role] = p.name + " " + p.version + " " + p.path;
@@ -127,6 +128,14 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
   log.set_group_attribute("kernels", "problem", choice.problem.str());
   log.set_group_attribute("kernels", "selection", choice.report());
   log.set_group_attribute("kernels", "on_fallback", s.experiment.attention().string("on_fallback"));
+  log.set_group_attribute(
+      "kernels", "columns",
+      "drafter layers 0.." + std::to_string(b.drafter->attention_layers() - 1) +
+          (b.target ? ", then the target's attention calls 0.." + std::to_string(b.target_calls - 1) : std::string()));
+  if (b.target) {
+    log.set_group_attribute("kernels", "target_selected", b.target_choice.candidates[b.target_choice.selected].name);
+    log.set_group_attribute("kernels", "target_selection", b.target_choice.report());
+  }
   if (resume.resumed()) {
     // Cut every dataset back to its rows at the checkpoint, so the resumed steps follow
     // the checkpoint's exactly. /events is history and is kept whole.

@@ -13,6 +13,11 @@ const PluginUse& Setup::use(PluginKind kind) const {
   return it->second;
 }
 
+const PluginUse* Setup::find(PluginKind kind) const {
+  const auto it = named.find(kind);
+  return it == named.end() ? nullptr : &it->second;
+}
+
 std::string kernel_not_found(const Registry& registry, const std::string& name) {
   std::vector<std::string> names;
   for (const auto* k : registry.of_kind(PluginKind::kernel)) names.push_back(k->name);
@@ -26,7 +31,7 @@ Setup load_setup(const RunOptions& options) {
   s.registry = std::make_unique<Registry>(
       Registry::search_path(options.plugin_paths, s.experiment.plugins().strings("paths"), options.experiment));
   for (const PluginKindInfo& kind : plugin_kinds()) {
-    if (kind.listed) continue;
+    if (kind.listed || (kind.optional && !s.experiment.has_choice(kind.table))) continue;
     const PluginChoice& choice = s.experiment.choice(kind.table);
     PluginUse use{choice.plugin, nullptr, {}};
     try {

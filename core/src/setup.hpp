@@ -32,6 +32,8 @@ struct Setup {
   std::vector<PluginUse> kernels;         // [attention].kernels, in preference order
 
   const PluginUse& use(PluginKind kind) const;
+  // Null when the experiment has no table of that (optional) kind.
+  const PluginUse* find(PluginKind kind) const;
 };
 
 // Throws ConfigError (file:line:col) for a bad experiment or a plugin that is not found.

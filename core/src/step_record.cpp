@@ -38,6 +38,7 @@ void StepRecorder::record(const StepOutcome& o) {
     const auto it = scalars.find(n);
     log_.append("steps/" + n, it != scalars.end() ? it->second : std::nan(""));
   }
+  if (shape_.target) log_.append("steps/target_time_s", o.target_seconds);
   log_.append("memory/forward", o.peak_forward);
   log_.append("memory/backward", o.peak_backward);
   log_.append("memory/optimizer", o.peak_optimizer);

@@ -23,7 +23,8 @@ StepOutcome train_step(StepContext& c, int64_t step) {
   o.lr = c.schedule.at(step);
   set_learning_rate(c.optimizer, o.lr);
   c.ledger.begin_step(step, c.layers);
-  Batch batch = c.dataset.train_batch(step);
+  Batch batch = c.batches.train(step);
+  o.target_seconds = c.batches.target_seconds();
 
   MemoryTracker::reset_peak(c.device);
   StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);

@@ -4,6 +4,7 @@
 
 #include <flashdraft/model.hpp>
 
+#include "batches.hpp"
 #include "dispatch.hpp"
 #include "ledger.hpp"
 #include "optimizer.hpp"
@@ -18,7 +19,7 @@ namespace flashdraft {
 
 struct StepContext {
   Drafter& drafter;
-  Dataset& dataset;
+  BatchSource& batches;
   AttentionDispatcher& dispatcher;
   KernelLedger& ledger;
   torch::optim::Optimizer& optimizer;
@@ -34,6 +35,7 @@ struct StepOutcome {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
   int64_t peak_forward = 0, peak_backward = 0, peak_optimizer = 0;
+  double target_seconds = 0;  // the online target's forward (0 without one)
   int64_t tokens = 0;
   std::vector<double> position_accuracy;
   std::vector<std::pair<std::string, double>> scalars;

@@ -1,6 +1,7 @@
 // A training run, stage by stage (see trainer.hpp for where each stage lives).
 #include "trainer.hpp"
 
+#include "batches.hpp"
 #include "bind.hpp"
 #include "checkpointing.hpp"
 #include "eval.hpp"
@@ -17,6 +18,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+#include <flashdraft/text.hpp>
 
 #include <atomic>
 #include <csignal>
@@ -67,6 +69,9 @@ class Trainer {
   KernelLedger ledger_;
   EventLog events_;
   std::unique_ptr<AttentionDispatcher> dispatcher_;
+  std::unique_ptr<AttentionDispatcher> target_dispatcher_;  // the online target's attention
+  std::unique_ptr<OffsetAttention> target_attention_;
+  std::unique_ptr<BatchSource> batches_;
   ResumePoint resume_;
   LogShape shape_;
   OpenedLog log_;
@@ -105,9 +110,23 @@ void Trainer::prepare() {
       [this](const std::string& kind, const std::string& message) { events_.add(current_step_, kind, message); });
 
   Drafter& drafter = *plugins_.drafter;
+  if (plugins_.target) {
+    std::cout << "target " << plugins_.target_choice.report();
+    target_dispatcher_ = std::make_unique<AttentionDispatcher>(
+        plugins_.target_choice, plugins_.target_mask.get(), setup_.experiment.attention().string("on_fallback"),
+        &ledger_, [this](const std::string& kind, const std::string& message) {
+          events_.add(current_step_, kind, "target: " + message);
+        });
+    target_attention_ = std::make_unique<OffsetAttention>(*target_dispatcher_, drafter.attention_layers());
+    std::cout << "target: " << plugins_.target_model.source << "; layers " << list_str(plugins_.target_layers)
+              << " feed the drafter" << std::endl;
+  }
+  batches_ = std::make_unique<BatchSource>(*plugins_.dataset, plugins_.target.get(), plugins_.target_layers,
+                                           target_attention_.get(), plugins_.ctx.device);
   resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), drafter.parameters(),
                               plugins_.ctx.say);
-  shape_ = LogShape{drafter.attention_layers(), drafter.positions(), drafter.scalar_names()};
+  shape_ = LogShape{drafter.attention_layers() + plugins_.target_calls, drafter.positions(), drafter.scalar_names(),
+                    plugins_.target != nullptr};
   log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
@@ -153,7 +172,7 @@ int Trainer::train() {
 
   if (eval_on && first_step_ == 0) validate(0);  // the untrained drafter: where tau starts
   StepContext step_context{*plugins_.drafter,
-                           *plugins_.dataset,
+                           *batches_,
                            *dispatcher_,
                            ledger_,
                            *optimizer_,
@@ -191,10 +210,14 @@ int Trainer::train() {
 }
 
 void Trainer::validate(int64_t done) {
-  const EvalContext context{
-      *plugins_.drafter, *plugins_.dataset,        *dispatcher_,
-      ledger_,           setup_.experiment.eval(), static_cast<uint64_t>(run_table().integer("seed")),
-      shape_.layers,     shape_.positions};
+  const EvalContext context{*plugins_.drafter,
+                            *batches_,
+                            *dispatcher_,
+                            ledger_,
+                            setup_.experiment.eval(),
+                            static_cast<uint64_t>(run_table().integer("seed")),
+                            shape_.layers,
+                            shape_.positions};
   const std::optional<EvalResult> r = evaluate(context, done);
   if (!r) {
     std::cout << "eval: the dataset has no held-out batch; nothing to validate" << std::endl;
@@ -250,6 +273,7 @@ int validate_experiment(const RunOptions& options) {
   }
   try {
     const BoundPlugins b = bind_plugins(s);
+    if (b.target) std::cout << "target " << b.target_choice.report();
     std::cout << b.choice.report();
     std::cout << options.experiment << ": valid (every check `flashdraft run` makes before step 0 passed)\n";
     for (const auto& [kind, use] : s.named)

@@ -52,7 +52,10 @@ class DFlashDrafter final : public Drafter {
     s.integer("mask_token", "token id of MASK in the target vocabulary (-1 = the last id)")
         .def(int64_t{-1})
         .at_least(-1);
-    s.integers("target_layer_ids", "target layers whose hidden states form the context (empty = every exported layer)")
+    s.integers("target_layer_ids",
+               "target layers whose hidden states form the context; id L = the output of decoder layer L, "
+               "transformers' hidden_states[L + 1] (empty = every layer the data exports, or 5 spread over an "
+               "online target's depth)")
         .def(std::vector<int64_t>{});
     s.real("rope_theta", "RoPE base").def(10000.0).at_least(1.0);
     s.real("rms_eps", "RMSNorm epsilon").def(1e-6).range(0.0, 1.0);
@@ -166,6 +169,19 @@ class DFlashDrafter final : public Drafter {
   }
 
   std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }
+  // The configured ids; by default every layer the data exports or, for an online
+  // target, five layers spread over its depth as the DFlash recipe does: from layer 1 to
+  // layer L - 3, evenly (fewer when the target is shallower).
+  std::vector<int64_t> target_layers(const TargetModel& target) const override {
+    if (!layer_ids_.empty()) return layer_ids_;
+    if (!target.online) return target.exported_layers;
+    const int64_t first = std::min<int64_t>(1, target.layers - 1), last = std::max<int64_t>(first, target.layers - 3);
+    const int64_t n = std::min<int64_t>(5, last - first + 1);
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < n; ++i)
+      ids.push_back(n == 1 ? first : first + static_cast<int64_t>(std::llround(double(i * (last - first)) / double(n - 1))));
+    return ids;
+  }
   int64_t attention_layers() const override { return layers_n_; }
   int64_t positions() const override { return block_size_ - 1; }
   std::vector<std::string> scalar_names() const override { return {"tau_sim"}; }

@@ -22,7 +22,16 @@ class ToyData final : public Dataset {
     torch::manual_seed(static_cast<uint64_t>(seed_) + 7);
     emb_ = torch::randn({vocab_, hidden_});
   }
-  TargetModel target() const override { return TargetModel{emb_, emb_, vocab_, hidden_, 1, {0}}; }
+  TargetModel target() const override {
+    TargetModel t;
+    t.embedding = emb_;
+    t.lm_head = emb_;
+    t.vocab = vocab_;
+    t.hidden = hidden_;
+    t.layers = 1;
+    t.exported_layers = {0};
+    return t;
+  }
   int64_t batch_size() const override { return batch_; }
   int64_t seq_len() const override { return seq_; }
   Batch train_batch(int64_t index) override { return make(index); }

@@ -1,4 +1,4 @@
-// Drafter and Dataset: what a training run is made of, besides attention.
+// Drafter, Dataset and Target: what a training run is made of, besides attention.
 #pragma once
 
 #include <flashdraft/attention.hpp>
@@ -24,12 +24,19 @@ struct RunContext {
   std::function<void(const std::string&)> say;  // progress lines on the console
 };
 
-// The frozen parts of the target model a drafter borrows.
+// The frozen parts of the target model a drafter borrows. Layer id L is the output of
+// the target's decoder layer L (0-based), i.e. transformers' hidden_states[L + 1]
+// (hidden_states[0] is the embedding output).
 struct TargetModel {
-  at::Tensor embedding;  // [vocab, hidden]
-  at::Tensor lm_head;    // [vocab, hidden]
+  at::Tensor embedding;  // [vocab, hidden]; undefined: the dataset carries no target
+  at::Tensor lm_head;    // [vocab, hidden] (the embedding itself when the target ties them)
   int64_t vocab = 0, hidden = 0, layers = 0;
-  std::vector<int64_t> exported_layers;  // layer ids whose hidden states batches carry
+  // Layer ids whose hidden states batches carry, in the order of Batch::hidden's E axis.
+  // An online target (a Target plugin) computes any layer: the engine asks the drafter
+  // which ones (Drafter::target_layers) and sets this list to them before bind().
+  std::vector<int64_t> exported_layers;
+  bool online = false;  // hidden states computed by a Target plugin each step
+  std::string source;   // what the target is (checkpoint path, architecture), for the log
 };
 
 // One batch of target data.
@@ -39,6 +46,9 @@ struct Batch {
   at::Tensor loss_mask;  // [B, S] bool: positions that may carry loss
   at::Tensor lengths;    // [B] int64: valid length of each sequence
   int64_t index = 0;     // which batch of the epoch (for the record)
+  // Packed sequences: per sequence, the lengths of its documents (sum = its length);
+  // empty = one document per sequence. Attention never crosses a document.
+  std::vector<std::vector<int64_t>> documents;
 };
 
 class FLASHDRAFT_API Dataset : public PluginObject {
@@ -70,6 +80,26 @@ class FLASHDRAFT_API AttentionContext {
                                const at::Tensor& v, double scale) = 0;
 };
 
+// The frozen target model, run online: each step it computes the hidden states the
+// drafter learns from for the batch's tokens, under no-grad, through the engine's
+// attention dispatcher (the mask it sets is causal within each document).
+class FLASHDRAFT_API Target : public PluginObject {
+ public:
+  // Reads the model (weights to ctx.device in the target's compute dtype).
+  virtual void open(const RunContext& ctx) = 0;
+  // Embedding, LM head and sizes; online = true, exported_layers = every layer id.
+  virtual TargetModel model() const = 0;
+  // The attention problem of one forward over [batch, seq_len] (forward only).
+  virtual AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const = 0;
+  // Readies forwards that read `layers` (loads the decoder layers up to the deepest, no
+  // more) and returns the attention calls of one such forward. Called once, before step 0.
+  virtual int64_t prepare(const std::vector<int64_t>& layers) = 0;
+  // Hidden states after each of `layers` (ids as in TargetModel), [B, S, E, H] in the
+  // target's dtype, for batch.tokens; runs the decoder only up to the deepest layer.
+  virtual at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
+                                   AttentionContext& attention) = 0;
+};
+
 struct StepResult {
   at::Tensor loss;                     // scalar, differentiable
   std::vector<double> position_accuracy;  // per block position 1..BS-1
@@ -89,6 +119,9 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   // fit the target or the data (ids, vocabulary, sequence length).
   virtual void bind(const TargetModel& target, const RunContext& ctx, int64_t batch_size,
                     int64_t seq_len) = 0;
+  // The target layer ids the drafter reads (before bind()); for an online target the
+  // engine computes exactly these. Default: every layer the target exports.
+  virtual std::vector<int64_t> target_layers(const TargetModel& target) const { return target.exported_layers; }
   // Trainable parameters, named (frozen target parts excluded).
   virtual std::vector<std::pair<std::string, at::Tensor>> parameters() = 0;
   // Attention calls per step (one per layer) and the problem each one poses.

@@ -8,7 +8,7 @@
 // A plugin defines its class and then writes, at namespace scope in one .cpp:
 //   FLASHDRAFT_PLUGIN(kernel, "my_kernel", "0.1.0", "one-line summary", MyKernel)
 // where MyKernel derives from the interface of that kind (plugin_kinds.def: Drafter,
-// MaskGenerator, AttentionKernel, Dataset), has a constructor taking `const Config&`,
+// MaskGenerator, AttentionKernel, Dataset, Target), has a constructor taking `const Config&`,
 // and a static `void declare(Schema&)` that declares the keys of its experiment table.
 #pragma once
 
@@ -29,9 +29,9 @@ namespace flashdraft {
 
 // Bump on any change of the descriptor or of an interface class layout.
 #ifndef FLASHDRAFT_PLUGIN_API_VERSION
-#define FLASHDRAFT_PLUGIN_API_VERSION 1
+#define FLASHDRAFT_PLUGIN_API_VERSION 2
 #endif
-constexpr int kPluginApiVersion = 1;  // the engine's; plugins compile FLASHDRAFT_PLUGIN_API_VERSION
+constexpr int kPluginApiVersion = 2;  // the engine's; plugins compile FLASHDRAFT_PLUGIN_API_VERSION
 
 // The kinds come from one table, plugin_kinds.def.
 enum class PluginKind : int {
@@ -50,6 +50,7 @@ struct PluginKindInfo {
   const char* interface;  // "flashdraft::Drafter"
   const char* table;      // experiment table: "drafter", or "kernels" for [kernels.<name>]
   bool listed;            // true: [attention].kernels lists several; false: `plugin = "..."`
+  bool optional;          // the table may be absent
   bool (*implements)(const PluginObject* object);  // the object implements the interface
 };
 // Every kind, in the order of plugin_kinds.def.

@@ -1,0 +1,135 @@
+// Reading config.json (nlohmann::json).
+#include "hf_config.hpp"
+
+#include <flashdraft/text.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace flashdraft::hf {
+
+const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM", "MistralForCausalLM",
+                                                          "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Reader {
+  const json& j;
+  std::string file;
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const {
+    throw std::runtime_error(file + ": " + key + ": " + message);
+  }
+  bool has(const std::string& key) const { return j.contains(key) && !j.at(key).is_null(); }
+  int64_t integer(const std::string& key, int64_t min_value) const {
+    if (!has(key)) fail(key, "missing (an integer >= " + std::to_string(min_value) + " is needed)");
+    const json& v = j.at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < min_value)
+      fail(key, "value " + v.dump() + " is not an integer >= " + std::to_string(min_value));
+    return v.get<int64_t>();
+  }
+  int64_t integer(const std::string& key, int64_t min_value, int64_t fallback) const {
+    return has(key) ? integer(key, min_value) : fallback;
+  }
+  double real(const json& from, const std::string& key, double fallback) const {
+    if (!from.contains(key) || from.at(key).is_null()) return fallback;
+    if (!from.at(key).is_number()) fail(key, "value " + from.at(key).dump() + " is not a number");
+    return from.at(key).get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j.at(key).is_boolean()) fail(key, "value " + j.at(key).dump() + " is not true or false");
+    return j.at(key).get<bool>();
+  }
+};
+
+// rope_theta and the scaling: transformers 4 writes rope_theta and rope_scaling at the
+// top level, transformers 5 a rope_parameters object holding both.
+void read_rope(const Reader& r, ModelConfig& c) {
+  const json* scaling = nullptr;
+  if (r.has("rope_parameters") && r.j.at("rope_parameters").is_object()) {
+    const json& p = r.j.at("rope_parameters");
+    c.rope_theta = r.real(p, "rope_theta", r.real(r.j, "rope_theta", 10000.0));
+    scaling = &p;
+  } else {
+    c.rope_theta = r.real(r.j, "rope_theta", 10000.0);
+    if (r.has("rope_scaling")) scaling = &r.j.at("rope_scaling");
+  }
+  if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
+  if (!scaling) return;
+  if (!scaling->is_object()) r.fail("rope_scaling", "expected an object or null, found " + scaling->dump());
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"})
+    if (scaling->contains(key) && scaling->at(key).is_string()) type = scaling->at(key).get<std::string>();
+  if (type != "default" && type != "linear" && type != "llama3")
+    r.fail("rope_scaling", "rope type \"" + type + "\" is not supported (supported: default, linear, llama3)");
+  c.rope.type = type;
+  c.rope.factor = r.real(*scaling, "factor", 1.0);
+  c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
+  c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
+  c.rope.original_max_position =
+      static_cast<int64_t>(r.real(*scaling, "original_max_position_embeddings", 8192.0));
+  if (type != "default" && !(c.rope.factor > 0)) r.fail("rope_scaling", "factor must be positive");
+}
+
+}  // namespace
+
+ModelConfig read_config(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const std::string file = (fs::path(folder) / "config.json").string();
+  if (!fs::is_directory(folder))
+    throw std::runtime_error("[target] path \"" + folder + "\" is not a folder (a Hugging Face checkpoint folder with "
+                             "config.json and model.safetensors is expected)");
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(file + ": cannot be read (the checkpoint folder needs its config.json)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(file + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object()) throw std::runtime_error(file + ": expected a JSON object");
+  const Reader r{j, file};
+  ModelConfig c;
+  c.path = file;
+  if (!r.has("architectures") || !j.at("architectures").is_array() || j.at("architectures").empty() ||
+      !j.at("architectures")[0].is_string())
+    r.fail("architectures", "missing; supported: " + join(kSupportedArchitectures));
+  c.architecture = j.at("architectures")[0].get<std::string>();
+  bool known = false;
+  for (const auto& a : kSupportedArchitectures) known = known || a == c.architecture;
+  if (!known)
+    r.fail("architectures", "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) +
+                                ")");
+  c.vocab = r.integer("vocab_size", 1);
+  c.hidden = r.integer("hidden_size", 1);
+  c.layers = r.integer("num_hidden_layers", 1);
+  c.heads = r.integer("num_attention_heads", 1);
+  c.kv_heads = r.integer("num_key_value_heads", 1, c.heads);
+  c.intermediate = r.integer("intermediate_size", 1);
+  if (c.heads % c.kv_heads != 0)
+    r.fail("num_key_value_heads", std::to_string(c.kv_heads) + " does not divide num_attention_heads = " +
+                                      std::to_string(c.heads));
+  c.head_dim = r.integer("head_dim", 1, c.hidden % c.heads == 0 ? c.hidden / c.heads : 0);
+  if (c.head_dim == 0)
+    r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) + " is not a multiple of "
+                       "num_attention_heads " + std::to_string(c.heads));
+  if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
+  c.rms_eps = r.real(j, "rms_norm_eps", 1e-6);
+  read_rope(r, c);
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM", qwen3 = c.architecture == "Qwen3ForCausalLM";
+  const bool mistral = c.architecture == "MistralForCausalLM";
+  c.qk_norm = qwen3;
+  c.qkv_bias = qwen2;
+  c.o_bias = !qwen2 && !mistral && r.boolean("attention_bias", false);
+  if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
+  const bool windowed = mistral || r.boolean("use_sliding_window", false);
+  if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);
+  return c;
+}
+
+}  // namespace flashdraft::hf

@@ -1,0 +1,38 @@
+// config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
+// dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
+// Qwen3ForCausalLM. Anything else is refused with the architecture found and the list.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flashdraft::hf {
+
+struct RopeScaling {
+  std::string type = "default";  // default | linear | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position = 8192;                  // llama3
+};
+
+struct ModelConfig {
+  std::string path;          // the config.json read
+  std::string architecture;  // e.g. "Qwen3ForCausalLM"
+  int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  double rms_eps = 1e-6, rope_theta = 10000.0;
+  RopeScaling rope;
+  bool qk_norm = false;         // Qwen3: RMSNorm of q and k per head, before RoPE
+  bool qkv_bias = false;        // Qwen2: biases on q, k, v
+  bool o_bias = false;          // attention_bias (Llama, Qwen3): biases on q, k, v and o
+  int tie_embeddings = -1;      // 1 / 0 as config.json says; -1: not said (the weights decide)
+  int64_t sliding_window = 0;   // 0: full attention (Mistral may set a window)
+};
+
+extern const std::vector<std::string> kSupportedArchitectures;
+
+// Reads and checks <folder>/config.json; throws std::runtime_error with a sentence
+// naming the file, the key, the value and what is accepted.
+ModelConfig read_config(const std::string& folder);
+
+}  // namespace flashdraft::hf

@@ -1,0 +1,45 @@
+"""Tiny random Hugging Face decoder checkpoints made with transformers for the tests
+(random init, save_pretrained; nothing is downloaded)."""
+import json
+from pathlib import Path
+
+import torch
+import transformers
+
+SMALL = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+
+# (name, config class, model class, extra config keys, save_pretrained keys)
+FAMILIES = [
+    ("llama", "LlamaConfig", "LlamaForCausalLM",
+     dict(attention_bias=True, tie_word_embeddings=False,
+          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=64), rope_theta=50000.0), {}),
+    ("mistral", "MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=True, sliding_window=None), {}),
+    ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False, rope_theta=1e6),
+     dict(max_shard_size="60KB")),
+    ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=24, rope_theta=1e6), {}),
+]
+
+
+def make_model(folder: Path, family: str, seed: int = 0, **overrides):
+    """Writes a random model of `family` to `folder`; returns the transformers model (fp32, eval)."""
+    name, config_cls, model_cls, extra, save = next(f for f in FAMILIES if f[0] == family)
+    config = getattr(transformers, config_cls)(**{**SMALL, **extra, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():  # norms away from 1 so that a missing or misplaced norm shows
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias"):
+                p.normal_(0, 0.1)
+    model.save_pretrained(folder, safe_serialization=True, **save)
+    return model
+
+
+def edit_config(folder: Path, **changes):
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))

@@ -1,0 +1,160 @@
+"""The hf target against transformers: tiny random Llama, Mistral, Qwen2 and Qwen3
+checkpoints (tied and untied embeddings, one sharded save) made here; our target's
+hidden states after every layer and the final logits must equal transformers'
+`output_hidden_states` (layer id L = hidden_states[L + 1]) in fp32 on CPU. Padded
+batches give every sequence the states it has alone; packed documents do not see each
+other; corrupt or mismatched checkpoints are refused with a sentence."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import BINARY_DIR
+from hf_models import FAMILIES, SMALL, edit_config, make_model
+
+TOOL = BINARY_DIR / "bin" / "target_states"
+BOUND = 1e-4  # fp32 relative error (max |a - b| / max |b|)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def run_target(model_dir, tokens, lengths, layers, tmp, documents=None, kernel="dense_ref"):
+    inp, out = tmp / "in.safetensors", tmp / "out.safetensors"
+    tensors = {"tokens": tokens.long(), "lengths": lengths.long()}
+    if documents is not None:
+        tensors["documents"] = documents.long()
+    save_file(tensors, str(inp))
+    p = subprocess.run([str(TOOL), "hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel],
+                       capture_output=True, text=True, timeout=300)
+    return p, (load_file(str(out)) if p.returncode == 0 else None)
+
+
+@pytest.fixture(scope="module", params=[f[0] for f in FAMILIES])
+def family_model(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    model = make_model(folder, request.param, seed=hash(request.param) % 1000)
+    return request.param, folder, model
+
+
+@pytest.mark.parametrize("kernel", ["dense_ref", "flash_cpu"])
+def test_hidden_states_and_logits_match_transformers(family_model, kernel, tmp_path):
+    family, folder, model = family_model
+    if not TOOL.exists():
+        pytest.fail(f"{TOOL} was not built")
+    g = torch.Generator().manual_seed(7)
+    B, S = 3, 24
+    tokens = torch.randint(0, SMALL["vocab_size"], (B, S), generator=g)
+    lengths = torch.tensor([24, 17, 9])
+    layers = list(range(SMALL["num_hidden_layers"]))
+    p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel=kernel)
+    assert p.returncode == 0, p.stderr
+    assert f"kernels {kernel}" in p.stdout, p.stdout
+    worst = 0.0
+    for b in range(B):
+        n = int(lengths[b])
+        with torch.no_grad():
+            ref = model(input_ids=tokens[b:b + 1, :n], output_hidden_states=True)
+        for e, layer in enumerate(layers):
+            err = rel(ours["hidden"][b, :n, e], ref.hidden_states[layer + 1][0])
+            worst = max(worst, err)
+            assert err <= BOUND, f"{family} row {b} layer {layer}: rel err {err:.2e}"
+        err = rel(ours["logits"][b, :n], ref.logits[0])
+        assert err <= BOUND, f"{family} row {b} logits: rel err {err:.2e}"
+    print(f"{family} ({kernel}): worst hidden-state rel err {worst:.1e} (bound {BOUND:.0e})")
+
+
+def test_packed_documents_do_not_see_each_other(tmp_path):
+    folder = tmp_path / "qwen3"
+    model = make_model(folder, "qwen3", seed=3)
+    g = torch.Generator().manual_seed(11)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 30), generator=g)
+    documents = torch.tensor([[10, 14, 6], [30, 0, 0]])
+    p, ours = run_target(folder, tokens, torch.tensor([30, 30]), [1, 3], tmp_path, documents=documents)
+    assert p.returncode == 0, p.stderr
+    start = 0
+    for n in [10, 14, 6]:
+        with torch.no_grad():
+            ref = model(input_ids=tokens[0:1, start:start + n], output_hidden_states=True)
+        for e, layer in enumerate([1, 3]):
+            assert rel(ours["hidden"][0, start:start + n, e], ref.hidden_states[layer + 1][0]) <= BOUND
+        start += n
+    # The same tokens unpacked (one document) differ after the first document.
+    with torch.no_grad():
+        whole = model(input_ids=tokens[0:1], output_hidden_states=True)
+    assert rel(ours["hidden"][0, 10:, 0], whole.hidden_states[2][0, 10:]) > 1e-3
+
+
+def test_only_the_requested_layers_are_loaded_and_run(tmp_path):
+    folder = tmp_path / "llama"
+    make_model(folder, "llama", seed=5)
+    p, ours = run_target(folder, torch.randint(0, 160, (1, 8)), torch.tensor([8]), [1], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert ours["hidden"].shape == (1, 8, 1, SMALL["hidden_size"])
+
+
+def corrupt(tmp_path, how):
+    folder = tmp_path / how
+    make_model(folder, "qwen2", seed=1)  # sharded: model.safetensors.index.json
+    index = folder / "model.safetensors.index.json"
+    shards = sorted(folder.glob("model-*.safetensors"))
+    if how == "truncated shard":
+        data = shards[-1].read_bytes()
+        shards[-1].write_bytes(data[: len(data) - 100])
+    elif how == "header length past the end":
+        data = bytearray(shards[0].read_bytes())
+        data[0:8] = (len(data) * 2).to_bytes(8, "little")
+        shards[0].write_bytes(bytes(data))
+    elif how == "unknown dtype":
+        data = shards[0].read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = data[8:8 + n].replace(b'"F32"', b'"Q17"', 1)
+        shards[0].write_bytes(data[:8] + header + data[8 + n:])
+    elif how == "overlapping offsets":
+        data = shards[0].read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        names = [k for k in header if k != "__metadata__"]
+        a, b = sorted(names, key=lambda k: header[k]["data_offsets"][0])[:2]
+        size = header[b]["data_offsets"][1] - header[b]["data_offsets"][0]
+        header[b]["data_offsets"] = [header[a]["data_offsets"][0], header[a]["data_offsets"][0] + size]
+        text = json.dumps(header).encode()
+        text += b" " * (n - len(text)) if len(text) <= n else b""
+        assert len(text) == n
+        shards[0].write_bytes(data[:8] + text + data[8 + n:])
+    elif how == "tensor missing from the index":
+        idx = json.loads(index.read_text())
+        del idx["weight_map"]["model.layers.2.mlp.up_proj.weight"]
+        index.write_text(json.dumps(idx))
+    elif how == "shape disagrees with config.json":
+        edit_config(folder, intermediate_size=100)
+    elif how == "unsupported architecture":
+        edit_config(folder, architectures=["GPT2LMHeadModel"])
+    return folder
+
+
+EXPECTED = {
+    "truncated shard": "truncated",
+    "header length past the end": "header",
+    "unknown dtype": "Q17",
+    "overlapping offsets": "overlap",
+    "tensor missing from the index": "model.layers.2.mlp.up_proj.weight",
+    "shape disagrees with config.json": "implies",
+    "unsupported architecture": "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+}
+
+
+@pytest.mark.parametrize("how", list(EXPECTED))
+def test_corrupt_checkpoints_are_refused_with_a_sentence(tmp_path, how):
+    folder = corrupt(tmp_path, how)
+    p, _ = run_target(folder, torch.randint(0, 160, (1, 8)), torch.tensor([8]), [3], tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: "), line
+    assert EXPECTED[how] in line, line
+    print(f"{how}: {line[:200]}")

@@ -1,0 +1,107 @@
+// target_states: runs a [target] plugin on tokens from a safetensors file and writes the
+// hidden states it computes (and the final logits), for the tests that compare our
+// targets with transformers (tests/python/test_hf_target.py).
+//
+//   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE]
+// IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
+//     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
+// OUT: "hidden" [B, S, E, H] (float32), "logits" [B, S, V] (float32: the final RMSNorm of
+//     the deepest requested layer times the LM head: pass the last layer to get the
+//     model's logits). Errors: one line on stderr, exit status 1.
+#include "dispatch.hpp"
+#include "ledger.hpp"
+#include "registry.hpp"
+
+#include <flashdraft/model.hpp>
+#include <flashdraft/safetensors.hpp>
+
+#include <torch/torch.h>
+
+#include <iostream>
+#include <sstream>
+
+namespace fd = flashdraft;
+
+namespace {
+
+template <class T>
+std::unique_ptr<T> create(const fd::Registry& reg, fd::PluginKind kind, const std::string& name,
+                          const std::map<std::string, fd::Value>& values) {
+  const fd::FoundPlugin& p = reg.get(kind, name);
+  const fd::Schema schema = reg.schema(p);
+  fd::Config config(fd::to_string(kind), fd::SourcePosition{"target_states", 0, 0});
+  for (const fd::KeySpec& key : schema.keys()) {
+    const auto v = values.find(key.name);
+    if (v != values.end()) config.set(key.name, v->second, std::nullopt);
+    else if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
+  }
+  return fd::create_as<T>(reg, p, config);
+}
+
+int run(int argc, char** argv) {
+  if (argc < 6) {
+    std::cerr << "usage: target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE]\n";
+    return 2;
+  }
+  const std::string kernel_name = argc > 6 ? argv[6] : "dense_ref", dtype = argc > 7 ? argv[7] : "float32";
+  std::vector<int64_t> layers;
+  std::stringstream ls(argv[5]);
+  for (std::string item; std::getline(ls, item, ',');) layers.push_back(std::stoll(item));
+  const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
+  auto target = create<fd::Target>(reg, fd::PluginKind::target, argv[1],
+                                   {{"path", std::string(argv[2])}, {"dtype", dtype}});
+  fd::RunContext ctx;
+  target->open(ctx);
+  const fd::TargetModel model = target->model();
+  const int64_t calls = target->prepare(layers);
+
+  const fd::safetensors::File in(argv[3]);
+  fd::Batch batch;
+  batch.tokens = in.load("tokens", c10::kCPU, at::kLong);
+  batch.lengths = in.load("lengths", c10::kCPU, at::kLong);
+  if (in.find("documents")) {
+    const at::Tensor docs = in.load("documents", c10::kCPU, at::kLong).contiguous();
+    for (int64_t b = 0; b < docs.size(0); ++b) {
+      std::vector<int64_t> row;
+      for (int64_t k = 0; k < docs.size(1); ++k)
+        if (docs[b][k].item<int64_t>() > 0) row.push_back(docs[b][k].item<int64_t>());
+      batch.documents.push_back(row);
+    }
+  }
+  auto kernel = create<fd::AttentionKernel>(reg, fd::PluginKind::kernel, kernel_name, {});
+  auto mask = create<fd::MaskGenerator>(reg, fd::PluginKind::mask, "document", {});
+  fd::AttentionProblem problem = target->attention_problem(batch.tokens.size(0), batch.tokens.size(1));
+  problem.mask = "document";
+  std::vector<fd::KernelCandidate> candidates(1);
+  candidates[0].name = kernel_name;
+  candidates[0].kernel = kernel.get();
+  fd::KernelLedger ledger;
+  ledger.begin_step(0, calls);
+  fd::AttentionDispatcher dispatcher(fd::choose_kernel(problem, candidates, "error"), mask.get(), "error", &ledger,
+                                     nullptr);
+  at::NoGradGuard no_grad;
+  const at::Tensor hidden = target->hidden_states(batch, layers, dispatcher).to(at::kFloat);
+  // Final norm and LM head, as the model's head applies them.
+  const fd::safetensors::Checkpoint checkpoint(argv[2]);
+  const at::Tensor norm = checkpoint.load("model.norm.weight", c10::kCPU, at::kFloat);
+  double eps = 1e-6;
+  if (argc > 8) eps = std::stod(argv[8]);
+  const at::Tensor last = hidden.select(2, hidden.size(2) - 1);
+  const at::Tensor normed = norm * (last * at::rsqrt(last.pow(2).mean(-1, true) + eps));
+  const at::Tensor logits = at::linear(normed, model.lm_head.to(at::kFloat));
+  fd::safetensors::write(argv[4], {{"hidden", hidden.contiguous()}, {"logits", logits.contiguous()}},
+                         {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
+  std::cout << model.source << "\nkernels " << ledger.summary(fd::Phase::forward) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}
