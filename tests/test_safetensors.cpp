@@ -524,7 +524,14 @@ TEST_F(Safetensors, RefusesBadCheckpointFolders) {
   st::write(path("model-00002-of-00002.safetensors"), {{"b", at::randn({3})}, {"c", at::randn({1})}});
   write_text(index,
              R"({"weight_map": {"a": "model-00001-of-00002.safetensors", "c": "model-00002-of-00002.safetensors"}})");
-  EXPECT_REFUSED(st::Checkpoint{dir_}, dir_ + ": tensor 'b': in two shards, ");
+  {
+    // The index says what the checkpoint holds: 'b' in shard 2 but listed for no shard is
+    // not part of it (as for transformers); 'a' and 'c' are, each from its listed shard.
+    const st::Checkpoint checkpoint(dir_);
+    EXPECT_EQ(checkpoint.names(), (std::vector<std::string>{"a", "c"}));
+    EXPECT_EQ(checkpoint.find("b"), nullptr);
+    EXPECT_EQ(checkpoint.find("a")->file, path("model-00001-of-00002.safetensors"));
+  }
 
   write_text(index, R"({"metadata": {}})");
   EXPECT_REFUSED(st::Checkpoint{dir_}, index + ": no \"weight_map\" object");

@@ -386,9 +386,12 @@ struct Checkpoint::Impl {
   std::vector<std::unique_ptr<File>> files;  // each file opened once
   std::map<std::string, const File*> owner;  // every tensor name -> the file holding it
 
-  // Adds every tensor of `file`; a name already held by another file is refused.
-  void add(std::unique_ptr<File> file) {
+  // Adds the tensors of `file` (all, or only `listed`: with an index, the index says what
+  // the checkpoint holds, as for transformers); a name already held by another file is
+  // refused.
+  void add(std::unique_ptr<File> file, const std::vector<std::string>* listed = nullptr) {
     for (const TensorInfo& t : file->tensors()) {
+      if (listed && std::find(listed->begin(), listed->end(), t.name) == listed->end()) continue;
       const auto [it, added] = owner.emplace(t.name, file.get());
       if (!added)
         fail(folder, t.name,
@@ -430,7 +433,7 @@ struct Checkpoint::Impl {
           fail(index, name,
                "listed in shard '" + shard + "', which does not hold it (the shard holds " +
                    std::to_string(file->tensors().size()) + " tensors; the index and the shards disagree)");
-      add(std::move(file));
+      add(std::move(file), &names);
     }
   }
 };

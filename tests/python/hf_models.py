@@ -22,8 +22,10 @@ FAMILIES = [
 ]
 
 
-def make_model(folder: Path, family: str, seed: int = 0, **overrides):
-    """Writes a random model of `family` to `folder`; returns the transformers model (fp32, eval)."""
+def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 0.0, **overrides):
+    """Writes a random model of `family` to `folder`; returns the transformers model (fp32, eval).
+    embedding_std > 0 redraws the embedding (and a tied LM head) with that deviation: a head
+    whose logits can separate tokens, for training tests."""
     name, config_cls, model_cls, extra, save = next(f for f in FAMILIES if f[0] == family)
     config = getattr(transformers, config_cls)(**{**SMALL, **extra, **overrides})
     torch.manual_seed(seed)
@@ -34,6 +36,8 @@ def make_model(folder: Path, family: str, seed: int = 0, **overrides):
                 p.uniform_(0.5, 1.5)
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
+            elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):
+                p.normal_(0, embedding_std)
     model.save_pretrained(folder, safe_serialization=True, **save)
     return model
 

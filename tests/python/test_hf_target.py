@@ -123,7 +123,7 @@ def corrupt(tmp_path, how):
         a, b = sorted(names, key=lambda k: header[k]["data_offsets"][0])[:2]
         size = header[b]["data_offsets"][1] - header[b]["data_offsets"][0]
         header[b]["data_offsets"] = [header[a]["data_offsets"][0], header[a]["data_offsets"][0] + size]
-        text = json.dumps(header).encode()
+        text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (n - len(text)) if len(text) <= n else b""
         assert len(text) == n
         shards[0].write_bytes(data[:8] + text + data[8 + n:])

@@ -5,9 +5,9 @@
 //   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE]
 // IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
 //     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
-// OUT: "hidden" [B, S, E, H] (float32), "logits" [B, S, V] (float32: the final RMSNorm of
-//     the deepest requested layer times the LM head: pass the last layer to get the
-//     model's logits). Errors: one line on stderr, exit status 1.
+// OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
+//     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head.
+//     Errors: one line on stderr, exit status 1.
 #include "dispatch.hpp"
 #include "ledger.hpp"
 #include "registry.hpp"
@@ -32,8 +32,10 @@ std::unique_ptr<T> create(const fd::Registry& reg, fd::PluginKind kind, const st
   fd::Config config(fd::to_string(kind), fd::SourcePosition{"target_states", 0, 0});
   for (const fd::KeySpec& key : schema.keys()) {
     const auto v = values.find(key.name);
-    if (v != values.end()) config.set(key.name, v->second, std::nullopt);
-    else if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
+    if (v != values.end())
+      config.set(key.name, v->second, std::nullopt);
+    else if (key.fallback)
+      config.set(key.name, *key.fallback, std::nullopt);
   }
   return fd::create_as<T>(reg, p, config);
 }
@@ -48,8 +50,8 @@ int run(int argc, char** argv) {
   std::stringstream ls(argv[5]);
   for (std::string item; std::getline(ls, item, ',');) layers.push_back(std::stoll(item));
   const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
-  auto target = create<fd::Target>(reg, fd::PluginKind::target, argv[1],
-                                   {{"path", std::string(argv[2])}, {"dtype", dtype}});
+  auto target =
+      create<fd::Target>(reg, fd::PluginKind::target, argv[1], {{"path", std::string(argv[2])}, {"dtype", dtype}});
   fd::RunContext ctx;
   target->open(ctx);
   const fd::TargetModel model = target->model();
@@ -81,16 +83,11 @@ int run(int argc, char** argv) {
                                      nullptr);
   at::NoGradGuard no_grad;
   const at::Tensor hidden = target->hidden_states(batch, layers, dispatcher).to(at::kFloat);
-  // Final norm and LM head, as the model's head applies them.
-  const fd::safetensors::Checkpoint checkpoint(argv[2]);
-  const at::Tensor norm = checkpoint.load("model.norm.weight", c10::kCPU, at::kFloat);
-  double eps = 1e-6;
-  if (argc > 8) eps = std::stod(argv[8]);
-  const at::Tensor last = hidden.select(2, hidden.size(2) - 1);
-  const at::Tensor normed = norm * (last * at::rsqrt(last.pow(2).mean(-1, true) + eps));
-  const at::Tensor logits = at::linear(normed, model.lm_head.to(at::kFloat));
-  fd::safetensors::write(argv[4], {{"hidden", hidden.contiguous()}, {"logits", logits.contiguous()}},
-                         {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
+  std::vector<std::pair<std::string, at::Tensor>> out = {{"hidden", hidden.contiguous()}};
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i] == model.layers - 1)
+      out.push_back({"logits", at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(at::kFloat)).contiguous()});
+  fd::safetensors::write(argv[4], out, {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
   std::cout << model.source << "\nkernels " << ledger.summary(fd::Phase::forward) << "\n";
   return 0;
 }

@@ -12,9 +12,10 @@
 //              x = x + down(silu(gate(RMSNorm(x))) * up(RMSNorm(x)))
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
-// transformers' hidden_states[L + 1]. Attention is causal within each document of a
-// row (packed rows: Batch::documents; padded rows: the tokens past a row's length are a
-// document of their own, so they never change the real ones).
+// transformers' hidden_states[L + 1]; for the last layer that is after the model's final
+// RMSNorm (transformers reports the normed state there), so it is here too. Attention is causal within each document of
+// a row (packed rows: Batch::documents; padded rows: the tokens past a row's length are a document of their own, so
+// they never change the real ones).
 #include "hf_config.hpp"
 
 #include <flashdraft/model.hpp>
@@ -68,7 +69,8 @@ class HfTarget final : public Target {
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
     final_norm_ = load("model.norm.weight");
     const at::Tensor exponents = at::arange(0, cfg_.head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
-    inv_freq_ = scaled_inv_freq(1.0 / at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)));
+    inv_freq_ =
+        scaled_inv_freq(1.0 / at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)));
   }
 
   TargetModel model() const override {
@@ -136,8 +138,9 @@ class HfTarget final : public Target {
     std::vector<at::Tensor> out(layers.size());
     for (int64_t l = 0; l <= deepest; ++l) {
       x = layer_forward(layers_[static_cast<size_t>(l)], x, cos, sin, l, attention);
+      const at::Tensor state = l == cfg_.layers - 1 ? rms_norm(x, final_norm_) : x;
       for (size_t i = 0; i < layers.size(); ++i)
-        if (layers[i] == l) out[i] = x;
+        if (layers[i] == l) out[i] = state;
     }
     return at::stack(out, 2);  // [B, S, E, H]
   }
@@ -155,16 +158,16 @@ class HfTarget final : public Target {
       expected.push_back({"lm_head.weight", {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-               {"input_layernorm.weight", {H}},
-               {"post_attention_layernorm.weight", {H}},
-               {"self_attn.q_proj.weight", {q, H}},
-               {"self_attn.k_proj.weight", {kv, H}},
-               {"self_attn.v_proj.weight", {kv, H}},
-               {"self_attn.o_proj.weight", {H, q}},
-               {"mlp.gate_proj.weight", {cfg_.intermediate, H}},
-               {"mlp.up_proj.weight", {cfg_.intermediate, H}},
-               {"mlp.down_proj.weight", {H, cfg_.intermediate}}})
+      for (const auto& e :
+           std::vector<std::pair<std::string, std::vector<int64_t>>>{{"input_layernorm.weight", {H}},
+                                                                     {"post_attention_layernorm.weight", {H}},
+                                                                     {"self_attn.q_proj.weight", {q, H}},
+                                                                     {"self_attn.k_proj.weight", {kv, H}},
+                                                                     {"self_attn.v_proj.weight", {kv, H}},
+                                                                     {"self_attn.o_proj.weight", {H, q}},
+                                                                     {"mlp.gate_proj.weight", {cfg_.intermediate, H}},
+                                                                     {"mlp.up_proj.weight", {cfg_.intermediate, H}},
+                                                                     {"mlp.down_proj.weight", {H, cfg_.intermediate}}})
         expected.push_back({p + e.first, e.second});
       if (cfg_.qkv_bias || cfg_.o_bias)
         for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
@@ -183,11 +186,10 @@ class HfTarget final : public Target {
                                  " checkpoint with this config.json has it)");
       if (info->shape != shape)
         config_.fail("path", path_ + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", but " +
-                                 cfg_.path + " (hidden_size " + std::to_string(H) + ", " +
-                                 std::to_string(cfg_.heads) + " heads, " + std::to_string(cfg_.kv_heads) +
-                                 " kv heads, head_dim " + std::to_string(D) + ", intermediate_size " +
-                                 std::to_string(cfg_.intermediate) + ", vocab_size " + std::to_string(cfg_.vocab) +
-                                 ") implies " + list_str(shape));
+                                 cfg_.path + " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) +
+                                 " heads, " + std::to_string(cfg_.kv_heads) + " kv heads, head_dim " +
+                                 std::to_string(D) + ", intermediate_size " + std::to_string(cfg_.intermediate) +
+                                 ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " + list_str(shape));
     }
   }
 
@@ -226,8 +228,8 @@ class HfTarget final : public Target {
     const double high_wavelen = double(r.original_max_position) / r.high_freq_factor;
     const at::Tensor wavelen = 2 * M_PI / inv;
     at::Tensor out = at::where(wavelen > low_wavelen, inv / r.factor, inv);
-    const at::Tensor smooth = (double(r.original_max_position) / wavelen - r.low_freq_factor) /
-                              (r.high_freq_factor - r.low_freq_factor);
+    const at::Tensor smooth =
+        (double(r.original_max_position) / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
     const at::Tensor smoothed = (1 - smooth) * out / r.factor + smooth * out;
     const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
     return at::where(medium, smoothed, out);
@@ -259,8 +261,8 @@ class HfTarget final : public Target {
     }
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    const at::Tensor a = attention.attention(index, q.contiguous(), k.contiguous(), v.contiguous(),
-                                             1.0 / std::sqrt(double(D)));
+    const at::Tensor a =
+        attention.attention(index, q.contiguous(), k.contiguous(), v.contiguous(), 1.0 / std::sqrt(double(D)));
     const at::Tensor x1 = x + at::linear(a.transpose(1, 2).reshape({B, S, cfg_.heads * D}), L.o_proj, L.o_bias);
     const at::Tensor h2 = rms_norm(x1, L.post_norm);
     return x1 + at::linear(at::silu(at::linear(h2, L.gate_proj)) * at::linear(h2, L.up_proj), L.down_proj);
@@ -272,7 +274,8 @@ class HfTarget final : public Target {
     in.batch = B;
     in.q_len = S;
     in.kv_len = S;
-    const at::Tensor lengths = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+    const at::Tensor lengths =
+        batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> docs;
       if (static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[static_cast<size_t>(b)].empty())

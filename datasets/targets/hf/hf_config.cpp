@@ -11,8 +11,8 @@
 
 namespace flashdraft::hf {
 
-const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM", "MistralForCausalLM",
-                                                          "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                                          "Qwen3ForCausalLM"};
 
 namespace {
 
@@ -71,8 +71,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
   c.rope.factor = r.real(*scaling, "factor", 1.0);
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
   c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
-  c.rope.original_max_position =
-      static_cast<int64_t>(r.real(*scaling, "original_max_position_embeddings", 8192.0));
+  c.rope.original_max_position = static_cast<int64_t>(r.real(*scaling, "original_max_position_embeddings", 8192.0));
   if (type != "default" && !(c.rope.factor > 0)) r.fail("rope_scaling", "factor must be positive");
 }
 
@@ -82,7 +81,8 @@ ModelConfig read_config(const std::string& folder) {
   namespace fs = std::filesystem;
   const std::string file = (fs::path(folder) / "config.json").string();
   if (!fs::is_directory(folder))
-    throw std::runtime_error("[target] path \"" + folder + "\" is not a folder (a Hugging Face checkpoint folder with "
+    throw std::runtime_error("[target] path \"" + folder +
+                             "\" is not a folder (a Hugging Face checkpoint folder with "
                              "config.json and model.safetensors is expected)");
   std::ifstream in(file);
   if (!in) throw std::runtime_error(file + ": cannot be read (the checkpoint folder needs its config.json)");
@@ -103,8 +103,8 @@ ModelConfig read_config(const std::string& folder) {
   bool known = false;
   for (const auto& a : kSupportedArchitectures) known = known || a == c.architecture;
   if (!known)
-    r.fail("architectures", "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) +
-                                ")");
+    r.fail("architectures",
+           "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) + ")");
   c.vocab = r.integer("vocab_size", 1);
   c.hidden = r.integer("hidden_size", 1);
   c.layers = r.integer("num_hidden_layers", 1);
@@ -112,12 +112,14 @@ ModelConfig read_config(const std::string& folder) {
   c.kv_heads = r.integer("num_key_value_heads", 1, c.heads);
   c.intermediate = r.integer("intermediate_size", 1);
   if (c.heads % c.kv_heads != 0)
-    r.fail("num_key_value_heads", std::to_string(c.kv_heads) + " does not divide num_attention_heads = " +
-                                      std::to_string(c.heads));
+    r.fail("num_key_value_heads",
+           std::to_string(c.kv_heads) + " does not divide num_attention_heads = " + std::to_string(c.heads));
   c.head_dim = r.integer("head_dim", 1, c.hidden % c.heads == 0 ? c.hidden / c.heads : 0);
   if (c.head_dim == 0)
-    r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) + " is not a multiple of "
-                       "num_attention_heads " + std::to_string(c.heads));
+    r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) +
+                           " is not a multiple of "
+                           "num_attention_heads " +
+                           std::to_string(c.heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
   c.rms_eps = r.real(j, "rms_norm_eps", 1e-6);
   read_rope(r, c);

@@ -22,11 +22,11 @@ struct ModelConfig {
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
-  bool qk_norm = false;         // Qwen3: RMSNorm of q and k per head, before RoPE
-  bool qkv_bias = false;        // Qwen2: biases on q, k, v
-  bool o_bias = false;          // attention_bias (Llama, Qwen3): biases on q, k, v and o
-  int tie_embeddings = -1;      // 1 / 0 as config.json says; -1: not said (the weights decide)
-  int64_t sliding_window = 0;   // 0: full attention (Mistral may set a window)
+  bool qk_norm = false;        // Qwen3: RMSNorm of q and k per head, before RoPE
+  bool qkv_bias = false;       // Qwen2: biases on q, k, v
+  bool o_bias = false;         // attention_bias (Llama, Qwen3): biases on q, k, v and o
+  int tie_embeddings = -1;     // 1 / 0 as config.json says; -1: not said (the weights decide)
+  int64_t sliding_window = 0;  // 0: full attention (Mistral may set a window)
 };
 
 extern const std::vector<std::string> kSupportedArchitectures;
