@@ -24,13 +24,15 @@ def rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
-def run_target(model_dir, tokens, lengths, layers, tmp, documents=None, kernel="dense_ref"):
+def run_target(model_dir, tokens, lengths, layers, tmp, documents=None, kernel="dense_ref", dtype="float32",
+               device="cpu"):
     inp, out = tmp / "in.safetensors", tmp / "out.safetensors"
     tensors = {"tokens": tokens.long(), "lengths": lengths.long()}
     if documents is not None:
         tensors["documents"] = documents.long()
     save_file(tensors, str(inp))
-    p = subprocess.run([str(TOOL), "hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel],
+    p = subprocess.run([str(TOOL), "hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel, dtype,
+                        device],
                        capture_output=True, text=True, timeout=300)
     return p, (load_file(str(out)) if p.returncode == 0 else None)
 
@@ -158,3 +160,35 @@ def test_corrupt_checkpoints_are_refused_with_a_sentence(tmp_path, how):
     assert line.startswith("error: "), line
     assert EXPECTED[how] in line, line
     print(f"{how}: {line[:200]}")
+
+
+BF16_BOUND = 3e-2  # bf16 (8 bits of mantissa) through 4 layers, relative to the fp32 reference
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", [f[0] for f in FAMILIES])
+def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, tmp_path):
+    """bf16 on the GPU: ours (flash_cuda) and transformers' own bf16 forward, each against
+    transformers in fp32; ours must stay within the bound and within 2x transformers' bf16 error."""
+    folder = tmp_path / family
+    model = make_model(folder, family, seed=13)
+    g = torch.Generator().manual_seed(5)
+    B, S = 2, 128
+    tokens = torch.randint(0, SMALL["vocab_size"], (B, S), generator=g)
+    lengths = torch.tensor([128, 77])
+    layers = list(range(SMALL["num_hidden_layers"]))
+    p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cuda", dtype="bfloat16",
+                         device="cuda")
+    assert p.returncode == 0, p.stderr
+    bf16 = model.to("cuda", torch.bfloat16)
+    for b in range(B):
+        n = int(lengths[b])
+        with torch.no_grad():
+            ref = make_model(tmp_path / "again", family, seed=13)(input_ids=tokens[b:b + 1, :n],
+                                                                   output_hidden_states=True)
+            theirs = bf16(input_ids=tokens[b:b + 1, :n].cuda(), output_hidden_states=True)
+        for e, layer in enumerate(layers):
+            mine = rel(ours["hidden"][b, :n, e], ref.hidden_states[layer + 1][0])
+            hf = rel(theirs.hidden_states[layer + 1][0].float().cpu(), ref.hidden_states[layer + 1][0])
+            print(f"{family} row {b} layer {layer}: ours bf16 {mine:.1e}, transformers bf16 {hf:.1e}")
+            assert mine <= BF16_BOUND and mine <= 2 * hf + 1e-3, (family, b, layer, mine, hf)

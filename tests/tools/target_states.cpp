@@ -2,7 +2,7 @@
 // hidden states it computes (and the final logits), for the tests that compare our
 // targets with transformers (tests/python/test_hf_target.py).
 //
-//   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE]
+//   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE] [DEVICE]
 // IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
 //     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
@@ -53,6 +53,7 @@ int run(int argc, char** argv) {
   auto target =
       create<fd::Target>(reg, fd::PluginKind::target, argv[1], {{"path", std::string(argv[2])}, {"dtype", dtype}});
   fd::RunContext ctx;
+  if (argc > 8) ctx.device = c10::Device(argv[8]);
   target->open(ctx);
   const fd::TargetModel model = target->model();
   const int64_t calls = target->prepare(layers);
@@ -82,11 +83,11 @@ int run(int argc, char** argv) {
   fd::AttentionDispatcher dispatcher(fd::choose_kernel(problem, candidates, "error"), mask.get(), "error", &ledger,
                                      nullptr);
   at::NoGradGuard no_grad;
-  const at::Tensor hidden = target->hidden_states(batch, layers, dispatcher).to(at::kFloat);
+  const at::Tensor hidden = target->hidden_states(batch, layers, dispatcher).to(c10::kCPU, at::kFloat);
   std::vector<std::pair<std::string, at::Tensor>> out = {{"hidden", hidden.contiguous()}};
   for (size_t i = 0; i < layers.size(); ++i)
     if (layers[i] == model.layers - 1)
-      out.push_back({"logits", at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(at::kFloat)).contiguous()});
+      out.push_back({"logits", at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)).contiguous()});
   fd::safetensors::write(argv[4], out, {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
   std::cout << model.source << "\nkernels " << ledger.summary(fd::Phase::forward) << "\n";
   return 0;
