@@ -4,6 +4,7 @@ hidden states after every layer and the final logits must equal transformers'
 `output_hidden_states` (layer id L = hidden_states[L + 1]) in fp32 on CPU. Padded
 batches give every sequence the states it has alone; packed documents do not see each
 other; corrupt or mismatched checkpoints are refused with a sentence."""
+import copy
 import json
 import os
 import subprocess
@@ -171,7 +172,9 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, tmp_path):
     """bf16 on the GPU: ours (flash_cuda) and transformers' own bf16 forward, each against
     transformers in fp32; ours must stay within the bound and within 2x transformers' bf16 error."""
     folder = tmp_path / family
-    model = make_model(folder, family, seed=13)
+    # head_dim 64: a size flash_cuda runs (64 or 128).
+    model = make_model(folder, family, seed=13, hidden_size=256, intermediate_size=384, head_dim=64)
+    bf16 = copy.deepcopy(model).to("cuda", torch.bfloat16)
     g = torch.Generator().manual_seed(5)
     B, S = 2, 128
     tokens = torch.randint(0, SMALL["vocab_size"], (B, S), generator=g)
@@ -180,12 +183,10 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, tmp_path):
     p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cuda", dtype="bfloat16",
                          device="cuda")
     assert p.returncode == 0, p.stderr
-    bf16 = model.to("cuda", torch.bfloat16)
     for b in range(B):
         n = int(lengths[b])
         with torch.no_grad():
-            ref = make_model(tmp_path / "again", family, seed=13)(input_ids=tokens[b:b + 1, :n],
-                                                                   output_hidden_states=True)
+            ref = model(input_ids=tokens[b:b + 1, :n], output_hidden_states=True)
             theirs = bf16(input_ids=tokens[b:b + 1, :n].cuda(), output_hidden_states=True)
         for e, layer in enumerate(layers):
             mine = rel(ours["hidden"][b, :n, e], ref.hidden_states[layer + 1][0])
