@@ -69,3 +69,16 @@ function(flashdraft_use_pch target)
     target_precompile_headers(${target} REUSE_FROM flashdraft_pch)
   endif()
 endfunction()
+
+# flashdraft_add_plugin_folders(): every child folder of the current source folder that
+# has a CMakeLists.txt is added (one plugin, or a folder of plugins), in name order.
+macro(flashdraft_add_plugin_folders)
+  file(GLOB _flashdraft_children LIST_DIRECTORIES true RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}
+    ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  list(SORT _flashdraft_children)
+  foreach(_flashdraft_child ${_flashdraft_children})
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${_flashdraft_child}/CMakeLists.txt)
+      add_subdirectory(${_flashdraft_child})
+    endif()
+  endforeach()
+endmacro()
