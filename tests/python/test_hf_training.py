@@ -118,3 +118,24 @@ def test_validate_refuses_a_layer_the_target_lacks(tmp_path):
         assert p.returncode == 2, p.stdout + p.stderr
         assert "target layer 7 does not exist" in p.stderr, p.stderr
     assert runs[0].stderr.splitlines()[0] == runs[1].stderr.splitlines()[0]
+
+
+def test_resume_with_an_online_target_continues_exactly(tmp_path):
+    """Checkpoint at step 5, resume from it in a copy of the run folder: steps 5..9 give the
+    losses of the uninterrupted run bit for bit (data position, generators, optimizer)."""
+    import shutil
+
+    model, data = setup(tmp_path)
+    exp = experiment(tmp_path, model, data)
+    exp.write_text(exp.read_text().replace("steps = 50", "steps = 10") +
+                   "\n[checkpoint]\nenabled = true\nevery = 5\nkeep = 3\n")
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    shutil.copytree(tmp_path / "run", tmp_path / "again")
+    p = subprocess.run([str(CLI), "run", str(exp), "--out", str(tmp_path / "again"), "--resume",
+                        str(tmp_path / "again" / "checkpoints" / "step_5")], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with h5py.File(tmp_path / "run" / "hf_tiny.h5", "r") as a, h5py.File(tmp_path / "again" / "hf_tiny.h5", "r") as b:
+        assert list(b["steps/step"][:]) == list(range(10))
+        assert np.array_equal(a["steps/loss"][:], b["steps/loss"][:]), (a["steps/loss"][:], b["steps/loss"][:])
