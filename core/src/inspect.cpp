@@ -75,7 +75,7 @@ void inspect_log(const std::string& path, std::ostream& out) {
     out << "eval      " << es.size() << " validations (held-out sequences)\n";
     std::vector<std::pair<std::string, std::vector<double>>> cols;
     for (const auto& column : log_columns("eval"))  // the scalar measures: loss, tau, tau_sim
-      if (column.type == RunLog::Type::f64 && column.width == 0 && r.exists(column.name))
+      if (column.type == RunLog::Type::f64 && r.exists(column.name) && r.shape(column.name).size() == 1)
         cols.push_back({column.name.substr(5), r.f64(column.name)});
     out << "  " << std::setw(8) << "step";
     for (const auto& c : cols) out << std::setw(10) << c.first;
