@@ -1,6 +1,8 @@
 // Instantiating the plugins of an experiment and binding them before step 0.
 #include "bind.hpp"
 
+#include "distributed.hpp"
+
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -57,7 +59,10 @@ TargetModel open_target(const Setup& s, BoundPlugins& b) {
 BoundPlugins bind_plugins(const Setup& s) {
   const Config& run = s.experiment.run();
   const uint64_t seed = static_cast<uint64_t>(run.integer("seed"));
-  const c10::Device device = run.string("device") == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  // One process per GPU: the launch's local rank picks it (0 for a single process).
+  const c10::Device device = run.string("device") == "cuda"
+                                 ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(read_launch().local_rank))
+                                 : c10::Device(c10::kCPU);
   if (device.is_cuda() && !torch::cuda::is_available())
     run.fail("device", "\"cuda\" was asked for, but no CUDA device is available to LibTorch here (use \"cpu\")");
   std::filesystem::create_directories(run.string("out"));

@@ -215,6 +215,9 @@ std::vector<Schema> Experiment::engine_schemas() {
   opt.real("beta2", "AdamW beta2").def(0.95).range(0, 0.999999);
   opt.real("eps", "AdamW epsilon").def(1e-8).range(1e-30, 1);
   opt.real("grad_clip", "clip the global gradient norm to this (0 = no clipping)").def(1.0).at_least(0);
+  opt.integer("accumulate", "micro-batches per optimizer step (gradient accumulation); the gradient is that of "
+              "the union of the micro-batches (of every rank), each loss weighted by its loss-carrying positions")
+      .def(int64_t(1)).range(1, 1e6);
   out.push_back(opt);
 
   Schema plugins("plugins");
@@ -235,6 +238,15 @@ std::vector<Schema> Experiment::engine_schemas() {
   eval.boolean("enabled", "run validation on the held-out sequences").def(false);
   eval.integer("batches", "held-out batches per validation (0 = all the dataset has)").def(int64_t(0)).at_least(0);
   out.push_back(eval);
+
+  Schema dist("distributed");
+  dist.string("backend", "collectives of a run launched by torchrun (WORLD_SIZE > 1): nccl on CUDA, gloo on CPU "
+              "(auto: by [run] device)").def(std::string("auto")).one_of({"auto", "nccl", "gloo"});
+  dist.real("timeout", "seconds a rank waits for the others (rendezvous and every collective) before the run stops "
+            "naming the rank that did not answer").def(300.0).range(1, 86400);
+  dist.real("bucket_mb", "gradient all-reduce bucket size, MiB: a bucket is sent as soon as its gradients are "
+            "ready, overlapped with the rest of the backward").def(25.0).range(0.001, 65536);
+  out.push_back(dist);
   return out;
 }
 
@@ -304,6 +316,7 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
     else if (s.table() == "plugins") e.plugins_ = c;
     else if (s.table() == "checkpoint") e.checkpoint_ = c;
     else if (s.table() == "eval") e.eval_ = c;
+    else if (s.table() == "distributed") e.distributed_ = c;
   }
   for (const auto& name : plugin_sections()) {
     const toml::table* t = section(root, name, path);

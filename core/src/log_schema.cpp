@@ -40,6 +40,22 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"eval/position_accuracy", T::f64, shape.positions, 0, "held-out accuracy per block position 1..BS-1"},
   };
   c.insert(c.end(), rest.begin(), rest.end());
+  if (shape.ranks > 1) {
+    const int64_t n = shape.ranks;
+    const std::vector<LogColumn> ranks = {
+        {"ranks/step_time_s", T::f64, n, 0, "per rank: wall time of the step, seconds"},
+        {"ranks/tokens", T::f64, n, 0, "per rank: loss-carrying tokens of its micro-batches"},
+        {"ranks/loss", T::f64, n, 0, "per rank: loss of its own micro-batches (steps/loss is the union's)"},
+        {"ranks/memory_step", T::i64, n, 0, "per rank: peak bytes over the step (memory/* hold the largest)"},
+        {"ranks/weights_sum", T::f64, n, 0, "per rank: sum of every trainable value after the step (float64)"},
+        {"ranks/weights_sumsq", T::f64, n, 0, "per rank: sum of squares of every trainable value after the step"},
+        {"ranks/kernels_forward", T::i32, n * shape.layers, 0,
+         "per rank, then per attention call as in kernels/forward: variant id (kernels/names)"},
+        {"ranks/kernels_backward", T::i32, n * shape.layers, 0,
+         "per rank, then per attention call as in kernels/backward: variant id (kernels/names)"},
+    };
+    c.insert(c.end(), ranks.begin(), ranks.end());
+  }
   return c;
 }
 

@@ -25,6 +25,8 @@ struct LogShape {
   int64_t positions = 0;
   std::vector<std::string> scalar_names;
   bool target = false;  // an online target: its forward time per step
+  int64_t ranks = 1;     // processes of a data-parallel run: ranks/* columns when > 1
+  int64_t accumulate = 1;  // micro-batches per step (with ranks: where each batch comes from)
 };
 
 std::vector<LogColumn> log_columns(const LogShape& shape);

@@ -1,6 +1,10 @@
 // Finding the point a run starts from.
 #include "resume.hpp"
 
+#include "run_log.hpp"
+
+#include <map>
+
 #include <iostream>
 
 namespace fs = std::filesystem;
@@ -42,6 +46,24 @@ ResumePoint find_resume_point(const RunOptions& options, const fs::path& out_dir
     throw checkpoint::Error("cannot resume from " + r.dir.string() + ": its run log " + r.log_path +
                             " does not exist (the log is appended to; it must stay next to checkpoints/)");
   return r;
+}
+
+void check_same_world(const ResumePoint& resume, int64_t world, int64_t accumulate) {
+  std::map<std::string, std::string> attrs;
+  {
+    LogReader reader(resume.log_path);
+    if (reader.exists("steps/step")) attrs = reader.attributes("steps");
+  }
+  auto value = [&](const char* key) { return attrs.count(key) ? std::stoll(attrs[key]) : int64_t{1}; };
+  const int64_t was_world = value("world_size"), was_accumulate = value("accumulate");
+  if (was_world == world && was_accumulate == accumulate) return;
+  throw checkpoint::Error(
+      "cannot resume from " + resume.dir.string() + ": it was trained by " + std::to_string(was_world) +
+      " process" + (was_world == 1 ? "" : "es") + " with [optimizer] accumulate = " + std::to_string(was_accumulate) +
+      ", this run has " + std::to_string(world) + " with accumulate = " + std::to_string(accumulate) +
+      " (resuming with another world size is not supported: launch " +
+      (was_world == 1 ? std::string("a single process") : "torchrun --nproc-per-node " + std::to_string(was_world)) +
+      " and the same accumulate)");
 }
 
 void set_aside_later_checkpoints(const ResumePoint& resume) {

@@ -32,6 +32,11 @@ ResumePoint find_resume_point(const RunOptions& options, const std::filesystem::
                               const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                               const std::function<void(const std::string&)>& say);
 
+// A run resumes with the world size and accumulation of the run it continues (their
+// product and order fix which training batches each step reads); otherwise a sentence
+// (checkpoint::Error) says what to launch. Logs without these attributes: 1 and 1.
+void check_same_world(const ResumePoint& resume, int64_t world, int64_t accumulate);
+
 // Checkpoints past the resumed one belong to the abandoned continuation: set aside
 // (renamed abandoned_step_<n>), not deleted, so that `latest` and `keep` never pick them.
 void set_aside_later_checkpoints(const ResumePoint& resume);

@@ -119,6 +119,9 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
   RunLog& log = *out.log;
   declare_log_columns(log, shape);
   const c10::Device device = b.ctx.device;
+  // Which training batches the steps read: a resumed run must keep them (resume.hpp).
+  log.set_group_attribute("steps", "world_size", std::to_string(shape.ranks));
+  log.set_group_attribute("steps", "accumulate", std::to_string(shape.accumulate));
   log.set_group_attribute("memory", "device", device.str());
   log.set_group_attribute("memory", "method",
                           device.is_cpu() ? "tracking CPU allocator (live tensor bytes)"

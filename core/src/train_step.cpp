@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -23,19 +24,24 @@ StepOutcome train_step(StepContext& c, int64_t step) {
   o.lr = c.schedule.at(step);
   set_learning_rate(c.optimizer, o.lr);
   c.ledger.begin_step(step, c.layers);
-  Batch batch = c.batches.train(step);
-  o.target_seconds = c.batches.target_seconds();
+  GradientSync& grads = *c.grads;
+  for (int64_t micro = 0; micro < grads.micro_batches(); ++micro) {
+    grads.seed_anchors(c.anchors, step, micro);
+    Batch batch = c.batches.train(grads.batch_index(step, micro));
+    o.target_seconds += c.batches.target_seconds();
 
-  MemoryTracker::reset_peak(c.device);
-  StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
-  o.peak_forward = MemoryTracker::peak_bytes(c.device);
-  o.loss = result.loss.item<double>();
-  if (!std::isfinite(o.loss)) throw NonFiniteLoss(o.loss, step);
+    MemoryTracker::reset_peak(c.device);
+    StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
+    o.peak_forward = std::max(o.peak_forward, MemoryTracker::peak_bytes(c.device));
+    const double loss = result.loss.item<double>();
+    if (!std::isfinite(loss)) throw NonFiniteLoss(loss, step);
 
-  MemoryTracker::reset_peak(c.device);
-  result.loss.backward();
-  o.peak_backward = MemoryTracker::peak_bytes(c.device);
-  result.loss = at::Tensor();
+    MemoryTracker::reset_peak(c.device);
+    grads.backward(result, loss, micro);
+    o.peak_backward = std::max(o.peak_backward, MemoryTracker::peak_bytes(c.device));
+    result.loss = at::Tensor();
+  }
+  grads.synchronize(o);
 
   MemoryTracker::reset_peak(c.device);
   const double clip = c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity();
@@ -45,9 +51,6 @@ StepOutcome train_step(StepContext& c, int64_t step) {
   o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
   if (c.device.is_cuda()) torch::cuda::synchronize();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  o.tokens = result.tokens;
-  o.position_accuracy = std::move(result.position_accuracy);
-  o.scalars = std::move(result.scalars);
   return o;
 }
 

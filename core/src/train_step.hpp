@@ -6,6 +6,7 @@
 
 #include "batches.hpp"
 #include "dispatch.hpp"
+#include "grad_sync.hpp"
 #include "ledger.hpp"
 #include "optimizer.hpp"
 
@@ -29,6 +30,7 @@ struct StepContext {
   double grad_clip = 0;  // 0: no clipping
   c10::Device device = c10::kCPU;
   int64_t layers = 0;
+  GradientSync* grads = nullptr;  // micro-batches, data shards and the gradient all-reduce
 };
 
 struct StepOutcome {

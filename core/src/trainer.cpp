@@ -4,10 +4,13 @@
 #include "batches.hpp"
 #include "bind.hpp"
 #include "checkpointing.hpp"
+#include "distributed.hpp"
 #include "eval.hpp"
+#include "grad_sync.hpp"
 #include "ledger.hpp"
 #include "memory.hpp"
 #include "optimizer.hpp"
+#include "rank_stats.hpp"
 #include "resume.hpp"
 #include "rng_state.hpp"
 #include "run_errors.hpp"
@@ -24,6 +27,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <streambuf>
 
 namespace fs = std::filesystem;
 
@@ -49,6 +53,24 @@ class InterruptGuard {
   void (*term_)(int);
 };
 
+// Ranks other than 0 print nothing on stdout (errors still go to stderr).
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return traits_type::not_eof(c); }
+};
+
+class QuietStdout {
+ public:
+  explicit QuietStdout(bool quiet) : saved_(quiet ? std::cout.rdbuf(&null_) : nullptr) {}
+  ~QuietStdout() {
+    if (saved_) std::cout.rdbuf(saved_);
+  }
+
+ private:
+  NullBuffer null_;
+  std::streambuf* saved_;
+};
+
 class Trainer {
  public:
   Trainer(const RunOptions& options, Setup setup) : options_(options), setup_(std::move(setup)) {}
@@ -62,9 +84,17 @@ class Trainer {
   void finish();
   void validate(int64_t done);
   void save(int64_t done);
+  void connect();
+  void share_weights();
+  int agreed_signal(int local) const { return dist_->active() ? ranks_signal_ : local; }
+  bool root() const { return dist_->root(); }
 
   RunOptions options_;
   Setup setup_;
+  Launch launch_;
+  std::unique_ptr<Distributed> dist_ = std::make_unique<Distributed>();
+  std::unique_ptr<GradientSync> grads_;
+  int ranks_signal_ = 0;
   BoundPlugins plugins_;
   KernelLedger ledger_;
   EventLog events_;
@@ -86,13 +116,47 @@ int Trainer::run() {
   steps_ = run_table().integer("steps");
   if (run_table().integer("threads") > 0) at::set_num_threads(static_cast<int>(run_table().integer("threads")));
   try {
+    connect();
+    QuietStdout quiet(!root());
     prepare();
     const int code = train();
     if (code == kFinished) finish();
     return code;
   } catch (const std::exception& e) {
-    return report_run_error(e, current_step_, &events_, resume_.log_path);
+    if (!dist_->active()) return report_run_error(e, current_step_, &events_, resume_.log_path);
+    // Another rank's failure is reported as such; this rank's own is left for the others.
+    if (!dynamic_cast<const DistributedError*>(&e)) dist_->announce_failure(e.what());
+    std::cerr << "rank " << dist_->rank() << ": ";
+    const int code = report_run_error(e, current_step_, &events_, resume_.log_path);
+    grads_.reset();
+    dist_->abandon();
+    return code;
   }
+}
+
+// The launch (torchrun, Slurm or none) and, for several processes, the process group.
+void Trainer::connect() {
+  launch_ = read_launch();
+  if (launch_.world <= 1) return;
+  const bool cuda = run_table().string("device") == "cuda";
+  const c10::Device device = cuda ? local_cuda_device(launch_) : c10::Device(c10::kCPU);
+  dist_ = Distributed::connect(launch_, setup_.experiment.distributed(), device);
+  if (root())
+    std::cout << "distributed: " << dist_->world() << " ranks (" << launch_.source << "), backend "
+              << dist_->backend() << ", timeout " << dist_->timeout_s() << " s" << std::endl;
+}
+
+// Rank 0's weights on every rank, checked by checksum.
+void Trainer::share_weights() {
+  if (!dist_->active()) return;
+  dist_->broadcast(params_, "the broadcast of the initial weights");
+  const auto [sum, sumsq] = weight_checksums(params_);
+  const auto rows = dist_->all_gather(std::vector<double>{sum, sumsq}, "the check of the initial weights");
+  for (size_t r = 1; r < rows.size(); ++r)
+    if (rows[r] != rows[0])
+      throw std::runtime_error("distributed: rank " + std::to_string(r) +
+                               " holds other initial weights than rank 0 after the broadcast");
+  std::cout << "weights: identical on " << rows.size() << " ranks (checksum " << sum << ")" << std::endl;
 }
 
 // Every stage before step 0.
@@ -123,11 +187,15 @@ void Trainer::prepare() {
   }
   batches_ = std::make_unique<BatchSource>(*plugins_.dataset, plugins_.target.get(), plugins_.target_layers,
                                            target_attention_.get(), plugins_.ctx.device);
+  const int64_t accumulate = setup_.experiment.optimizer().integer("accumulate");
   resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), drafter.parameters(),
                               plugins_.ctx.say);
   shape_ = LogShape{drafter.attention_layers() + plugins_.target_calls, drafter.positions(), drafter.scalar_names(),
-                    plugins_.target != nullptr};
-  log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
+                    plugins_.target != nullptr, dist_->world(), accumulate};
+  if (root()) {
+    if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
+    log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
+  }
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
   optimizer_ = make_optimizer(params_, setup_.experiment.optimizer());
@@ -138,6 +206,9 @@ void Trainer::prepare() {
                               d.plugin->name,
                               table_toml("drafter", d.plugin->name, setup_.registry->schema(*d.plugin), d.config)};
   if (resume_.resumed()) restore();
+  share_weights();
+  grads_ = std::make_unique<GradientSync>(*dist_, params_, accumulate,
+                                          setup_.experiment.distributed().real("bucket_mb"), seed);
 }
 
 // A resumed run: the checkpoint's weights, optimizer, generators and position.
@@ -149,7 +220,7 @@ void Trainer::restore() {
   // The ledger hands out variant ids in order of first sight; the log's names list must
   // keep meaning the same ids.
   for (const auto& n : log_.kernel_names) ledger_.id(n);
-  set_aside_later_checkpoints(resume_);
+  if (root()) set_aside_later_checkpoints(resume_);
   const std::string msg = "resumed from " + resume_.dir.string() + " at step " + std::to_string(m.step) +
                           " (data position " + std::to_string(m.data_position) + "); log cut back to " +
                           std::to_string(m.step) + " steps";
@@ -181,16 +252,19 @@ int Trainer::train() {
                            make_schedule(setup_.experiment.optimizer(), steps_),
                            setup_.experiment.optimizer().real("grad_clip"),
                            plugins_.ctx.device,
-                           shape_.layers};
-  StepRecorder recorder(*log_.log, ledger_, shape_, static_cast<int64_t>(log_.kernel_names.size()));
+                           shape_.layers,
+                           grads_.get()};
+  std::unique_ptr<StepRecorder> recorder;
+  if (root())
+    recorder = std::make_unique<StepRecorder>(*log_.log, ledger_, shape_, static_cast<int64_t>(log_.kernel_names.size()));
+  const std::string on_fallback = setup_.experiment.attention().string("on_fallback");
   for (int64_t step = first_step_; step < steps_; ++step) {
     current_step_ = step;
-    if (interrupts.pending()) {
-      events_.add(
-          step, "interrupted",
-          "signal " + std::to_string(interrupts.pending()) + " received; stopped before step " + std::to_string(step));
+    if (const int signal = agreed_signal(interrupts.pending())) {
+      events_.add(step, "interrupted",
+                  "signal " + std::to_string(signal) + " received; stopped before step " + std::to_string(step));
       std::cout << "interrupted before step " << step << "; the log keeps steps 0.." << step - 1 << std::endl;
-      if (ckpt_on && step > last_checkpoint_) save(step);
+      if (ckpt_on && step > last_checkpoint_ && root()) save(step);
       return kInterrupted;
     }
     StepOutcome outcome;
@@ -200,11 +274,18 @@ int Trainer::train() {
       events_.add(step, "nan", "loss is " + std::to_string(e.loss) + " at step " + std::to_string(step));
       throw;
     }
-    recorder.record(outcome);
-    if (step % print_every == 0 || step + 1 == steps_) std::cout << recorder.line(outcome, steps_) << std::endl;
+    if (dist_->active()) {
+      const RankStep ranks =
+          gather_step(*dist_, outcome, *grads_, ledger_, params_, interrupts.pending(), on_fallback);
+      ranks_signal_ = ranks.signal;
+      if (!ranks.kernel_difference.empty()) events_.add(step, "fallback", ranks.kernel_difference);
+      if (root()) record_ranks(*log_.log, ranks);
+    }
+    if (root()) recorder->record(outcome);
+    if (root() && (step % print_every == 0 || step + 1 == steps_)) std::cout << recorder->line(outcome, steps_) << std::endl;
     const int64_t done = step + 1;
     if (eval_on && ((eval_every > 0 && done % eval_every == 0) || done == steps_)) validate(done);
-    if (ckpt_on && ((ckpt_every > 0 && done % ckpt_every == 0) || done == steps_)) save(done);
+    if (ckpt_on && ((ckpt_every > 0 && done % ckpt_every == 0) || done == steps_) && root()) save(done);
   }
   return kFinished;
 }
@@ -223,6 +304,7 @@ void Trainer::validate(int64_t done) {
     std::cout << "eval: the dataset has no held-out batch; nothing to validate" << std::endl;
     return;
   }
+  if (!root()) return;  // every rank validates alike; rank 0 records it
   record_eval(*log_.log, *r);
   std::cout << eval_line(*r) << std::endl;
 }
@@ -239,6 +321,7 @@ void Trainer::save(int64_t done) {
 // layout (plugins/dflash/README.md).
 void Trainer::finish() {
   current_step_ = steps_;
+  if (!root()) return;
   events_.add(current_step_, "finished", "completed " + std::to_string(steps_) + " steps");
   checkpoint::Manifest info;
   info.step = steps_;

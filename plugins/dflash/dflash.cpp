@@ -293,6 +293,7 @@ class DFlashDrafter final : public Drafter {
     const at::Tensor w = weight_t.to(device_, logits.scalar_type());
     StepResult result;
     result.loss = (nll * w).sum() / (weight_sum > 0 ? weight_sum : 1.0);
+    result.loss_weight = weight_sum;
 
     // --- metrics: per position j, argmax == label over the counted slots (0 when a
     // position has none, e.g. every block of the batch is padding) ------------------------

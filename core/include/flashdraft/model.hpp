@@ -105,6 +105,10 @@ struct StepResult {
   std::vector<double> position_accuracy;  // per block position 1..BS-1
   std::vector<std::pair<std::string, double>> scalars;  // extra metrics, e.g. tau_sim
   int64_t tokens = 0;                  // tokens that carried loss
+  // The loss's denominator (DFlash: the sum of the position weights w_j it averages
+  // over): the weight of this batch when batches are joined (gradient accumulation, data
+  // parallel). -1 = not given: `tokens` stands for it.
+  double loss_weight = -1;
   // Optional, for validation (training == false): the drafter's block proposals, so the
   // engine can measure the exact greedy acceptance length. Undefined = not provided.
   at::Tensor predictions;  // [B, N, BS] int64: argmax token at every block position
