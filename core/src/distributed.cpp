@@ -3,9 +3,9 @@
 
 #include "c10d_backends.hpp"
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
 
 #ifdef FLASHDRAFT_ENGINE_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -62,17 +62,18 @@ Launch read_launch() {
   if (!torchrun && !slurm) return l;
   const char* world_var = torchrun ? "WORLD_SIZE" : "SLURM_NTASKS";
   l.world = env_int(world_var, 1, 1 << 20, "the number of processes");
-  l.rank = env_int(torchrun ? "RANK" : "SLURM_PROCID", 0, l.world - 1, "this process's rank, below " +
-                                                                          std::string(world_var));
-  l.local_rank = env(torchrun ? "LOCAL_RANK" : "SLURM_LOCALID") ? env_int(torchrun ? "LOCAL_RANK" : "SLURM_LOCALID",
-                                                                          0, 1 << 16, "this process's GPU on its node")
-                                                                 : 0;
+  l.rank = env_int(torchrun ? "RANK" : "SLURM_PROCID", 0, l.world - 1,
+                   "this process's rank, below " + std::string(world_var));
+  l.local_rank = env(torchrun ? "LOCAL_RANK" : "SLURM_LOCALID")
+                     ? env_int(torchrun ? "LOCAL_RANK" : "SLURM_LOCALID", 0, 1 << 16, "this process's GPU on its node")
+                     : 0;
   l.source = torchrun ? "torchrun" : "slurm";
   if (l.world == 1) return l;
   const char* addr = env("MASTER_ADDR");
   if (!addr)
-    throw std::runtime_error("environment variable MASTER_ADDR is not set (the host of rank 0, where the processes "
-                             "meet; torchrun sets it, a Slurm script exports the first node's name)");
+    throw std::runtime_error(
+        "environment variable MASTER_ADDR is not set (the host of rank 0, where the processes "
+        "meet; torchrun sets it, a Slurm script exports the first node's name)");
   l.master_addr = addr;
   l.port = env_int("MASTER_PORT", 1, 65535, "the port where the processes meet on MASTER_ADDR");
   return l;
@@ -113,6 +114,10 @@ struct Distributed::Impl {
     }
     stop_cv.notify_all();
     if (heartbeat.joinable()) heartbeat.join();
+    try {
+      if (backend) backend->shutdown();  // NCCL: communicators released before exit
+    } catch (const std::exception&) {
+    }
   }
 
   void beat(int rank) {
@@ -177,9 +182,9 @@ std::unique_ptr<Distributed> Distributed::connect(const Launch& launch, const Co
     tcp = open_store(!agent_store && launch.rank == 0);
     impl->probe = c10::make_intrusive<c10d::PrefixStore>(prefix, open_store(false));
   } catch (const std::exception& e) {
-    throw DistributedError("distributed: rank " + std::to_string(launch.rank) + " cannot reach the rendezvous store at " +
-                           impl->where + " within " + std::to_string(int(d->timeout_s_)) +
-                           " s: " + first_line(e.what()));
+    throw DistributedError("distributed: rank " + std::to_string(launch.rank) +
+                           " cannot reach the rendezvous store at " + impl->where + " within " +
+                           std::to_string(int(d->timeout_s_)) + " s: " + first_line(e.what()));
   }
   impl->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
   try {
@@ -225,11 +230,11 @@ std::string Distributed::diagnose(const std::string& what, const std::string& ca
       os << rank_list(dead) << " stopped answering (no heartbeat for " << 4 * kHeartbeat.count()
          << " ms: killed, crashed or hung); every rank stops";
     else
-      os << "the other ranks are alive but " << rank_list(alive) << " did not complete it within [distributed] timeout = "
-         << timeout_s_ << " s (stuck, or in another collective); every rank stops";
+      os << "the other ranks are alive but " << rank_list(alive)
+         << " did not complete it within [distributed] timeout = " << timeout_s_
+         << " s (stuck, or in another collective); every rank stops";
   } catch (const std::exception& e) {
-    os << "the rendezvous store at " << impl_->where << " does not answer ("
-       << first_line(e.what()) << ")"
+    os << "the rendezvous store at " << impl_->where << " does not answer (" << first_line(e.what()) << ")"
        << (impl_->rank0_hosts ? ": rank 0, which hosts it, is gone" : ": torchrun's agent is gone")
        << "; every rank stops";
   }

@@ -95,7 +95,7 @@ void GradientSync::reset_step() {
   scalar_sum_.clear();
   scalars_.clear();
   accuracy_.clear();
-  next_launch_ = 0;
+  next_launch_ = sent_during_backward_ = 0;
   copied_.assign(params_.size(), 0);
   for (auto& b : buckets_) {
     b->pending = b->params.size();
@@ -148,9 +148,10 @@ void GradientSync::on_gradient(size_t param) {
 void GradientSync::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
     Bucket& b = *buckets_[next_launch_];
-    b.reduce = dist_.all_reduce_async(b.flat, "the gradient all-reduce (bucket " + std::to_string(next_launch_) + " of " +
-                                                  std::to_string(buckets_.size()) + ")");
+    b.reduce = dist_.all_reduce_async(b.flat, "the gradient all-reduce (bucket " + std::to_string(next_launch_) +
+                                                  " of " + std::to_string(buckets_.size()) + ")");
     ++next_launch_;
+    if (armed_) ++sent_during_backward_;
   }
 }
 

@@ -58,6 +58,9 @@ class GradientSync {
   // This rank's share of the step: its micro-batches' loss weight and weighted loss.
   double local_weight() const { return weight_; }
   double local_loss() const { return weight_ > 0 ? loss_sum_ / weight_ : 0.0; }
+  // Buckets, and how many of them the last step sent while its backward was running.
+  size_t buckets() const { return buckets_.size(); }
+  size_t sent_during_backward() const { return sent_during_backward_; }
 
  private:
   struct Bucket;
@@ -74,10 +77,10 @@ class GradientSync {
   uint64_t seed_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<size_t> bucket_of_, offset_of_;
-  size_t next_launch_ = 0;
+  size_t next_launch_ = 0, sent_during_backward_ = 0;
   bool armed_ = false;  // the last micro-batch's backward is running
   std::unique_ptr<PendingReduce> weights_reduce_;
-  at::Tensor weights_;  // [W, S]: loss weight and weighted loss, summed over ranks
+  at::Tensor weights_;        // [W, S]: loss weight and weighted loss, summed over ranks
   std::vector<char> copied_;  // per tensor: its gradient is in its bucket this step
   double weight_ = 0, loss_sum_ = 0, tokens_ = 0, last_loss_ = 0;
   std::vector<double> accuracy_sum_, scalar_sum_;

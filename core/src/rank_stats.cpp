@@ -14,8 +14,19 @@ namespace {
 
 // Row layout of the gathered vector.
 enum Field : size_t {
-  kWeight, kLoss, kTokens, kSeconds, kPeakForward, kPeakBackward, kPeakOptimizer, kHashLow, kHashHigh, kSum, kSumSq,
-  kSignal, kFields
+  kWeight,
+  kLoss,
+  kTokens,
+  kSeconds,
+  kPeakForward,
+  kPeakBackward,
+  kPeakOptimizer,
+  kHashLow,
+  kHashHigh,
+  kSum,
+  kSumSq,
+  kSignal,
+  kFields
 };
 
 // The variants this rank ran in the step: per phase, per layer, "" for no call.
@@ -138,8 +149,8 @@ RankStep gather_step(Distributed& dist, StepOutcome& o, const GradientSync& grad
       names.push_back(parse_variants(text));
     for (size_t k = 1; k < world; ++k)
       if (names[k] != names[0]) {
-        r.kernel_difference += (r.kernel_difference.empty() ? "" : "; ") +
-                               describe_difference(static_cast<int>(k), names[k], names[0]);
+        r.kernel_difference +=
+            (r.kernel_difference.empty() ? "" : "; ") + describe_difference(static_cast<int>(k), names[k], names[0]);
       }
   }
   for (size_t k = 0; k < world; ++k)

@@ -27,10 +27,10 @@ namespace flashdraft {
 
 struct RankStep {
   std::vector<double> seconds, tokens, loss, weights_sum, weights_sumsq;
-  std::vector<int64_t> memory;                           // peak bytes of the step, per rank
+  std::vector<int64_t> memory;                             // peak bytes of the step, per rank
   std::vector<int32_t> kernels_forward, kernels_backward;  // [rank][layer], ids of rank 0's ledger
-  int signal = 0;                 // a signal one of the ranks received (0: none)
-  std::string kernel_difference;  // "" or a sentence: which rank ran which other variant
+  int signal = 0;                                          // a signal one of the ranks received (0: none)
+  std::string kernel_difference;                           // "" or a sentence: which rank ran which other variant
 };
 
 // Two checksums of the weights (sum and sum of squares, in float64).

@@ -86,6 +86,7 @@ class Trainer {
   void save(int64_t done);
   void connect();
   void share_weights();
+  void share(StepOutcome& outcome, int signal);
   int agreed_signal(int local) const { return dist_->active() ? ranks_signal_ : local; }
   bool root() const { return dist_->root(); }
 
@@ -256,8 +257,8 @@ int Trainer::train() {
                            grads_.get()};
   std::unique_ptr<StepRecorder> recorder;
   if (root())
-    recorder = std::make_unique<StepRecorder>(*log_.log, ledger_, shape_, static_cast<int64_t>(log_.kernel_names.size()));
-  const std::string on_fallback = setup_.experiment.attention().string("on_fallback");
+    recorder =
+        std::make_unique<StepRecorder>(*log_.log, ledger_, shape_, static_cast<int64_t>(log_.kernel_names.size()));
   for (int64_t step = first_step_; step < steps_; ++step) {
     current_step_ = step;
     if (const int signal = agreed_signal(interrupts.pending())) {
@@ -274,20 +275,29 @@ int Trainer::train() {
       events_.add(step, "nan", "loss is " + std::to_string(e.loss) + " at step " + std::to_string(step));
       throw;
     }
-    if (dist_->active()) {
-      const RankStep ranks =
-          gather_step(*dist_, outcome, *grads_, ledger_, params_, interrupts.pending(), on_fallback);
-      ranks_signal_ = ranks.signal;
-      if (!ranks.kernel_difference.empty()) events_.add(step, "fallback", ranks.kernel_difference);
-      if (root()) record_ranks(*log_.log, ranks);
-    }
+    share(outcome, interrupts.pending());
     if (root()) recorder->record(outcome);
-    if (root() && (step % print_every == 0 || step + 1 == steps_)) std::cout << recorder->line(outcome, steps_) << std::endl;
+    if (root() && (step % print_every == 0 || step + 1 == steps_))
+      std::cout << recorder->line(outcome, steps_) << std::endl;
     const int64_t done = step + 1;
     if (eval_on && ((eval_every > 0 && done % eval_every == 0) || done == steps_)) validate(done);
     if (ckpt_on && ((ckpt_every > 0 && done % ckpt_every == 0) || done == steps_) && root()) save(done);
   }
   return kFinished;
+}
+
+// Every rank's share of a step (data-parallel runs): the step's metrics made global, the
+// ranks/* columns, the signals and kernel variants compared.
+void Trainer::share(StepOutcome& outcome, int signal) {
+  if (!dist_->active()) return;
+  const RankStep ranks = gather_step(*dist_, outcome, *grads_, ledger_, params_, signal,
+                                     setup_.experiment.attention().string("on_fallback"));
+  ranks_signal_ = ranks.signal;
+  if (!ranks.kernel_difference.empty()) events_.add(outcome.step, "fallback", ranks.kernel_difference);
+  if (root()) record_ranks(*log_.log, ranks);
+  if (outcome.step == first_step_)
+    std::cout << "distributed: gradients all-reduced in " << grads_->buckets() << " buckets, "
+              << grads_->sent_during_backward() << " of them sent during the backward" << std::endl;
 }
 
 void Trainer::validate(int64_t done) {

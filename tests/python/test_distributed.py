@@ -12,6 +12,7 @@
 - Resuming a checkpoint with another world size is refused with a sentence.
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -138,6 +139,9 @@ def test_two_ranks_equal_one_process_over_the_union(tmp_path):
     assert dp.returncode == 0, dp.stdout + dp.stderr
     assert "distributed: 2 ranks (torchrun), backend gloo" in dp.stdout, dp.stdout
     assert "weights: identical on 2 ranks" in dp.stdout, dp.stdout
+    # Every bucket left while the backward was still running (overlap), in several buckets.
+    m = re.search(r"gradients all-reduced in (\d+) buckets, (\d+) of them sent during the backward", dp.stdout)
+    assert m and int(m.group(1)) > 1 and m.group(1) == m.group(2), dp.stdout
     one = single(write_embedded(tmp_path, "one", accumulate=2))
     assert one.returncode == 0, one.stdout + one.stderr
 
@@ -320,3 +324,21 @@ def test_resume_with_another_world_size_is_refused(tmp_path):
     assert dp.returncode != 0, dp.stdout + dp.stderr
     assert "it was trained by 1 process with [optimizer] accumulate = 1, this run has 2" in dp.stderr, dp.stderr
     assert "rank 0 stopped" in dp.stderr, dp.stderr
+
+
+def test_resume_on_two_ranks_continues_exactly(tmp_path):
+    """Rank 0 writes the checkpoints; every rank resumes from the same one, and steps 3..5
+    repeat the uninterrupted run's losses and weight checksums."""
+    import shutil
+
+    exp = write_embedded(tmp_path, "ck", steps=6, extra="[checkpoint]\nenabled = true\nevery = 3\nkeep = 3\n")
+    dp = torchrun(exp)
+    assert dp.returncode == 0, dp.stdout + dp.stderr
+    shutil.copytree(tmp_path / "ck", tmp_path / "again")
+    again = torchrun(exp, "--out", str(tmp_path / "again"), "--resume",
+                     str(tmp_path / "again" / "checkpoints" / "step_3"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(tmp_path / "ck" / "ck.h5", "r") as a, h5py.File(tmp_path / "again" / "ck.h5", "r") as b:
+        assert list(b["steps/step"][:]) == list(range(6))
+        assert (a["steps/loss"][:] == b["steps/loss"][:]).all(), (a["steps/loss"][:], b["steps/loss"][:])
+        assert (a["ranks/weights_sum"][:] == b["ranks/weights_sum"][:]).all()
