@@ -342,3 +342,36 @@ def test_resume_on_two_ranks_continues_exactly(tmp_path):
         assert list(b["steps/step"][:]) == list(range(6))
         assert (a["steps/loss"][:] == b["steps/loss"][:]).all(), (a["steps/loss"][:], b["steps/loss"][:])
         assert (a["ranks/weights_sum"][:] == b["ranks/weights_sum"][:]).all()
+
+
+@pytest.mark.parametrize("policy", ["error", "warn"])
+def test_a_rank_running_another_kernel_variant(tmp_path, policy):
+    """Rank 1 is given dense_ref where rank 0 runs flash_cpu (hand-made environments, one
+    experiment file per rank). With on_fallback = "error" every rank stops at step 0 naming
+    rank 1; with "warn" the run finishes and the log shows each rank's variants."""
+    exps = []
+    for rank, kernel in ((0, "flash_cpu"), (1, "dense_ref")):
+        p = write_embedded(tmp_path, f"variant{rank}", steps=3)
+        text = p.read_text().replace('kernels = ["flash_cpu"]', f'kernels = ["{kernel}"]')
+        text = text.replace('on_fallback = "error"', f'on_fallback = "{policy}"')
+        p.write_text(text.replace(f'out = "{tmp_path / f"variant{rank}"}"', f'out = "{tmp_path / "variant"}"'))
+        exps.append(p)
+    port = free_port()
+    procs = [start_rank(exps[r], r, port, tmp_path / f"rank{r}.txt") for r in (0, 1)]
+    codes = [p.wait(timeout=300) for p in procs]
+    outs = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    print(f"on_fallback = {policy}: exit codes {codes}")
+    if policy == "error":
+        assert codes == [1, 1], outs
+        for out in outs:
+            assert "kernel variants differ between ranks at step 0: rank 1 ran 'dense_ref' in attention call 0" in out, out
+    else:
+        assert codes == [0, 0], outs
+        with h5py.File(tmp_path / "variant" / "variant0.h5", "r") as f:
+            names = [n.decode() for n in f["kernels/names"][:]]
+            ids = f["ranks/kernels_forward"][:]
+            kinds = [k.decode() for k in f["events/kind"][:]]
+            messages = [m.decode() for m in f["events/message"][:]]
+        assert all(names[i].startswith("flash_cpu/") for i in ids[:, 0]), (names, ids)
+        assert all(names[i].startswith("dense_ref") for i in ids[:, 1]), (names, ids)
+        assert kinds.count("fallback") == 3 and "rank 1 ran 'dense_ref'" in messages[kinds.index("fallback")]
