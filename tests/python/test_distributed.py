@@ -375,3 +375,26 @@ def test_a_rank_running_another_kernel_variant(tmp_path, policy):
         assert all(names[i].startswith("flash_cpu/") for i in ids[:, 0]), (names, ids)
         assert all(names[i].startswith("dense_ref") for i in ids[:, 1]), (names, ids)
         assert kinds.count("fallback") == 3 and "rank 1 ran 'dense_ref'" in messages[kinds.index("fallback")]
+
+
+def test_a_rank_that_never_comes_stops_rank_0_within_the_timeout(tmp_path):
+    exp = write_embedded(tmp_path, "alone", steps=3, timeout=5)
+    t0 = time.time()
+    p = start_rank(exp, 0, free_port(), tmp_path / "rank0.txt")
+    code = p.wait(timeout=60)
+    elapsed, out = time.time() - t0, (tmp_path / "rank0.txt").read_text()
+    print(f"rank 1 never started: rank 0 exited {code} after {elapsed:.1f} s")
+    assert code == 1 and elapsed < 30, out
+    assert "could not join the gloo process group of 2 ranks" in out and "within 5 s" in out, out
+
+
+@pytest.mark.parametrize("env, message", [
+    (dict(RANK="2", WORLD_SIZE="2"), 'environment variable RANK = "2" is not accepted'),
+    (dict(RANK="0", WORLD_SIZE="two"), 'environment variable WORLD_SIZE = "two" is not accepted'),
+    (dict(RANK="0", WORLD_SIZE="2", MASTER_PORT="1"), "environment variable MASTER_ADDR is not set"),
+])
+def test_a_malformed_launch_is_a_sentence(tmp_path, env, message):
+    exp = write_embedded(tmp_path, "bad", steps=1)
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=60,
+                       env=clean_env() | env)
+    assert p.returncode == 1 and message in p.stderr, p.stdout + p.stderr
