@@ -7,6 +7,7 @@
 #include <cmath>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -21,6 +22,46 @@ std::string gib(double bytes) {
     os << std::fixed << std::setprecision(2) << bytes / double(1 << 20) << " MiB";
   return os.str();
 }
+}  // namespace
+
+namespace {
+
+// The ranks/* columns of a data-parallel run: per rank, its tokens, memory peak and the
+// variants it ran; whether the weights stayed identical.
+void inspect_ranks(const LogReader& r, std::ostream& out) {
+  const auto shape = r.shape("ranks/tokens");
+  if (shape.size() != 2 || shape[0] == 0) return;
+  const size_t steps = size_t(shape[0]), world = size_t(shape[1]);
+  const auto tokens = r.f64("ranks/tokens"), memory = r.f64("ranks/memory_step"), seconds = r.f64("ranks/step_time_s");
+  const auto sum = r.f64("ranks/weights_sum"), sumsq = r.f64("ranks/weights_sumsq");
+  bool same = true;
+  for (size_t i = 0; i < steps; ++i)
+    for (size_t k = 1; k < world; ++k)
+      same = same && sum[i * world + k] == sum[i * world] && sumsq[i * world + k] == sumsq[i * world];
+  const auto steps_attr = r.attributes("/steps");
+  out << "ranks     " << world << " (accumulate " << (steps_attr.count("accumulate") ? steps_attr.at("accumulate") : "?")
+      << "); weights identical on every rank after every step: " << (same ? "yes" : "NO") << "\n";
+  const auto names = r.strings("kernels/names");
+  for (size_t k = 0; k < world; ++k) {
+    double t = 0, m = 0;
+    for (size_t i = 0; i < steps; ++i) t += tokens[i * world + k], m = std::max(m, memory[i * world + k]);
+    std::set<std::string> ran;
+    for (const char* ph : {"ranks/kernels_forward", "ranks/kernels_backward"}) {
+      const auto ids = r.f64(ph);
+      const size_t per = ids.size() / (steps * world);
+      for (size_t i = 0; i < steps; ++i)
+        for (size_t l = 0; l < per; ++l) {
+          const auto id = int64_t(ids[(i * world + k) * per + l]);
+          if (id >= 0 && id < int64_t(names.size())) ran.insert(names[size_t(id)]);
+        }
+    }
+    out << "  rank " << k << "  tokens " << int64_t(t) << "  last step " << std::setprecision(4)
+        << seconds[(steps - 1) * world + k] << " s  peak " << gib(m) << "  kernels";
+    for (const auto& v : ran) out << " " << v;
+    out << "\n";
+  }
+}
+
 }  // namespace
 
 void inspect_log(const std::string& path, std::ostream& out) {
@@ -70,6 +111,7 @@ void inspect_log(const std::string& path, std::ostream& out) {
       if (!v.empty()) out << "  " << std::left << std::setw(10) << phase << std::right << gib(*std::max_element(v.begin(), v.end())) << "\n";
     }
   }
+  if (r.exists("ranks/tokens")) inspect_ranks(r, out);
   if (r.exists("eval/step")) {
     const auto es = r.f64("eval/step");
     out << "eval      " << es.size() << " validations (held-out sequences)\n";

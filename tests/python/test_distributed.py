@@ -160,6 +160,9 @@ def test_two_ranks_equal_one_process_over_the_union(tmp_path):
     worst = max(np.abs(wa[k] - wb[k]).max() for k in wa)
     print(f"trained weights, max |difference| = {worst:.3g}")
     assert worst <= 1e-6
+    shown = subprocess.run([str(CLI), "inspect", str(tmp_path / "dp" / "dp.h5")], capture_output=True, text=True)
+    assert "ranks     2 (accumulate 1); weights identical on every rank after every step: yes" in shown.stdout, \
+        shown.stdout + shown.stderr
     # Both ranks ran flash_cpu in every layer, forward and backward.
     ids = a["ranks/kernels_forward"]
     assert ids.shape == (10, 2) and (ids[:, 0] == ids[:, 1]).all() and (ids >= 0).all(), ids
