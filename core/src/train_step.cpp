@@ -1,6 +1,7 @@
 // One optimizer step.
 #include "train_step.hpp"
 
+#include "grad_sync.hpp"
 #include "memory.hpp"
 
 #include <torch/torch.h>

@@ -6,7 +6,6 @@
 
 #include "batches.hpp"
 #include "dispatch.hpp"
-#include "grad_sync.hpp"
 #include "ledger.hpp"
 #include "optimizer.hpp"
 
@@ -17,6 +16,8 @@
 #include <vector>
 
 namespace flashdraft {
+
+class GradientSync;
 
 struct StepContext {
   Drafter& drafter;
