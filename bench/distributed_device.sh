@@ -72,6 +72,7 @@ for gpus, path in ((1, sys.argv[1]), (2, sys.argv[2])):
         print("  events:", ev)
 if 1 in rates and 2 in rates:
     print(f"| GPUs | tokens/s per GPU | efficiency vs linear |")
+    print("| --- | --- | --- |")
     print(f"| 1 | {rates[1]:.0f} | 100% |")
     print(f"| 2 | {rates[2]:.0f} | {100 * rates[2] / rates[1]:.1f}% |")
 PY
