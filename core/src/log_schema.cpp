@@ -26,6 +26,7 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
        "variant id per attention call (forward): the drafter's layers, then the online target's; -1 = no call"},
       {"kernels/backward", T::i32, shape.layers, 0,
        "variant id per attention call (backward), columns as in forward; -1 = no call"},
+      {"kernels/loss", T::i32, 2, 0, "variant id of the LM-head loss op: forward, backward; -1 = no call"},
       {"kernels/names", T::str, 0, 256, "variant names; ids index this list"},
       {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
       {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},

@@ -21,7 +21,6 @@ StepOutcome train_step(StepContext& c, int64_t step) {
   StepOutcome o;
   o.step = step;
   o.lr = c.schedule.at(step);
-  set_learning_rate(c.optimizer, o.lr);
   c.ledger.begin_step(step, c.layers);
   Batch batch = c.batches.train(step);
   o.target_seconds = c.batches.target_seconds();
@@ -29,20 +28,26 @@ StepOutcome train_step(StepContext& c, int64_t step) {
   MemoryTracker::reset_peak(c.device);
   StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
   o.peak_forward = MemoryTracker::peak_bytes(c.device);
-  o.loss = result.loss.item<double>();
-  if (!std::isfinite(o.loss)) throw NonFiniteLoss(o.loss, step);
 
+  // The loss is read after the backward (reading it earlier would stall the device's
+  // queue between the passes); a non-finite loss still stops before the update.
   MemoryTracker::reset_peak(c.device);
+  const at::Tensor loss = result.loss.detach();
   result.loss.backward();
   o.peak_backward = MemoryTracker::peak_bytes(c.device);
   result.loss = at::Tensor();
+  o.loss = loss.item<double>();
+  if (!std::isfinite(o.loss)) {
+    c.optimizer.zero_grad();
+    throw NonFiniteLoss(o.loss, step);
+  }
 
   MemoryTracker::reset_peak(c.device);
-  const double clip = c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity();
-  o.grad_norm = torch::nn::utils::clip_grad_norm_(c.params, clip);
-  c.optimizer.step();
-  c.optimizer.zero_grad(/*set_to_none=*/true);
+  const at::Tensor norm = c.optimizer.step(o.lr, c.grad_clip);
+  c.optimizer.zero_grad();
   o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
+  if (result.deferred) result.deferred(result);  // metrics read from the device now
+  o.grad_norm = norm.item<double>();
   if (c.device.is_cuda()) torch::cuda::synchronize();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   o.tokens = result.tokens;
