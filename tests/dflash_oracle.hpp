@@ -51,8 +51,23 @@ class OracleAttention : public AttentionContext {
     return at::matmul(p, vr);
   }
 
+  // The loss by its definition: full logits, float32 log-softmax, weighted NLL.
+  LmHeadLossOutput lm_head_loss(const LmHeadLossInput& in) override {
+    ++loss_calls;
+    at::Tensor logits = at::matmul(in.hidden, in.weight.t());
+    if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // float64 checks stay float64
+    LmHeadLossOutput out;
+    out.argmax = logits.detach().argmax(-1);
+    const at::Tensor logp = at::log_softmax(logits, -1);
+    at::Tensor total = at::zeros({}, logp.options());
+    for (int64_t r = 0; r < in.hidden.size(0); ++r)
+      total = total - logp[r][in.labels[r].item<int64_t>()] * in.row_weights[r].item<double>();
+    out.loss = total / in.weight_sum;
+    return out;
+  }
+
   MaskInput input_;
-  int64_t masks_set = 0;
+  int64_t masks_set = 0, loss_calls = 0;
   std::vector<int64_t> calls;
   std::vector<int64_t> last_q_shape, last_k_shape;
 };

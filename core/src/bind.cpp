@@ -12,9 +12,10 @@ namespace flashdraft {
 
 namespace {
 
-c10::ScalarType dtype_of(const std::string& s) {
+c10::ScalarType dtype_of(const std::string& s, c10::Device device) {
   if (s == "bfloat16") return torch::kBFloat16;
   if (s == "float16") return torch::kHalf;
+  if (s == "auto" && device.is_cuda()) return torch::kBFloat16;
   return torch::kFloat;
 }
 
@@ -54,7 +55,40 @@ TargetModel open_target(const Setup& s, BoundPlugins& b) {
   return model;
 }
 
+Precision precision_of(const Setup& s, c10::Device device, c10::ScalarType compute) {
+  const Config& run = s.experiment.run();
+  const Config& opt = s.experiment.optimizer();
+  Precision p;
+  p.compute = compute;
+  p.master = run.string("master_weights") == "compute" ? compute : c10::kFloat;
+  const std::string impl = opt.string("implementation");
+  if (impl == "torch" && p.master != compute)
+    opt.fail("implementation", "\"torch\" (torch::optim::AdamW) updates the weights in their own dtype, but the run "
+                               "computes in " + dtype_name(compute) + " with float32 master weights; use \"fused\" "
+                               "(or \"auto\"), or [run] master_weights = \"compute\" for pure " + dtype_name(compute) +
+                               " training");
+  p.fused = impl == "fused" || (impl == "auto" && (device.is_cuda() || p.master != compute));
+  return p;
+}
+
 }  // namespace
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "float32";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kHalf: return "float16";
+    case c10::kDouble: return "float64";
+    default: return c10::toString(t);
+  }
+}
+
+std::string Precision::describe() const {
+  std::string s = "compute " + dtype_name(compute) + ", ";
+  s += master == compute ? "weights and AdamW moments in " + dtype_name(master)
+                         : "float32 master weights and AdamW moments (" + dtype_name(compute) + " copies for compute)";
+  return s + (fused ? ", fused AdamW" : ", torch::optim::AdamW");
+}
 
 BoundPlugins bind_plugins(const Setup& s) {
   const Config& run = s.experiment.run();
@@ -71,7 +105,8 @@ BoundPlugins bind_plugins(const Setup& s) {
   BoundPlugins b;
   b.ctx.out_dir = run.string("out");
   b.ctx.device = device;
-  b.ctx.dtype = dtype_of(run.string("dtype"));
+  b.ctx.dtype = dtype_of(run.string("dtype"), device);
+  b.precision = precision_of(s, device, b.ctx.dtype);
   b.ctx.seed = seed;
   b.ctx.say = [](const std::string& line) { std::cout << line << std::endl; };
 

@@ -17,8 +17,19 @@
 
 namespace flashdraft {
 
+// The mixed-precision policy ([run] dtype and master_weights, [optimizer] implementation).
+struct Precision {
+  c10::ScalarType compute = c10::kFloat;  // the drafter's weights and activations
+  c10::ScalarType master = c10::kFloat;   // what the optimizer updates, and its moments
+  bool fused = false;                     // the engine's fused AdamW (else torch::optim::AdamW)
+  std::string describe() const;
+};
+
+FLASHDRAFT_API std::string dtype_name(c10::ScalarType t);  // "float32", "bfloat16", ...
+
 struct BoundPlugins {
   RunContext ctx;
+  Precision precision;
   std::unique_ptr<Dataset> dataset;
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<MaskGenerator> mask;

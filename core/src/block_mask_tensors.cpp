@@ -11,7 +11,9 @@ namespace {
 at::Tensor ints(const std::vector<int32_t>& v, c10::Device device) {
   at::Tensor t = torch::empty({static_cast<int64_t>(v.size())}, torch::kInt32);
   if (!v.empty()) std::memcpy(t.data_ptr<int32_t>(), v.data(), v.size() * sizeof(int32_t));
-  return device.is_cpu() ? t : t.to(device, /*non_blocking=*/false);
+  // Pinned and asynchronous: building a step's mask never waits for the device's queue
+  // (the pinned block is not reused before its copy has run).
+  return device.is_cpu() ? t : t.pin_memory().to(device, /*non_blocking=*/true);
 }
 }  // namespace
 

@@ -2,6 +2,8 @@
 // weights export. The layout and the atomic write are described in checkpoint.hpp.
 #include "checkpoint.hpp"
 
+#include "optimizer.hpp"
+
 #include <flashdraft/hdf5_attributes.hpp>
 #include <flashdraft/text.hpp>
 
@@ -411,19 +413,6 @@ Manifest load(const fs::path& dir, State& state) {
     throw Error("checkpoint file " + (dir / kOptimizer).string() + " does not fit the optimizer (" +
                 first_line(e.what()) + ")");
   }
-  // The optimizer matched its state to the parameters by position: check the moments'
-  // shapes so that a reordered drafter cannot silently pair the wrong state.
-  for (const auto& group : state.optimizer->param_groups())
-    for (const auto& p : group.params()) {
-      auto it = state.optimizer->state().find(p.unsafeGetTensorImpl());
-      if (it == state.optimizer->state().end()) continue;
-      if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get()))
-        if (s->exp_avg().defined() && s->exp_avg().sizes() != p.sizes())
-          throw Error("checkpoint file " + (dir / kOptimizer).string() + ": an AdamW moment has shape " +
-                      shape_str(std::vector<int64_t>(s->exp_avg().sizes().begin(), s->exp_avg().sizes().end())) +
-                      " for a parameter of shape " +
-                      shape_str(std::vector<int64_t>(p.sizes().begin(), p.sizes().end())));
-    }
   at::Tensor cuda;
   if (!rng.try_read("cuda_default", cuda, true)) cuda = at::Tensor();
   state.anchor_rng = anchor;

@@ -6,8 +6,10 @@
 //   weights.pt    the drafter's trainable tensors, keys "p0", "p1", ... in the order of
 //                 Drafter::parameters() (LibTorch archives refuse dots in keys; the
 //                 manifest maps index -> name and shape)
-//   optimizer.pt  the AdamW state (torch::optim::AdamW::save: moments, step counts,
-//                 param groups; matched to parameters by position on load)
+//   optimizer.pt  the AdamW state (optimizer.hpp): for the fused implementation
+//                 "fused_adamw/step", "exp_avg/<i>", "exp_avg_sq/<i>" and, with float32
+//                 master weights, "master/<i>" (i = position in Drafter::parameters());
+//                 for torch::optim::AdamW its own save(). Shapes and dtypes checked on load.
 //   rng.pt        generator states: "anchor" (the trainer's anchor generator),
 //                 "cpu_default" (LibTorch's default CPU generator) and, on CUDA runs,
 //                 "cuda_default" (the default generator of the run's GPU)
@@ -41,8 +43,8 @@
 #include <utility>
 #include <vector>
 
-namespace torch::optim {
-class Optimizer;
+namespace flashdraft {
+class TrainOptimizer;
 }
 
 namespace flashdraft::checkpoint {
@@ -78,7 +80,7 @@ struct Manifest {
 // Everything that is saved besides the manifest's bookkeeping.
 struct State {
   std::vector<std::pair<std::string, at::Tensor>> weights;
-  torch::optim::Optimizer* optimizer = nullptr;
+  TrainOptimizer* optimizer = nullptr;
   at::Tensor anchor_rng;   // at::Generator::get_state()
   at::Tensor cpu_default_rng;
   at::Tensor cuda_default_rng;  // undefined: not a CUDA run (or not in the checkpoint)

@@ -1,6 +1,7 @@
 // Checkpoints of a run.
 #include "checkpointing.hpp"
 
+#include "optimizer.hpp"
 #include "rng_state.hpp"
 
 #include <sstream>
@@ -28,7 +29,7 @@ std::string table_toml(const std::string& table, const std::string& plugin, cons
 
 std::filesystem::path save_checkpoint(const RunCheckpoint& what, int64_t done, const RunLog& log,
                                       const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                                      torch::optim::Optimizer& optimizer, const at::Generator& anchors,
+                                      TrainOptimizer& optimizer, const at::Generator& anchors,
                                       c10::Device device) {
   checkpoint::Manifest m;
   m.step = done;

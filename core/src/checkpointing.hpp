@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-namespace torch::optim {
-class Optimizer;
+namespace flashdraft {
+class TrainOptimizer;
 }
 
 namespace flashdraft {
@@ -34,7 +34,7 @@ struct RunCheckpoint {
 // Writes <root>/step_<done> (atomic; older ones beyond `keep` removed) and returns it.
 std::filesystem::path save_checkpoint(const RunCheckpoint& what, int64_t done, const RunLog& log,
                                       const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                                      torch::optim::Optimizer& optimizer, const at::Generator& anchors,
+                                      TrainOptimizer& optimizer, const at::Generator& anchors,
                                       c10::Device device);
 
 }  // namespace flashdraft

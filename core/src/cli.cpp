@@ -2,6 +2,7 @@
 #include "checkpoint.hpp"
 #include "experiment.hpp"
 #include "inspect.hpp"
+#include "profile.hpp"
 #include "registry.hpp"
 #include "trainer.hpp"
 
@@ -35,7 +36,7 @@ const char* kUsage =
 
 const char* help_for(const std::string& cmd) {
   if (cmd == "run")
-    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS] [--resume [CHECKPOINT|latest]]\n"
+    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS] [--resume [CHECKPOINT|latest]] [--profile A:B]\n"
            "Trains as EXP.toml says and writes one HDF5 log per run, <out>/<name>.h5 (a new name if it exists).\n"
            "  --resume [CHECKPOINT|latest]  continue from a checkpoint folder (<out>/checkpoints/step_<n>) or\n"
            "                     from the newest usable one under <out>/checkpoints (latest, the default):\n"
@@ -44,6 +45,8 @@ const char* help_for(const std::string& cmd) {
            "  --out DIR          output folder (overrides [run].out); the data cache goes there too\n"
            "  --steps N          number of steps (overrides [run].steps)\n"
            "  --plugin-path DIRS extra plugin folders, ':'-separated, searched first\n"
+           "  --profile A:B      profile steps A..B-1 (LibTorch's profiler): a Chrome trace <out>/<name>.trace.json\n"
+           "                     and a table of device time per op family\n"
            "Progress: one line per step (loss, metrics, step time, peak memory, kernels that ran).\n"
            "Exit status: 0 finished, 1 failed (the log keeps every finished step), 2 bad experiment,\n"
            "130 interrupted (Ctrl-C finishes the step in flight, then stops).\n";
@@ -83,6 +86,7 @@ struct Args {
   std::vector<std::string> positional;
   std::string out;
   std::string plot;
+  std::string profile;
   int64_t steps = -1;
   std::vector<std::string> plugin_paths;
   std::string resume;
@@ -100,6 +104,7 @@ Args parse(int argc, char** argv, int first) {
     if (s == "--help" || s == "-h") a.help = true;
     else if (s == "--out") a.out = value("--out");
     else if (s == "--plot") a.plot = value("--plot");
+    else if (s == "--profile") a.profile = value("--profile");
     else if (s == "--plugin-path") a.plugin_paths.push_back(value("--plugin-path"));
     else if (s == "--resume") {
       // The value is optional: the next word, unless it is an option or the experiment file.
@@ -255,6 +260,8 @@ int main(int argc, char** argv) {
     o.steps = a.steps;
     o.plugin_paths = a.plugin_paths;
     o.resume = a.resume;
+    o.profile = a.profile;
+    if (!o.profile.empty()) parse_profile_window(o.profile);  // a bad window is a usage error
     return cmd == "run" ? run_experiment(o) : validate_experiment(o);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -174,6 +174,29 @@ at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, co
   }
   return out;
 }
+void AttentionDispatcher::set_loss(const std::string& variant, int64_t chunk_rows, int64_t column) {
+  loss_column_ = column;
+  loss_ = std::make_unique<LmHeadLoss>(variant, chunk_rows,
+                                       [this](bool backward, const std::string& v) { note_loss(backward, v); });
+}
+
+LmHeadLossOutput AttentionDispatcher::lm_head_loss(const LmHeadLossInput& input) {
+  if (!loss_) throw std::logic_error("lm_head_loss called on an attention context without a loss (set_loss)");
+  return (*loss_)(input);
+}
+
+// Like note(), for the loss: the variant that ran against the one chosen from [loss].
+void AttentionDispatcher::note_loss(bool backward, const std::string& variant) {
+  const Phase phase = backward ? Phase::backward : Phase::forward;
+  if (ledger_) ledger_->record(loss_column_, phase, variant);
+  if (variant == loss_->variant()) return;
+  const std::string msg = std::string(backward ? "backward" : "forward") + " of the LM-head loss ran '" + variant +
+                          "', not the selected '" + loss_->variant() + "'";
+  if (events_) events_("fallback", msg);
+  if (on_fallback_ == "error")
+    throw FallbackError("loss fallback: " + msg + ". The run stops because [attention].on_fallback = \"error\".");
+}
+
 void AttentionDispatcher::note(int64_t layer, Phase phase, const std::string& variant) {
   if (ledger_) ledger_->record(layer, phase, variant);
   if (variant_belongs_to(variant, kernel_name())) return;

@@ -15,6 +15,7 @@
 #include <flashdraft/model.hpp>
 
 #include "ledger.hpp"
+#include "lm_head_loss.hpp"
 
 #include <functional>
 #include <memory>
@@ -66,6 +67,11 @@ class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
   void set_mask(const MaskInput& input) override;
   at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        double scale) override;
+  // The LM-head loss through the variant set by set_loss(), recorded in ledger column
+  // `column` (after the attention calls); without set_loss() a drafter's call is an error.
+  LmHeadLossOutput lm_head_loss(const LmHeadLossInput& input) override;
+  void set_loss(const std::string& variant, int64_t chunk_rows, int64_t column);
+  const LmHeadLoss* loss() const { return loss_.get(); }
 
   const KernelChoice& choice() const { return choice_; }
   const std::string& kernel_name() const { return choice_.candidates[choice_.selected].name; }
@@ -87,6 +93,9 @@ class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
   EventSink events_;
   BlockSize block_;
   std::shared_ptr<const StepMask> current_;
+  std::unique_ptr<LmHeadLoss> loss_;
+  int64_t loss_column_ = -1;
+  void note_loss(bool backward, const std::string& variant);
   const StepMask& current() const;
 };
 

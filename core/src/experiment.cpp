@@ -192,8 +192,11 @@ std::vector<Schema> Experiment::engine_schemas() {
   run.integer("seed", "seed of every random draw (data order, anchors, initial weights)").def(int64_t(0)).at_least(0);
   run.integer("steps", "optimizer steps to train").def(int64_t(100)).range(1, 1e9);
   run.string("device", "where training runs").def(std::string("cpu")).one_of({"cpu", "cuda"});
-  run.string("dtype", "compute dtype of the drafter (master weights stay float32)")
-      .def(std::string("float32")).one_of({"float32", "bfloat16", "float16"});
+  run.string("dtype", "compute dtype of the drafter (auto: bfloat16 on CUDA, float32 on CPU)")
+      .def(std::string("auto")).one_of({"auto", "float32", "bfloat16", "float16"});
+  run.string("master_weights", "dtype of the weights the optimizer updates and of its moments (auto: float32; "
+             "compute: the compute dtype, i.e. pure 16-bit training)")
+      .def(std::string("auto")).one_of({"auto", "float32", "compute"});
   run.string("out", "output folder (log, data cache, checkpoints)").def(std::string("runs"));
   run.integer("print_every", "print a progress line every N steps").def(int64_t(1)).range(1, 1e9);
   run.integer("threads", "CPU threads for LibTorch (0 = LibTorch's default)").def(int64_t(0)).range(0, 1024);
@@ -218,7 +221,19 @@ std::vector<Schema> Experiment::engine_schemas() {
   opt.integer("accumulate", "micro-batches per optimizer step (gradient accumulation); the gradient is that of "
               "the union of the micro-batches (of every rank), each loss weighted by its loss-carrying positions")
       .def(int64_t(1)).range(1, 1e6);
+  opt.string("implementation", "AdamW implementation: fused (ATen's multi-tensor fused AdamW, float32 master "
+             "weights for 16-bit compute, no host sync), torch (torch::optim::AdamW; compute-dtype weights only), "
+             "auto (fused on CUDA or with 16-bit compute, torch otherwise)")
+      .def(std::string("auto")).one_of({"auto", "fused", "torch"});
   out.push_back(opt);
+
+  Schema loss("loss");
+  loss.string("kernel", "LM-head cross-entropy: chunked (rows in chunks, gradient computed in the forward, never "
+              "[rows, vocab] float32 logits at once) or reference (full logits, plain autograd)")
+      .def(std::string("chunked")).one_of({"chunked", "reference"});
+  loss.integer("chunk_rows", "rows per chunk of the chunked loss (0 = auto: about 512 MiB of float32 logits)")
+      .def(int64_t(0)).range(0, 1 << 24);
+  out.push_back(loss);
 
   Schema plugins("plugins");
   plugins.strings("paths", "extra folders searched for plugins (after --plugin-path and FLASHDRAFT_PLUGIN_PATH)")
@@ -317,6 +332,7 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
     else if (s.table() == "checkpoint") e.checkpoint_ = c;
     else if (s.table() == "eval") e.eval_ = c;
     else if (s.table() == "distributed") e.distributed_ = c;
+    else if (s.table() == "loss") e.loss_ = c;
   }
   for (const auto& name : plugin_sections()) {
     const toml::table* t = section(root, name, path);

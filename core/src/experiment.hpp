@@ -34,6 +34,7 @@ class FLASHDRAFT_API Experiment {
   const Config& checkpoint() const { return checkpoint_; }
   const Config& eval() const { return eval_; }
   const Config& distributed() const { return distributed_; }
+  const Config& loss() const { return loss_; }
   // The plugin a table names: choice("drafter"). Every kind whose selection is "one" has
   // its table checked at load (missing table or `plugin` key: ConfigError).
   const PluginChoice& choice(const std::string& table) const;
@@ -57,7 +58,7 @@ class FLASHDRAFT_API Experiment {
   struct Parsed;
   std::shared_ptr<const Parsed> parsed_;
   std::string path_, text_;
-  Config run_, attention_, optimizer_, plugins_, checkpoint_, eval_, distributed_;
+  Config run_, attention_, optimizer_, plugins_, checkpoint_, eval_, distributed_, loss_;
   std::map<std::string, PluginChoice> choices_;
 };
 

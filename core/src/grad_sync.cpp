@@ -103,8 +103,23 @@ void GradientSync::reset_step() {
   }
 }
 
-void GradientSync::backward(StepResult& r, double loss, int64_t micro) {
+double GradientSync::backward(StepResult& r, int64_t micro) {
   if (micro == 0) reset_step();
+  const at::Tensor loss_value = r.loss.detach();
+  double loss = 0;
+  if (plain()) {
+    // One process, one micro-batch: the loss and the metrics are read once the backward
+    // is queued (reading them first would stall the device between the passes).
+    r.loss.backward();
+    loss = loss_value.item<double>();
+  } else {
+    loss = loss_value.item<double>();
+  }
+  if (r.deferred) {
+    r.deferred(r);
+    r.deferred = nullptr;
+  }
+  if (!std::isfinite(loss)) return loss;  // the caller stops the run
   const double weight = r.loss_weight >= 0 ? r.loss_weight : double(r.tokens);
   weight_ += weight;
   loss_sum_ += loss * weight;
@@ -118,10 +133,7 @@ void GradientSync::backward(StepResult& r, double loss, int64_t micro) {
   scalar_sum_.resize(r.scalars.size(), 0.0);
   for (size_t j = 0; j < r.scalars.size(); ++j) scalar_sum_[j] += t * r.scalars[j].second;
   scalars_ = r.scalars;
-  if (plain()) {
-    r.loss.backward();
-    return;
-  }
+  if (plain()) return loss;
   const bool last = micro + 1 == accumulate_;
   if (last && dist_.active()) {
     // The step's loss weight and weighted loss, summed over ranks while the backward runs.
@@ -132,6 +144,7 @@ void GradientSync::backward(StepResult& r, double loss, int64_t micro) {
   armed_ = last && dist_.active();
   (r.loss * weight).backward();
   armed_ = false;
+  return loss;
 }
 
 void GradientSync::on_gradient(size_t param) {

@@ -49,8 +49,9 @@ class GradientSync {
   int64_t batch_index(int64_t step, int64_t micro) const;
   // Seeds the anchor generator from (seed, global micro-batch number).
   void seed_anchors(at::Generator& anchors, int64_t step, int64_t micro) const;
-  // The backward of one micro-batch whose loss value is `loss` (finite).
-  void backward(StepResult& result, double loss, int64_t micro);
+  // The backward of one micro-batch; returns its loss value (not finite: no backward ran
+  // across ranks, and the caller stops the run). Runs the result's deferred metrics.
+  double backward(StepResult& result, int64_t micro);
   // After the last micro-batch's backward: the remaining buckets sent, every all-reduce
   // waited for, the gradients divided by the step's loss weight; fills the outcome's loss
   // (global), tokens, accuracy and scalars (this rank's micro-batches).

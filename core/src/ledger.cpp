@@ -28,10 +28,14 @@ void KernelLedger::record(int64_t layer, Phase phase, const std::string& variant
   ++(phase == Phase::forward ? forward_calls_ : backward_calls_);
 }
 
-std::string KernelLedger::summary(Phase phase) const {
+std::string KernelLedger::summary(Phase phase, int64_t columns) const {
   std::vector<int32_t> seen;
-  for (int32_t i : ids(phase))
+  const std::vector<int32_t>& row = ids(phase);
+  for (size_t c = 0; c < row.size(); ++c) {
+    const int32_t i = row[c];
+    if (columns >= 0 && static_cast<int64_t>(c) >= columns && i < 0) continue;
     if (std::find(seen.begin(), seen.end(), i) == seen.end()) seen.push_back(i);
+  }
   std::string out;
   for (int32_t i : seen) out += (out.empty() ? "" : ",") + (i < 0 ? std::string("none") : names_[static_cast<size_t>(i)]);
   return out;

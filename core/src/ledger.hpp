@@ -25,8 +25,10 @@ class FLASHDRAFT_API KernelLedger {
   const std::vector<int32_t>& ids(Phase phase) const { return phase == Phase::forward ? forward_ : backward_; }
   int64_t calls(Phase phase) const { return phase == Phase::forward ? forward_calls_ : backward_calls_; }
   int64_t step() const { return step_; }
-  // Distinct variants of this step and phase, for the console.
-  std::string summary(Phase phase) const;
+  // Distinct variants of this step and phase, for the console: over the first `columns`
+  // columns ("none" for a column without a call), then the variants of the columns after
+  // them that had a call (-1: every column).
+  std::string summary(Phase phase, int64_t columns = -1) const;
 
  private:
   int64_t step_ = -1;

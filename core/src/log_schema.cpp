@@ -26,6 +26,7 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
        "variant id per attention call (forward): the drafter's layers, then the online target's; -1 = no call"},
       {"kernels/backward", T::i32, shape.layers, 0,
        "variant id per attention call (backward), columns as in forward; -1 = no call"},
+      {"kernels/loss", T::i32, 2, 0, "variant id of the LM-head loss op: forward, backward; -1 = no call"},
       {"kernels/names", T::str, 0, 256, "variant names; ids index this list"},
       {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
       {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},
@@ -49,10 +50,12 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
         {"ranks/memory_step", T::i64, n, 0, "per rank: peak bytes over the step (memory/* hold the largest)"},
         {"ranks/weights_sum", T::f64, n, 0, "per rank: sum of every trainable value after the step (float64)"},
         {"ranks/weights_sumsq", T::f64, n, 0, "per rank: sum of squares of every trainable value after the step"},
-        {"ranks/kernels_forward", T::i32, n * shape.layers, 0,
-         "per rank, then per attention call as in kernels/forward: variant id (kernels/names)"},
-        {"ranks/kernels_backward", T::i32, n * shape.layers, 0,
-         "per rank, then per attention call as in kernels/backward: variant id (kernels/names)"},
+        {"ranks/kernels_forward", T::i32, n * (shape.layers + 1), 0,
+         "per rank, then per attention call as in kernels/forward and last the LM-head loss: variant id "
+         "(kernels/names)"},
+        {"ranks/kernels_backward", T::i32, n * (shape.layers + 1), 0,
+         "per rank, then per attention call as in kernels/backward and last the LM-head loss: variant id "
+         "(kernels/names)"},
     };
     c.insert(c.end(), ranks.begin(), ranks.end());
   }

@@ -1,14 +1,33 @@
-// The optimizer stage: AdamW over the drafter's trainable tensors, and the learning-rate
-// schedule (linear warm-up, then cosine decay to min_lr_ratio x lr).
+// The optimizer stage: AdamW over the drafter's trainable tensors, with global-norm
+// gradient clipping, and the learning-rate schedule (linear warm-up, then cosine decay
+// to min_lr_ratio x lr).
+//
+// Two implementations behind one interface ([optimizer] implementation):
+//   fused  ATen's multi-tensor fused AdamW kernel (_fused_adamw_). With 16-bit compute
+//          and float32 master weights ([run] master_weights) it keeps a float32 copy of
+//          every weight and float32 moments; each step the 16-bit gradients are cast in
+//          groups (a bounded temporary), the update runs on the masters and the 16-bit
+//          weights are refreshed from them. Clipping is sync-free: the global norm is a
+//          device scalar from _foreach_norm, and the clip factor enters the fused kernel
+//          as its grad_scale; nothing waits for the host.
+//   torch  torch::optim::AdamW and torch::nn::utils::clip_grad_norm_ (weights and moments
+//          in the weights' own dtype).
 #pragma once
 
 #include <flashdraft/config.hpp>
+#include <flashdraft/export.hpp>
 
-#include <torch/optim/adamw.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
+
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
 
 namespace flashdraft {
 
@@ -19,8 +38,32 @@ struct Schedule {
 };
 
 // From [optimizer] and the run's step count.
-Schedule make_schedule(const Config& optimizer, int64_t steps);
-std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<at::Tensor>& params, const Config& optimizer);
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+FLASHDRAFT_API Schedule make_schedule(const Config& optimizer, int64_t steps);
+
+struct AdamWSettings {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
+};
+
+class FLASHDRAFT_API TrainOptimizer {
+ public:
+  virtual ~TrainOptimizer() = default;
+  // One update at learning rate `lr` with the gradients' global norm clipped to `clip`
+  // (<= 0: no clipping). Returns the norm before clipping as a float32 scalar tensor on
+  // the weights' device (reading it is the caller's one host sync).
+  virtual at::Tensor step(double lr, double clip) = 0;
+  virtual void zero_grad() = 0;
+  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
+  // Throws std::runtime_error (a sentence) when the archive does not fit these weights.
+  virtual void load(torch::serialize::InputArchive& archive) = 0;
+  virtual std::string name() const = 0;
+};
+
+// `master`: the dtype the update runs in (a float32 master copy is kept when it differs
+// from the weights' dtype); `fused`: the fused implementation.
+FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_optimizer(const std::vector<at::Tensor>& params, const Config& optimizer,
+                                               c10::ScalarType master, bool fused);
+FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_fused_adamw(const std::vector<at::Tensor>& params, AdamWSettings settings,
+                                                 c10::ScalarType master);
+FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_torch_adamw(const std::vector<at::Tensor>& params, AdamWSettings settings);
 
 }  // namespace flashdraft

@@ -61,7 +61,9 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   attrs["device"] = b.ctx.device.str();
   attrs["device_name"] = device_name(b.ctx.device);
   attrs["start_time"] = now_iso();
-  attrs["dtype"] = ex.run().string("dtype");
+  attrs["dtype"] = dtype_name(b.ctx.dtype);
+  attrs["precision"] = b.precision.describe();
+  attrs["loss_kernel"] = ex.loss().string("kernel");
   attrs["data_source"] = b.dataset->source();
   if (b.target) attrs["target"] = b.target_model.source;
   std::string plugins;

@@ -22,8 +22,18 @@ std::string mib(int64_t bytes) {
 void StepRecorder::record(const StepOutcome& o) {
   for (; names_written_ < static_cast<int64_t>(ledger_.names().size()); ++names_written_)
     log_.append("kernels/names", ledger_.names()[static_cast<size_t>(names_written_)]);
-  log_.append("kernels/forward", ledger_.ids(Phase::forward));
-  log_.append("kernels/backward", ledger_.ids(Phase::backward));
+  // The ledger's last column is the LM-head loss's (see the trainer).
+  auto attention = [&](Phase ph) {
+    const std::vector<int32_t>& ids = ledger_.ids(ph);
+    return std::vector<int32_t>(ids.begin(), ids.begin() + std::min<int64_t>(shape_.layers, ids.size()));
+  };
+  auto loss = [&](Phase ph) {
+    const std::vector<int32_t>& ids = ledger_.ids(ph);
+    return static_cast<int64_t>(ids.size()) > shape_.layers ? ids[static_cast<size_t>(shape_.layers)] : -1;
+  };
+  log_.append("kernels/forward", attention(Phase::forward));
+  log_.append("kernels/backward", attention(Phase::backward));
+  log_.append("kernels/loss", std::vector<int32_t>{loss(Phase::forward), loss(Phase::backward)});
   log_.append("steps/step", o.step);
   log_.append("steps/loss", o.loss);
   log_.append("steps/lr", o.lr);
@@ -58,7 +68,7 @@ std::string StepRecorder::line(const StepOutcome& o, int64_t steps) const {
   os << "  lr " << std::scientific << std::setprecision(2) << o.lr << std::fixed << "  |g| " << std::setprecision(3)
      << o.grad_norm << "  " << std::setprecision(3) << o.seconds << " s"
      << "  peak fwd " << mib(o.peak_forward) << " bwd " << mib(o.peak_backward) << "  kernels fwd "
-     << ledger_.summary(Phase::forward) << " bwd " << ledger_.summary(Phase::backward);
+     << ledger_.summary(Phase::forward, shape_.layers) << " bwd " << ledger_.summary(Phase::backward, shape_.layers);
   return os.str();
 }
 

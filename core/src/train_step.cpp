@@ -23,7 +23,6 @@ StepOutcome train_step(StepContext& c, int64_t step) {
   StepOutcome o;
   o.step = step;
   o.lr = c.schedule.at(step);
-  set_learning_rate(c.optimizer, o.lr);
   c.ledger.begin_step(step, c.layers);
   GradientSync& grads = *c.grads;
   for (int64_t micro = 0; micro < grads.micro_batches(); ++micro) {
@@ -34,22 +33,26 @@ StepOutcome train_step(StepContext& c, int64_t step) {
     MemoryTracker::reset_peak(c.device);
     StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
     o.peak_forward = std::max(o.peak_forward, MemoryTracker::peak_bytes(c.device));
-    const double loss = result.loss.item<double>();
-    if (!std::isfinite(loss)) throw NonFiniteLoss(loss, step);
 
+    // A single process reads the loss after the backward has been queued (reading it
+    // earlier would stall the device between the passes); a non-finite loss still stops
+    // before the update.
     MemoryTracker::reset_peak(c.device);
-    grads.backward(result, loss, micro);
+    const double loss = grads.backward(result, micro);
     o.peak_backward = std::max(o.peak_backward, MemoryTracker::peak_bytes(c.device));
     result.loss = at::Tensor();
+    if (!std::isfinite(loss)) {
+      c.optimizer.zero_grad();
+      throw NonFiniteLoss(loss, step);
+    }
   }
   grads.synchronize(o);
 
   MemoryTracker::reset_peak(c.device);
-  const double clip = c.grad_clip > 0 ? c.grad_clip : std::numeric_limits<double>::infinity();
-  o.grad_norm = torch::nn::utils::clip_grad_norm_(c.params, clip);
-  c.optimizer.step();
-  c.optimizer.zero_grad(/*set_to_none=*/true);
+  const at::Tensor norm = c.optimizer.step(o.lr, c.grad_clip);
+  c.optimizer.zero_grad();
   o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
+  o.grad_norm = norm.item<double>();
   if (c.device.is_cuda()) torch::cuda::synchronize();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return o;

@@ -24,7 +24,7 @@ struct StepContext {
   BatchSource& batches;
   AttentionDispatcher& dispatcher;
   KernelLedger& ledger;
-  torch::optim::Optimizer& optimizer;
+  TrainOptimizer& optimizer;
   std::vector<at::Tensor>& params;
   at::Generator& anchors;  // the trainer's generator for anchors and the like
   Schedule schedule;

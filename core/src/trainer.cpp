@@ -11,6 +11,7 @@
 #include "memory.hpp"
 #include "optimizer.hpp"
 #include "rank_stats.hpp"
+#include "profile.hpp"
 #include "resume.hpp"
 #include "rng_state.hpp"
 #include "run_errors.hpp"
@@ -107,7 +108,7 @@ class Trainer {
   LogShape shape_;
   OpenedLog log_;
   std::vector<at::Tensor> params_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<TrainOptimizer> optimizer_;
   at::Generator anchors_;
   RunCheckpoint checkpoint_;
   int64_t steps_ = 0, first_step_ = 0, current_step_ = -1, last_checkpoint_ = 0;
@@ -191,15 +192,21 @@ void Trainer::prepare() {
   const int64_t accumulate = setup_.experiment.optimizer().integer("accumulate");
   resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), drafter.parameters(),
                               plugins_.ctx.say);
-  shape_ = LogShape{drafter.attention_layers() + plugins_.target_calls, drafter.positions(), drafter.scalar_names(),
-                    plugins_.target != nullptr, dist_->world(), accumulate};
+  // Ledger columns: the drafter's attention calls, the target's, then the LM-head loss.
+  const int64_t loss_column = drafter.attention_layers() + plugins_.target_calls;
+  const Config& loss = setup_.experiment.loss();
+  dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column);
+  std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n"
+            << "precision: " << plugins_.precision.describe() << std::endl;
+  shape_ = LogShape{loss_column, drafter.positions(), drafter.scalar_names(), plugins_.target != nullptr,
+                    dist_->world(), accumulate};
   if (root()) {
     if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
     log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
   }
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
-  optimizer_ = make_optimizer(params_, setup_.experiment.optimizer());
+  optimizer_ = make_optimizer(params_, setup_.experiment.optimizer(), plugins_.precision.master, plugins_.precision.fused);
   const uint64_t seed = static_cast<uint64_t>(run_table().integer("seed"));
   anchors_ = at::make_generator<at::CPUGeneratorImpl>(seed + 0x5eed);
   const PluginUse& d = setup_.use(PluginKind::drafter);
@@ -253,12 +260,15 @@ int Trainer::train() {
                            make_schedule(setup_.experiment.optimizer(), steps_),
                            setup_.experiment.optimizer().real("grad_clip"),
                            plugins_.ctx.device,
-                           shape_.layers,
+                           shape_.layers + 1,  // + the loss's ledger column
                            grads_.get()};
   std::unique_ptr<StepRecorder> recorder;
   if (root())
     recorder =
         std::make_unique<StepRecorder>(*log_.log, ledger_, shape_, static_cast<int64_t>(log_.kernel_names.size()));
+  const std::string trace = resume_.log_path.substr(0, resume_.log_path.size() - 3) + ".trace.json";
+  StepProfiler profiler(options_.profile.empty() || !root() ? ProfileWindow{} : parse_profile_window(options_.profile),
+                        trace);
   for (int64_t step = first_step_; step < steps_; ++step) {
     current_step_ = step;
     if (const int signal = agreed_signal(interrupts.pending())) {
@@ -270,7 +280,9 @@ int Trainer::train() {
     }
     StepOutcome outcome;
     try {
+      profiler.before_step(step);
       outcome = train_step(step_context, step);
+      profiler.after_step(step);
     } catch (const NonFiniteLoss& e) {
       events_.add(step, "nan", "loss is " + std::to_string(e.loss) + " at step " + std::to_string(step));
       throw;
@@ -307,7 +319,7 @@ void Trainer::validate(int64_t done) {
                             ledger_,
                             setup_.experiment.eval(),
                             static_cast<uint64_t>(run_table().integer("seed")),
-                            shape_.layers,
+                            shape_.layers + 1,  // + the loss's ledger column
                             shape_.positions};
   const std::optional<EvalResult> r = evaluate(context, done);
   if (!r) {

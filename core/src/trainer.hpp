@@ -29,6 +29,7 @@ struct RunOptions {
   int64_t steps = -1;                     // overrides [run].steps
   std::vector<std::string> plugin_paths;  // --plugin-path
   std::string resume;                     // "", "latest" or a checkpoint folder
+  std::string profile;                    // --profile A:B ("" = none)
 };
 
 // Exit codes: 0 finished; 1 error before or during the run (the log keeps every

@@ -11,7 +11,9 @@
 //            Which key a query sees is the mask generator's business ("dflash": block b
 //            sees context positions < anchor_b and its own block); attention runs
 //            through the engine's dispatcher.
-//   output   logits = lm_head(RMSNorm(x)) with the target's frozen LM head.
+//   output   logits = lm_head(RMSNorm(x)) with the target's frozen LM head, for the rows
+//            that carry loss only, through the engine's LM-head loss op (chunked or
+//            reference, [loss] in the experiment; the logits are never the drafter's).
 //   loss     block position j (1..BS-1) predicts the token at anchor_b + j with weight
 //            exp(-(j-1)/gamma); sum(w * CE) / sum(w) over the counted positions.
 // The target's embedding and LM head are detached copies: never parameters, never a
@@ -31,6 +33,54 @@
 
 namespace flashdraft {
 namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// silu(gate) * up, saving only gate and up (the product and silu(gate) are recomputed
+// in the backward: two [tokens, ffn] tensors fewer per layer than autograd would keep).
+struct SwiGLU : public torch::autograd::Function<SwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return at::silu(gate) * up;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = saved[0];
+    const at::Tensor& u = saved[1];
+    const at::Tensor& dy = grads[0];
+    const at::Tensor sig = at::sigmoid(g);
+    const at::Tensor d_up = dy * (g * sig);
+    // d silu(g) / dg = sig * (1 + g * (1 - sig))
+    const at::Tensor d_gate = dy * u * (sig * (1 + g * (1 - sig)));
+    return {d_gate, d_up};
+  }
+};
+
+// RoPE in the rotate-half layout, x * cos + rotate_half(x) * sin, saving only the tables.
+// Its backward is the rotation by -angle: with halves y1 = x1 c - x2 s, y2 = x2 c + x1 s,
+// dx1 = dy1 c + dy2 s and dx2 = dy2 c - dy1 s, i.e. dy * cos - rotate_half(dy * sin).
+struct Rope : public torch::autograd::Function<Rope> {
+  static at::Tensor rotate_half(const at::Tensor& x) {
+    const int64_t half = x.size(-1) / 2;
+    return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  }
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return x * cos + rotate_half(x) * sin;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& cos = saved[0];
+    const at::Tensor& sin = saved[1];
+    const at::Tensor& dy = grads[0];
+    // rotate_half^T(v) = [v2, -v1]: the transpose of the rotation, applied to dy * sin.
+    const at::Tensor ds = dy * sin;
+    const int64_t half = ds.size(-1) / 2;
+    const at::Tensor rot_t = at::cat({ds.narrow(-1, half, half), -ds.narrow(-1, 0, half)}, -1);
+    return {dy * cos + rot_t, at::Tensor(), at::Tensor()};
+  }
+};
 
 struct Layer {
   at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj,
@@ -204,28 +254,57 @@ class DFlashDrafter final : public Drafter {
   StepResult step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) override {
     std::optional<at::NoGradGuard> no_grad;
     if (!training) no_grad.emplace();
-    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = anchors_, BS = block_size_;
-    const int64_t L = N * BS;
+    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
     if (batch.hidden.dim() != 4 || batch.hidden.size(0) != B || batch.hidden.size(1) != S)
       throw std::invalid_argument("batch hidden states must be [B, S, E, H] = [" + std::to_string(B) + ", " +
                                   std::to_string(S) + ", E, H]");
-    if (BS > S)
-      throw std::invalid_argument("block_size " + std::to_string(BS) + " is larger than the batch's sequence length " +
-                                  std::to_string(S));
+    if (block_size_ > S)
+      throw std::invalid_argument("block_size " + std::to_string(block_size_) +
+                                  " is larger than the batch's sequence length " + std::to_string(S));
+    const StepPlan plan = plan_step(batch, rng);
+    attention.set_mask(plan.input);
+    const at::Tensor x = decoder(batch, plan, attention);
+    return loss_and_metrics(x, plan, attention, training);
+  }
 
-    // --- anchors and labels (host side) -------------------------------------------------
+ private:
+  // The host side of a step: anchors, the mask's input, the block tokens and positions,
+  // and the rows that carry loss (label >= 0) with their labels, weights and positions.
+  struct StepPlan {
+    MaskInput input;
+    at::Tensor block_tokens, block_pos;           // [B, L] int64 (tokens on the device)
+    at::Tensor labels;                            // [B, L] int64 on the host
+    at::Tensor rows, row_labels, row_weights;     // [R] on the device: flat index into B*L, label, weight
+    at::Tensor row_position;                      // [R] int64 on the device: block position j
+    std::vector<int64_t> position_count;          // per j in 0..BS-1: rows that carry loss
+    double weight_sum = 0;
+  };
+
+  // Host tensor -> the run's device without waiting for the device's queue.
+  at::Tensor to_device(const at::Tensor& t) const {
+    return device_.is_cuda() ? t.pin_memory().to(device_, /*non_blocking=*/true) : t;
+  }
+
+  StepPlan plan_step(const Batch& batch, at::Generator& rng) const {
+    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = anchors_, BS = block_size_, L = N * BS;
     const at::Tensor tokens_cpu = batch.tokens.to(at::kCPU, at::kLong).contiguous();
     const at::Tensor mask_cpu = batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous() : at::Tensor();
     const at::Tensor len_cpu = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
-    MaskInput input;
-    input.batch = B;
-    input.q_len = L;
-    input.kv_len = S + L;
-    input.context_len = S;
-    input.block_size = BS;
-    std::vector<int64_t> block_tokens(static_cast<size_t>(B * L), mask_token_), positions(static_cast<size_t>(B * L));
-    std::vector<int64_t> labels(static_cast<size_t>(B * L));
-    std::vector<double> weights(static_cast<size_t>(B * L));
+    StepPlan plan;
+    plan.input.batch = B;
+    plan.input.q_len = L;
+    plan.input.kv_len = S + L;
+    plan.input.context_len = S;
+    plan.input.block_size = BS;
+    plan.position_count.assign(static_cast<size_t>(BS), 0);
+    const auto long_opts = at::TensorOptions().dtype(at::kLong);
+    at::Tensor block_tokens = at::full({B * L}, mask_token_, long_opts), positions = at::empty({B * L}, long_opts);
+    plan.labels = at::empty({B * L}, long_opts);
+    int64_t* tok_out = block_tokens.data_ptr<int64_t>();
+    int64_t* pos_out = positions.data_ptr<int64_t>();
+    int64_t* lab_out = plan.labels.data_ptr<int64_t>();
+    std::vector<int64_t> rows, row_labels, row_position;
+    std::vector<float> row_weights;
     auto draw = [&](int64_t k) { return at::randint(k, {1}, rng, at::kLong).item<int64_t>(); };
     for (int64_t b = 0; b < B; ++b) {
       const int64_t* tok = tokens_cpu.data_ptr<int64_t>() + b * S;
@@ -235,35 +314,44 @@ class DFlashDrafter final : public Drafter {
       dflash::BlockLabels bl = dflash::block_labels(tok, lm, length, a, BS, gamma_);
       for (int64_t n = 0; n < N; ++n)
         for (int64_t j = 0; j < BS; ++j) {
-          const size_t slot = static_cast<size_t>(b * L + n * BS + j);
-          positions[slot] = a.anchors[static_cast<size_t>(n)] + j;
-          if (j == 0) block_tokens[slot] = tok[std::min(a.anchors[static_cast<size_t>(n)], S - 1)];
-          labels[slot] = bl.labels[static_cast<size_t>(n * BS + j)];
-          weights[slot] = bl.weights[static_cast<size_t>(n * BS + j)];
+          const int64_t slot = b * L + n * BS + j, k = n * BS + j;
+          pos_out[slot] = a.anchors[static_cast<size_t>(n)] + j;
+          if (j == 0) tok_out[slot] = tok[std::min(a.anchors[static_cast<size_t>(n)], S - 1)];
+          lab_out[slot] = bl.labels[static_cast<size_t>(k)];
+          if (lab_out[slot] < 0) continue;
+          rows.push_back(slot);
+          row_labels.push_back(lab_out[slot]);
+          row_weights.push_back(static_cast<float>(bl.weights[static_cast<size_t>(k)]));
+          row_position.push_back(j);
+          plan.weight_sum += bl.weights[static_cast<size_t>(k)];
+          ++plan.position_count[static_cast<size_t>(j)];
         }
-      input.anchors.push_back(a.anchors);
-      input.block_valid.push_back(a.valid);
+      plan.input.anchors.push_back(a.anchors);
+      plan.input.block_valid.push_back(a.valid);
     }
-    attention.set_mask(input);
+    plan.block_tokens = to_device(block_tokens.view({B, L}));
+    plan.block_pos = positions.view({B, L});
+    plan.labels = plan.labels.view({B, L});
+    plan.rows = to_device(at::tensor(rows, long_opts));
+    plan.row_labels = to_device(at::tensor(row_labels, long_opts));
+    plan.row_weights = to_device(at::tensor(row_weights, at::TensorOptions().dtype(at::kFloat)));
+    plan.row_position = to_device(at::tensor(row_position, long_opts));
+    return plan;
+  }
 
+  // The context features and the decoder layers: the block tokens' final states [B, L, H].
+  at::Tensor decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const {
+    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), L = anchors_ * block_size_;
     const auto long_opts = at::TensorOptions().dtype(at::kLong);
-    const at::Tensor block_tok = at::tensor(block_tokens, long_opts).view({B, L}).to(device_);
-    const at::Tensor block_pos = at::tensor(positions, long_opts).view({B, L});
-    const at::Tensor label_t = at::tensor(labels, long_opts).view({B, L}).to(device_);
-    const at::Tensor weight_t = at::tensor(weights, at::TensorOptions().dtype(at::kDouble)).view({B, L});
-    const at::Tensor context_pos = at::arange(S, long_opts).unsqueeze(0).expand({B, S});
-
-    // --- context features ---------------------------------------------------------------
-    const at::Tensor index = at::tensor(feature_index_, long_opts).to(batch.hidden.device());
-    at::Tensor feats = batch.hidden.index_select(2, index).reshape({B, S, -1}).to(device_, dtype_);
+    const at::Tensor index = at::tensor(feature_index_, long_opts);
+    const at::Tensor feats = batch.hidden.index_select(2, batch.hidden.is_cuda() ? to_device(index) : index)
+                                 .reshape({B, S, -1})
+                                 .to(device_, dtype_);
     const at::Tensor context = rms_norm(at::linear(feats, fc_), hidden_norm_);
-
-    const auto [cos_c, sin_c] = rope_tables(context_pos);
-    const auto [cos_b, sin_b] = rope_tables(block_pos);
+    const auto [cos_c, sin_c] = rope_tables(at::arange(S, long_opts).unsqueeze(0).expand({B, S}));
+    const auto [cos_b, sin_b] = rope_tables(plan.block_pos);
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-
-    // --- decoder layers -------------------------------------------------------------------
-    at::Tensor x = embedding_.index_select(0, block_tok.reshape({-1})).view({B, L, hidden_});
+    at::Tensor x = embedding_.index_select(0, plan.block_tokens.reshape({-1})).view({B, L, hidden_});
     for (int64_t l = 0; l < layers_n_; ++l) {
       const Layer& P = layers_[static_cast<size_t>(l)];
       const at::Tensor h = rms_norm(x, P.input_norm);
@@ -279,46 +367,69 @@ class DFlashDrafter final : public Drafter {
       const at::Tensor a = attention.attention(l, q.contiguous(), k.contiguous(), v.contiguous(), scale);
       x = x + at::linear(a.transpose(1, 2).reshape({B, L, heads_ * head_dim_}), P.o_proj);
       const at::Tensor h2 = rms_norm(x, P.post_norm);
-      x = x + at::linear(at::silu(at::linear(h2, P.gate_proj)) * at::linear(h2, P.up_proj), P.down_proj);
+      x = x + at::linear(SwiGLU::apply(at::linear(h2, P.gate_proj), at::linear(h2, P.up_proj)), P.down_proj);
     }
-    at::Tensor logits = at::linear(rms_norm(x, final_norm_), lm_head_);  // [B, L, V]
-    const bool reduced = dtype_ == at::kHalf || dtype_ == at::kBFloat16;
-    if (reduced) logits = logits.to(at::kFloat);
+    return x;
+  }
 
-    // --- loss: sum_j w_j CE_j / sum_j w_j over counted positions --------------------------
-    const at::Tensor counted = label_t.ge(0);
-    const at::Tensor logp = at::log_softmax(logits, -1);
-    const at::Tensor nll = -logp.gather(-1, label_t.clamp_min(0).unsqueeze(-1)).squeeze(-1);
-    const double weight_sum = weight_t.sum().item<double>();
-    const at::Tensor w = weight_t.to(device_, logits.scalar_type());
+  // The loss through the engine's LM-head op over the rows that carry one (position 0
+  // and unlabelled rows never reach the LM head), and the metrics: per position j,
+  // argmax == label over the counted rows (0 when a position has none).
+  StepResult loss_and_metrics(const at::Tensor& x, const StepPlan& plan, AttentionContext& attention,
+                              bool training) const {
+    const int64_t B = x.size(0), L = x.size(1), N = anchors_, BS = block_size_;
+    const at::Tensor final_states = rms_norm(x, final_norm_).view({B * L, hidden_});
     StepResult result;
-    result.loss = (nll * w).sum() / (weight_sum > 0 ? weight_sum : 1.0);
-    result.loss_weight = weight_sum;
-
-    // --- metrics: per position j, argmax == label over the counted slots (0 when a
-    // position has none, e.g. every block of the batch is padding) ------------------------
-    const at::Tensor pred = logits.detach().argmax(-1);
-    const at::Tensor correct = (pred.eq(label_t) & counted).view({B, N, BS}).sum(at::IntArrayRef{0, 1}).to(at::kCPU, at::kLong);
-    const at::Tensor count = counted.view({B, N, BS}).sum(at::IntArrayRef{0, 1}).to(at::kCPU, at::kLong);
-    for (int64_t j = 1; j < BS; ++j) {
-      const int64_t c = count[j].item<int64_t>();
-      result.position_accuracy.push_back(c > 0 ? double(correct[j].item<int64_t>()) / double(c) : 0.0);
-      result.tokens += c;
+    at::Tensor hits;
+    if (plan.rows.numel() > 0) {
+      LmHeadLossInput in;
+      in.hidden = final_states.index_select(0, plan.rows);
+      in.weight = lm_head_;
+      in.labels = plan.row_labels;
+      in.row_weights = plan.row_weights;
+      in.weight_sum = plan.weight_sum;
+      const LmHeadLossOutput out = attention.lm_head_loss(in);
+      result.loss = out.loss;
+      result.loss_weight = plan.weight_sum;
+      hits = at::zeros({BS}, plan.rows.options()).index_add_(0, plan.row_position, out.argmax.eq(plan.row_labels).to(at::kLong));
+      if (!training) {
+        // Validation: the block proposals, so the engine can measure the exact greedy
+        // acceptance length (rows without a label keep -1: they end a block anyway).
+        result.predictions = at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, out.argmax)
+                                 .view({B, N, BS}).to(at::kCPU);
+      }
+    } else {
+      result.loss = (final_states.sum() * 0.0).to(at::kFloat);  // nothing to learn; keeps the graph
+      result.loss_weight = 0;
+      hits = at::zeros({BS}, at::TensorOptions().dtype(at::kLong).device(device_));
+      if (!training) result.predictions = at::full({B, N, BS}, int64_t{-1}, at::TensorOptions().dtype(at::kLong));
     }
-    result.scalars.emplace_back("tau_sim", simulated_tau(result.position_accuracy));
     if (!training) {
-      // Validation: the block proposals, so the engine can measure the exact greedy
-      // acceptance length (leading matches with the target's tokens at anchor + j).
-      result.predictions = pred.view({B, N, BS}).to(at::kCPU);
-      result.labels = label_t.view({B, N, BS}).to(at::kCPU);
+      result.labels = plan.labels.view({B, N, BS});
       std::vector<uint8_t> valid;
-      for (const auto& v : input.block_valid) valid.insert(valid.end(), v.begin(), v.end());
+      for (const auto& v : plan.input.block_valid) valid.insert(valid.end(), v.begin(), v.end());
       result.block_valid = at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
     }
+    const std::vector<int64_t> count = plan.position_count;
+    auto fill = [hits, count, BS](StepResult& r) {
+      const at::Tensor h = hits.to(at::kCPU);
+      r.position_accuracy.clear();
+      r.tokens = 0;
+      for (int64_t j = 1; j < BS; ++j) {
+        const int64_t c = count[static_cast<size_t>(j)];
+        r.position_accuracy.push_back(c > 0 ? double(h[j].item<int64_t>()) / double(c) : 0.0);
+        r.tokens += c;
+      }
+      r.scalars = {{"tau_sim", simulated_tau(r.position_accuracy)}};
+    };
+    // On CUDA the metrics are read after the backward has been queued (see StepResult).
+    if (training && device_.is_cuda())
+      result.deferred = fill;
+    else
+      fill(result);
     return result;
   }
 
- private:
   void check_hidden(int64_t hidden) const {
     if (hidden % heads_ != 0)
       config_.fail(config_.given("hidden") ? "hidden" : "heads",
@@ -326,12 +437,11 @@ class DFlashDrafter final : public Drafter {
                        " (accepted: a number of heads that divides the hidden size)");
   }
 
-  // RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w, in fp32 for 16-bit types.
+  // RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w, normalised in float32 for
+  // 16-bit types, the weight applied in the compute dtype (ATen's rms_norm: one fused
+  // kernel forward and backward on CUDA).
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const {
-    const bool reduced = x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
-    const at::Tensor xf = reduced ? x.to(at::kFloat) : x;
-    const at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps_);
-    return (reduced ? y.to(x.scalar_type()) : y) * w;
+    return at::rms_norm(x, {x.size(-1)}, w, eps_);
   }
 
   // [B, T, heads * D] -> [B, heads, T, D]
@@ -346,14 +456,13 @@ class DFlashDrafter final : public Drafter {
     const at::Tensor inv = at::pow(rope_theta_, -at::arange(0, head_dim_, 2, dopts) / double(head_dim_));
     const at::Tensor ang = pos.to(at::kDouble).unsqueeze(-1) * inv;  // [B, T, D/2]
     const at::Tensor full = at::cat({ang, ang}, -1).unsqueeze(1);     // [B, 1, T, D]
-    return {full.cos().to(device_, dtype_), full.sin().to(device_, dtype_)};
+    return {to_device(full.cos().to(dtype_)), to_device(full.sin().to(dtype_))};
   }
 
-  // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for halves x1, x2.
+  // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for halves x1, x2 (the
+  // autograd function above keeps only the tables for its backward).
   static at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    const int64_t half = x.size(-1) / 2;
-    const at::Tensor rot = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-    return x * cos + rot * sin;
+    return Rope::apply(x, cos, sin);
   }
 
   Config config_;

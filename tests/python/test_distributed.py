@@ -163,9 +163,12 @@ def test_two_ranks_equal_one_process_over_the_union(tmp_path):
     shown = subprocess.run([str(CLI), "inspect", str(tmp_path / "dp" / "dp.h5")], capture_output=True, text=True)
     assert "ranks     2 (accumulate 1); weights identical on every rank after every step: yes" in shown.stdout, \
         shown.stdout + shown.stderr
-    # Both ranks ran flash_cpu in every layer, forward and backward.
+    # Both ranks ran flash_cpu in every layer and the LM-head loss, forward and backward:
+    # per rank, its attention call then the loss.
     ids = a["ranks/kernels_forward"]
-    assert ids.shape == (10, 2) and (ids[:, 0] == ids[:, 1]).all() and (ids >= 0).all(), ids
+    assert ids.shape == (10, 4), ids.shape
+    ids = ids.reshape(10, 2, 2)
+    assert (ids[:, 0] == ids[:, 1]).all() and (ids >= 0).all(), ids
 
 
 def test_the_union_is_not_the_first_rank_alone(tmp_path):
@@ -375,8 +378,10 @@ def test_a_rank_running_another_kernel_variant(tmp_path, policy):
             ids = f["ranks/kernels_forward"][:]
             kinds = [k.decode() for k in f["events/kind"][:]]
             messages = [m.decode() for m in f["events/message"][:]]
+        # per rank: its attention call, then the LM-head loss
         assert all(names[i].startswith("flash_cpu/") for i in ids[:, 0]), (names, ids)
-        assert all(names[i].startswith("dense_ref") for i in ids[:, 1]), (names, ids)
+        assert all(names[i].startswith("dense_ref") for i in ids[:, 2]), (names, ids)
+        assert all(names[i] == "lm_head_ce/chunked" for i in ids[:, 1]) and (ids[:, 1] == ids[:, 3]).all(), (names, ids)
         assert kinds.count("fallback") == 3 and "rank 1 ran 'dense_ref'" in messages[kinds.index("fallback")]
 
 

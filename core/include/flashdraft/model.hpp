@@ -67,7 +67,24 @@ class FLASHDRAFT_API Dataset : public PluginObject {
   virtual std::string source() const = 0;
 };
 
-// The engine side of a drafter's step: mask building and attention go through it.
+// The loss over the target's frozen LM head, for the rows that carry one:
+//   loss = sum_r w_r * CE(hidden_r W^T, label_r) / weight_sum
+// The engine runs it (a dispatched op, like attention: its variant is chosen before step
+// 0 from [loss] and recorded per step in the ledger, forward and backward).
+struct LmHeadLossInput {
+  at::Tensor hidden;       // [R, H] (differentiable): the rows, after the drafter's final norm
+  at::Tensor weight;       // [V, H] the frozen LM head (no gradient is computed for it)
+  at::Tensor labels;       // [R] int64 in [0, V)
+  at::Tensor row_weights;  // [R] float32 loss weight of each row
+  double weight_sum = 1;   // the normaliser (> 0)
+};
+struct LmHeadLossOutput {
+  at::Tensor loss;    // float32 scalar, differentiable with respect to hidden
+  at::Tensor argmax;  // [R] int64: the LM head's greedy token of each row (no gradient)
+};
+
+// The engine side of a drafter's step: mask building, attention and the LM-head loss
+// go through it.
 class FLASHDRAFT_API AttentionContext {
  public:
   virtual ~AttentionContext() = default;
@@ -78,6 +95,8 @@ class FLASHDRAFT_API AttentionContext {
   // q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lkv, D].
   virtual at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, double scale) = 0;
+  // The LM-head cross-entropy through the chosen loss variant (see LmHeadLossInput).
+  virtual LmHeadLossOutput lm_head_loss(const LmHeadLossInput& input) = 0;
 };
 
 // The frozen target model, run online: each step it computes the hidden states the
@@ -115,6 +134,10 @@ struct StepResult {
   at::Tensor labels;       // [B, N, BS] int64: the target's token there, -1 = none
                            // (position 0, past the sequence, outside the loss mask)
   at::Tensor block_valid;  // [B, N] bool: real blocks (false = padding blocks)
+  // Optional: fills position_accuracy, scalars and tokens from device tensors. The engine
+  // calls it after the backward and the optimizer step have been queued, so that reading
+  // the metrics does not stall the device between the passes. Empty: they are filled.
+  std::function<void(StepResult&)> deferred;
 };
 
 class FLASHDRAFT_API Drafter : public PluginObject {

@@ -1,0 +1,62 @@
+// The LM-head cross-entropy as a dispatched op (the drafter calls it through its
+// AttentionContext; see LmHeadLossInput in model.hpp). Two variants:
+//   reference  the full logits [R, V] in the compute dtype, log-softmax in float32, the
+//              weighted NLL; autograd through ordinary ATen ops (R x V floats, several
+//              copies: the plain definition, for checks and small runs).
+//   chunked    rows in chunks of `chunk_rows`: per chunk the logits, their float32
+//              log-softmax, the NLL, the argmax and, when a gradient is wanted, the
+//              gradient with respect to the chunk's hidden rows (softmax - onehot, times
+//              the row weight over weight_sum, times the LM head) are computed and the
+//              chunk's logits freed. Backward scales that saved gradient. Never more than
+//              one chunk of logits exists; the logits are computed once (no recompute).
+// Both compute logits as hidden W^T in the compute dtype and the softmax in float32, so
+// they differ by summation order only.
+#pragma once
+
+#include <flashdraft/export.hpp>
+#include <flashdraft/model.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace flashdraft {
+
+// The variant names as the ledger records them.
+inline constexpr const char* kLossReference = "lm_head_ce/reference";
+inline constexpr const char* kLossChunked = "lm_head_ce/chunked";
+
+// Rows per chunk when [loss] chunk_rows = 0: float32 logits of one chunk stay within
+// about `budget_bytes`, 512 MiB by default (at least 16 rows, a multiple of 16).
+FLASHDRAFT_API int64_t auto_chunk_rows(int64_t vocab, int64_t budget_bytes = int64_t(1) << 29);
+
+// The plain definition (also the oracle of the tests).
+FLASHDRAFT_API LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in);
+
+// The chunked variant. `on_backward` (optional) runs when its backward runs.
+FLASHDRAFT_API LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_rows,
+                                                     std::function<void()> on_backward = {});
+
+// Checks the input's shapes and dtypes; throws std::invalid_argument naming the tensor.
+FLASHDRAFT_API void check_lm_head_loss_input(const LmHeadLossInput& in);
+
+// The op as the engine runs it: the chosen variant, with every forward and backward
+// reported to `note(phase_is_backward, variant)` (the dispatcher records it in the
+// ledger and applies the fallback policy).
+class FLASHDRAFT_API LmHeadLoss {
+ public:
+  using Note = std::function<void(bool backward, const std::string& variant)>;
+  // `variant`: "chunked" or "reference"; chunk_rows 0 = auto.
+  LmHeadLoss(std::string variant, int64_t chunk_rows, Note note);
+  LmHeadLossOutput operator()(const LmHeadLossInput& in);
+  const std::string& variant() const { return variant_; }  // "lm_head_ce/..."
+  std::string describe(int64_t vocab) const;                // for the selection report
+
+ private:
+  std::string variant_;
+  int64_t chunk_rows_;
+  Note note_;
+};
+
+}  // namespace flashdraft

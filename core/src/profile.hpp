@@ -1,0 +1,40 @@
+// `flashdraft run --profile A:B`: LibTorch's profiler (Kineto) over steps A..B-1. Writes
+// a Chrome trace next to the log and prints where the device time went, per op family
+// (matrix products, attention, LM-head loss parts, norms, elementwise, copies, optimizer),
+// as milliseconds per step and shares of the device's busy time.
+#pragma once
+
+#include <flashdraft/export.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace flashdraft {
+
+struct ProfileWindow {
+  int64_t first = -1, last = -1;  // steps [first, last); first < 0: no profiling
+  bool on() const { return first >= 0 && last > first; }
+};
+
+// Parses "A:B" (0-based steps, B exclusive) or "A" (one step); throws
+// std::invalid_argument with a sentence.
+FLASHDRAFT_API ProfileWindow parse_profile_window(const std::string& text);
+
+class FLASHDRAFT_API StepProfiler {
+ public:
+  StepProfiler(ProfileWindow window, std::string trace_path);
+  ~StepProfiler();
+  void before_step(int64_t step);
+  // Stops after the window's last step: saves the trace and prints the table.
+  void after_step(int64_t step);
+
+ private:
+  ProfileWindow window_;
+  std::string trace_path_;
+  bool active_ = false;
+  double wall_ms_ = 0;
+  int64_t wall_start_ns_ = 0;
+};
+
+}  // namespace flashdraft

@@ -1,0 +1,166 @@
+// The LM-head loss variants: chunked against the reference (loss, gradient with respect
+// to the hidden rows, argmax) on fresh random inputs, CPU and (where there is one) CUDA;
+// input checks; and the dispatcher's ledger entries and fallback policy for the op.
+#include "dispatch.hpp"
+#include "lm_head_loss.hpp"
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using namespace flashdraft;
+
+namespace {
+
+struct Problem {
+  at::Tensor hidden, weight, labels, row_weights;
+  double weight_sum = 0;
+};
+
+// Random rows, LM head, labels and weights exp(-(j-1)/7) of random positions j.
+Problem random_problem(int64_t rows, int64_t hidden, int64_t vocab, at::ScalarType dtype, c10::Device device,
+                       uint64_t seed) {
+  at::manual_seed(seed);
+  const auto f = at::TensorOptions().dtype(at::kFloat);
+  Problem p;
+  p.hidden = at::randn({rows, hidden}, f).to(device, dtype);
+  p.weight = (at::randn({vocab, hidden}, f) * (2.0 / std::sqrt(double(hidden)))).to(device, dtype);
+  p.labels = at::randint(vocab, {rows}, at::TensorOptions().dtype(at::kLong)).to(device);
+  const at::Tensor j = at::randint(1, 16, {rows}, f);
+  p.row_weights = at::exp(-(j - 1) / 7.0).to(device);
+  p.weight_sum = p.row_weights.sum().item<double>();
+  return p;
+}
+
+LmHeadLossInput input_of(const Problem& p, const at::Tensor& hidden) {
+  return LmHeadLossInput{hidden, p.weight, p.labels, p.row_weights, p.weight_sum};
+}
+
+struct Result {
+  double loss;
+  at::Tensor grad, argmax;
+};
+
+template <class F>
+Result run(const Problem& p, F&& variant) {
+  at::Tensor h = p.hidden.detach().clone().set_requires_grad(true);
+  LmHeadLossOutput out = variant(input_of(p, h));
+  out.loss.backward();
+  return {out.loss.item<double>(), h.grad().to(at::kCPU, at::kFloat), out.argmax.to(at::kCPU)};
+}
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+void compare(const Problem& p, int64_t chunk, double loss_tol, double grad_tol, double argmax_agree) {
+  const Result ref = run(p, [](const LmHeadLossInput& in) { return lm_head_loss_reference(in); });
+  const Result chk = run(p, [chunk](const LmHeadLossInput& in) { return lm_head_loss_chunked(in, chunk); });
+  EXPECT_NEAR(chk.loss, ref.loss, loss_tol * std::abs(ref.loss)) << "chunk " << chunk;
+  EXPECT_LE(max_rel(chk.grad, ref.grad), grad_tol) << "chunk " << chunk;
+  const double agree = chk.argmax.eq(ref.argmax).to(at::kDouble).mean().item<double>();
+  EXPECT_GE(agree, argmax_agree) << "chunk " << chunk;
+  // Not a vacuous comparison: the gradient is not zero and the loss is a real CE.
+  EXPECT_GT(ref.grad.abs().max().item<double>(), 0.0);
+  EXPECT_GT(ref.loss, 1.0);
+}
+
+}  // namespace
+
+TEST(LmHeadLoss, ChunkedMatchesReferenceFloat32Cpu) {
+  // Uneven chunks (37 rows in 16s), one chunk, and a chunk per row.
+  const Problem p = random_problem(37, 48, 301, at::kFloat, c10::kCPU, 11);
+  for (int64_t chunk : {16, 37, 64, 1}) compare(p, chunk, 1e-6, 1e-5, 1.0);
+}
+
+TEST(LmHeadLoss, ChunkedMatchesReferenceBFloat16Cpu) {
+  // Both round the logits to bf16 (8-bit mantissa: half an ulp is 2^-9 relative) after a
+  // GEMM whose blocking depends on the number of rows, so a logit can differ by one bf16
+  // ulp between a chunk and the whole; the float32 softmax is the same. That bounds the
+  // loss difference near 1e-3 relative (float32 inputs above agree to 1e-6).
+  const Problem p = random_problem(64, 64, 512, at::kBFloat16, c10::kCPU, 12);
+  compare(p, 24, 2e-3, 2e-2, 0.98);
+}
+
+TEST(LmHeadLoss, ChunkedMatchesReferenceCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Problem f = random_problem(1000, 256, 32000, at::kFloat, c10::Device(c10::kCUDA, 0), 13);
+  compare(f, 128, 1e-5, 1e-4, 1.0);
+  const Problem b = random_problem(1000, 256, 32000, at::kBFloat16, c10::Device(c10::kCUDA, 0), 14);
+  compare(b, 96, 2e-3, 3e-2, 0.98);  // bf16 logits: see the CPU bfloat16 test
+}
+
+TEST(LmHeadLoss, AutoChunkKeepsFloat32LogitsNearHalfAGiB) {
+  const int64_t rows = auto_chunk_rows(151936);
+  EXPECT_EQ(rows % 16, 0);
+  EXPECT_LE(rows * 151936 * 4, int64_t(1) << 29);
+  EXPECT_GT(rows * 151936 * 4, (int64_t(1) << 29) - 16 * 151936 * 4);
+  EXPECT_EQ(auto_chunk_rows(1 << 30), 16);  // at least 16 rows
+}
+
+TEST(LmHeadLoss, ChunkedWithoutGradientHasNoGraph) {
+  const Problem p = random_problem(20, 16, 50, at::kFloat, c10::kCPU, 15);
+  const LmHeadLossOutput out = lm_head_loss_chunked(input_of(p, p.hidden), 8);
+  EXPECT_FALSE(out.loss.requires_grad());
+  const LmHeadLossOutput ref = lm_head_loss_reference(input_of(p, p.hidden));
+  EXPECT_NEAR(out.loss.item<double>(), ref.loss.item<double>(), 1e-6 * ref.loss.item<double>());
+  EXPECT_TRUE(out.argmax.equal(ref.argmax));
+}
+
+TEST(LmHeadLoss, BadInputsAreRefusedWithASentence) {
+  const Problem p = random_problem(8, 16, 50, at::kFloat, c10::kCPU, 16);
+  auto message = [&](LmHeadLossInput in) {
+    try {
+      lm_head_loss_chunked(in, 4);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  LmHeadLossInput in = input_of(p, p.hidden);
+  in.weight = at::randn({50, 17});
+  EXPECT_NE(message(in).find("the LM head must be [V, 16], got [50, 17]"), std::string::npos) << message(in);
+  in = input_of(p, p.hidden);
+  in.labels = p.labels.narrow(0, 0, 5);
+  EXPECT_NE(message(in).find("labels must be int64 [8], got [5]"), std::string::npos) << message(in);
+  in = input_of(p, p.hidden);
+  in.weight_sum = 0;
+  EXPECT_NE(message(in).find("weight_sum must be positive"), std::string::npos) << message(in);
+  in = input_of(p, p.hidden);
+  in.weight = p.weight.to(at::kBFloat16);
+  EXPECT_NE(message(in).find("hidden is Float but the LM head is BFloat16"), std::string::npos) << message(in);
+}
+
+TEST(LmHeadLoss, SecondBackwardSaysWhy) {
+  const Problem p = random_problem(8, 16, 50, at::kFloat, c10::kCPU, 17);
+  at::Tensor h = p.hidden.clone().set_requires_grad(true);
+  LmHeadLossOutput out = lm_head_loss_chunked(input_of(p, h), 4);
+  out.loss.backward({}, /*retain_graph=*/false);
+  try {
+    out.loss.backward();
+    FAIL() << "a second backward ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("backward"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LmHeadLoss, LedgerRecordsEachVariantForwardAndBackward) {
+  for (const std::string variant : {"chunked", "reference"}) {
+    std::vector<std::string> recorded;
+    LmHeadLoss op(variant, 4, [&](bool backward, const std::string& v) {
+      recorded.push_back((backward ? "bwd " : "fwd ") + v);
+    });
+    const Problem p = random_problem(10, 16, 40, at::kFloat, c10::kCPU, 18);
+    at::Tensor h0 = p.hidden.clone().set_requires_grad(true);
+    at::Tensor h = h0 * 1.0;  // a non-leaf, as in a drafter
+    LmHeadLossOutput out = op(input_of(p, h));
+    ASSERT_EQ(recorded.size(), 1u);
+    EXPECT_EQ(recorded[0], "fwd lm_head_ce/" + variant);
+    out.loss.backward();
+    ASSERT_EQ(recorded.size(), 2u) << variant;
+    EXPECT_EQ(recorded[1], "bwd lm_head_ce/" + variant);
+  }
+  EXPECT_THROW(LmHeadLoss("fused", 0, {}), std::invalid_argument);
+}
