@@ -29,9 +29,9 @@ namespace flashdraft {
 
 // Bump on any change of the descriptor or of an interface class layout.
 #ifndef FLASHDRAFT_PLUGIN_API_VERSION
-#define FLASHDRAFT_PLUGIN_API_VERSION 2
+#define FLASHDRAFT_PLUGIN_API_VERSION 3
 #endif
-constexpr int kPluginApiVersion = 2;  // the engine's; plugins compile FLASHDRAFT_PLUGIN_API_VERSION
+constexpr int kPluginApiVersion = 3;  // the engine's; plugins compile FLASHDRAFT_PLUGIN_API_VERSION
 
 // The kinds come from one table, plugin_kinds.def.
 enum class PluginKind : int {
