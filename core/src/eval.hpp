@@ -51,7 +51,7 @@ struct EvalContext {
 };
 
 // nullopt when the dataset has no held-out batch.
-std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done);
+FLASHDRAFT_API std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done);
 void record_eval(RunLog& log, const EvalResult& r);
 std::string eval_line(const EvalResult& r);
 
