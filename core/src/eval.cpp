@@ -100,7 +100,9 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
   out.tau_data = exact && out.blocks > 0 ? tally.acceptance.tau() : std::nan("");
   verified = verified && exact && by_target.blocks == out.blocks;
   out.tau = verified ? (out.blocks > 0 ? by_target.tau() : std::nan("")) : out.tau_data;
-  out.tau_method = verified ? "target verification" : "data tokens (no online target to verify)";
+  out.tau_method = verified     ? "target verification"
+                   : c.target ? "data tokens (the target or the drafter cannot verify)"
+                              : "data tokens (no online target to verify)";
   out.tau_sim = simulated_tau(out.position_accuracy);
   return out;
 }

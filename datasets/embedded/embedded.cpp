@@ -26,7 +26,9 @@
 // temporary name and renamed, so a crash never leaves a half cache. Layout:
 //   /tokens    int64   [sequences, seq_len]     (train sequences first, then eval)
 //   /hidden    float32 [sequences, seq_len, E, hidden]: residual stream after target
-//              layer exported_layers[e] (0-based), at every position
+//              layer exported_layers[e] (0-based), at every position; for the last layer,
+//              after the final RMSNorm (layer id L = transformers' hidden_states[L + 1] of
+//              the same model as a Llama checkpoint, which open() writes next to the cache)
 //   /embedding float32 [vocab, hidden]   /lm_head float32 [vocab, hidden]
 //   attributes: exported_layers, layers, prompt_len, train_sequences, eval_sequences, key
 // The target's greedy continuation is the tokens themselves (positions >= prompt_len).
@@ -53,7 +55,7 @@ namespace flashdraft {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kFormat = "flashdraft-embedded-v1";
+constexpr const char* kFormat = "flashdraft-embedded-v2";  // v2: last layer after the final norm
 
 // --- HDF5 in a few lines (C API; every call checked) ----------------------------------
 void h5check(herr_t status, const std::string& what) {
@@ -156,9 +158,12 @@ class TargetLM {
       x = x + at::linear(a.transpose(1, 2).reshape({B, T, hidden_}), P.wo);
       const at::Tensor h2 = rms(x);
       x = x + at::linear(at::silu(at::linear(h2, P.wg)) * at::linear(h2, P.wu), P.wd);
+      // Layer id L = transformers' hidden_states[L + 1]: the last layer's state is reported
+      // after the final RMSNorm, as transformers does.
+      const at::Tensor state = l + 1 == layers_.size() ? rms(x) : x;
       for (size_t e = 0; e < exported.size(); ++e)
         if (exported[e] == static_cast<int64_t>(l))
-          hidden_out.narrow(1, start, T).select(2, static_cast<int64_t>(e)).copy_(x);
+          hidden_out.narrow(1, start, T).select(2, static_cast<int64_t>(e)).copy_(state);
     }
     return at::linear(rms(x.select(1, T - 1)), lm_head);
   }

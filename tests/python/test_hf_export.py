@@ -165,6 +165,35 @@ def test_import_gives_the_runs_last_validation_loss(trained, tmp_path):
         assert b["eval/tau"][0] == a["eval/tau"][-1]
 
 
+def test_embedded_layer_ids_are_transformers_hidden_states_plus_one(tmp_path):
+    """The embedded data's hidden states at layer ids [0, 3] (3 = its last layer) equal
+    transformers' hidden_states[L + 1] of its target written as a Llama checkpoint, and its
+    tokens are that model's greedy continuation."""
+    exp = experiment(tmp_path, "layers", tmp_path / "out")
+    exp.write_text(exp.read_text().replace("exported_layers = [1, 2]", "exported_layers = [0, 3]")
+                   .replace(f"target_layer_ids = {IDS}", "target_layer_ids = [0, 3]"))
+    cli("validate", exp)
+    cache = next((tmp_path / "out" / "data").glob("*.h5"))
+    target_dir = next((tmp_path / "out" / "data").glob("*.target"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    with h5py.File(cache, "r") as f:
+        tokens, hidden = torch.from_numpy(f["tokens"][-8:]), torch.from_numpy(f["hidden"][-8:])
+        prompt = int(f.attrs["prompt_len"][0])
+    worst = {0: 0.0, 3: 0.0}
+    with torch.no_grad():
+        out = model(input_ids=tokens, output_hidden_states=True)
+    for e, layer in enumerate([0, 3]):
+        ref = out.hidden_states[layer + 1]
+        worst[layer] = ((hidden[:, :, e] - ref).abs().max() / ref.abs().max()).item()
+        wrong = out.hidden_states[layer]  # off by one
+        assert ((hidden[:, :, e] - wrong).abs().max() / wrong.abs().max()).item() > 1e-2
+    greedy = out.logits[:, prompt - 1:-1].argmax(-1)
+    print(f"embedded layer ids vs hidden_states[L + 1]: rel err {worst}; greedy tokens equal: "
+          f"{(greedy == tokens[:, prompt:]).double().mean().item():.1%}")
+    assert max(worst.values()) <= 1e-5
+    assert torch.equal(greedy, tokens[:, prompt:])
+
+
 # --- a plain PyTorch DFlash drafter, read from the exported folder ------------------------
 
 def rms(x, w, eps):
@@ -210,7 +239,7 @@ def reference_blocks(folder, target_dir, dump, offset=1, gamma=7.0):
     context features = transformers' hidden_states[L + offset] for L in target_layer_ids."""
     cfg = json.loads((folder / "config.json").read_text())
     w = load_file(str(folder / "model.safetensors"))
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32).eval()
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
     ids, mask_id = cfg["dflash_config"]["target_layer_ids"], cfg["dflash_config"]["mask_token_id"]
     tokens, anchors, valid, labels = dump["tokens"], dump["anchors"], dump["block_valid"], dump["labels"]
@@ -270,7 +299,7 @@ def test_both_taus_agree_on_the_targets_own_data(trained, tmp_path):
 def slow_speculative_tau(target_dir, dump):
     """Greedy speculative decoding, one token at a time: for each block, the target's next
     token after [context, accepted drafts]; a drafted token is accepted while it equals it."""
-    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, torch_dtype=torch.float32).eval()
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     tokens, anchors, valid, labels, pred = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels",
                                                               "predictions"))
     R, N, bs = pred.shape
