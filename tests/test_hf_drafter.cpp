@@ -125,8 +125,12 @@ TEST(HfDrafter, MismatchedImportsAreRefusedBeforeAnythingChanges) {
       {[](hd::Layout& l) { l.hidden = 32; }, "hidden_size = 24, but the experiment's drafter has 32"},
       {[](hd::Layout& l) { l.kv_heads = 4; }, "num_key_value_heads = 2, but the experiment's drafter has 4"},
       {[](hd::Layout& l) { l.mask_token = 5; }, "dflash_config.mask_token_id = 96, but the experiment's drafter has 5"},
-      {[](hd::Layout& l) { l.target_layer_ids = {0, 3, 4}; }, "target_layer_ids = [1, 3, 4], but the experiment's"},
-      {[](hd::Layout& l) { l.block_size = 16; }, "block_size = 8, but the experiment's drafter has 16 (from [drafter] block_size)"},
+      {[](hd::Layout& l) {
+         l.target_layer_ids = {0, 3, 4};
+       },
+       "target_layer_ids = [1, 3, 4], but the experiment's"},
+      {[](hd::Layout& l) { l.block_size = 16; },
+       "block_size = 8, but the experiment's drafter has 16 (from [drafter] block_size)"},
   };
   for (const Case& c : cases) {
     hd::Layout expected = layout;
@@ -152,8 +156,9 @@ TEST(HfDrafter, ForeignConfigIsRefused) {
     hd::read_config(folder.path.string());
     ADD_FAILURE() << "a Llama config was accepted";
   } catch (const hd::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"LlamaForCausalLM\" is not a DFlash drafter (accepted: \"DFlashDraftModel\""),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("\"LlamaForCausalLM\" is not a DFlash drafter (accepted: \"DFlashDraftModel\""),
+        std::string::npos)
         << e.what();
   }
 }

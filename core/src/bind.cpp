@@ -61,8 +61,7 @@ void import_initial_weights(const Setup& s, BoundPlugins& b) {
   if (!s.registry->schema(*drafter.plugin).find("init") || drafter.config.string("init").empty()) return;
   const std::string& folder = drafter.config.string("init");
   try {
-    const hf_drafter::Layout expected =
-        hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype);
+    const hf_drafter::Layout expected = hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype);
     hf_drafter::import(folder, expected, b.drafter->parameters());
   } catch (const hf_drafter::Error& e) {
     drafter.config.fail("init", std::string("cannot initialise the drafter from ") + folder + ": " + e.what());

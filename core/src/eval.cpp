@@ -66,7 +66,7 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
   double loss_sum = 0.0;
   std::vector<double> acc_sum(static_cast<size_t>(c.positions), 0.0);
   EvalTally tally(c.positions);
-  bool exact = true;              // every batch came with block proposals
+  bool exact = true;                    // every batch came with block proposals
   bool verified = c.target != nullptr;  // ... and the target verified every one
   Acceptance by_target;
   for (int64_t i = 0; i < n; ++i) {
@@ -100,7 +100,7 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
   out.tau_data = exact && out.blocks > 0 ? tally.acceptance.tau() : std::nan("");
   verified = verified && exact && by_target.blocks == out.blocks;
   out.tau = verified ? (out.blocks > 0 ? by_target.tau() : std::nan("")) : out.tau_data;
-  out.tau_method = verified     ? "target verification"
+  out.tau_method = verified   ? "target verification"
                    : c.target ? "data tokens (the target or the drafter cannot verify)"
                               : "data tokens (no online target to verify)";
   out.tau_sim = simulated_tau(out.position_accuracy);
@@ -124,9 +124,9 @@ std::string eval_line(const EvalResult& r) {
   os << "eval  after step " << r.step << ": loss " << std::fixed << std::setprecision(4) << r.loss << "  tau "
      << std::setprecision(3) << r.tau << " (" << r.tau_method << ", " << r.blocks << " blocks)";
   if (r.tau_method == "target verification")
-    os << "  tau_data " << r.tau_data << (r.tau_data == r.tau ? " (equal)" : " (differs: the data is not the target's greedy output)");
-  os << "  tau_sim " << r.tau_sim
-     << "  acc[1..]";
+    os << "  tau_data " << r.tau_data
+       << (r.tau_data == r.tau ? " (equal)" : " (differs: the data is not the target's greedy output)");
+  os << "  tau_sim " << r.tau_sim << "  acc[1..]";
   const auto& acc = r.position_accuracy;
   for (size_t j = 0; j < acc.size() && j < 6; ++j) os << " " << std::setprecision(2) << acc[j];
   if (acc.size() > 6) os << " ...";

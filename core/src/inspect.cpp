@@ -32,8 +32,10 @@ void tau_methods(const LogReader& r, std::ostream& out) {
   if (methods.back() == "target verification") {
     const double t = tau.back(), d = data.back();
     out << std::setprecision(4) << "; tau_data " << d;
-    if (t == d) out << " equals it (the data is the target's own greedy output)";
-    else out << " differs by " << d - t << " (the data is not the target's greedy output: tau is the one that counts)";
+    if (t == d)
+      out << " equals it (the data is the target's own greedy output)";
+    else
+      out << " differs by " << d - t << " (the data is not the target's greedy output: tau is the one that counts)";
   }
   out << "\n";
 }

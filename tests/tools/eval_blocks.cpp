@@ -58,15 +58,21 @@ int run(int argc, char** argv) {
   std::unique_ptr<fd::AttentionDispatcher> target_dispatcher;
   std::unique_ptr<fd::OffsetAttention> target_attention;
   if (b.target) {
-    target_dispatcher = std::make_unique<fd::AttentionDispatcher>(b.target_choice, b.target_mask.get(), on_fallback,
-                                                                  &ledger, nullptr);
+    target_dispatcher =
+        std::make_unique<fd::AttentionDispatcher>(b.target_choice, b.target_mask.get(), on_fallback, &ledger, nullptr);
     target_attention = std::make_unique<fd::OffsetAttention>(*target_dispatcher, b.drafter->attention_layers());
   }
   fd::BatchSource batches(*b.dataset, b.target.get(), b.target_layers, target_attention.get(), b.ctx.device);
   Blocks blocks;
-  fd::EvalContext context{*b.drafter, batches, dispatcher, ledger, setup.experiment.eval(),
+  fd::EvalContext context{*b.drafter,
+                          batches,
+                          dispatcher,
+                          ledger,
+                          setup.experiment.eval(),
                           static_cast<uint64_t>(setup.experiment.run().integer("seed")),
-                          b.drafter->attention_layers() + b.target_calls, b.drafter->positions(), b.target.get(),
+                          b.drafter->attention_layers() + b.target_calls,
+                          b.drafter->positions(),
+                          b.target.get(),
                           [&](const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {
                             blocks.add(batch, r, verified);
                           }};

@@ -295,7 +295,8 @@ class HfTarget final : public Target {
   // The rest of a layer after attention: output projection, residual, MLP, residual.
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
     const int64_t B = x.size(0), T = x.size(1);
-    const at::Tensor x1 = x + at::linear(a.transpose(1, 2).reshape({B, T, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
+    const at::Tensor x1 =
+        x + at::linear(a.transpose(1, 2).reshape({B, T, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
     const at::Tensor h2 = rms_norm(x1, L.post_norm);
     return x1 + at::linear(at::silu(at::linear(h2, L.gate_proj)) * at::linear(h2, L.up_proj), L.down_proj);
   }
@@ -319,7 +320,8 @@ class HfTarget final : public Target {
     const int64_t group = cfg_.heads / cfg_.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
-    const at::Tensor a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, 1.0 / std::sqrt(double(cfg_.head_dim)));
+    const at::Tensor a =
+        at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, 1.0 / std::sqrt(double(cfg_.head_dim)));
     return {finish_layer(L, x, a), p.k, p.v};
   }
 
@@ -346,10 +348,11 @@ class HfTarget final : public Target {
     const at::Tensor same_doc = doc.unsqueeze(2).eq(doc.unsqueeze(1));
     const at::Tensor mask_c = (pos.unsqueeze(1) >= pos.unsqueeze(0)).unsqueeze(0) & same_doc;
     const at::Tensor anchor_doc = doc.gather(1, anchor);
-    const at::Tensor context = pos.view({1, 1, S}).lt(anchor.unsqueeze(2)) & doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2));
+    const at::Tensor context =
+        pos.view({1, 1, S}).lt(anchor.unsqueeze(2)) & doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2));
     const at::Tensor q = at::arange(L, long_opts);
-    const at::Tensor own = (q.unsqueeze(1).div(BS, "floor") == q.unsqueeze(0).div(BS, "floor")) &
-                           (q.unsqueeze(1) >= q.unsqueeze(0));
+    const at::Tensor own =
+        (q.unsqueeze(1).div(BS, "floor") == q.unsqueeze(0).div(BS, "floor")) & (q.unsqueeze(1) >= q.unsqueeze(0));
     const at::Tensor ctx = context.unsqueeze(2).expand({B, N, BS, S}).reshape({B, L, S});
     const at::Tensor mask_b = at::cat({ctx, own.unsqueeze(0).expand({B, L, L})}, 2);
     return {mask_c.unsqueeze(1), mask_b.unsqueeze(1)};
