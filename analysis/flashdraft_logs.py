@@ -13,7 +13,8 @@ A run log (written by core/src/trainer.cpp through core/src/run_log.cpp) holds:
     /kernels/forward   [steps, layers] int32 variant ids (-1 = no call)
     /kernels/backward  idem; ids index /kernels/names (fixed-length strings)
     /events/{step,kind,message}
-    /eval/...          (optional) validation rows: step, loss, tau, ...
+    /eval/...          (optional) validation rows: step, loss, tau (tau_method says how
+                       it was measured: "target verification" or data tokens), tau_data, ...
 
 The writer is in SWMR mode and extends one dataset after another, so a reader of
 a live log (or of a log left by a killed run) may see per-step datasets of
@@ -43,7 +44,7 @@ import pandas as pd
 
 __all__ = [
     "LogError", "Run", "load_run", "compare_runs", "variant_belongs",
-    "plot_loss", "plot_position_accuracy", "plot_tau_sim", "plot_memory",
+    "tau_comparison", "plot_loss", "plot_position_accuracy", "plot_tau_sim", "plot_memory",
     "plot_kernel_timeline", "plot_compare", "plot_all",
 ]
 
@@ -299,7 +300,9 @@ class Run:
             a = raw[name][:n]
             if name == "step":
                 continue
-            if a.ndim == 1:
+            if a.ndim == 1 and a.dtype.kind in "SOU":  # text, e.g. tau_method
+                cols[name] = np.array([_text(x) for x in a], dtype=object)
+            elif a.ndim == 1:
                 cols[name] = a.astype(np.float64)
             elif a.ndim == 2:
                 prefix = "acc" if name == "position_accuracy" else name
@@ -362,6 +365,9 @@ class Run:
                          f"({(self.fallbacks['source'] == 'event').sum()} events)")
         if self.eval is not None:
             lines.append(f"eval       {len(self.eval)} rows")
+            line = tau_comparison(self)
+            if line:
+                lines.append(f"  {line}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -509,6 +515,25 @@ def plot_position_accuracy(run, ax=None):
     return fig
 
 
+def tau_comparison(run) -> str:
+    """One line on the last validation's acceptance lengths: how eval tau was measured
+    ("target verification" or data tokens) and, with target verification, whether
+    tau_data (leading matches with the data's tokens) agrees. They agree when the data is
+    the target's own greedy output; otherwise tau (the target's verdict) is the one that
+    counts. "" when the log has no such columns."""
+    run = load_run(run)
+    e = run.eval
+    if e is None or "tau_method" not in e or "tau_data" not in e or not len(e):
+        return ""
+    method, tau, data = e["tau_method"].iloc[-1], e["tau"].iloc[-1], e["tau_data"].iloc[-1]
+    if method != "target verification":
+        return f"tau: {method}"
+    if tau == data:
+        return f"tau: target verification {tau:.4f}; tau_data equals it (the data is the target's own greedy output)"
+    return (f"tau: target verification {tau:.4f}; tau_data {data:.4f} differs by {data - tau:+.4f} "
+            "(the data is not the target's greedy output: tau is the one that counts)")
+
+
 def plot_tau_sim(run, ax=None):
     """tau_sim (simulated acceptance length) per step, with eval tau / tau_sim when logged."""
     run = load_run(run)
@@ -525,7 +550,7 @@ def plot_tau_sim(run, ax=None):
         ax.plot(s["step"], _ema(s["tau_sim"].to_numpy(), 2.0 / (1 + max(5, len(s) // 20))), color="C2", lw=2,
                 label="moving average")
     if run.eval is not None:
-        for c, m in (("tau_sim", "s-"), ("tau", "^-")):
+        for c, m in (("tau_sim", "s-"), ("tau", "^-"), ("tau_data", "v--")):
             if c in run.eval:
                 ax.plot(run.eval["step"], run.eval[c], m, label=f"eval {c}")
     ax.set_xlabel("step")

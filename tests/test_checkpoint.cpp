@@ -162,7 +162,7 @@ TEST(Checkpoint, SigkilledRunResumedFromStepNLogsBitwiseIdenticalLosses) {
   EXPECT_EQ(r.f64("eval/tau"), ref.eval_tau);
   // inspect's validation table: the scalar measures only, one row per validation.
   ASSERT_EQ(test::run_cli({"inspect", log_path}, &out), 0) << out;
-  EXPECT_TRUE(contains(out, "      step      loss       tau   tau_sim\n")) << out;
+  EXPECT_TRUE(contains(out, "      step      loss       tau  tau_data   tau_sim\n")) << out;
   // The events record the resume (and keep the killed run's history).
   const auto kinds = r.strings("events/kind");
   EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "resume"), 1);

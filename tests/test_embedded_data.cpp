@@ -48,8 +48,11 @@ TEST(EmbeddedData, GeneratedOnceThenReusedWithDeterministicBatches) {
   EXPECT_EQ(lines.front().rfind("data: generating ", 0), 0u) << lines.front();
   EXPECT_TRUE(fs::exists(first->source()));
   EXPECT_EQ(fs::path(first->source()).parent_path(), dir / "data");
-  for (const auto& e : fs::directory_iterator(dir / "data"))  // no temporary left behind
-    EXPECT_EQ(e.path().extension(), ".h5") << e.path();
+  // No temporary left behind: the cache and the target as a Hugging Face checkpoint.
+  for (const auto& e : fs::directory_iterator(dir / "data"))
+    EXPECT_TRUE(e.path().extension() == ".h5" || e.path().extension() == ".target") << e.path();
+  const fs::path target = fs::path(first->source()).replace_extension(".target");
+  EXPECT_TRUE(fs::exists(target / "config.json") && fs::exists(target / "model.safetensors")) << target;
 
   lines.clear();
   auto second = make_dataset(kSmall);

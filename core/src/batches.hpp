@@ -13,7 +13,7 @@
 
 namespace flashdraft {
 
-class BatchSource {
+class FLASHDRAFT_API BatchSource {
  public:
   // Without a target (target == null) batches are the dataset's own.
   BatchSource(Dataset& dataset, Target* target, std::vector<int64_t> layers, AttentionContext* target_attention,

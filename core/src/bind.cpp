@@ -2,6 +2,7 @@
 #include "bind.hpp"
 
 #include "distributed.hpp"
+#include "hf_drafter.hpp"
 
 #include <torch/torch.h>
 
@@ -71,6 +72,21 @@ Precision precision_of(const Setup& s, c10::Device device, c10::ScalarType compu
   return p;
 }
 
+// [drafter] init: a Hugging Face DFlash folder whose weights replace the initial ones,
+// checked against the drafter just bound (hf_drafter.hpp).
+void import_initial_weights(const Setup& s, BoundPlugins& b) {
+  const PluginUse& drafter = s.use(PluginKind::drafter);
+  if (!s.registry->schema(*drafter.plugin).find("init") || drafter.config.string("init").empty()) return;
+  const std::string& folder = drafter.config.string("init");
+  try {
+    const hf_drafter::Layout expected = hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype);
+    hf_drafter::import(folder, expected, b.drafter->parameters());
+  } catch (const hf_drafter::Error& e) {
+    drafter.config.fail("init", std::string("cannot initialise the drafter from ") + folder + ": " + e.what());
+  }
+  b.ctx.say("drafter: initial weights from " + folder);
+}
+
 }  // namespace
 
 std::string dtype_name(c10::ScalarType t) {
@@ -132,6 +148,7 @@ BoundPlugins bind_plugins(const Setup& s) {
   b.dataset->open(b.ctx);
   b.target_model = open_target(s, b);
   b.drafter->bind(b.target_model, b.ctx, b.dataset->batch_size(), b.dataset->seq_len());
+  import_initial_weights(s, b);
   AttentionProblem problem = b.drafter->attention_problem();
   problem.mask = mask.plugin->name;
   const std::string& on_fallback = s.experiment.attention().string("on_fallback");

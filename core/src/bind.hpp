@@ -48,6 +48,6 @@ struct BoundPlugins {
 // Seeds LibTorch's default generator with [run].seed, creates the output folder,
 // instantiates and binds. Throws ConfigError (bad value for these data), FallbackError
 // (no acceptable kernel under the policy) or std::runtime_error.
-BoundPlugins bind_plugins(const Setup& setup);
+FLASHDRAFT_API BoundPlugins bind_plugins(const Setup& setup);
 
 }  // namespace flashdraft

@@ -475,6 +475,10 @@ void export_weights(const std::string& path, const Manifest& info,
   fs::rename(tmp, path);
 }
 
+std::vector<std::pair<std::string, at::Tensor>> weights(const fs::path& dir) {
+  return read_weights(dir, read_manifest(dir));
+}
+
 std::string export_checkpoint(const fs::path& dir, const std::string& path) {
   const Manifest m = read_manifest(dir);
   const auto weights = read_weights(dir, m);

@@ -125,6 +125,9 @@ FLASHDRAFT_API std::filesystem::path latest(const std::filesystem::path& root,
 //     Drafter::parameters() names it (e.g. "layers.0.self_attn.q_proj.weight")
 FLASHDRAFT_API void export_weights(const std::string& path, const Manifest& info,
                     const std::vector<std::pair<std::string, at::Tensor>>& weights, const std::string& source);
+// The drafter weights of a checkpoint folder, by name, in the manifest's order (checked
+// as load() checks them). Throws Error.
+FLASHDRAFT_API std::vector<std::pair<std::string, at::Tensor>> weights(const std::filesystem::path& dir);
 // Exports the weights of a checkpoint folder (no plugin needed). Returns the file written.
 FLASHDRAFT_API std::string export_checkpoint(const std::filesystem::path& dir, const std::string& path);
 

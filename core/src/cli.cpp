@@ -1,6 +1,7 @@
 // The flashdraft command line.
 #include "checkpoint.hpp"
 #include "experiment.hpp"
+#include "hf_export.hpp"
 #include "inspect.hpp"
 #include "profile.hpp"
 #include "registry.hpp"
@@ -30,6 +31,7 @@ const char* kUsage =
     "  schema [PLUGIN] [--plugin-path DIRS]                        every key of the experiment tables\n"
     "  inspect RUN.h5                                              text summary of a run log\n"
     "  export-weights CHECKPOINT [--out FILE]                      drafter weights of a checkpoint as HDF5\n"
+    "  export RUN_OR_CHECKPOINT --format hf OUT_DIR                a DFlash drafter as a Hugging Face folder\n"
     "\n"
     "`flashdraft <command> --help` describes one command. Plugins are searched in --plugin-path,\n"
     "FLASHDRAFT_PLUGIN_PATH, the experiment's [plugins].paths, then the build's plugin folder.\n";
@@ -72,6 +74,17 @@ const char* help_for(const std::string& cmd) {
            "Writes the drafter weights of a checkpoint folder (<out>/checkpoints/step_<n>) as HDF5 (default\n"
            "CHECKPOINT/weights.h5): the [drafter] table as TOML and every tensor by name; the layout is in\n"
            "plugins/dflash/README.md. A finished run writes <out>/<name>.weights.h5 itself.\n";
+  if (cmd == "export")
+    return "usage: flashdraft export RUN_OR_CHECKPOINT --format hf OUT_DIR\n"
+           "Writes a trained DFlash drafter as a Hugging Face folder that serving engines load as a DFlash draft\n"
+           "model: OUT_DIR/config.json (architectures [\"DFlashDraftModel\"], sizes, block_size, num_target_layers,\n"
+           "dflash_config {mask_token_id, target_layer_ids}) and OUT_DIR/model.safetensors (fc, hidden_norm, the\n"
+           "decoder layers and norm, in the run's dtype; no embedding or LM head: the target's are used).\n"
+           "  RUN_OR_CHECKPOINT  a run log RUN.h5 (the finished run's weights, else its newest checkpoint) or a\n"
+           "                     checkpoint folder <out>/checkpoints/step_<n>\n"
+           "  --format hf        the only format (required, so that scripts say what they expect)\n"
+           "Target layer id L is the output of target decoder layer L = transformers' hidden_states[L + 1].\n"
+           "A finished run writes <out>/<name>.hf itself; [drafter] init = \"OUT_DIR\" loads one back.\n";
   if (cmd == "inspect")
     return "usage: flashdraft inspect RUN.h5 [--plot DIR]\n"
            "Prints a summary of a run log: steps, loss, metrics, memory peaks per phase, kernels that ran,\n"
@@ -90,6 +103,7 @@ struct Args {
   int64_t steps = -1;
   std::vector<std::string> plugin_paths;
   std::string resume;
+  std::string format;
   bool help = false;
 };
 
@@ -105,6 +119,7 @@ Args parse(int argc, char** argv, int first) {
     else if (s == "--out") a.out = value("--out");
     else if (s == "--plot") a.plot = value("--plot");
     else if (s == "--profile") a.profile = value("--profile");
+    else if (s == "--format") a.format = value("--format");
     else if (s == "--plugin-path") a.plugin_paths.push_back(value("--plugin-path"));
     else if (s == "--resume") {
       // The value is optional: the next word, unless it is an option or the experiment file.
@@ -213,6 +228,19 @@ int cmd_schema(const Args& a) {
   return 0;
 }
 
+int cmd_export(const Args& a) {
+  if (a.positional.size() != 2) throw std::invalid_argument("export takes a run log or checkpoint and an output folder");
+  if (a.format != "hf")
+    throw std::invalid_argument("export needs --format hf (the Hugging Face DFlash layout; found \"" + a.format + "\")");
+  try {
+    std::cout << hf_export::export_folder(a.positional[0], a.positional[1]) << "\n";
+  } catch (const std::runtime_error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,6 +270,7 @@ int main(int argc, char** argv) {
       inspect_log(a.positional[0], std::cout);
       return a.plot.empty() ? 0 : plot_log(a.positional[0], a.plot);
     }
+    if (cmd == "export") return cmd_export(a);
     if (cmd == "export-weights") {
       if (a.positional.size() != 1) throw std::invalid_argument("export-weights takes one checkpoint folder");
       try {

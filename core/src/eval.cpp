@@ -1,6 +1,8 @@
 // Validation on the held-out batches.
 #include "eval.hpp"
 
+#include "target_verify.hpp"
+
 #include <flashdraft/acceptance.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,6 +23,16 @@ struct EvalTally {
   std::vector<int64_t> correct, count;
   explicit EvalTally(int64_t positions)
       : correct(static_cast<size_t>(positions), 0), count(static_cast<size_t>(positions), 0) {}
+
+  // Acceptance of the block proposals in `r` against `labels` ([B, N, BS]).
+  static Acceptance accepted(const StepResult& r, const at::Tensor& labels) {
+    const at::Tensor pred = r.predictions.to(at::kCPU, at::kLong).contiguous();
+    const at::Tensor lab = labels.to(at::kCPU, at::kLong).contiguous();
+    const int64_t bs = pred.size(-1), blocks = pred.numel() / bs;
+    const at::Tensor valid = r.block_valid.defined() ? r.block_valid.to(at::kCPU, at::kByte).contiguous().view({-1})
+                                                     : at::ones({blocks}, at::kByte);
+    return greedy_acceptance(pred.data_ptr<int64_t>(), lab.data_ptr<int64_t>(), valid.data_ptr<uint8_t>(), blocks, bs);
+  }
 
   void add(const StepResult& r) {
     const at::Tensor pred = r.predictions.to(at::kCPU, at::kLong).contiguous();
@@ -54,7 +66,9 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
   double loss_sum = 0.0;
   std::vector<double> acc_sum(static_cast<size_t>(c.positions), 0.0);
   EvalTally tally(c.positions);
-  bool exact = true;  // every batch came with block proposals
+  bool exact = true;                    // every batch came with block proposals
+  bool verified = c.target != nullptr;  // ... and the target verified every one
+  Acceptance by_target;
   for (int64_t i = 0; i < n; ++i) {
     c.ledger.begin_step(done, c.layers);
     Batch batch = c.batches.eval(i);
@@ -66,6 +80,14 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
       continue;
     }
     tally.add(r);
+    const at::Tensor labels = verified ? target_verified_labels(*c.target, batch, r) : at::Tensor();
+    verified = verified && labels.defined();
+    if (verified) {
+      const Acceptance a = EvalTally::accepted(r, labels);
+      by_target.blocks += a.blocks;
+      by_target.accepted += a.accepted;
+    }
+    if (c.observer) c.observer(batch, r, labels);
   }
   EvalResult out;
   out.step = done;
@@ -75,7 +97,12 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
         exact ? (tally.count[j] > 0 ? double(tally.correct[j]) / double(tally.count[j]) : 0.0) : acc_sum[j] / double(n);
   out.loss = loss_sum / double(n);
   out.blocks = tally.acceptance.blocks;
-  out.tau = exact && out.blocks > 0 ? tally.acceptance.tau() : std::nan("");
+  out.tau_data = exact && out.blocks > 0 ? tally.acceptance.tau() : std::nan("");
+  verified = verified && exact && by_target.blocks == out.blocks;
+  out.tau = verified ? (out.blocks > 0 ? by_target.tau() : std::nan("")) : out.tau_data;
+  out.tau_method = verified   ? "target verification"
+                   : c.target ? "data tokens (the target or the drafter cannot verify)"
+                              : "data tokens (no online target to verify)";
   out.tau_sim = simulated_tau(out.position_accuracy);
   return out;
 }
@@ -84,6 +111,8 @@ void record_eval(RunLog& log, const EvalResult& r) {
   log.append("eval/step", r.step);
   log.append("eval/loss", r.loss);
   log.append("eval/tau", r.tau);
+  log.append("eval/tau_data", r.tau_data);
+  log.append("eval/tau_method", r.tau_method);
   log.append("eval/tau_sim", r.tau_sim);
   log.append("eval/blocks", r.blocks);
   log.append("eval/position_accuracy", r.position_accuracy);
@@ -93,8 +122,11 @@ void record_eval(RunLog& log, const EvalResult& r) {
 std::string eval_line(const EvalResult& r) {
   std::ostringstream os;
   os << "eval  after step " << r.step << ": loss " << std::fixed << std::setprecision(4) << r.loss << "  tau "
-     << std::setprecision(3) << r.tau << " (exact greedy, " << r.blocks << " blocks)  tau_sim " << r.tau_sim
-     << "  acc[1..]";
+     << std::setprecision(3) << r.tau << " (" << r.tau_method << ", " << r.blocks << " blocks)";
+  if (r.tau_method == "target verification")
+    os << "  tau_data " << r.tau_data
+       << (r.tau_data == r.tau ? " (equal)" : " (differs: the data is not the target's greedy output)");
+  os << "  tau_sim " << r.tau_sim << "  acc[1..]";
   const auto& acc = r.position_accuracy;
   for (size_t j = 0; j < acc.size() && j < 6; ++j) os << " " << std::setprecision(2) << acc[j];
   if (acc.size() > 6) os << " ...";

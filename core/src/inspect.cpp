@@ -22,6 +22,25 @@ std::string gib(double bytes) {
     os << std::fixed << std::setprecision(2) << bytes / double(1 << 20) << " MiB";
   return os.str();
 }
+// Says how the last validation's tau was measured and whether the two acceptance lengths
+// (target verification, data tokens) differ.
+void tau_methods(const LogReader& r, std::ostream& out) {
+  if (!r.exists("eval/tau_method") || !r.exists("eval/tau_data")) return;
+  const auto methods = r.strings("eval/tau_method");
+  const auto tau = r.f64("eval/tau"), data = r.f64("eval/tau_data");
+  if (methods.empty() || tau.empty() || data.empty()) return;
+  out << "  tau: " << methods.back();
+  if (methods.back() == "target verification") {
+    const double t = tau.back(), d = data.back();
+    out << std::setprecision(4) << "; tau_data " << d;
+    if (t == d)
+      out << " equals it (the data is the target's own greedy output)";
+    else
+      out << " differs by " << d - t << " (the data is not the target's greedy output: tau is the one that counts)";
+  }
+  out << "\n";
+}
+
 }  // namespace
 
 namespace {
@@ -127,6 +146,7 @@ void inspect_log(const std::string& path, std::ostream& out) {
       for (const auto& c : cols) out << std::setw(10) << std::setprecision(3) << (i < c.second.size() ? c.second[i] : NAN);
       out << "\n";
     }
+    tau_methods(r, out);
   }
   const auto ka = r.attributes("/kernels");
   out << "kernels   selected " << (ka.count("selected") ? ka.at("selected") : "?") << " for "

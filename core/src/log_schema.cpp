@@ -34,8 +34,14 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"eval/step", T::i64, 0, 0, "optimizer steps completed when the validation ran"},
       {"eval/loss", T::f64, 0, 0, "mean loss over the held-out batches"},
       {"eval/tau", T::f64, 0, 0,
-       "exact greedy acceptance length: 1 + mean leading matches of the block proposals with the "
-       "target's greedy continuation (NaN if the drafter returns no predictions)"},
+       "exact greedy acceptance length: 1 + mean leading block proposals the target accepts (eval/tau_method "
+       "says how it was measured; NaN if the drafter returns no predictions)"},
+      {"eval/tau_data", T::f64, 0, 0,
+       "1 + mean leading matches of the block proposals with the data's tokens (equals eval/tau when the data "
+       "is the target's own greedy output)"},
+      {"eval/tau_method", T::str, 0, 64,
+       "how eval/tau was measured: \"target verification\" (the online target verifies each drafted block) or "
+       "\"data tokens (no online target to verify)\" (then eval/tau = eval/tau_data)"},
       {"eval/tau_sim", T::f64, 0, 0, "1 + sum_k prod_{j<=k} acc_j from eval/position_accuracy"},
       {"eval/blocks", T::i64, 0, 0, "blocks (anchors) the acceptance length averages over"},
       {"eval/position_accuracy", T::f64, shape.positions, 0, "held-out accuracy per block position 1..BS-1"},

@@ -7,6 +7,7 @@
 #include "distributed.hpp"
 #include "eval.hpp"
 #include "grad_sync.hpp"
+#include "hf_export.hpp"
 #include "ledger.hpp"
 #include "memory.hpp"
 #include "optimizer.hpp"
@@ -111,6 +112,7 @@ class Trainer {
   std::unique_ptr<TrainOptimizer> optimizer_;
   at::Generator anchors_;
   RunCheckpoint checkpoint_;
+  std::optional<hf_drafter::Layout> hf_layout_;  // a DFlash drafter: exported at the end
   int64_t steps_ = 0, first_step_ = 0, current_step_ = -1, last_checkpoint_ = 0;
 };
 
@@ -203,6 +205,7 @@ void Trainer::prepare() {
   if (root()) {
     if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
     log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
+    hf_layout_ = hf_export::run_layout(setup_, plugins_, resume_.log_path);
   }
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
@@ -320,7 +323,8 @@ void Trainer::validate(int64_t done) {
                             setup_.experiment.eval(),
                             static_cast<uint64_t>(run_table().integer("seed")),
                             shape_.layers + 1,  // + the loss's ledger column
-                            shape_.positions};
+                            shape_.positions,
+                            plugins_.target.get()};
   const std::optional<EvalResult> r = evaluate(context, done);
   if (!r) {
     std::cout << "eval: the dataset has no held-out batch; nothing to validate" << std::endl;
@@ -353,6 +357,11 @@ void Trainer::finish() {
       (fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".weights.h5")).string();
   checkpoint::export_weights(weights_path, info, plugins_.drafter->parameters(), "run log " + resume_.log_path);
   std::cout << "weights: " << weights_path << std::endl;
+  if (hf_layout_) {
+    const fs::path folder = fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".hf");
+    hf_drafter::write(folder.string(), *hf_layout_, plugins_.drafter->parameters());
+    std::cout << "drafter (Hugging Face DFlash layout, " << hf_layout_->dtype << "): " << folder.string() << std::endl;
+  }
   std::cout << "done: " << steps_ << " steps; log: " << resume_.log_path << std::endl;
 }
 

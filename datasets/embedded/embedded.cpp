@@ -26,12 +26,15 @@
 // temporary name and renamed, so a crash never leaves a half cache. Layout:
 //   /tokens    int64   [sequences, seq_len]     (train sequences first, then eval)
 //   /hidden    float32 [sequences, seq_len, E, hidden]: residual stream after target
-//              layer exported_layers[e] (0-based), at every position
+//              layer exported_layers[e] (0-based), at every position; for the last layer,
+//              after the final RMSNorm (layer id L = transformers' hidden_states[L + 1] of
+//              the same model as a Llama checkpoint, which open() writes next to the cache)
 //   /embedding float32 [vocab, hidden]   /lm_head float32 [vocab, hidden]
 //   attributes: exported_layers, layers, prompt_len, train_sequences, eval_sequences, key
 // The target's greedy continuation is the tokens themselves (positions >= prompt_len).
 #include <flashdraft/model.hpp>
 #include <flashdraft/hdf5_attributes.hpp>
+#include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -42,6 +45,7 @@
 #include <functional>
 #include <iomanip>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <sstream>
@@ -51,7 +55,7 @@ namespace flashdraft {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kFormat = "flashdraft-embedded-v1";
+constexpr const char* kFormat = "flashdraft-embedded-v2";  // v2: last layer after the final norm
 
 // --- HDF5 in a few lines (C API; every call checked) ----------------------------------
 void h5check(herr_t status, const std::string& what) {
@@ -154,11 +158,34 @@ class TargetLM {
       x = x + at::linear(a.transpose(1, 2).reshape({B, T, hidden_}), P.wo);
       const at::Tensor h2 = rms(x);
       x = x + at::linear(at::silu(at::linear(h2, P.wg)) * at::linear(h2, P.wu), P.wd);
+      // Layer id L = transformers' hidden_states[L + 1]: the last layer's state is reported
+      // after the final RMSNorm, as transformers does.
+      const at::Tensor state = l + 1 == layers_.size() ? rms(x) : x;
       for (size_t e = 0; e < exported.size(); ++e)
         if (exported[e] == static_cast<int64_t>(l))
-          hidden_out.narrow(1, start, T).select(2, static_cast<int64_t>(e)).copy_(x);
+          hidden_out.narrow(1, start, T).select(2, static_cast<int64_t>(e)).copy_(state);
     }
     return at::linear(rms(x.select(1, T - 1)), lm_head);
+  }
+
+  // The same model as a Hugging Face LlamaForCausalLM's tensors: RMSNorm weights of one
+  // (this model's norms have none), no biases, untied LM head.
+  std::vector<std::pair<std::string, at::Tensor>> hf_weights() const {
+    std::vector<std::pair<std::string, at::Tensor>> out = {{"model.embed_tokens.weight", embedding}};
+    const at::Tensor ones = at::ones({hidden_}, at::kFloat);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const TargetLayer& P = layers_[l];
+      for (const auto& [name, t] : std::vector<std::pair<std::string, at::Tensor>>{
+               {"input_layernorm.weight", ones}, {"post_attention_layernorm.weight", ones},
+               {"self_attn.q_proj.weight", P.wq}, {"self_attn.k_proj.weight", P.wk}, {"self_attn.v_proj.weight", P.wv},
+               {"self_attn.o_proj.weight", P.wo}, {"mlp.gate_proj.weight", P.wg}, {"mlp.up_proj.weight", P.wu},
+               {"mlp.down_proj.weight", P.wd}})
+        out.emplace_back(p + name, t);
+    }
+    out.emplace_back("model.norm.weight", ones);
+    out.emplace_back("lm_head.weight", lm_head);
+    return out;
   }
 
   at::Tensor embedding, lm_head;
@@ -239,6 +266,7 @@ class EmbeddedDataset final : public Dataset {
     } else {
       generate();
     }
+    write_hf_target((dir / (std::string(name, 16) + ".target")).string());
   }
 
   TargetModel target() const override {
@@ -320,6 +348,31 @@ class EmbeddedDataset final : public Dataset {
       say_("data: cache " + path_ + " unusable (" + e.what() + "); generating it again");
       return false;
     }
+  }
+
+  // The target as a Hugging Face checkpoint folder (LlamaForCausalLM, float32), once per
+  // cache: `[target] plugin = "hf"` with this path runs the very model that wrote the data,
+  // so validation can verify drafts with it (its greedy choices are the data's tokens).
+  void write_hf_target(const std::string& folder) const {
+    if (fs::exists(fs::path(folder) / "config.json")) return;
+    const TargetLM lm(vocab_, hidden_, layers_, heads_, ffn_, branch_gain_, seed_);
+    const std::string tmp = folder + ".tmp." + std::to_string(::getpid());
+    fs::create_directories(tmp);
+    safetensors::write(tmp + "/model.safetensors", lm.hf_weights(), {{"format", "pt"}});
+    std::ofstream(tmp + "/config.json")
+        << "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": " << vocab_
+        << ",\n  \"hidden_size\": " << hidden_ << ",\n  \"intermediate_size\": " << ffn_
+        << ",\n  \"num_hidden_layers\": " << layers_ << ",\n  \"num_attention_heads\": " << heads_
+        << ",\n  \"num_key_value_heads\": " << heads_ << ",\n  \"head_dim\": " << hidden_ / heads_
+        << ",\n  \"max_position_embeddings\": " << std::max<int64_t>(seq_len_, 2048)
+        << ",\n  \"rms_norm_eps\": 1e-06,\n  \"rope_theta\": 10000.0,\n  \"hidden_act\": \"silu\",\n"
+        << "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"tie_word_embeddings\": false,\n"
+        << "  \"torch_dtype\": \"float32\"\n}\n";
+    std::error_code ec;
+    fs::rename(tmp, folder, ec);  // another process may have written it first: keep theirs
+    if (ec)
+      for (const char* f : {"/model.safetensors", "/config.json", ""}) fs::remove(tmp + f, ec);
+    say_("data: the target as a Hugging Face checkpoint: " + folder);
   }
 
   void generate() {

@@ -112,6 +112,11 @@ class DFlashDrafter final : public Drafter {
     s.integer("anchors", "blocks per sequence (N)").def(int64_t{8}).at_least(0);
     s.real("gamma", "loss weight decay: w_j = exp(-(j-1)/gamma)").def(7.0).at_least(0.0);
     s.real("init_std", "standard deviation of the initial projection weights").def(0.02).at_least(0.0);
+    s.string("init",
+             "a Hugging Face DFlash drafter folder (config.json + model.safetensors, as `flashdraft export "
+             "--format hf` writes) whose weights replace the random ones, to continue training or to validate "
+             "it; its config must match this table and the target (empty = random initial weights)")
+        .def(std::string());
   }
 
   explicit DFlashDrafter(const Config& config) : config_(config) {
@@ -409,6 +414,9 @@ class DFlashDrafter final : public Drafter {
       std::vector<uint8_t> valid;
       for (const auto& v : plan.input.block_valid) valid.insert(valid.end(), v.begin(), v.end());
       result.block_valid = at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
+      std::vector<int64_t> anchor_list;
+      for (const auto& a : plan.input.anchors) anchor_list.insert(anchor_list.end(), a.begin(), a.end());
+      result.anchors = at::tensor(anchor_list, at::TensorOptions().dtype(at::kLong)).view({B, N});
     }
     const std::vector<int64_t> count = plan.position_count;
     auto fill = [hits, count, BS](StepResult& r) {

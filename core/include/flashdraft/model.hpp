@@ -117,6 +117,17 @@ class FLASHDRAFT_API Target : public PluginObject {
   // target's dtype, for batch.tokens; runs the decoder only up to the deepest layer.
   virtual at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
                                    AttentionContext& attention) = 0;
+  // Target verification of drafted blocks (validation): for block n of row b, the
+  // target reads the row's tokens before anchors[b][n] (the context, same document) and
+  // then blocks[b][n] = [token at the anchor, drafted 1 .. BS-1] at positions anchor + j,
+  // causally, all blocks in one forward (the context's keys/values computed once and
+  // shared). Returns [B, N, BS] int64: at j >= 1 the target's greedy token for block
+  // position j given the context and blocks[b][n][0 .. j-1]; -1 at j = 0. Runs every
+  // decoder layer. Undefined tensor: this target cannot verify.
+  virtual at::Tensor verify(const Batch& batch, const at::Tensor& anchors, const at::Tensor& blocks) {
+    (void)batch, (void)anchors, (void)blocks;
+    return {};
+  }
 };
 
 struct StepResult {
@@ -138,6 +149,7 @@ struct StepResult {
   // calls it after the backward and the optimizer step have been queued, so that reading
   // the metrics does not stall the device between the passes. Empty: they are filled.
   std::function<void(StepResult&)> deferred;
+  at::Tensor anchors;      // [B, N] int64: position of each block's first token (target verification)
 };
 
 class FLASHDRAFT_API Drafter : public PluginObject {

@@ -145,6 +145,34 @@ class HfTarget final : public Target {
     return at::stack(out, 2);  // [B, S, E, H]
   }
 
+  // Target verification (model.hpp): every decoder layer runs over the context (causal within
+  // each document) and over all blocks at once; block n's queries see the context before its
+  // anchor (same document) and its own block causally, so one forward gives the greedy choice
+  // after every prefix of every block. Attention here is computed densely in this plugin
+  // (validation only, N * BS queries), not through the engine's dispatcher.
+  at::Tensor verify(const Batch& batch, const at::Tensor& anchors, const at::Tensor& blocks) override {
+    at::NoGradGuard frozen;
+    load_every_layer();
+    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = blocks.size(1), BS = blocks.size(2);
+    const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device_);
+    const at::Tensor anchor = anchors.to(device_, at::kLong);
+    const at::Tensor block_tokens = blocks.to(device_, at::kLong).reshape({B, N * BS});
+    at::Tensor xc = embed_.index_select(0, batch.tokens.to(device_, at::kLong).reshape({-1})).view({B, S, cfg_.hidden});
+    at::Tensor xb = embed_.index_select(0, block_tokens.reshape({-1})).view({B, N * BS, cfg_.hidden});
+    const auto [cos_c, sin_c] = rope_tables(at::arange(S, long_opts).unsqueeze(0).expand({B, S}));
+    const auto [cos_b, sin_b] = rope_tables((anchor.unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
+    const auto [mask_c, mask_b] = verify_masks(batch, anchor, S, BS);
+    for (const DecoderLayer& L : layers_) {
+      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, {}, {}, mask_c);
+      xb = dense_layer(L, xb, cos_b, sin_b, context.k, context.v, mask_b).x;
+      xc = context.x;
+    }
+    const at::Tensor greedy = at::linear(rms_norm(xb, final_norm_), lm_head_).argmax(-1).view({B, N, BS});
+    at::Tensor out = at::full({B, N, BS}, -1, at::TensorOptions().dtype(at::kLong));
+    out.narrow(2, 1, BS - 1).copy_(greedy.narrow(2, 0, BS - 1).to(at::kCPU));
+    return out;
+  }
+
  private:
   at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
 
@@ -247,11 +275,13 @@ class HfTarget final : public Target {
     return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   }
 
-  at::Tensor layer_forward(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                           int64_t index, AttentionContext& attention) const {
-    const int64_t B = x.size(0), S = x.size(1), D = cfg_.head_dim;
+  struct QKV {
+    at::Tensor q, k, v;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
+  };
+  QKV project(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
     const at::Tensor h = rms_norm(x, L.input_norm);
-    auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, S, n, D}).transpose(1, 2); };
+    auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, T, n, D}).transpose(1, 2); };
     at::Tensor q = heads(at::linear(h, L.q_proj, L.q_bias), cfg_.heads);
     at::Tensor k = heads(at::linear(h, L.k_proj, L.k_bias), cfg_.kv_heads);
     const at::Tensor v = heads(at::linear(h, L.v_proj, L.v_bias), cfg_.kv_heads);
@@ -259,13 +289,79 @@ class HfTarget final : public Target {
       q = rms_norm(q, L.q_norm);
       k = rms_norm(k, L.k_norm);
     }
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    const at::Tensor a =
-        attention.attention(index, q.contiguous(), k.contiguous(), v.contiguous(), 1.0 / std::sqrt(double(D)));
-    const at::Tensor x1 = x + at::linear(a.transpose(1, 2).reshape({B, S, cfg_.heads * D}), L.o_proj, L.o_bias);
+    return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v};
+  }
+
+  // The rest of a layer after attention: output projection, residual, MLP, residual.
+  at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
+    const int64_t B = x.size(0), T = x.size(1);
+    const at::Tensor x1 =
+        x + at::linear(a.transpose(1, 2).reshape({B, T, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
     const at::Tensor h2 = rms_norm(x1, L.post_norm);
     return x1 + at::linear(at::silu(at::linear(h2, L.gate_proj)) * at::linear(h2, L.up_proj), L.down_proj);
+  }
+
+  at::Tensor layer_forward(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t index, AttentionContext& attention) const {
+    const QKV p = project(L, x, cos, sin);
+    const at::Tensor a = attention.attention(index, p.q.contiguous(), p.k.contiguous(), p.v.contiguous(),
+                                             1.0 / std::sqrt(double(cfg_.head_dim)));
+    return finish_layer(L, x, a);
+  }
+
+  // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
+  // (true = visible); returns its output and its own keys/values.
+  struct DenseOut {
+    at::Tensor x, k, v;
+  };
+  DenseOut dense_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& k_prefix, const at::Tensor& v_prefix, const at::Tensor& mask) const {
+    const QKV p = project(L, x, cos, sin);
+    const int64_t group = cfg_.heads / cfg_.kv_heads;
+    const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
+    const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
+    const at::Tensor a =
+        at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, 1.0 / std::sqrt(double(cfg_.head_dim)));
+    return {finish_layer(L, x, a), p.k, p.v};
+  }
+
+  // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them.
+  std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions) const {
+    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(device_);
+    const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
+    return {emb.cos().to(dtype_), emb.sin().to(dtype_)};
+  }
+
+  // Visibility for verification: the context causal within each document [B, 1, S, S]; the
+  // blocks [B, 1, N*BS, S + N*BS]: block n sees context positions before its anchor in the
+  // anchor's document, and its own positions up to the query's (causal).
+  std::pair<at::Tensor, at::Tensor> verify_masks(const Batch& batch, const at::Tensor& anchor, int64_t S,
+                                                 int64_t BS) const {
+    const int64_t B = anchor.size(0), N = anchor.size(1), L = N * BS;
+    const MaskInput docs = document_mask(batch, B, S);
+    std::vector<int64_t> doc_ids;
+    for (const auto& row : docs.doc_lengths)
+      for (size_t d = 0; d < row.size(); ++d) doc_ids.insert(doc_ids.end(), static_cast<size_t>(row[d]), int64_t(d));
+    const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device_);
+    const at::Tensor doc = at::tensor(doc_ids, at::TensorOptions().dtype(at::kLong)).view({B, S}).to(device_);
+    const at::Tensor pos = at::arange(S, long_opts);
+    const at::Tensor same_doc = doc.unsqueeze(2).eq(doc.unsqueeze(1));
+    const at::Tensor mask_c = (pos.unsqueeze(1) >= pos.unsqueeze(0)).unsqueeze(0) & same_doc;
+    const at::Tensor anchor_doc = doc.gather(1, anchor);
+    const at::Tensor context =
+        pos.view({1, 1, S}).lt(anchor.unsqueeze(2)) & doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2));
+    const at::Tensor q = at::arange(L, long_opts);
+    const at::Tensor own =
+        (q.unsqueeze(1).div(BS, "floor") == q.unsqueeze(0).div(BS, "floor")) & (q.unsqueeze(1) >= q.unsqueeze(0));
+    const at::Tensor ctx = context.unsqueeze(2).expand({B, N, BS, S}).reshape({B, L, S});
+    const at::Tensor mask_b = at::cat({ctx, own.unsqueeze(0).expand({B, L, L})}, 2);
+    return {mask_c.unsqueeze(1), mask_b.unsqueeze(1)};
+  }
+
+  void load_every_layer() {
+    if (static_cast<int64_t>(layers_.size()) == cfg_.layers) return;
+    for (int64_t l = static_cast<int64_t>(layers_.size()); l < cfg_.layers; ++l) layers_.push_back(load_layer(l));
+    if (say_) say_("target: loaded all " + std::to_string(cfg_.layers) + " decoder layers (target verification)");
   }
 
   // Causal within each document: a packed row's documents, or [length, padding].

@@ -1,0 +1,340 @@
+// A DFlash drafter as a Hugging Face folder (layout in hf_drafter.hpp).
+#include "hf_drafter.hpp"
+
+#include "checkpoint.hpp"
+
+#include <flashdraft/safetensors.hpp>
+#include <flashdraft/text.hpp>
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace flashdraft::hf_drafter {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+constexpr const char* kArchitecture = "DFlashDraftModel";
+
+const std::map<std::string, std::pair<std::string, c10::ScalarType>>& dtypes() {
+  static const std::map<std::string, std::pair<std::string, c10::ScalarType>> table = {
+      {"float32", {"F32", at::kFloat}}, {"bfloat16", {"BF16", at::kBFloat16}}, {"float16", {"F16", at::kHalf}}};
+  return table;
+}
+
+std::string dtype_name(c10::ScalarType t) {
+  for (const auto& [name, d] : dtypes())
+    if (d.second == t) return name;
+  throw Error(std::string("a drafter in ") + c10::toString(t) +
+              " cannot be exported (accepted: float32, bfloat16, float16)");
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return list_str(s); }
+
+std::vector<int64_t> shape_of(const Named& params, const std::string& name) {
+  for (const auto& [n, t] : params)
+    if (n == name) return std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
+  throw Error("the drafter has no tensor '" + name + "': only a DFlash drafter (plugin \"dflash\") has the layout " +
+              "of a Hugging Face DFlash folder");
+}
+
+// Reads config.json keys with sentences naming the file and the key.
+struct ConfigReader {
+  const Json& j;
+  std::string file;
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw Error(file + ": " + key + ": " + why);
+  }
+  const Json* find(const std::string& key) const {
+    if (j.contains("dflash_config") && j["dflash_config"].is_object() && j["dflash_config"].contains(key))
+      return &j["dflash_config"][key];
+    return j.contains(key) && !j[key].is_null() ? &j[key] : nullptr;
+  }
+  int64_t integer(const std::string& key) const {
+    const Json* v = find(key);
+    if (!v) fail(key, "missing (a DFlash drafter's config.json has it)");
+    if (!v->is_number_integer()) fail(key, "value " + v->dump() + " is not an integer");
+    return v->get<int64_t>();
+  }
+  double real(const std::string& key, double fallback) const {
+    const Json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number()) fail(key, "value " + v->dump() + " is not a number");
+    return v->get<double>();
+  }
+};
+
+void read_architecture(const ConfigReader& r) {
+  const Json& a = r.j.contains("architectures") ? r.j["architectures"] : Json();
+  if (!a.is_array() || a.empty() || !a[0].is_string())
+    r.fail("architectures", "missing (accepted: [\"" + std::string(kArchitecture) + "\"])");
+  const std::string name = a[0].get<std::string>();
+  if (name != kArchitecture)
+    r.fail("architectures", "\"" + name + "\" is not a DFlash drafter (accepted: \"" + kArchitecture +
+                                "\"; a target model or another drafter cannot initialise a DFlash drafter)");
+}
+
+std::string read_dtype(const ConfigReader& r) {
+  const Json* v = r.find("torch_dtype");
+  if (!v) v = r.find("dtype");
+  if (!v) return "float32";
+  if (!v->is_string() || !dtypes().count(v->get<std::string>()))
+    r.fail("torch_dtype",
+           "value " + v->dump() + " is not a dtype a drafter is stored in (accepted: float32, bfloat16, float16)");
+  return v->get<std::string>();
+}
+
+std::vector<int64_t> read_ids(const ConfigReader& r) {
+  const Json* v = r.find("target_layer_ids");
+  if (!v || !v->is_array() || v->empty())
+    r.fail("dflash_config.target_layer_ids", "missing or empty (a list of target layer ids is needed)");
+  std::vector<int64_t> ids;
+  for (const auto& x : *v) {
+    if (!x.is_number_integer()) r.fail("dflash_config.target_layer_ids", "entry " + x.dump() + " is not an integer");
+    ids.push_back(x.get<int64_t>());
+  }
+  return ids;
+}
+
+// One size of the layout: its config.json key, the values of the folder and of the
+// experiment's drafter, and where the experiment's value comes from.
+struct Field {
+  const char* key;
+  int64_t found, wanted;
+  const char* from;
+};
+
+void compare(const std::string& file, const Layout& got, const Layout& want) {
+  const Field fields[] = {
+      {"hidden_size", got.hidden, want.hidden, "the target's hidden size ([drafter] hidden)"},
+      {"num_hidden_layers", got.layers, want.layers, "[drafter] layers"},
+      {"num_attention_heads", got.heads, want.heads, "[drafter] heads"},
+      {"num_key_value_heads", got.kv_heads, want.kv_heads, "[drafter] kv_heads"},
+      {"head_dim", got.head_dim, want.head_dim, "[drafter] head_dim, or hidden / heads"},
+      {"intermediate_size", got.intermediate, want.intermediate, "[drafter] ffn, or 3 x hidden"},
+      {"vocab_size", got.vocab, want.vocab, "the target's vocabulary"},
+      {"num_target_layers", got.target_layers, want.target_layers, "the target's decoder layers"},
+      {"block_size", got.block_size, want.block_size, "[drafter] block_size"},
+      {"dflash_config.mask_token_id", got.mask_token, want.mask_token, "[drafter] mask_token"},
+  };
+  for (const Field& f : fields)
+    if (f.found != f.wanted)
+      throw Error(file + ": " + f.key + " = " + std::to_string(f.found) + ", but the experiment's drafter has " +
+                  std::to_string(f.wanted) + " (from " + f.from + "); accepted: a DFlash drafter exported with " +
+                  f.key + " = " + std::to_string(f.wanted));
+  if (got.target_layer_ids != want.target_layer_ids)
+    throw Error(file + ": dflash_config.target_layer_ids = " + list_str(got.target_layer_ids) +
+                ", but the experiment's drafter reads target layers " + list_str(want.target_layer_ids) +
+                " (from [drafter] target_layer_ids); accepted: the same ids");
+  if (got.rope_theta != want.rope_theta || got.rms_eps != want.rms_eps)
+    throw Error(file + ": rope_theta = " + std::to_string(got.rope_theta) + ", rms_norm_eps = " +
+                std::to_string(got.rms_eps) + ", but the experiment's drafter has " + std::to_string(want.rope_theta) +
+                " and " + std::to_string(want.rms_eps) + " (from [drafter] rope_theta and rms_eps)");
+}
+
+// Every tensor of the folder: present, of the layout's shape, stored in config.json's dtype,
+// and nothing else.
+void check_tensors(const safetensors::Checkpoint& ck, const Layout& layout) {
+  const std::string folder = ck.folder();
+  const std::string stored = dtypes().at(layout.dtype).first;
+  const auto shapes = tensor_shapes(layout);
+  for (const auto& [name, shape] : shapes) {
+    const safetensors::TensorInfo* info = ck.find(name);
+    if (!info)
+      throw Error(folder + ": tensor '" + name + "' " + shape_str(shape) +
+                  " is missing (a DFlash drafter of this config.json has it)");
+    if (info->shape != shape)
+      throw Error(folder + ": tensor '" + name + "' has shape " + shape_str(info->shape) + ", config.json implies " +
+                  shape_str(shape));
+    if (info->dtype != stored)
+      throw Error(folder + ": tensor '" + name + "' is stored as " + info->dtype +
+                  ", but config.json says torch_dtype " + layout.dtype + " (accepted: every tensor in " + stored + ")");
+  }
+  for (const auto& name : ck.names()) {
+    bool known = false;
+    for (const auto& s : shapes) known = known || s.first == name;
+    if (!known)
+      throw Error(folder + ": holds tensor '" + name + "', which a DFlash drafter of this config.json does not have " +
+                  "(accepted: exactly the " + std::to_string(shapes.size()) + " tensors of the layout)");
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& l) {
+  const int64_t H = l.hidden, q = l.heads * l.head_dim, kv = l.kv_heads * l.head_dim, F = l.intermediate;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
+      {"fc.weight", {H, static_cast<int64_t>(l.target_layer_ids.size()) * H}}, {"hidden_norm.weight", {H}}};
+  for (int64_t i = 0; i < l.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> layer = {
+        {"input_layernorm.weight", {H}},           {"self_attn.q_proj.weight", {q, H}},
+        {"self_attn.k_proj.weight", {kv, H}},      {"self_attn.v_proj.weight", {kv, H}},
+        {"self_attn.o_proj.weight", {H, q}},       {"self_attn.q_norm.weight", {l.head_dim}},
+        {"self_attn.k_norm.weight", {l.head_dim}}, {"post_attention_layernorm.weight", {H}},
+        {"mlp.gate_proj.weight", {F, H}},          {"mlp.up_proj.weight", {F, H}},
+        {"mlp.down_proj.weight", {H, F}}};
+    for (const auto& [name, shape] : layer) out.emplace_back(p + name, shape);
+  }
+  out.push_back({"norm.weight", {H}});
+  return out;
+}
+
+Layout describe(const Config& table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype) {
+  const Named params = drafter.parameters();
+  Layout l;
+  l.hidden = shape_of(params, "fc.weight")[0];
+  while (true) {
+    const std::string p = "layers." + std::to_string(l.layers) + ".input_layernorm.weight";
+    bool found = false;
+    for (const auto& n : params) found = found || n.first == p;
+    if (!found) break;
+    ++l.layers;
+  }
+  l.head_dim = shape_of(params, "layers.0.self_attn.q_norm.weight")[0];
+  l.heads = shape_of(params, "layers.0.self_attn.q_proj.weight")[0] / l.head_dim;
+  l.kv_heads = shape_of(params, "layers.0.self_attn.k_proj.weight")[0] / l.head_dim;
+  l.intermediate = shape_of(params, "layers.0.mlp.gate_proj.weight")[0];
+  l.vocab = target.vocab;
+  l.target_layers = target.layers;
+  l.block_size = table.integer("block_size");
+  l.mask_token = table.integer("mask_token") < 0 ? target.vocab - 1 : table.integer("mask_token");
+  l.target_layer_ids = drafter.target_layers(target);
+  l.rope_theta = table.real("rope_theta");
+  l.rms_eps = table.real("rms_eps");
+  l.dtype = dtype_name(dtype);
+  l.target = target.source;
+  return l;
+}
+
+std::string config_json(const Layout& l) {
+  Json j;
+  j["architectures"] = {kArchitecture};
+  j["model_type"] = "qwen3";
+  j["hidden_size"] = l.hidden;
+  j["intermediate_size"] = l.intermediate;
+  j["num_hidden_layers"] = l.layers;
+  j["num_attention_heads"] = l.heads;
+  j["num_key_value_heads"] = l.kv_heads;
+  j["head_dim"] = l.head_dim;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = l.rms_eps;
+  j["rope_theta"] = l.rope_theta;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", l.rope_theta}};
+  j["attention_bias"] = false;
+  j["tie_word_embeddings"] = false;
+  j["vocab_size"] = l.vocab;
+  j["num_target_layers"] = l.target_layers;
+  j["block_size"] = l.block_size;
+  j["torch_dtype"] = l.dtype;
+  j["dtype"] = l.dtype;
+  j["dflash_config"] = {
+      {"mask_token_id", l.mask_token}, {"target_layer_ids", l.target_layer_ids}, {"block_size", l.block_size}};
+  j["flashdraft"] = {{"target", l.target},
+                     {"target_layer_ids_meaning",
+                      "id L = the output of target decoder layer L = transformers' "
+                      "hidden_states[L + 1]"}};
+  return j.dump(2) + "\n";
+}
+
+Layout read_config(const std::string& folder) {
+  if (!fs::is_directory(folder))
+    throw Error("\"" + folder + "\" is not a folder (a Hugging Face DFlash drafter folder with config.json and " +
+                "model.safetensors is expected)");
+  return read_config_file((fs::path(folder) / "config.json").string());
+}
+
+Layout read_config_file(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot be read (a DFlash drafter folder has a config.json)");
+  Json j;
+  try {
+    j = Json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(file + ": not valid JSON (" + std::string(e.what()) + ")");
+  }
+  if (!j.is_object()) throw Error(file + ": expected a JSON object");
+  const ConfigReader r{j, file};
+  read_architecture(r);
+  Layout l;
+  l.hidden = r.integer("hidden_size");
+  l.layers = r.integer("num_hidden_layers");
+  l.heads = r.integer("num_attention_heads");
+  l.kv_heads = r.integer("num_key_value_heads");
+  l.head_dim = r.find("head_dim") ? r.integer("head_dim") : (l.heads > 0 ? l.hidden / l.heads : 0);
+  l.intermediate = r.integer("intermediate_size");
+  l.vocab = r.integer("vocab_size");
+  l.target_layers = r.integer("num_target_layers");
+  l.block_size = r.integer("block_size");
+  l.mask_token = r.integer("mask_token_id");
+  l.target_layer_ids = read_ids(r);
+  l.rms_eps = r.real("rms_norm_eps", 1e-6);
+  const Json* rope = r.find("rope_parameters");
+  l.rope_theta = rope && rope->is_object() && rope->contains("rope_theta") && (*rope)["rope_theta"].is_number()
+                     ? (*rope)["rope_theta"].get<double>()
+                     : r.real("rope_theta", 10000.0);
+  l.dtype = read_dtype(r);
+  if (j.contains("flashdraft") && j["flashdraft"].is_object() && j["flashdraft"].contains("target") &&
+      j["flashdraft"]["target"].is_string())
+    l.target = j["flashdraft"]["target"].get<std::string>();
+  return l;
+}
+
+void write(const std::string& folder, const Layout& layout, const Named& weights) {
+  const c10::ScalarType dtype = dtypes().at(layout.dtype).second;
+  Named out;
+  for (const auto& [name, shape] : tensor_shapes(layout)) {
+    const at::Tensor* found = nullptr;
+    for (const auto& w : weights)
+      if (w.first == name) found = &w.second;
+    if (!found) throw Error("cannot export: the drafter has no tensor '" + name + "' " + shape_str(shape));
+    const std::vector<int64_t> have(found->sizes().begin(), found->sizes().end());
+    if (have != shape)
+      throw Error("cannot export: tensor '" + name + "' has shape " + shape_str(have) + ", the layout says " +
+                  shape_str(shape));
+    out.emplace_back(name, found->detach().to(at::kCPU, dtype).contiguous());
+  }
+  if (out.size() != weights.size())
+    throw Error("cannot export: the drafter has " + std::to_string(weights.size()) + " tensors, the DFlash layout " +
+                std::to_string(out.size()) + " (a tensor the layout does not name would be lost)");
+  const fs::path dir(folder);
+  if (fs::exists(dir) && !fs::is_empty(dir) && !fs::exists(dir / "config.json"))
+    throw Error("cannot export to " + folder + ": the folder exists and is not a drafter folder (no config.json); " +
+                "give a new or empty folder");
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  checkpoint::remove_tree(tmp);
+  fs::create_directories(tmp);
+  safetensors::write((tmp / "model.safetensors").string(), out, {{"format", "pt"}});
+  std::ofstream(tmp / "config.json") << config_json(layout);
+  checkpoint::remove_tree(dir);
+  fs::rename(tmp, dir);
+}
+
+void import(const std::string& folder, const Layout& expected, const Named& params) {
+  const Layout got = read_config(folder);
+  compare((fs::path(folder) / "config.json").string(), got, expected);
+  std::unique_ptr<safetensors::Checkpoint> ck;
+  try {
+    ck = std::make_unique<safetensors::Checkpoint>(folder);
+  } catch (const safetensors::Error& e) {
+    throw Error(e.what());
+  }
+  check_tensors(*ck, got);
+  at::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    if (!ck->find(name)) throw Error(folder + ": tensor '" + name + "' is missing (the experiment's drafter has it)");
+    param.copy_(ck->load(name, param.device(), param.scalar_type()));
+  }
+}
+
+}  // namespace flashdraft::hf_drafter

@@ -1,0 +1,76 @@
+// A DFlash drafter as a Hugging Face folder: config.json + model.safetensors in the layout
+// the public DFlash reference (z-lab/dflash, dflash/model.py: DFlashDraftModel) and the
+// serving engines that load DFlash drafters read. Export writes it; import reads one
+// back into the experiment's drafter after checking that it is the same drafter.
+//
+// config.json (what each key means to a reader of the layout):
+//   architectures ["DFlashDraftModel"], model_type "qwen3" (the drafter's layers are Qwen3
+//   decoder layers: q/k RMSNorm per head, SwiGLU; the reference builds its config as a
+//   Qwen3Config), hidden_size, intermediate_size, num_hidden_layers (drafter layers),
+//   num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta (and
+//   rope_parameters, the transformers 5 spelling), vocab_size (the target's),
+//   num_target_layers, block_size, torch_dtype (and dtype), attention_bias false,
+//   tie_word_embeddings false, dflash_config {mask_token_id, target_layer_ids, block_size}.
+//   Target layer id L is the output of the target's decoder layer L = transformers'
+//   hidden_states[L + 1], as the reference reads it.
+// model.safetensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per
+//   layer i: layers.i.{input_layernorm,post_attention_layernorm}.weight [H],
+//   layers.i.self_attn.{q,k,v,o}_proj.weight, layers.i.self_attn.{q,k}_norm.weight [D],
+//   layers.i.mlp.{gate,up,down}_proj.weight; no embedding and no LM head (the target's).
+#pragma once
+
+#include <flashdraft/config.hpp>
+#include <flashdraft/export.hpp>
+#include <flashdraft/model.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flashdraft::hf_drafter {
+
+// A folder that cannot be written or imported; what() is a sentence.
+class FLASHDRAFT_API Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Layout {
+  int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t vocab = 0, block_size = 0, mask_token = 0, target_layers = 0;
+  std::vector<int64_t> target_layer_ids;
+  double rope_theta = 10000.0, rms_eps = 1e-6;
+  std::string dtype = "float32";  // torch_dtype: float32 | bfloat16 | float16
+  std::string target;             // what the target was (informational)
+};
+
+using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Every tensor of a drafter of this layout with its shape, in file order.
+FLASHDRAFT_API std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
+
+// The layout of a bound "dflash" drafter: sizes from its tensors, the rest from its
+// resolved [drafter] table and the target it was bound to.
+FLASHDRAFT_API Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
+                               c10::ScalarType dtype);
+
+FLASHDRAFT_API std::string config_json(const Layout& layout);
+// Reads <folder>/config.json; throws Error naming the file, the key and what is accepted.
+FLASHDRAFT_API Layout read_config(const std::string& folder);
+FLASHDRAFT_API Layout read_config_file(const std::string& file);
+
+// Writes <folder>/config.json and <folder>/model.safetensors (our writer; tensors cast to
+// layout.dtype, every name and shape checked against the layout first). The folder is
+// written under a temporary name and renamed into place.
+FLASHDRAFT_API void write(const std::string& folder, const Layout& layout, const Named& weights);
+
+// Copies the folder's tensors into `params` (in place) after checking the folder against
+// `expected` (the experiment's drafter): architecture, every size, ids and token, every
+// tensor's presence, shape and dtype. Throws Error before changing anything.
+FLASHDRAFT_API void import(const std::string& folder, const Layout& expected, const Named& params);
+
+}  // namespace flashdraft::hf_drafter

@@ -1,0 +1,101 @@
+// eval_blocks: one validation of an experiment's drafter, as `flashdraft run` does it
+// before step 0 (the drafter bound, [drafter] init applied), with every held-out block
+// written out, for the tests that check the export, the import and target verification
+// against plain PyTorch and transformers (tests/python/test_hf_export.py).
+//
+//   eval_blocks EXP.toml OUT.safetensors
+// OUT (blocks of every held-out batch, batches concatenated along the first axis):
+//   tokens [R, S], lengths [R], anchors [R, N], predictions [R, N, BS], labels [R, N, BS]
+//   (the data's, -1 = none), block_valid [R, N] (uint8), verified [R, N, BS] (the labels of
+//   target verification; absent without an online target), loss [batches] (float64),
+//   tau, tau_data (float64 scalars); metadata tau_method.
+// Errors: one line on stderr, exit status 1.
+#include "batches.hpp"
+#include "bind.hpp"
+#include "dispatch.hpp"
+#include "eval.hpp"
+#include "ledger.hpp"
+#include "setup.hpp"
+
+#include <flashdraft/safetensors.hpp>
+
+#include <torch/torch.h>
+
+#include <iostream>
+#include <map>
+
+namespace fd = flashdraft;
+
+namespace {
+
+struct Blocks {
+  std::map<std::string, std::vector<at::Tensor>> rows;
+  std::vector<double> losses;
+  void add(const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {
+    rows["tokens"].push_back(batch.tokens.to(at::kCPU, at::kLong));
+    rows["lengths"].push_back(batch.lengths.to(at::kCPU, at::kLong));
+    rows["anchors"].push_back(r.anchors.to(at::kCPU, at::kLong));
+    rows["predictions"].push_back(r.predictions.to(at::kCPU, at::kLong));
+    rows["labels"].push_back(r.labels.to(at::kCPU, at::kLong));
+    rows["block_valid"].push_back(r.block_valid.to(at::kCPU, at::kByte));
+    if (verified.defined()) rows["verified"].push_back(verified.to(at::kCPU, at::kLong));
+    losses.push_back(r.loss.item<double>());
+  }
+};
+
+int run(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: eval_blocks EXP.toml OUT.safetensors\n";
+    return 2;
+  }
+  fd::RunOptions options;
+  options.experiment = argv[1];
+  const fd::Setup setup = fd::load_setup(options);
+  fd::BoundPlugins b = fd::bind_plugins(setup);
+  const std::string& on_fallback = setup.experiment.attention().string("on_fallback");
+  fd::KernelLedger ledger;
+  fd::AttentionDispatcher dispatcher(b.choice, b.mask.get(), on_fallback, &ledger, nullptr);
+  std::unique_ptr<fd::AttentionDispatcher> target_dispatcher;
+  std::unique_ptr<fd::OffsetAttention> target_attention;
+  if (b.target) {
+    target_dispatcher =
+        std::make_unique<fd::AttentionDispatcher>(b.target_choice, b.target_mask.get(), on_fallback, &ledger, nullptr);
+    target_attention = std::make_unique<fd::OffsetAttention>(*target_dispatcher, b.drafter->attention_layers());
+  }
+  fd::BatchSource batches(*b.dataset, b.target.get(), b.target_layers, target_attention.get(), b.ctx.device);
+  Blocks blocks;
+  fd::EvalContext context{*b.drafter,
+                          batches,
+                          dispatcher,
+                          ledger,
+                          setup.experiment.eval(),
+                          static_cast<uint64_t>(setup.experiment.run().integer("seed")),
+                          b.drafter->attention_layers() + b.target_calls,
+                          b.drafter->positions(),
+                          b.target.get(),
+                          [&](const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {
+                            blocks.add(batch, r, verified);
+                          }};
+  const std::optional<fd::EvalResult> result = fd::evaluate(context, 0);
+  if (!result) throw std::runtime_error("the dataset has no held-out batch");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, parts] : blocks.rows) out.emplace_back(name, at::cat(parts, 0).contiguous());
+  out.emplace_back("loss", at::tensor(blocks.losses, at::kDouble));
+  out.emplace_back("tau", at::scalar_tensor(result->tau, at::kDouble));
+  out.emplace_back("tau_data", at::scalar_tensor(result->tau_data, at::kDouble));
+  fd::safetensors::write(argv[2], out, {{"tau_method", result->tau_method}});
+  std::cout << "tau " << result->tau << " (" << result->tau_method << "), tau_data " << result->tau_data << ", loss "
+            << result->loss << ", blocks " << result->blocks << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}
