@@ -62,7 +62,7 @@ for gpus, path in ((1, sys.argv[1]), (2, sys.argv[2])):
         n = names(f)
         layers = f["kernels/forward"].shape[1]
         for phase in ("forward", "backward"):
-            ids = f[f"ranks/kernels_{phase}"][:].reshape(len(tps), -1, layers)
+            ids = f[f"ranks/kernels_{phase}"][:].reshape(len(tps), -1, layers + 1)  # + the loss column
             for r in range(ids.shape[1]):
                 print(f"  rank {r} {phase}: {sorted({n[i] for i in ids[:, r].ravel() if i >= 0})}")
         print("  per-rank step time (median, ms):", np.round(1e3 * np.median(f["ranks/step_time_s"][2:], 0), 1).tolist())
