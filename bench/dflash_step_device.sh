@@ -155,6 +155,21 @@ for cfg in "compiled 1" "compiled 5" "eager 1" "eager 5"; do
   [ $prc -eq 0 ] || { tail -5 "$OUT/peer.log"; echo "{\"impl\": \"torch-$v+flex\", \"layers\": $L, \"failed\": \"rc $prc\"}" >> "$OUT/peer.jsonl"; }
 done
 
+# --- 3c. the LM-head loss and AdamW checks on the GPU (gtest), after every timing -------------
+# (a build folder of its own; built last so that no compile competes with a measured step)
+if [ $(left) -gt 100 ]; then
+  (
+    cmake -S . -B "$ROOT/build-gpu-tests" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON \
+      -DFLASHDRAFT_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > /dev/null &&
+      cmake --build "$ROOT/build-gpu-tests" -j16 --target test_lm_head_loss test_optimizer > /tmp/tests-build.log 2>&1 &&
+      "$ROOT/build-gpu-tests/bin/test_lm_head_loss" && "$ROOT/build-gpu-tests/bin/test_optimizer"
+  ) > "$OUT/gpu-tests.log" 2>&1
+  echo "=== GPU checks (test_lm_head_loss, test_optimizer): rc $?"
+else
+  echo "=== GPU checks skipped (only $(left) s left)"
+fi
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|^\[  FAILED|error" "$OUT/gpu-tests.log" /tmp/tests-build.log | head -24
+
 # --- 4. the table -----------------------------------------------------------------------------
 python3 bench/dflash_peer.py --floor --layers 1 5 > "$OUT/floor.tmp"
 python3 - "$OUT" "$RUNS" "$BUILD" <<'PY'

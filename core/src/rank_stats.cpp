@@ -78,13 +78,15 @@ std::string describe_difference(int rank, const std::vector<std::vector<std::str
 
 std::pair<double, double> weight_checksums(const std::vector<at::Tensor>& params) {
   at::NoGradGuard no_grad;
-  double sum = 0, sumsq = 0;
+  if (params.empty()) return {0.0, 0.0};
+  // Reductions accumulated in float64 on the weights' device, one read back for all.
+  std::vector<at::Tensor> parts;
   for (const auto& p : params) {
-    const at::Tensor d = p.detach().to(at::kDouble);
-    sum += d.sum().item<double>();
-    sumsq += d.pow(2).sum().item<double>();
+    parts.push_back(at::sum(p.detach(), at::kDouble));
+    parts.push_back(at::linalg_vector_norm(p.detach(), 2, std::nullopt, false, at::kDouble).square());
   }
-  return {sum, sumsq};
+  const at::Tensor all = at::stack(parts).view({-1, 2}).sum(0).to(at::kCPU);
+  return {all[0].item<double>(), all[1].item<double>()};
 }
 
 RankStep gather_step(Distributed& dist, StepOutcome& o, const GradientSync& grads, KernelLedger& ledger,
