@@ -164,3 +164,23 @@ TEST(LmHeadLoss, LedgerRecordsEachVariantForwardAndBackward) {
   }
   EXPECT_THROW(LmHeadLoss("fused", 0, {}), std::invalid_argument);
 }
+
+TEST(LmHeadLoss, NoRowsGiveAZeroLossStillInTheGraph) {
+  // A batch with no labelled row (a data-parallel rank whose batch has no valid anchor)
+  // still runs the op: loss 0, a zero gradient, the same variant recorded.
+  const Problem p = random_problem(6, 16, 40, at::kFloat, c10::kCPU, 19);
+  for (const std::string variant : {"chunked", "reference"}) {
+    std::vector<std::string> recorded;
+    LmHeadLoss op(variant, 4, [&](bool backward, const std::string& v) { recorded.push_back(v); });
+    at::Tensor h0 = p.hidden.clone().set_requires_grad(true);
+    const at::Tensor none = at::empty({0}, at::TensorOptions().dtype(at::kLong));
+    LmHeadLossInput in{h0.index_select(0, none), p.weight, none, at::empty({0}), 0.0};
+    LmHeadLossOutput out = op(in);
+    EXPECT_EQ(out.loss.item<double>(), 0.0) << variant;
+    EXPECT_EQ(out.argmax.numel(), 0);
+    out.loss.backward();
+    ASSERT_TRUE(h0.grad().defined()) << variant;
+    EXPECT_EQ(h0.grad().abs().max().item<double>(), 0.0) << variant;
+    EXPECT_EQ(recorded, (std::vector<std::string>{"lm_head_ce/" + variant, "lm_head_ce/" + variant}));
+  }
+}

@@ -85,17 +85,21 @@ void check_lm_head_loss_input(const LmHeadLossInput& in) {
   if (in.weight.scalar_type() != in.hidden.scalar_type())
     fail(std::string("hidden is ") + c10::toString(in.hidden.scalar_type()) + " but the LM head is " +
          c10::toString(in.weight.scalar_type()) + " (give both in the compute dtype)");
-  if (!(in.weight_sum > 0)) fail("weight_sum must be positive, got " + std::to_string(in.weight_sum));
+  if (in.hidden.size(0) > 0 && !(in.weight_sum > 0))
+    fail("weight_sum must be positive, got " + std::to_string(in.weight_sum));
 }
 
 LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   check_lm_head_loss_input(in);
+  const int64_t R = in.hidden.size(0);
   at::Tensor logits = at::linear(in.hidden, in.weight);
   LmHeadLossOutput out;
   out.argmax = logits.detach().argmax(-1);
   if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
   const at::Tensor nll = -at::log_softmax(logits, -1).gather(1, in.labels.unsqueeze(1)).squeeze(1);
-  out.loss = (nll * in.row_weights.to(nll.scalar_type())).sum() / in.weight_sum;
+  // No row: a zero loss, still connected to hidden (every rank of a data-parallel step
+  // runs the same ops, even one whose batch has no label).
+  out.loss = (nll * in.row_weights.to(nll.scalar_type())).sum() / (R > 0 ? in.weight_sum : 1.0);
   return out;
 }
 
@@ -105,7 +109,7 @@ LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_r
   const int64_t c = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0));
   const bool grad = at::GradMode::is_enabled() && in.hidden.requires_grad();
   const at::Tensor h = in.hidden.detach(), weight = in.weight.detach();
-  const double inv_sum = 1.0 / in.weight_sum;
+  const double inv_sum = R > 0 ? 1.0 / in.weight_sum : 0.0;  // no row: a zero loss (and gradient)
   LmHeadLossOutput out;
   at::Tensor total = at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble
                                                                                                      : at::kFloat));

@@ -385,29 +385,24 @@ class DFlashDrafter final : public Drafter {
     const int64_t B = x.size(0), L = x.size(1), N = anchors_, BS = block_size_;
     const at::Tensor final_states = rms_norm(x, final_norm_).view({B * L, hidden_});
     StepResult result;
-    at::Tensor hits;
-    if (plan.rows.numel() > 0) {
-      LmHeadLossInput in;
-      in.hidden = final_states.index_select(0, plan.rows);
-      in.weight = lm_head_;
-      in.labels = plan.row_labels;
-      in.row_weights = plan.row_weights;
-      in.weight_sum = plan.weight_sum;
-      const LmHeadLossOutput out = attention.lm_head_loss(in);
-      result.loss = out.loss;
-      result.loss_weight = plan.weight_sum;
-      hits = at::zeros({BS}, plan.rows.options()).index_add_(0, plan.row_position, out.argmax.eq(plan.row_labels).to(at::kLong));
-      if (!training) {
-        // Validation: the block proposals, so the engine can measure the exact greedy
-        // acceptance length (rows without a label keep -1: they end a block anyway).
-        result.predictions = at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, out.argmax)
-                                 .view({B, N, BS}).to(at::kCPU);
-      }
-    } else {
-      result.loss = (final_states.sum() * 0.0).to(at::kFloat);  // nothing to learn; keeps the graph
-      result.loss_weight = 0;
-      hits = at::zeros({BS}, at::TensorOptions().dtype(at::kLong).device(device_));
-      if (!training) result.predictions = at::full({B, N, BS}, int64_t{-1}, at::TensorOptions().dtype(at::kLong));
+    // Always through the op, also with no labelled row (a zero loss): every step runs the
+    // same ops, so data-parallel ranks agree on what ran.
+    LmHeadLossInput in;
+    in.hidden = final_states.index_select(0, plan.rows);
+    in.weight = lm_head_;
+    in.labels = plan.row_labels;
+    in.row_weights = plan.row_weights;
+    in.weight_sum = plan.weight_sum;
+    const LmHeadLossOutput out = attention.lm_head_loss(in);
+    result.loss = out.loss;
+    result.loss_weight = plan.weight_sum;
+    const at::Tensor hits =
+        at::zeros({BS}, plan.rows.options()).index_add_(0, plan.row_position, out.argmax.eq(plan.row_labels).to(at::kLong));
+    if (!training) {
+      // Validation: the block proposals, so the engine can measure the exact greedy
+      // acceptance length (rows without a label keep -1: they end a block anyway).
+      result.predictions =
+          at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, out.argmax).view({B, N, BS}).to(at::kCPU);
     }
     if (!training) {
       result.labels = plan.labels.view({B, N, BS});

@@ -55,6 +55,10 @@ int run(int argc, char** argv) {
   const std::string& on_fallback = setup.experiment.attention().string("on_fallback");
   fd::KernelLedger ledger;
   fd::AttentionDispatcher dispatcher(b.choice, b.mask.get(), on_fallback, &ledger, nullptr);
+  // The LM-head loss as the run computes it ([loss]), in the ledger column after the attention calls.
+  const int64_t loss_column = b.drafter->attention_layers() + b.target_calls;
+  dispatcher.set_loss(setup.experiment.loss().string("kernel"), setup.experiment.loss().integer("chunk_rows"),
+                      loss_column);
   std::unique_ptr<fd::AttentionDispatcher> target_dispatcher;
   std::unique_ptr<fd::OffsetAttention> target_attention;
   if (b.target) {
@@ -70,7 +74,7 @@ int run(int argc, char** argv) {
                           ledger,
                           setup.experiment.eval(),
                           static_cast<uint64_t>(setup.experiment.run().integer("seed")),
-                          b.drafter->attention_layers() + b.target_calls,
+                          loss_column + 1,
                           b.drafter->positions(),
                           b.target.get(),
                           [&](const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {

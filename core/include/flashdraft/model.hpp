@@ -76,7 +76,7 @@ struct LmHeadLossInput {
   at::Tensor weight;       // [V, H] the frozen LM head (no gradient is computed for it)
   at::Tensor labels;       // [R] int64 in [0, V)
   at::Tensor row_weights;  // [R] float32 loss weight of each row
-  double weight_sum = 1;   // the normaliser (> 0)
+  double weight_sum = 1;   // the normaliser (> 0; with R = 0 rows the loss is 0, still in the graph)
 };
 struct LmHeadLossOutput {
   at::Tensor loss;    // float32 scalar, differentiable with respect to hidden
