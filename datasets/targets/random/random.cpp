@@ -72,7 +72,7 @@ class RandomTarget final : public Target {
   }
 
   // No attention runs; the problem is still a valid one so that the engine's kernel
-  // choice for the target stays uniform (forward only, one head of the hidden width).
+  // choice for the target stays uniform (forward only, one head of width 128).
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {
     AttentionProblem p;
     p.device = device_;
