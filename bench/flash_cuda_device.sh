@@ -66,6 +66,8 @@ ROWS=$X/rows.md
 "$BUILD/bin/bench_flash_cuda" table "$ROWS" "$X"
 step "benchmark: flex_attention compiled, SDPA flash and cuDNN"
 timeout 240 python3 bench/flex_reference.py bench "$X" "$ROWS" 2>&1 | grep -v -i warn
+step "benchmark: flex_attention compiled as it runs on sm_120 cards (mma.sync, sm_120 configurations)"
+timeout 240 python3 bench/flex_reference.py bench-sm120 "$X" "$ROWS" 2>&1 | grep -v -i warn
 
 write_table() {
   {

@@ -15,6 +15,14 @@
       for bf16), next to flex_attention's own bf16 errors for scale. Exit code 1 when any
       folder fails. The mask here is written from DESIGN.md's definition, not from our code.
 
+  python3 bench/flex_reference.py bench-sm120 <xchg dir> <rows.md>
+      The same DFlash and causal cases through flex_attention as it runs on sm_120 cards
+      (RTX 50xx, RTX PRO 6000): Triton emitting mma.sync instead of wgmma
+      (DISABLE_MMA_V3=1, set here before Triton loads, with fresh Inductor/Triton caches
+      so no wgmma kernel is reused) and torch's sm_120 default Flex configurations passed
+      as kernel_options (forward 128x64, 2 stages, 8 warps; backward 64x64x64x64, 1
+      stage, 4 warps). Prints how many of the compiled kernels contain wgmma (must be 0).
+
 Timing: triton.testing.do_bench, median, after its warm-up; bwd = (fwd + bwd) - fwd.
 TFLOP/s over visible pairs: 4 * pairs * D per head forward, 2.5x that backward.
 Peak GiB: torch.cuda.max_memory_allocated during one forward + backward minus what was
@@ -24,6 +32,20 @@ import json
 import math
 import os
 import sys
+import tempfile
+
+# Flex as it runs on sm_120: must be set before Triton is imported.
+SM120 = len(sys.argv) > 1 and sys.argv[1] == "bench-sm120"
+if SM120:
+    os.environ["DISABLE_MMA_V3"] = "1"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="flex_sm120_inductor_")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="flex_sm120_triton_")
+# torch's default Flex configurations for sm_120 (forward / backward)
+SM120_OPTIONS = {
+    "fwd_BLOCK_M": 128, "fwd_BLOCK_N": 64, "fwd_num_stages": 2, "fwd_num_warps": 8,
+    "bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
+    "bwd_num_stages": 1, "bwd_num_warps": 4,
+}
 
 import torch
 import torch.nn.functional as F
@@ -87,8 +109,10 @@ def row(case, impl, pairs, D, t_f, t_fb, peak):
     return f"| {case} | {impl} | {t_f:.3f} | {t_b:.3f} | {t_fb:.3f} | {f_tf:.0f} | {b_tf:.0f} | {peak:.3f} |"
 
 
-def bench(xdir, rows_path):
+def bench(xdir, rows_path, sm120=False):
     dev = "cuda"
+    options = SM120_OPTIONS if sm120 else None
+    flex_name = "flex_attention compiled, as on sm_120 (mma.sync)" if sm120 else "flex_attention compiled"
     B, H, D = 1, 32, 128
     pairs = dict(line.split() for line in open(os.path.join(xdir, "pairs.txt")))
     rows = []
@@ -123,8 +147,8 @@ def bench(xdir, rows_path):
         if here != ours:
             print("MISMATCH in visible pairs between the two masks", flush=True)
     case = "DFlash S=4096, 512x16 (Lq 8192, Lkv 12288)"
-    t = measure(lambda: flex_compiled(q, k, v, block_mask=bm), zero, dout)
-    rows.append(row(case, "flex_attention compiled", ours, D, *t))
+    t = measure(lambda: flex_compiled(q, k, v, block_mask=bm, kernel_options=options), zero, dout)
+    rows.append(row(case, flex_name, ours, D, *t))
     print(rows[-1], flush=True)
     del q, k, v, dout, bm
 
@@ -134,9 +158,20 @@ def bench(xdir, rows_path):
     case = "causal 8192"
     ours = int(pairs["causal"])
     bm = create_block_mask(causal_mod, None, None, L, L, device=dev)
-    t = measure(lambda: flex_compiled(q, k, v, block_mask=bm), zero, dout)
-    rows.append(row(case, "flex_attention compiled", ours, D, *t))
+    t = measure(lambda: flex_compiled(q, k, v, block_mask=bm, kernel_options=options), zero, dout)
+    rows.append(row(case, flex_name, ours, D, *t))
     print(rows[-1], flush=True)
+    if sm120:
+        wgmma = total = 0
+        for root, _, files in os.walk(os.environ["TRITON_CACHE_DIR"]):
+            for f in files:
+                if f.endswith(".ptx"):
+                    total += 1
+                    wgmma += "wgmma.mma_async" in open(os.path.join(root, f)).read()
+        print(f"flex as on sm_120: {wgmma} of {total} compiled Triton kernels use wgmma", flush=True)
+        with open(rows_path, "a") as f:
+            f.write("\n".join(rows) + "\n")
+        return
     for name, backend in (("SDPA flash (FA2)", SDPBackend.FLASH_ATTENTION), ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION)):
         try:
             def fwd(backend=backend):
@@ -226,6 +261,8 @@ def check(xdir):
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "bench":
         bench(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "bench-sm120":
+        bench(sys.argv[2], sys.argv[3], sm120=True)
     elif len(sys.argv) >= 3 and sys.argv[1] == "check":
         sys.exit(max(check(d) for d in sys.argv[2:]))
     else:

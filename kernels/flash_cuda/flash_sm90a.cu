@@ -1,17 +1,20 @@
 // flash_cuda for Hopper (configuration "sm90a"): the same algorithm, lists and workspace
 // as flash_kernels.cuh's forward, dK/dV and dQ kernels, with every product on the
 // warpgroup MMA (wgmma, sm_90a) instead of mma.sync:
-//   fwd  : one CTA = one warpgroup per (64-query half of a mask tile, q head, batch);
-//          S = Q K^T (smem x smem), online softmax in registers, O += P V (P from
-//          registers, V read MN-major); 2-stage cp.async K/V pipeline; 81 KB, 2 CTAs/SM.
+//   fwd  : one CTA = two consumer warpgroups (64 query rows each) and a producer
+//          warpgroup per (128-query mask tile, q head, batch); S = Q K^T (smem x smem),
+//          online softmax in registers, O += P V (P from registers, V read MN-major);
+//          2-stage K/V ring filled by the producer with cp.async, mbarrier handshakes;
+//          98 KB, 1 CTA/SM.
 //   dK/dV: one CTA = one warpgroup (4 warps) per (64-key tile, kv head, batch), walking the
 //          transposed lists in 64-query steps with a 2-stage cp.async Q/dO pipeline;
 //          per step S^T = K Q^T and dP^T = V dO^T (A and B from shared memory, K-major),
 //          then dV += P^T dO (issued as soon as P exists, running while dS is computed)
 //          and dK += dS^T Q (A = P^T / dS^T from registers, B = dO / Q read MN-major from
 //          the same tiles). 101 KB of shared memory: two CTAs per SM.
-//   dQ   : one CTA = two warpgroups (64 query rows each) per (128-query tile, q head,
-//          batch), walking the forward lists with a 2-stage K/V pipeline; per KV tile
+//   dQ   : one CTA = two consumer warpgroups (64 query rows each) and a producer
+//          warpgroup per (128-query tile, q head, batch), walking the forward lists with
+//          a 3-stage K/V ring (mbarriers, like the forward); per KV tile
 //          S = Q K^T, dP = dO V^T (smem x smem), dQ += dS K (registers x smem, MN-major),
 //          the dQ product left running while the next tile's S and dP are issued.
 //   dK/dV and dQ run concurrently, dQ on a second stream (fork / join events on the
@@ -22,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 
 #include "flash_kernels.cuh"
 #include "wgmma.cuh"
@@ -242,24 +246,53 @@ __global__ void __launch_bounds__(128, 2) wg_bwd_dkdv_kernel(const FlashParams p
   smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid, 128);
 }
 
+// mbarriers (shared::cta): the producer warp fills a ring of K/V stages with cp.async and
+// signals each stage's `full` barrier when its copies land (cp.async.mbarrier.arrive.noinc:
+// one arrival per producer thread, counted when that thread's earlier copies complete);
+// each consumer warp arrives on the stage's `empty` barrier once its products read it.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---------------------------------------------------------------- dQ
-// Two warpgroups of 64 query rows per CTA: the whole 128-row mask tile, K/V loaded once for
-// both. (One warpgroup per 64-row half, two CTAs per SM, measured 4% slower on the DFlash
-// mask, NOTES.md v6.)
+// One CTA per (128-row mask tile, q head, batch), warp-specialised like the forward:
+// warpgroup 2 copies Q and dO once and the K/V tiles into a STAGES-deep ring; warpgroups
+// 0 and 1 (64 rows each, K/V loaded once for both) wait on the stage's mbarrier instead of
+// a CTA barrier, and release a stage once the dQ product that reads its K tile has ended
+// (that product runs on under the next tile's S and dP). 3 stages: 161 KB, 1 CTA/SM.
+// Measured against the v6 dQ (two warpgroups in lockstep, 2 stages) and 2 stages: NOTES.md v8.
 template <int D, int STAGES>
 struct WgDqSmem {
-  static constexpr int kQ = BQ * D * 2;        // Q or dO tile, 128 rows
-  static constexpr int kKV = BKV * D * 2;      // K or V tile, 64 rows
-  static constexpr int bytes = 1024 + 2 * kQ + STAGES * 2 * kKV;
+  static constexpr int kQ = BQ * D * 2;
+  static constexpr int kKV = BKV * D * 2;
+  static constexpr int kBars = 1024;
+  static constexpr int bytes = 1024 + kBars + 2 * kQ + STAGES * 2 * kKV;
 };
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                           const float* ws_delta, int Lq_pad) {
+__global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
+                                                              const float* ws_delta, int Lq_pad) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WgDqSmem<D, STAGES>;
-  static_assert(STAGES == 2, "the walk loads tile n + 1 into stage (n + 1) % 2 once tile n - 1's products ended");
-  constexpr int NT = 256;  // threads: two warpgroups
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
@@ -267,7 +300,6 @@ __global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, 
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
-  const int wgi = warp / 4;  // warpgroup: query rows 64 wgi .. 64 wgi + 63 of the tile
   const int q0 = qb * BQ;
 
   const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
@@ -278,27 +310,47 @@ __global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, 
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
-    zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, NT);
+    zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, 384);
     return;
   }
-  const uint32_t sQ = s0, sdO = s0 + S::kQ;
-  auto sK = [&](int st) { return s0 + 2 * S::kQ + st * 2 * S::kKV; };
-  auto sV = [&](int st) { return s0 + 2 * S::kQ + st * 2 * S::kKV + S::kKV; };
-  auto load_kv = [&](int it, int st) {
-    int kvb, entry;
-    rl.at(p.mask, it, kvb, entry);
-    load_sw128<D, BKV, NT>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
-    load_sw128<D, BKV, NT>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
-  };
-  load_sw128<D, BQ, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
-  load_sw128<D, BQ, NT>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
-  cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < rl.n) load_kv(s, s);
-    cp_async_commit();
+  const uint32_t bars = s0;
+  auto full = [&](int st) { return bars + 8 * st; };
+  auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
+  const uint32_t qbar = bars + 8 * (2 * STAGES);
+  const uint32_t sQ = s0 + S::kBars, sdO = sQ + S::kQ;
+  auto sK = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV; };
+  auto sV = [&](int st) { return sK(st) + S::kKV; };
+  if (tid == 0) {
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full(st), 128);
+      mbar_init(empty(st), 8);
+    }
+    mbar_init(qbar, 128);
   }
-  const int qrow = warp * 16 + g;  // this thread's rows within the 128-row mask tile: qrow, qrow + 8
+  __syncthreads();
+
+  if (warp >= 8) {  // ---- producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    const int pt = tid - 256;
+    load_sw128<D, BQ, 128>(sQ, Q, p.q_strides.row, q0, p.Lq, pt);
+    load_sw128<D, BQ, 128>(sdO, dO, p.dout_strides.row, q0, p.Lq, pt);
+    mbar_arrive_on_copies(qbar);
+    for (int it = 0; it < rl.n; ++it) {
+      const int st = it % STAGES;
+      if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
+      int kvb, entry;
+      rl.at(p.mask, it, kvb, entry);
+      load_sw128<D, BKV, 128>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, pt);
+      load_sw128<D, BKV, 128>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, pt);
+      mbar_arrive_on_copies(full(st));
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+
+  const int wgi = warp / 4;
+  const int qrow = warp * 16 + g;  // rows qrow, qrow + 8 of the 128-row mask tile
   float l2[2], de[2];
   {
     const int64_t wrow = ((int64_t)b * p.Hq + h) * Lq_pad + q0 + qrow;  // padded: in range
@@ -309,12 +361,15 @@ __global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, 
   float dq[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
-
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(st));
+  };
+  mbar_wait(qbar, 0);
   for (int it = 0; it < rl.n; ++it) {
-    cp_async_wait<0>();  // this tile (loaded during the previous one)
-    wg::fence_async_smem();
-    __syncthreads();
     const int st = it % STAGES;
+    mbar_wait(full(st), (it / STAGES) & 1);
+    wg::fence_async_smem();
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
     float s[32], dp[32];
@@ -327,13 +382,9 @@ __global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, 
     for (int kk = 0; kk < D / 16; ++kk)
       wg::Mma<T>::ss64(dp, wg::desc_k<BQ>(sdO, 64 * wgi, kk), wg::desc_k<BKV>(sV(st), 0, kk), kk > 0);
     wg::commit();
-    // the previous tile's dQ product (left running across the loop) ends here; after the
-    // barrier no warp reads the other stage, which takes the next tile
-    wg::wait<2>();
+    wg::wait<2>();  // the previous tile's dQ product has ended: its stage is free
     wg::pin(dq);
-    __syncthreads();
-    if (it + 1 < rl.n) load_kv(it + 1, (it + 1) % STAGES);
-    cp_async_commit();
+    if (it > 0) release((it - 1) % STAGES);
     wg::wait<1>();
     wg::pin(s);
     mask_scores(s, p, kvb, entry, qrow, t);
@@ -350,41 +401,37 @@ __global__ void __launch_bounds__(256, 1) wg_bwd_dq_kernel(const FlashParams p, 
     uint32_t pb[4][4];
     pack_a_flat<T>(pb, dp);
     wg::pin(pb);
-    // dQ += dS K: B = the K tile read MN-major (k = key, n = head dim)
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dq, pb[kk], wg::desc_mn<BKV>(sK(st), kk));
-    wg::commit();  // not waited for here: it runs on while the next tile's S and dP are issued
+    wg::commit();
   }
   wg::wait<0>();
   wg::pin(dq);
-  cp_async_wait<0>();
-  __syncthreads();
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] *= p.scale;
-  // each warp stages its own 16 rows through the (now free) Q tile, [rows][D] layout
-  acc_flat_to_smem<T, D>(smem, warp * 16, dq, lane);
+  // both consumer warpgroups are past their last S before the Q tile is overwritten
+  named_barrier(1, 256);
+  acc_flat_to_smem<T, D>(smem + S::kBars, warp * 16, dq, lane);
   __syncwarp();
-  smem_to_global<D>(dQ, p.dq_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+  smem_to_global<D>(dQ, p.dq_strides.row, smem + S::kBars, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
 }
 
 // ---------------------------------------------------------------- forward
-// One KV tile of the forward's online softmax for this thread's two rows (qrow, qrow + 8
-// of the mask tile): masks s, updates the running max m and sum l, rescales o and packs
-// P into the A fragments of the P V product.
-template <class T, int D>
-__device__ __forceinline__ void fwd_softmax(float (&s)[32], float (&o)[D / 2], float (&m)[2], float (&l)[2],
-                                            uint32_t (&pa)[4][4], const FlashParams& p, int kvb, int entry, int qrow,
-                                            int t, float sl2) {
+// The forward's softmax for one KV tile without touching O: masks s, updates m and l,
+// packs P into pa and returns in alpha the factor O must be rescaled by.
+template <class T>
+__device__ __forceinline__ void fwd_softmax_p(float (&s)[32], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                              uint32_t (&pa)[4][4], const FlashParams& p, int kvb, int entry, int qrow,
+                                              int t, float sl2) {
   mask_scores(s, p, kvb, entry, qrow, t);
-  // online softmax, two rows per thread, reduced over the 4 lanes of a quad
   float mx[2] = {m[0], m[1]};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
   }
-  float base[2], alpha[2];
+  float base[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -401,37 +448,36 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[32], float (&o)[D / 2], f
       s[4 * j + x] = fast_exp2(fmaf(s[4 * j + x], sl2, -base[x / 2]));
       l[x / 2] += s[4 * j + x];
     }
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int x = 0; x < 4; ++x) o[4 * j + x] *= alpha[x / 2];
   pack_a_flat<T>(pa, s);
 }
 
-// One CTA = one warpgroup per (64-query half of a 128-row mask tile, q head, batch), so
-// two CTAs share an SM (80 KB each at d128) and overlap each other's softmax and MMAs.
+// One CTA per (128-row mask tile, q head, batch), three warpgroups. Warpgroup 2 is the
+// producer: it gives most of its registers to the consumers (setmaxnreg), copies Q once
+// and then the K/V tiles of the row's list into a STAGES-deep ring. Warpgroups 0 and 1
+// are the consumers, 64 query rows each, sharing every K/V tile (half the K/V traffic of
+// one CTA per 64 rows). They are not in lockstep: one's softmax runs while the other's
+// products hold the tensor cores. Measured against the v6 forward (one warpgroup per 64
+// rows, two CTAs per SM) and against 3 stages and in-warpgroup pipelining: NOTES.md, v8.
 template <int D, int STAGES>
 struct WgFwdSmem {
-  static constexpr int kQ = BQ_STEP * D * 2;  // 64 rows
+  static constexpr int kQ = BQ_STEP * D * 2;  // one warpgroup's 64 rows
   static constexpr int kKV = BKV * D * 2;
-  static constexpr int bytes = 1024 + kQ + STAGES * 2 * kKV;
+  static constexpr int kBars = 1024;          // mbarriers, then 1024-aligned tiles
+  static constexpr int bytes = 1024 + kBars + 2 * kQ + STAGES * 2 * kKV;
 };
+constexpr int kWsFwdThreads = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(128, 2) wg_fwd_kernel(const FlashParams p) {
+__global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WgFwdSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const int qh = 2 * q_blocks - 1 - blockIdx.x;  // heavy (late) halves first
-  const int qb = qh / 2, half = qh % 2;
+  const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
-  const int q0 = qb * BQ + half * BQ_STEP;
-  if (q0 >= p.Lq) return;
-  const int qrow = half * BQ_STEP + warp * 16 + g;  // row within the 128-row mask tile (and + 8)
 
   const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
   const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
@@ -441,67 +487,109 @@ __global__ void __launch_bounds__(128, 2) wg_fwd_kernel(const FlashParams p) {
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {  // no visible key in the whole tile
-    zero_rows<D>(O, p.out_strides.row, q0, BQ_STEP, p.Lq, tid, 128);
-    if (tid < BQ_STEP && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
+    zero_rows<D>(O, p.out_strides.row, qb * BQ, BQ, p.Lq, tid, kWsFwdThreads);
+    if (tid < BQ && qb * BQ + tid < p.Lq) lse[qb * BQ + tid] = -INFINITY;
     return;
   }
-  const uint32_t sQ = s0;
-  auto sK = [&](int st) { return s0 + S::kQ + st * 2 * S::kKV; };
-  auto sV = [&](int st) { return s0 + S::kQ + st * 2 * S::kKV + S::kKV; };
-  auto load_kv = [&](int it, int st) {
-    int kvb, entry;
-    rl.at(p.mask, it, kvb, entry);
-    load_sw128<D, BKV, 128>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
-    load_sw128<D, BKV, 128>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
-  };
-  load_sw128<D, BQ_STEP, 128>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
-  cp_async_commit();
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < rl.n) load_kv(s, s);
-    cp_async_commit();
+  const uint32_t bars = s0;  // full[STAGES], empty[STAGES], q
+  auto full = [&](int st) { return bars + 8 * st; };
+  auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
+  const uint32_t qbar = bars + 8 * (2 * STAGES);
+  const uint32_t sQ = s0 + S::kBars;
+  auto sK = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV; };
+  auto sV = [&](int st) { return sK(st) + S::kKV; };
+  if (tid == 0) {
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full(st), 128);
+      mbar_init(empty(st), 8);
+    }
+    mbar_init(qbar, 128);
   }
+  __syncthreads();
 
+  if (warp >= 8) {  // ---- producer warpgroup: hands its registers to the consumers
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    const int pt = tid - 256;
+    load_sw128<D, BQ_STEP, 128>(sQ, Q, p.q_strides.row, qb * BQ, p.Lq, pt);
+    load_sw128<D, BQ_STEP, 128>(sQ + S::kQ, Q, p.q_strides.row, qb * BQ + BQ_STEP, p.Lq, pt);
+    mbar_arrive_on_copies(qbar);
+    for (int it = 0; it < rl.n; ++it) {
+      const int st = it % STAGES;
+      if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
+      int kvb, entry;
+      rl.at(p.mask, it, kvb, entry);
+      load_sw128<D, BKV, 128>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, pt);
+      load_sw128<D, BKV, 128>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, pt);
+      mbar_arrive_on_copies(full(st));
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+
+  // ---- consumers: warpgroup w = rows 64 w .. 64 w + 63 of the tile
+  const int w = warp / 4, wq = warp % 4;
+  const int q0 = qb * BQ + w * BQ_STEP;
+  const bool active = q0 < p.Lq;  // an empty half still releases every stage
+  const int qrow = w * BQ_STEP + wq * 16 + g;
+  const uint32_t sQw = sQ + w * S::kQ;
   const float sl2 = p.scale * kLog2e;
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-
-  for (int it = 0; it < rl.n; ++it) {
-    {
-      const int nx = it + STAGES - 1;
-      if (nx < rl.n) load_kv(nx, nx % STAGES);
-      cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();
-    wg::fence_async_smem();
-    __syncthreads();
-    const int st = it % STAGES;
-    int kvb, entry;
-    rl.at(p.mask, it, kvb, entry);
-
-    float s[32];
-    wg::fence();
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+  uint32_t pa[4][4];
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(st));
+  };
+  auto issue_s = [&](float (&s)[32], int st) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(s, wg::desc_k<BQ_STEP>(sQ, 0, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+      wg::Mma<T>::ss64(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+  };
+  auto issue_pv = [&](int st) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_mn<BKV>(sV(st), kk));
+  };
+  auto rescale = [&]() {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[4 * j + x] *= alpha[x / 2];
+  };
+
+  if (!active) {
+    for (int it = 0; it < rl.n; ++it) {
+      mbar_wait(full(it % STAGES), (it / STAGES) & 1);
+      release(it % STAGES);
+    }
+    return;
+  }
+  mbar_wait(qbar, 0);
+  for (int it = 0; it < rl.n; ++it) {
+    const int st = it % STAGES;
+    mbar_wait(full(st), (it / STAGES) & 1);
+    wg::fence_async_smem();
+    int kvb, entry;
+    rl.at(p.mask, it, kvb, entry);
+    float s[32];
+    wg::fence();
+    issue_s(s, st);
     wg::commit();
     wg::wait<0>();
     wg::pin(s);
-    uint32_t pa[4][4];
-    fwd_softmax<T, D>(s, o, m, l, pa, p, kvb, entry, qrow, t, sl2);
+    fwd_softmax_p<T>(s, m, l, alpha, pa, p, kvb, entry, qrow, t, sl2);
+    rescale();
     wg::pin(pa);
     wg::pin(o);
     wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_mn<BKV>(sV(st), kk));
+    issue_pv(st);
     wg::commit();
     wg::wait<0>();
     wg::pin(o);
-    __syncthreads();
+    release(st);
   }
-  cp_async_wait<0>();
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -513,19 +601,20 @@ __global__ void __launch_bounds__(128, 2) wg_fwd_kernel(const FlashParams p) {
   for (int j = 0; j < D / 8; ++j)
 #pragma unroll
     for (int x = 0; x < 4; ++x) o[4 * j + x] *= inv[x / 2];
-  // each warp stages its own 16 rows through the (now free) Q tile, [rows][D] layout
-  acc_flat_to_smem<T, D>(smem, warp * 16, o, lane);
+  // the warpgroup's own Q tile is free once all four warps are past their last S
+  named_barrier(1 + w, 128);
+  unsigned char* tile = smem + S::kBars + w * S::kQ;
+  acc_flat_to_smem<T, D>(tile, wq * 16, o, lane);
   if (t == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int q = q0 + warp * 16 + g + 8 * r;
+      const int q = q0 + wq * 16 + g + 8 * r;
       if (q < p.Lq) lse[q] = l[r] > 0.f ? (m[r] * sl2 + __log2f(l[r])) * kLn2 : -INFINITY;
     }
   }
   __syncwarp();
-  smem_to_global<D>(O, p.out_strides.row, smem, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+  smem_to_global<D>(O, p.out_strides.row, tile, wq * 16, 16, q0 + wq * 16, p.Lq, lane, 32);
 }
-
 
 // A second stream per device for the dQ pass (independent of dK/dV once the preprocess
 // ran), with the fork / join events; created on first use, kept for the process.
@@ -561,12 +650,12 @@ void launch_dkdv(const FlashParams& p, const float* ws_lse2, const float* ws_del
 template <class T, int D>
 void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad,
                cudaStream_t stream) {
-  constexpr int smem = WgDqSmem<D, 2>::bytes;
-  auto kernel = wg_bwd_dq_kernel<T, D, 2>;
+  constexpr int smem = WgDqSmem<D, 3>::bytes;
+  auto kernel = wg_bwd_dq_kernel<T, D, 3>;
   static const bool allowed = allow_smem(kernel, smem, "backward dQ (sm90a)");
   (void)allowed;
   const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
-  kernel<<<grid, 256, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad);
+  kernel<<<grid, 384, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad);
   check_launch("backward dQ (sm90a)");
 }
 
@@ -594,8 +683,8 @@ void launch_fwd(const FlashParams& p) {
   auto kernel = wg_fwd_kernel<T, D, 2>;
   static const bool allowed = allow_smem(kernel, smem, "forward (sm90a)");
   (void)allowed;
-  const dim3 grid(2 * ((p.Lq + BQ - 1) / BQ), p.Hq, p.B);
-  kernel<<<grid, 128, smem, p.stream>>>(p);
+  const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
+  kernel<<<grid, kWsFwdThreads, smem, p.stream>>>(p);
   check_launch("forward (sm90a)");
 }
 
