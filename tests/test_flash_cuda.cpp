@@ -135,6 +135,8 @@ std::vector<Case> generator_cases() {
   dflash.anchors = {{3, 20, 41, 42, 60, 74, 100, 150, 151, 200, 0}, {0, 10, 30, 50, 70, 74, 130, 140, 199, 205, 214}};
   dflash.block_valid = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1}};
   dflash.q_len = 11 * 16, dflash.kv_len = 230 + 11 * 16;
+  fd::MaskInput eagle3 = self;  // EAGLE-3's fourth unroll step: keys of steps 0..3 (Lkv 1204)
+  eagle3.kv_len = 4 * self.q_len;
 
   struct Gen {
     std::string label, plugin;
@@ -149,6 +151,7 @@ std::vector<Case> generator_cases() {
       {"prefix_lm", "prefix_lm", {{"prefix", int64_t{45}}}, &self, false},
       {"dflash", "dflash", {{"in_block", std::string("bidirectional")}}, &dflash, true},
       {"dflash_causal", "dflash", {{"in_block", std::string("causal")}}, &dflash, true},
+      {"eagle3_ttt", "eagle3_ttt", {}, &eagle3, false},
   };
   std::vector<Case> cases;
   for (const Gen& g : gens) {
@@ -309,7 +312,7 @@ TEST_F(FlashCuda, MatchesDenseRefForEveryMaskGeneratorDtypeHeadDimAndConfig) {
 // Every mask generator plugin found is covered above (a new one must be added there).
 // Runs without a GPU.
 TEST(FlashCudaCases, EveryMaskGeneratorIsCovered) {
-  std::vector<std::string> covered = {"causal", "sliding_window", "document", "prefix_lm", "dflash"};
+  std::vector<std::string> covered = {"causal", "sliding_window", "document", "prefix_lm", "dflash", "eagle3_ttt"};
   for (const fd::FoundPlugin* p : test::plugins().of_kind(fd::PluginKind::mask))
     EXPECT_NE(std::find(covered.begin(), covered.end(), p->name), covered.end())
         << "mask generator " << p->name << " has no case in test_flash_cuda.cpp";

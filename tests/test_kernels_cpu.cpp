@@ -229,6 +229,8 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
   dflash.anchors = {{3, 20, 41, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
   dflash.block_valid = {{1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1}};
   dflash.q_len = 6 * 16, dflash.kv_len = 90 + 6 * 16;
+  fd::MaskInput eagle3 = self;  // the third unroll step of EAGLE-3: keys of steps 0..2
+  eagle3.kv_len = 3 * self.q_len;
   const std::map<std::string, std::map<std::string, fd::Value>> overrides = {
       {"prefix_lm", {{"prefix", int64_t{33}}}}, {"sliding_window", {{"window", int64_t{29}}}}};
 
@@ -253,7 +255,7 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
       continue;
     }
     std::shared_ptr<fd::MaskGenerator> gen = fd::create_as<fd::MaskGenerator>(test::plugins(), *plugin, config);
-    const fd::MaskInput input = plugin->name == "dflash" ? dflash : self;
+    const fd::MaskInput input = plugin->name == "dflash" ? dflash : plugin->name == "eagle3_ttt" ? eagle3 : self;
     try {
       gen->build(input, 64, 64);
     } catch (const std::invalid_argument& e) {

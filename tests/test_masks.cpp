@@ -585,3 +585,88 @@ TEST(MaskBadInput, WindowPrefixAndDocuments) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- EAGLE-3 training-time test
+
+namespace {
+
+// Random document lengths summing to S (some of length 1, some long).
+std::vector<int64_t> random_documents(std::mt19937_64& rng, int64_t S) {
+  std::vector<int64_t> lens;
+  for (int64_t left = S; left > 0;) {
+    const int64_t len = std::min(left, uniform(rng, 1, std::max<int64_t>(1, S / 2)));
+    lens.push_back(len);
+    left -= len;
+  }
+  return lens;
+}
+
+// Written from the definition (plugins/eagle3): query t sees key (j, s) = j * S + s iff
+// j == 0, s <= t and s is in t's document, or j >= 1 and s == t.
+Oracle eagle3_oracle(const fd::MaskInput& in) {
+  return [&in](int64_t b, int64_t q, int64_t kv) {
+    const int64_t S = in.q_len, j = kv / S, s = kv % S;
+    if (j >= 1) return s == q;
+    if (s > q) return false;
+    if (in.doc_lengths.empty()) return true;
+    const auto& lens = in.doc_lengths[in.doc_lengths.size() == 1 ? 0 : static_cast<size_t>(b)];
+    std::vector<int64_t> doc_of;
+    for (size_t d = 0; d < lens.size(); ++d) doc_of.insert(doc_of.end(), static_cast<size_t>(lens[d]), int64_t(d));
+    return doc_of[static_cast<size_t>(s)] == doc_of[static_cast<size_t>(q)];
+  };
+}
+
+}  // namespace
+
+TEST(MaskEagle3Ttt, MatchesOracleOverRandomDraws) {
+  std::mt19937_64 rng(3303);
+  auto gen = make("eagle3_ttt");
+  for (int draw = 0; draw < kDraws; ++draw) {
+    fd::MaskInput in;
+    in.batch = uniform(rng, 1, 3);
+    in.q_len = uniform(rng, 1, 90);
+    in.kv_len = in.q_len * uniform(rng, 1, 5);
+    const int kind = draw % 3;  // no documents, one shared list, one list per element
+    if (kind == 1) in.doc_lengths = {random_documents(rng, in.q_len)};
+    if (kind == 2)
+      for (int64_t b = 0; b < in.batch; ++b) in.doc_lengths.push_back(random_documents(rng, in.q_len));
+    const BlockShape bs = kShapes[static_cast<size_t>(draw) % kShapes.size()];
+    const int64_t want_batch = kind == 2 && in.batch > 1 ? in.batch : 1;
+    const std::string problem = check_mask(*gen, in, bs.q, bs.kv, eagle3_oracle(in), want_batch);
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " steps "
+                           << in.kv_len / in.q_len << " documents kind " << kind;
+  }
+}
+
+TEST(MaskEagle3Ttt, LaterStepsSeeOnlyTheirOwnColumn) {
+  auto gen = make("eagle3_ttt");
+  fd::MaskInput in;
+  in.q_len = 10;
+  in.kv_len = 40;  // 4 unroll blocks
+  in.doc_lengths = {{4, 6}};
+  for (int64_t t = 0; t < 10; ++t) {
+    int64_t seen = 0;
+    for (int64_t kv = 0; kv < 40; ++kv) seen += gen->visible(in, 0, 0, t, kv);
+    const int64_t doc_start = t < 4 ? 0 : 4;
+    EXPECT_EQ(seen, (t - doc_start + 1) + 3) << "row " << t;  // causal in its document + 3 own states
+    for (int64_t j = 1; j < 4; ++j) EXPECT_TRUE(gen->visible(in, 0, 0, t, j * 10 + t));
+  }
+}
+
+TEST(MaskEagle3Ttt, RefusesBadShapesWithASentence) {
+  auto gen = make("eagle3_ttt");
+  fd::MaskInput in;
+  in.q_len = 16;
+  in.kv_len = 40;
+  expect_invalid([&] { gen->build(in, 64, 64); }, {"key length 40", "not a positive multiple", "16"});
+  in.kv_len = 0;
+  expect_invalid([&] { gen->build(in, 64, 64); }, {"key length 0"});
+  in.kv_len = 32;
+  in.doc_lengths = {{10, 5}};
+  expect_invalid([&] { gen->build(in, 64, 64); }, {"sum to 15", "16"});
+  in.doc_lengths = {{16}, {16}, {16}};
+  in.batch = 2;
+  expect_invalid([&] { gen->build(in, 64, 64); }, {"3 lists", "batch of 2"});
+  in.q_len = 0;
+  expect_invalid([&] { gen->build(in, 64, 64); }, {"query length 0"});
+}

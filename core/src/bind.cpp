@@ -3,6 +3,7 @@
 
 #include "distributed.hpp"
 #include "hf_drafter.hpp"
+#include "hf_eagle3.hpp"
 
 #include <torch/torch.h>
 
@@ -79,8 +80,16 @@ void import_initial_weights(const Setup& s, BoundPlugins& b) {
   if (!s.registry->schema(*drafter.plugin).find("init") || drafter.config.string("init").empty()) return;
   const std::string& folder = drafter.config.string("init");
   try {
-    const hf_drafter::Layout expected = hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype);
-    hf_drafter::import(folder, expected, b.drafter->parameters());
+    if (drafter.name == "eagle3") {
+      const hf_eagle3::Layout expected = hf_eagle3::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype,
+                                                             b.dataset->seq_len());
+      auto tensors = b.drafter->parameters();
+      for (auto& t : b.drafter->buffers()) tensors.push_back(t);
+      hf_eagle3::import(folder, expected, tensors);
+    } else {
+      const hf_drafter::Layout expected = hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype);
+      hf_drafter::import(folder, expected, b.drafter->parameters());
+    }
   } catch (const hf_drafter::Error& e) {
     drafter.config.fail("init", std::string("cannot initialise the drafter from ") + folder + ": " + e.what());
   }
@@ -146,11 +155,17 @@ BoundPlugins bind_plugins(const Setup& s) {
   }
 
   b.dataset->open(b.ctx);
+  Dataset* data = b.dataset.get();
+  b.ctx.train_batch = [data](int64_t index) { return data->train_batch(index); };
   b.target_model = open_target(s, b);
   b.drafter->bind(b.target_model, b.ctx, b.dataset->batch_size(), b.dataset->seq_len());
   import_initial_weights(s, b);
-  AttentionProblem problem = b.drafter->attention_problem();
-  problem.mask = mask.plugin->name;
+  std::vector<AttentionProblem> problems = b.drafter->attention_problems();
+  if (static_cast<int64_t>(problems.size()) != b.drafter->attention_layers())
+    throw std::runtime_error("drafter '" + drafter.name + "' declares " + std::to_string(b.drafter->attention_layers()) +
+                             " attention calls per step but " + std::to_string(problems.size()) +
+                             " attention problems (Drafter::attention_problems() needs one per call)");
+  for (AttentionProblem& p : problems) p.mask = mask.plugin->name;
   const std::string& on_fallback = s.experiment.attention().string("on_fallback");
   if (b.target) {
     // The target's attention: forward only, the same kernel preferences and policy.
@@ -159,7 +174,7 @@ BoundPlugins bind_plugins(const Setup& s) {
     tp.mask = "document";
     b.target_choice = choose_kernel(tp, std::move(target_candidates), on_fallback);
   }
-  b.choice = choose_kernel(problem, std::move(candidates), on_fallback);
+  b.choice = choose_kernel(problems, std::move(candidates), on_fallback);
   return b;
 }
 

@@ -12,7 +12,16 @@ namespace flashdraft {
 
 std::string KernelChoice::report() const {
   std::ostringstream os;
-  os << "attention: " << problem.str() << "\n";
+  if (problems.size() <= 1) {
+    os << "attention: " << problem.str() << "\n";
+  } else {
+    os << "attention: " << problems.size() << " distinct problems in one step, each checked\n";
+    for (size_t p = 0; p < problems.size(); ++p) {
+      os << "  call" << (problem_calls[p].size() > 1 ? "s " : " ");
+      for (size_t c = 0; c < problem_calls[p].size(); ++c) os << (c ? "," : "") << problem_calls[p][c];
+      os << ": " << problems[p].str() << "\n";
+    }
+  }
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << "  " << c.name << ": ";
@@ -30,14 +39,41 @@ std::string KernelChoice::report() const {
 
 KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCandidate> candidates,
                            const std::string& on_fallback) {
+  return choose_kernel(std::vector<AttentionProblem>{problem}, std::move(candidates), on_fallback);
+}
+
+KernelChoice choose_kernel(const std::vector<AttentionProblem>& problems, std::vector<KernelCandidate> candidates,
+                           const std::string& on_fallback) {
+  if (problems.empty()) throw std::logic_error("choose_kernel: no attention problem to choose a kernel for");
   KernelChoice choice;
-  choice.problem = problem;
+  choice.problem = problems[0];
+  for (size_t call = 0; call < problems.size(); ++call) {
+    const std::string key = problems[call].str();
+    size_t p = 0;
+    while (p < choice.problems.size() && choice.problems[p].str() != key) ++p;
+    if (p == choice.problems.size()) {
+      choice.problems.push_back(problems[call]);
+      choice.problem_calls.emplace_back();
+    }
+    choice.problem_calls[p].push_back(static_cast<int64_t>(call));
+  }
   choice.candidates = std::move(candidates);
   bool found = false;
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
     auto& c = choice.candidates[i];
     if (!c.kernel) continue;  // the reason was filled by the caller (plugin missing)
-    c.support = c.kernel->supports(problem);
+    c.support = c.kernel->supports(choice.problems[0]);
+    for (size_t p = 1; p < choice.problems.size() && c.support.ok; ++p) {
+      Support s = c.kernel->supports(choice.problems[p]);
+      if (!s.ok)
+        c.support = Support::no(s.reason + " (for the problem of call " + std::to_string(choice.problem_calls[p][0]) +
+                                ": " + choice.problems[p].str() + ")");
+      else if (c.kernel->block_size(choice.problems[p]).q != c.kernel->block_size(choice.problems[0]).q ||
+               c.kernel->block_size(choice.problems[p]).kv != c.kernel->block_size(choice.problems[0]).kv)
+        c.support = Support::no(c.name + " asks for another mask block size for call " +
+                                std::to_string(choice.problem_calls[p][0]) + " than for call 0 (a step's masks are " +
+                                "built at one block size)");
+    }
     if (c.support.ok && !found) {
       choice.selected = i;
       found = true;

@@ -38,7 +38,12 @@ struct KernelCandidate {
 };
 
 struct KernelChoice {
-  AttentionProblem problem;
+  AttentionProblem problem;  // the first call's problem (every call's when they are equal)
+  // The distinct problems of a step's calls, in call order (one for a drafter whose calls
+  // all pose the same problem, e.g. DFlash; one per unroll step for EAGLE-3), with the
+  // calls that pose each. Every one is checked; a kernel is chosen only if it supports all.
+  std::vector<AttentionProblem> problems;
+  std::vector<std::vector<int64_t>> problem_calls;
   std::vector<KernelCandidate> candidates;  // in preference order, with reasons
   size_t selected = 0;
   bool fallback = false;       // selected is not the first preference
@@ -49,6 +54,12 @@ struct KernelChoice {
 // preference refuses and the policy is "error", or when none supports the problem.
 FLASHDRAFT_API KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCandidate> candidates,
                                           const std::string& on_fallback);
+// The same over every call of a step (Drafter::attention_problems()): each distinct problem
+// is put to every kernel; a kernel that refuses one of them is refused with that problem's
+// reason (and which calls pose it). The chosen kernel must ask for one block size for all
+// of them (the masks of a step are built at one size), or the choice fails with a sentence.
+FLASHDRAFT_API KernelChoice choose_kernel(const std::vector<AttentionProblem>& problems,
+                                          std::vector<KernelCandidate> candidates, const std::string& on_fallback);
 
 // The mask of one set_mask() call: the host BlockMask and its lists on the kernel's
 // device (tensors.host points at mask). Immutable once built; shared by the dispatcher

@@ -69,6 +69,22 @@ std::optional<hf_drafter::Layout> run_layout(const Setup& setup, BoundPlugins& p
   return layout;
 }
 
+std::optional<hf_eagle3::Layout> run_eagle3_layout(const Setup& setup, BoundPlugins& plugins,
+                                                   const std::string& log_path) {
+  const PluginUse& drafter = setup.use(PluginKind::drafter);
+  if (drafter.name != "eagle3") return std::nullopt;
+  const hf_eagle3::Layout layout = hf_eagle3::describe(drafter.config, *plugins.drafter, plugins.target_model,
+                                                       plugins.ctx.dtype, plugins.dataset->seq_len());
+  const std::string path = layout_path(log_path), tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << hf_eagle3::config_json(layout);
+    if (!out) throw hf_drafter::Error("cannot write " + tmp);
+  }
+  fs::rename(tmp, path);
+  return layout;
+}
+
 std::string export_folder(const std::string& run_or_checkpoint, const std::string& out_dir) {
   const fs::path source(run_or_checkpoint);
   fs::path log;
@@ -89,8 +105,13 @@ std::string export_folder(const std::string& run_or_checkpoint, const std::strin
   }
   const std::string layout_file = layout_path(log.string());
   if (!fs::exists(layout_file))
-    throw hf_drafter::Error("the run's layout file " + layout_file + " is missing: it is written when a DFlash run " +
+    throw hf_drafter::Error("the run's layout file " + layout_file + " is missing: it is written when a DFlash or EAGLE-3 run " +
                             "binds its drafter (runs of other drafters, or of older flashdraft versions, have none)");
+  if (hf_eagle3::is_eagle3_config(layout_file)) {
+    const hf_eagle3::Layout layout = hf_eagle3::read_config_file(layout_file);
+    hf_eagle3::write(out_dir, layout, weights.first);
+    return "drafter (Hugging Face EAGLE-3 layout, " + layout.dtype + "): " + out_dir + " from " + weights.second;
+  }
   const hf_drafter::Layout layout = hf_drafter::read_config_file(layout_file);
   hf_drafter::write(out_dir, layout, weights.first);
   return "drafter (Hugging Face DFlash layout, " + layout.dtype + "): " + out_dir + " from " + weights.second;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "hf_drafter.hpp"
+#include "hf_eagle3.hpp"
 
 #include <flashdraft/export.hpp>
 
@@ -31,6 +32,9 @@ void write_layout(const std::string& log_path, const hf_drafter::Layout& layout)
 // The layout of a run's bound drafter, its file written next to the log; nullopt when the
 // drafter is not a DFlash drafter (nothing is written then).
 std::optional<hf_drafter::Layout> run_layout(const Setup& setup, BoundPlugins& plugins, const std::string& log_path);
+// The same for an EAGLE-3 drafter (hf_eagle3.hpp); nullopt for other drafters.
+std::optional<hf_eagle3::Layout> run_eagle3_layout(const Setup& setup, BoundPlugins& plugins,
+                                                   const std::string& log_path);
 // Exports RUN.h5 or a checkpoint folder to out_dir; returns a line saying what was written
 // from what. Throws hf_drafter::Error (or checkpoint::Error) with a sentence.
 FLASHDRAFT_API std::string export_folder(const std::string& run_or_checkpoint, const std::string& out_dir);

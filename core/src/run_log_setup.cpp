@@ -63,7 +63,8 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   attrs["start_time"] = now_iso();
   attrs["dtype"] = dtype_name(b.ctx.dtype);
   attrs["precision"] = b.precision.describe();
-  attrs["loss_kernel"] = ex.loss().string("kernel");
+  attrs["loss_kernel"] = b.drafter->own_loss().empty() ? ex.loss().string("kernel")
+                                                       : "the drafter's own: " + b.drafter->own_loss();
   attrs["data_source"] = b.dataset->source();
   if (b.target) attrs["target"] = b.target_model.source;
   std::string plugins;
@@ -135,7 +136,8 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
   log.set_group_attribute("kernels", "on_fallback", s.experiment.attention().string("on_fallback"));
   log.set_group_attribute(
       "kernels", "columns",
-      "drafter layers 0.." + std::to_string(b.drafter->attention_layers() - 1) +
+      "drafter " + std::string(b.choice.problems.size() > 1 ? "attention calls" : "layers") + " 0.." +
+          std::to_string(b.drafter->attention_layers() - 1) +
           (b.target ? ", then the target's attention calls 0.." + std::to_string(b.target_calls - 1) : std::string()));
   if (b.target) {
     log.set_group_attribute("kernels", "target_selected", b.target_choice.candidates[b.target_choice.selected].name);

@@ -91,6 +91,12 @@ class Trainer {
   void share(StepOutcome& outcome, int signal);
   int agreed_signal(int local) const { return dist_->active() ? ranks_signal_ : local; }
   bool root() const { return dist_->root(); }
+  // The drafter's weights and its untrained buffers: what checkpoints and exports hold.
+  std::vector<std::pair<std::string, at::Tensor>> model_tensors() const {
+    auto all = plugins_.drafter->parameters();
+    for (auto& b : plugins_.drafter->buffers()) all.push_back(b);
+    return all;
+  }
 
   RunOptions options_;
   Setup setup_;
@@ -113,6 +119,7 @@ class Trainer {
   at::Generator anchors_;
   RunCheckpoint checkpoint_;
   std::optional<hf_drafter::Layout> hf_layout_;  // a DFlash drafter: exported at the end
+  std::optional<hf_eagle3::Layout> eagle3_layout_;  // an EAGLE-3 drafter: exported at the end
   int64_t steps_ = 0, first_step_ = 0, current_step_ = -1, last_checkpoint_ = 0;
 };
 
@@ -192,20 +199,25 @@ void Trainer::prepare() {
   batches_ = std::make_unique<BatchSource>(*plugins_.dataset, plugins_.target.get(), plugins_.target_layers,
                                            target_attention_.get(), plugins_.ctx.device);
   const int64_t accumulate = setup_.experiment.optimizer().integer("accumulate");
-  resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), drafter.parameters(),
+  resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), model_tensors(),
                               plugins_.ctx.say);
   // Ledger columns: the drafter's attention calls, the target's, then the LM-head loss.
   const int64_t loss_column = drafter.attention_layers() + plugins_.target_calls;
   const Config& loss = setup_.experiment.loss();
   dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column);
-  std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n"
-            << "precision: " << plugins_.precision.describe() << std::endl;
+  if (drafter.own_loss().empty())
+    std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n";
+  else
+    std::cout << "loss: the drafter's own, " << drafter.own_loss()
+              << " (not the engine's LM-head op: [loss] does not apply, /kernels/loss stays -1)\n";
+  std::cout << "precision: " << plugins_.precision.describe() << std::endl;
   shape_ = LogShape{loss_column, drafter.positions(), drafter.scalar_names(), plugins_.target != nullptr,
                     dist_->world(), accumulate};
   if (root()) {
     if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
     log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
     hf_layout_ = hf_export::run_layout(setup_, plugins_, resume_.log_path);
+    eagle3_layout_ = hf_export::run_eagle3_layout(setup_, plugins_, resume_.log_path);
   }
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
@@ -224,7 +236,7 @@ void Trainer::prepare() {
 
 // A resumed run: the checkpoint's weights, optimizer, generators and position.
 void Trainer::restore() {
-  checkpoint::State state{plugins_.drafter->parameters(), optimizer_.get(), {}, {}, {}};
+  checkpoint::State state{model_tensors(), optimizer_.get(), {}, {}, {}};
   const checkpoint::Manifest m = checkpoint::load(resume_.dir, state);
   restore_generators(state, anchors_, plugins_.ctx.device);
   first_step_ = last_checkpoint_ = m.step;
@@ -336,7 +348,7 @@ void Trainer::validate(int64_t done) {
 }
 
 void Trainer::save(int64_t done) {
-  const fs::path dir = save_checkpoint(checkpoint_, done, *log_.log, plugins_.drafter->parameters(), *optimizer_,
+  const fs::path dir = save_checkpoint(checkpoint_, done, *log_.log, model_tensors(), *optimizer_,
                                        anchors_, plugins_.ctx.device);
   last_checkpoint_ = done;
   std::cout << "checkpoint: " << dir.string() << std::endl;
@@ -355,12 +367,18 @@ void Trainer::finish() {
   info.drafter_toml = checkpoint_.drafter_toml;
   const std::string weights_path =
       (fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".weights.h5")).string();
-  checkpoint::export_weights(weights_path, info, plugins_.drafter->parameters(), "run log " + resume_.log_path);
+  checkpoint::export_weights(weights_path, info, model_tensors(), "run log " + resume_.log_path);
   std::cout << "weights: " << weights_path << std::endl;
   if (hf_layout_) {
     const fs::path folder = fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".hf");
     hf_drafter::write(folder.string(), *hf_layout_, plugins_.drafter->parameters());
     std::cout << "drafter (Hugging Face DFlash layout, " << hf_layout_->dtype << "): " << folder.string() << std::endl;
+  }
+  if (eagle3_layout_) {
+    const fs::path folder = fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".hf");
+    hf_eagle3::write(folder.string(), *eagle3_layout_, model_tensors());
+    std::cout << "drafter (Hugging Face EAGLE-3 layout, " << eagle3_layout_->dtype << "): " << folder.string()
+              << std::endl;
   }
   std::cout << "done: " << steps_ << " steps; log: " << resume_.log_path << std::endl;
 }

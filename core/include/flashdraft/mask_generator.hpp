@@ -13,7 +13,10 @@ namespace flashdraft {
 
 // What a batch tells the generator. Generators read the fields they need and say
 // which ones they need in their errors; the rest of their parameters come from their
-// TOML table.
+// TOML table. Who reads what:
+//   batch, q_len, kv_len   every generator
+//   context_len, block_size, anchors, block_valid   "dflash" only
+//   doc_lengths            "document" and "eagle3_ttt" (kv_len = unroll blocks x q_len)
 struct MaskInput {
   int64_t batch = 1;
   int64_t q_len = 0;
@@ -24,7 +27,8 @@ struct MaskInput {
   int64_t block_size = 0;
   std::vector<std::vector<int64_t>> anchors;
   std::vector<std::vector<uint8_t>> block_valid;
-  // Packed documents: per batch element, the lengths of its documents (sum = q_len).
+  // Packed documents: per batch element, the lengths of its documents (sum = the
+  // sequence length: q_len for "document" and "eagle3_ttt").
   std::vector<std::vector<int64_t>> doc_lengths;
 };
 

@@ -15,15 +15,6 @@
 
 namespace flashdraft {
 
-// What every plugin gets to know about the run.
-struct RunContext {
-  std::string out_dir;            // the run's output folder (datasets cache here too)
-  c10::Device device = c10::kCPU;
-  c10::ScalarType dtype = c10::kFloat;  // compute dtype of the drafter
-  uint64_t seed = 0;
-  std::function<void(const std::string&)> say;  // progress lines on the console
-};
-
 // The frozen parts of the target model a drafter borrows. Layer id L is the output of
 // the target's decoder layer L (0-based), i.e. transformers' hidden_states[L + 1]
 // (hidden_states[0] is the embedding output).
@@ -49,6 +40,20 @@ struct Batch {
   // Packed sequences: per sequence, the lengths of its documents (sum = its length);
   // empty = one document per sequence. Attention never crosses a document.
   std::vector<std::vector<int64_t>> documents;
+};
+
+// What every plugin gets to know about the run.
+struct RunContext {
+  std::string out_dir;            // the run's output folder (datasets cache here too)
+  c10::Device device = c10::kCPU;
+  c10::ScalarType dtype = c10::kFloat;  // compute dtype of the drafter
+  uint64_t seed = 0;
+  std::function<void(const std::string&)> say;  // progress lines on the console
+  // Batch `index` of the training stream (the dataset's own: tokens, loss mask, lengths,
+  // documents; hidden states only where the dataset carries them), for drafters that derive
+  // state from the data when they bind (EAGLE-3 counts its draft vocabulary). Empty when the
+  // caller has no data (tests may leave it unset).
+  std::function<Batch(int64_t index)> train_batch;
 };
 
 class FLASHDRAFT_API Dataset : public PluginObject {
@@ -130,9 +135,15 @@ class FLASHDRAFT_API Target : public PluginObject {
   }
 };
 
+// What one drafter step returns. "Positions" are the drafter's per-position metrics
+// (Drafter::positions()): DFlash's block positions 1..BS-1, EAGLE-3's unroll steps
+// 0..ttt_steps-1. Validation's proposals use the engine's block layout: block n starts at
+// anchor n with the token there (position 0, given), then the drafter's proposals for the
+// tokens at anchor + 1 .. anchor + BS - 1 (DFlash: one block of its mask; EAGLE-3: the
+// greedy tokens of its unroll steps 0..ttt_steps-1, BS = ttt_steps + 1).
 struct StepResult {
   at::Tensor loss;                     // scalar, differentiable
-  std::vector<double> position_accuracy;  // per block position 1..BS-1
+  std::vector<double> position_accuracy;  // per position (see above)
   std::vector<std::pair<std::string, double>> scalars;  // extra metrics, e.g. tau_sim
   int64_t tokens = 0;                  // tokens that carried loss
   // The loss's denominator (DFlash: the sum of the position weights w_j it averages
@@ -163,11 +174,25 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   virtual std::vector<int64_t> target_layers(const TargetModel& target) const { return target.exported_layers; }
   // Trainable parameters, named (frozen target parts excluded).
   virtual std::vector<std::pair<std::string, at::Tensor>> parameters() = 0;
-  // Attention calls per step (one per layer) and the problem each one poses.
+  // Named tensors of the model that are not trained (EAGLE-3's vocabulary maps d2t, t2d):
+  // saved with the weights in checkpoints, weight files and exports and restored on
+  // resume, never given to the optimizer. Default: none.
+  virtual std::vector<std::pair<std::string, at::Tensor>> buffers() { return {}; }
+  // Attention calls per step: the ledger's and the log's columns, one per call (DFlash:
+  // one per layer; EAGLE-3: one per unroll step). The problem of call c is
+  // attention_problems()[c]; the default repeats attention_problem() for every call.
   virtual int64_t attention_layers() const = 0;
   virtual AttentionProblem attention_problem() const = 0;
-  // Width of the per-position metrics (BS - 1 for DFlash).
+  virtual std::vector<AttentionProblem> attention_problems() const {
+    return std::vector<AttentionProblem>(static_cast<size_t>(attention_layers()), attention_problem());
+  }
+  // Width of the per-position metrics (BS - 1 for DFlash, ttt_steps for EAGLE-3).
   virtual int64_t positions() const = 0;
+  // Empty: the drafter's loss goes through the engine's LM-head loss op (AttentionContext::
+  // lm_head_loss, chosen from [loss] and recorded in /kernels/loss). Otherwise the drafter
+  // computes its loss itself and this names it (printed before step 0 and written to the
+  // log; /kernels/loss then stays -1, no call).
+  virtual std::string own_loss() const { return {}; }
   // Names of the extra scalars StepResult carries (e.g. "tau_sim"), known before the
   // first step (the log declares one column per name).
   virtual std::vector<std::string> scalar_names() const { return {}; }
