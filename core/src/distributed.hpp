@@ -55,7 +55,7 @@ class PendingReduce {
   virtual void wait() = 0;
 };
 
-class Distributed {
+class FLASHDRAFT_API Distributed {
  public:
   // A single process: every collective is the identity.
   Distributed();

@@ -3,6 +3,7 @@
 
 #include "train_step.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
@@ -84,14 +85,39 @@ int64_t GradientSync::batch_index(int64_t step, int64_t micro) const {
 }
 
 void GradientSync::seed_anchors(at::Generator& anchors, int64_t step, int64_t micro) const {
-  // One process with one micro-batch keeps the trainer's continuous anchor stream (saved
-  // with checkpoints). Reseeding per micro-batch, needed to make N ranks equal to one
-  // process with accumulate = N, trains markedly worse on the small test configurations
-  // (eval loss 3.49 against 2.79 after 240 steps): the per-index seeds are under study.
-  if (plain()) return;
-  const uint64_t index = static_cast<uint64_t>(batch_index(step, micro));
-  std::lock_guard<std::mutex> lock(anchors.mutex());
-  anchors.set_current_seed(splitmix64(splitmix64(seed_ ^ 0xa5c5ULL) + index));
+  // Every run, a single process with accumulate = 1 included: the anchors of a micro-batch
+  // are a function of (seed, global micro-batch number) alone, whatever was drawn before,
+  // so N ranks draw what one process with accumulate = N draws, and a resumed run draws
+  // what the uninterrupted run would have drawn.
+  seed_anchor_stream(anchors, seed_, static_cast<uint64_t>(batch_index(step, micro)));
+}
+
+void seed_anchor_stream(at::Generator& generator, uint64_t seed, uint64_t micro_batch) {
+  // The key mixes all 64 bits of (seed, micro-batch). set_current_seed(key) would keep only
+  // key & 0xffffffff (mt19937's seeding fills its state from one 32-bit word), and among n
+  // micro-batches about n^2 / 2^33 pairs would share every anchor they draw (one pair by
+  // ~93,000 micro-batches, ~120 pairs in a million).
+  // Instead every word of the 624-word state comes from the splitmix64 sequence started
+  // at the key; left_ = 1 makes the first draw regenerate the state (as after seeding).
+  const uint64_t key = splitmix64(splitmix64(seed ^ 0xa5c5ULL) + micro_batch);
+  at::mt19937_data_pod data{};
+  data.seed_ = key;
+  data.seeded_ = true;
+  data.left_ = 1;
+  data.next_ = 0;
+  for (size_t k = 0; k < data.state_.size(); k += 2) {
+    const uint64_t word = splitmix64(key + k / 2 * 0x9e3779b97f4a7c15ULL);
+    data.state_[k] = static_cast<uint32_t>(word);
+    if (k + 1 < data.state_.size()) data.state_[k + 1] = static_cast<uint32_t>(word >> 32);
+  }
+  at::mt19937 engine;
+  engine.set_data(data);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  auto* cpu = at::check_generator<at::CPUGeneratorImpl>(generator);
+  cpu->set_engine(engine);
+  // What set_current_seed also forgets: the cached second value of a normal pair.
+  cpu->set_next_float_normal_sample(std::nullopt);
+  cpu->set_next_double_normal_sample(std::nullopt);
 }
 
 void GradientSync::reset_step() {

@@ -37,7 +37,13 @@ namespace flashdraft {
 
 struct StepOutcome;
 
-class GradientSync {
+// Sets a CPU generator to the stream of global micro-batch `micro_batch` of a run seeded
+// `seed`: the same (seed, micro_batch) always gives the same draws, whatever the generator
+// held before; distinct pairs give streams keyed by 64 bits (mt19937's own seeding keeps
+// 32), so no two micro-batches of a run share their anchors by a seed collision.
+FLASHDRAFT_API void seed_anchor_stream(at::Generator& generator, uint64_t seed, uint64_t micro_batch);
+
+class FLASHDRAFT_API GradientSync {
  public:
   GradientSync(Distributed& dist, std::vector<at::Tensor> params, int64_t accumulate, double bucket_mb, uint64_t seed);
   ~GradientSync();
@@ -47,7 +53,8 @@ class GradientSync {
   int64_t micro_batches() const { return accumulate_; }
   // The global micro-batch number: the training batch micro-batch `micro` of `step` reads.
   int64_t batch_index(int64_t step, int64_t micro) const;
-  // Seeds the anchor generator from (seed, global micro-batch number).
+  // Sets the anchor generator (a CPU generator) to the stream of this micro-batch:
+  // seed_anchor_stream(anchors, seed, batch_index(step, micro)), in every run.
   void seed_anchors(at::Generator& anchors, int64_t step, int64_t micro) const;
   // The backward of one micro-batch; returns its loss value (not finite: no backward ran
   // across ranks, and the caller stops the run). Runs the result's deferred metrics.

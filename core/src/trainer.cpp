@@ -223,6 +223,7 @@ void Trainer::prepare() {
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
   optimizer_ = make_optimizer(params_, setup_.experiment.optimizer(), plugins_.precision.master, plugins_.precision.fused);
   const uint64_t seed = static_cast<uint64_t>(run_table().integer("seed"));
+  // Every micro-batch sets it to its own stream before it draws (GradientSync::seed_anchors).
   anchors_ = at::make_generator<at::CPUGeneratorImpl>(seed + 0x5eed);
   const PluginUse& d = setup_.use(PluginKind::drafter);
   checkpoint_ = RunCheckpoint{resume_.checkpoint_root, setup_.experiment.checkpoint().integer("keep"), resume_.log_path,
