@@ -4,15 +4,20 @@
 #   device run: command `bash bench/dflash_step_device.sh`, carry [".deps"], timeout_s 600;
 #   the script keeps itself inside BUDGET_S (default 520 s; expected 5-6 minutes) by skipping
 #   the peer configurations that would not fit, and says so in the table.
-#   1. build the engine and plugins against that machine's torch (as bench/hf_target_device.sh,
-#      tests and benchmarks off, -j16), in the background;
+#   1. build the engine, the plugins and the GPU test suites of the step's parts
+#      (test_cuda_ops, test_lm_head_loss, test_optimizer, test_queued_steps) against that
+#      machine's torch (-j16, one build folder), in the background;
 #   2. while it builds: GPU-only work that reports no timing of the peer: the bf16 matmul
 #      rate and copy bandwidth (the ceilings), and bench/dflash_peer.py --check-only at the
 #      real shapes (the flex mask against one built from the definition, flex vs dense SDPA);
-#   3. after the build: our engine on bench/dflash_step_1.toml and bench/dflash_step_5.toml
-#      (synthetic "random" target, 30 steps), then the peer: compiled and eager, 1 and 5
-#      layers, each configuration in its own process with empty inductor/Triton caches;
-#   4. one table: median step ms (engine: steps 6-30; peer: 20 steps after 1 + 3), tokens/s,
+#   3. after the build: the GPU checks (the fused kernels against float64 references, the
+#      LM-head variants, AdamW, queued steps == read steps bit for bit), then our engine on
+#      bench/dflash_step_1.toml and bench/dflash_step_5.toml (synthetic "random" target, 30
+#      steps), and the 1-layer step once more with [run] queue_ahead = false (every step read
+#      before the next is queued: what queueing ahead gains, side by side), then the peer:
+#      compiled and eager, 1 and 5 layers, each configuration in its own process with empty
+#      inductor/Triton caches (PEERS=0 skips the peer);
+#   4. one table: median step ms (engine: steps 6-25; peer: 20 steps after 1 + 3), tokens/s,
 #      peak GiB, first-step s, ratios to the best (fastest) peer; the matmul floor per layer count.
 #
 # Why the peer is not timed during the build (the honest option): every peer configuration
@@ -27,7 +32,7 @@
 # first step profits from an earlier one (a rerun with a warm cache would be faster).
 #
 # Files under $OUT (8 at most come back): dflash-step-device.log (this output), build.log,
-# calibrate.log, engine.log, peer.log, peer.jsonl, engine.jsonl, results.md.
+# calibrate.log, engine.log, peer.log, gpu-tests.log, loss_curve.txt, results.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/dflash-step-device}
 mkdir -p "$OUT"
@@ -36,6 +41,7 @@ ROOT=$(pwd)
 BUILD=$ROOT/build-gpu
 RUNS=/tmp/dflash-runs
 BUDGET=${BUDGET_S:-520}  # seconds for the whole script (the brief: 9 minutes at most)
+PEERS=${PEERS:-1}        # 0: no PyTorch peer (engine, checks and loss curves only)
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 left() { echo $(( BUDGET - $(elapsed) )); }
@@ -48,10 +54,11 @@ python3 -c 'import h5py; print("h5py", h5py.__version__)' 2>/dev/null || echo "h
 TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 
 # --- 1. build, in the background ---------------------------------------------------------
+GPU_TESTS="test_cuda_ops test_lm_head_loss test_optimizer test_queued_steps"
 (
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=OFF -DFLASHDRAFT_BUILD_BENCH=OFF \
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" || exit 1
-  cmake --build "$BUILD" -j16
+  cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins $GPU_TESTS
 ) > "$OUT/build.log" 2>&1 &
 build=$!
 
@@ -88,44 +95,73 @@ if [ $rc -ne 0 ]; then
   echo "BUILD FAILED: the engine rows will be missing; the peer still runs"
 fi
 
+# --- 3. the GPU checks of the step's parts (before any timing; nothing else runs) -------------
+: > "$OUT/gpu-tests.log"
+if [ $rc -eq 0 ]; then
+  for t in $GPU_TESTS; do
+    echo "=== $t (at $(elapsed) s)"
+    timeout -k 5 180 "$BUILD/bin/$t" >> "$OUT/gpu-tests.log" 2>&1
+    echo "rc $?"
+  done
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|Expected|Which is|error" "$OUT/gpu-tests.log" | head -40
+fi
+
 # --- 3a. our engine ---------------------------------------------------------------------------
 rm -rf "$RUNS"
 : > "$OUT/engine.log"
+sed -e 's/^name = "dflash_step_1"/name = "dflash_step_1_read"\nqueue_ahead = false/' bench/dflash_step_1.toml \
+  > /tmp/dflash_step_1_read.toml
 if [ $rc -eq 0 ]; then
-  for L in 1 5; do
-    echo "=== flashdraft run bench/dflash_step_$L.toml (at $(elapsed) s)"
-    { echo "### bench/dflash_step_$L.toml"; } >> "$OUT/engine.log"
+  for cfg in bench/dflash_step_1.toml /tmp/dflash_step_1_read.toml bench/dflash_step_5.toml; do
+    echo "=== flashdraft run $cfg (at $(elapsed) s)"
+    { echo "### $cfg"; } >> "$OUT/engine.log"
     # steps 26-28 (0-based 25..27) run under LibTorch's profiler: the per-family table; they
     # are left out of the median below
-    timeout -k 5 150 "$BUILD/bin/flashdraft" run "bench/dflash_step_$L.toml" --out "$RUNS" --profile 25:28 \
-      >> "$OUT/engine.log" 2>&1
+    prof="--profile 25:28"
+    case "$cfg" in *read*) prof="" ;; esac
+    timeout -k 5 150 "$BUILD/bin/flashdraft" run "$cfg" --out "$RUNS" $prof >> "$OUT/engine.log" 2>&1
     echo "rc $?"
   done
-  grep -vE "^data: generated|^ +[0-9.]+ +[a-z_]" "$OUT/engine.log" | head -80
+  grep -vE "^data: |^step +[0-9]|^target|^  flash_cuda: selected|^weights: |^drafter \(|^done: " "$OUT/engine.log" | head -120
 fi
 
 # --- 3a'. the LM-head loss variants over 200 steps (toy shapes, bf16 on CUDA) ------------------
-echo "=== loss curve: chunked vs reference, 200 steps (at $(elapsed) s)"
+# fused and reference with three seeds each (the seed moves the initial weights, the data
+# order and the anchors: the spread across seeds is the noise a variant's difference is
+# measured against), chunked with the first.
+echo "=== loss curves: fused / chunked / reference, 200 steps (at $(elapsed) s)"
 rm -rf /tmp/loss-curve
-sed -e 's/^name = "loss_curve_chunked"/name = "loss_curve_reference"/' -e 's/^kernel = "chunked"/kernel = "reference"/' \
-  bench/loss_curve.toml > /tmp/loss_curve_reference.toml
-for f in bench/loss_curve.toml /tmp/loss_curve_reference.toml; do
-  timeout -k 5 75 "$BUILD/bin/flashdraft" run "$f" --out /tmp/loss-curve >> "$OUT/engine.log" 2>&1; echo "rc $?"
+for v in fused chunked reference; do
+  for seed in 0 1 2; do
+    [ $v = chunked ] && [ $seed != 0 ] && continue
+    sed -e "s/^name = \"loss_curve_fused\"/name = \"loss_curve_${v}_$seed\"/" -e "s/^kernel = \"fused\"/kernel = \"$v\"/" \
+      -e "s/^seed = 0/seed = $seed/" bench/loss_curve.toml > /tmp/loss_curve_${v}_$seed.toml
+    timeout -k 5 60 "$BUILD/bin/flashdraft" run /tmp/loss_curve_${v}_$seed.toml --out /tmp/loss-curve >> "$OUT/engine.log" 2>&1
+    echo "$v seed $seed: rc $?"
+  done
 done
 python3 - <<'PY' | tee "$OUT/loss_curve.txt"
 import h5py, numpy as np
-a = h5py.File("/tmp/loss-curve/loss_curve_chunked.h5", "r"); b = h5py.File("/tmp/loss-curve/loss_curve_reference.h5", "r")
-la, lb = a["steps/loss"][:], b["steps/loss"][:]
-n = min(len(la), len(lb)); la, lb = la[:n], lb[:n]
-if n == 0: raise SystemExit("a loss-curve run has no step (see engine.log)")
-names = lambda f: [n.decode() if isinstance(n, bytes) else n for n in f["kernels/names"][:]]
-print("loss variants ran:", sorted({names(a)[i] for i in a["kernels/loss"][:].ravel() if i >= 0}),
-      sorted({names(b)[i] for i in b["kernels/loss"][:].ravel() if i >= 0}))
-d = np.abs(la - lb)
-print(f"steps {len(la)}: |chunked - reference| max {d.max():.4f}, mean {d.mean():.4f}; step 1 {la[0]:.4f} vs {lb[0]:.4f}")
-for s in (0, 49, 99, 149, 199):
-    if s < len(la): print(f"  step {s + 1:4d}: chunked {la[s]:.4f}  reference {lb[s]:.4f}")
-print(f"mean of the last 20 steps: chunked {la[-20:].mean():.4f}, reference {lb[-20:].mean():.4f}")
+def load(v, seed):
+    f = h5py.File(f"/tmp/loss-curve/loss_curve_{v}_{seed}.h5", "r")
+    names = [n.decode() if isinstance(n, bytes) else n for n in f["kernels/names"][:]]
+    return f["steps/loss"][:], sorted({names[i] for i in f["kernels/loss"][:].ravel() if i >= 0})
+runs = {(v, s): load(v, s) for v in ("fused", "reference") for s in (0, 1, 2)}
+runs[("chunked", 0)] = load("chunked", 0)
+for (v, s), (l, ran) in sorted(runs.items()):
+    print(f"{v:9s} seed {s}: {len(l)} steps, ran {ran}, loss step 1 {l[0]:.4f}, step 100 {l[99]:.4f}, "
+          f"step 200 {l[-1]:.4f}, mean of the last 20 {l[-20:].mean():.4f}")
+n = min(len(l) for l, _ in runs.values())
+ref0 = runs[("reference", 0)][0][:n]
+for v in ("fused", "chunked"):
+    d = np.abs(runs[(v, 0)][0][:n] - ref0)
+    print(f"seed 0, |{v} - reference| per step: max {d.max():.4f}, mean {d.mean():.4f}")
+last = {v: np.array([runs[(v, s)][0][n-20:n].mean() for s in (0, 1, 2)]) for v in ("fused", "reference")}
+diff = last["fused"] - last["reference"]
+print("mean of the last 20 steps, seeds 0 1 2: fused " + " ".join(f"{x:.4f}" for x in last["fused"]) +
+      "; reference " + " ".join(f"{x:.4f}" for x in last["reference"]))
+print(f"fused - reference per seed: " + " ".join(f"{x:+.4f}" for x in diff) +
+      f"; across seeds the reference itself spreads {last['reference'].std(ddof=1):.4f} (sd)")
 PY
 
 # --- 3b. the PyTorch peer, one process per configuration, cold caches ------------------------
@@ -133,7 +169,10 @@ PY
 : > "$OUT/peer.jsonl"
 # rough worst cases (import + first step with compile + 23 steps), to skip rather than overrun
 need() { case "$1" in compiled) echo 120 ;; *) echo 60 ;; esac; }
-for cfg in "compiled 1" "compiled 5" "eager 1" "eager 5"; do
+PEER_CONFIGS="compiled 1,compiled 5,eager 1,eager 5"
+[ "$PEERS" = 1 ] || PEER_CONFIGS=""
+IFS=, read -ra peer_list <<< "$PEER_CONFIGS"
+for cfg in "${peer_list[@]}"; do
   set -- $cfg
   v=$1 L=$2
   t=$(( $(left) - 25 ))
@@ -155,21 +194,6 @@ for cfg in "compiled 1" "compiled 5" "eager 1" "eager 5"; do
   [ $prc -eq 0 ] || { tail -5 "$OUT/peer.log"; echo "{\"impl\": \"torch-$v+flex\", \"layers\": $L, \"failed\": \"rc $prc\"}" >> "$OUT/peer.jsonl"; }
 done
 
-# --- 3c. the LM-head loss and AdamW checks on the GPU (gtest), after every timing -------------
-# (a build folder of its own; built last so that no compile competes with a measured step)
-if [ $(left) -gt 100 ]; then
-  (
-    cmake -S . -B "$ROOT/build-gpu-tests" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON \
-      -DFLASHDRAFT_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > /dev/null &&
-      cmake --build "$ROOT/build-gpu-tests" -j16 --target test_lm_head_loss test_optimizer > /tmp/tests-build.log 2>&1 &&
-      "$ROOT/build-gpu-tests/bin/test_lm_head_loss" && "$ROOT/build-gpu-tests/bin/test_optimizer"
-  ) > "$OUT/gpu-tests.log" 2>&1
-  echo "=== GPU checks (test_lm_head_loss, test_optimizer): rc $?"
-else
-  echo "=== GPU checks skipped (only $(left) s left)"
-fi
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[       OK|^\[  FAILED|error" "$OUT/gpu-tests.log" /tmp/tests-build.log | head -24
-
 # --- 4. the table -----------------------------------------------------------------------------
 python3 bench/dflash_peer.py --floor --layers 1 5 > "$OUT/floor.tmp"
 python3 - "$OUT" "$RUNS" "$BUILD" <<'PY'
@@ -185,19 +209,20 @@ try:
     import h5py
 except ImportError:
     h5py = None
-for L in (1, 5):
-    path = os.path.join(runs, f"dflash_step_{L}.h5")
+for L, name, impl in ((1, "dflash_step_1_read", "flashdraft, every step read"), (1, "dflash_step_1", "flashdraft"),
+                      (5, "dflash_step_5", "flashdraft")):
+    path = os.path.join(runs, f"{name}.h5")
     if not os.path.exists(path):
-        rows[L].insert(0, {"impl": "flashdraft", "layers": L, "failed": "no run log"})
+        rows[L].insert(0, {"impl": impl, "layers": L, "failed": "no run log"})
         continue
     if h5py is None:
         print(subprocess.run([os.path.join(build, "bin", "flashdraft"), "inspect", path], capture_output=True, text=True).stdout)
-        rows[L].insert(0, {"impl": "flashdraft", "layers": L, "failed": "h5py absent: see inspect output"})
+        rows[L].insert(0, {"impl": impl, "layers": L, "failed": "h5py absent: see inspect output"})
         continue
     f = h5py.File(path, "r")
     st = f["steps/step_time_s"][:]
     if len(st) == 0:
-        rows[L].insert(0, {"impl": "flashdraft", "layers": L, "failed": "no step in the run log"})
+        rows[L].insert(0, {"impl": impl, "layers": L, "failed": "no step in the run log"})
         continue
     tps = f["steps/tokens_per_s"][:]
     tok = [round(a * b) for a, b in zip(tps, st)]
@@ -209,7 +234,7 @@ for L in (1, 5):
     tok = tok[:25]
     med = statistics.median(st[skip:])
     r = {
-        "impl": "flashdraft", "layers": L, "steps": int(len(st)), "median_over_steps": f"{skip + 1}..{len(st)}",
+        "impl": impl, "layers": L, "steps": int(len(st)), "median_over_steps": f"{skip + 1}..{len(st)}",
         "median_ms": round(1e3 * med, 3), "min_ms": round(1e3 * float(min(st[skip:])), 3),
         "first_step_s": round(float(st[0]), 3),
         "peak_gib": round(float(max(mem["step"][skip:])) / 2**30, 3),
@@ -222,7 +247,7 @@ for L in (1, 5):
     }
     if "steps/target_time_s" in f:
         r["target_ms_median"] = round(1e3 * statistics.median(f["steps/target_time_s"][skip:]), 3)
-    eng[L] = r
+    eng[name] = r
     rows[L].insert(0, r)
 with open(os.path.join(out, "engine.jsonl"), "w") as fh:
     for r in eng.values():
@@ -236,7 +261,7 @@ lines = ["| layers | impl | median ms | tokens/s | peak GiB | first step s | tim
 notes = []
 for L in (1, 5):
     ok = [r for r in rows[L] if "median_ms" in r]
-    peers = [r for r in ok if r["impl"] != "flashdraft"]
+    peers = [r for r in ok if not r["impl"].startswith("flashdraft")]
     best = min(peers, key=lambda r: r["median_ms"]) if peers else None
     for r in rows[L]:
         if "median_ms" not in r:
@@ -258,8 +283,9 @@ best_note = ("best peer = the fastest torch configuration of that layer count; e
              "memory/step) over the measured steps; first step: engine step 1 (no compilation: ahead-of-time kernels), "
              "peer step 1 with a cold inductor/Triton cache (compilation included)")
 text = "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n\n" + best_note + "\n"
-for L, r in eng.items():
-    text += (f"\nflashdraft {L} layer(s): kernels {r['kernels']}, peaks by phase {r['peak_gib_phase']} GiB, "
+for name, r in eng.items():
+    L = r["layers"]
+    text += (f"\n{r['impl']} {L} layer(s): kernels {r['kernels']}, peaks by phase {r['peak_gib_phase']} GiB, "
              f"target (random states) {r.get('target_ms_median', '-')} ms/step, loss {r['loss_first']} -> {r['loss_last']}")
 text += "\n"
 open(os.path.join(out, "results.md"), "w").write(text)

@@ -2,6 +2,7 @@
 // to the hidden rows, argmax) on fresh random inputs, CPU and (where there is one) CUDA;
 // input checks; and the dispatcher's ledger entries and fallback policy for the op.
 #include "dispatch.hpp"
+#include "cuda_ops.hpp"
 #include "lm_head_loss.hpp"
 
 #include <torch/torch.h>
@@ -55,9 +56,12 @@ double max_rel(const at::Tensor& a, const at::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
 }
 
-void compare(const Problem& p, int64_t chunk, double loss_tol, double grad_tol, double argmax_agree) {
+void compare(const Problem& p, int64_t chunk, double loss_tol, double grad_tol, double argmax_agree,
+             bool fused = false) {
   const Result ref = run(p, [](const LmHeadLossInput& in) { return lm_head_loss_reference(in); });
-  const Result chk = run(p, [chunk](const LmHeadLossInput& in) { return lm_head_loss_chunked(in, chunk); });
+  const Result chk = run(p, [chunk, fused](const LmHeadLossInput& in) {
+    return fused ? lm_head_loss_fused(in, chunk) : lm_head_loss_chunked(in, chunk);
+  });
   EXPECT_NEAR(chk.loss, ref.loss, loss_tol * std::abs(ref.loss)) << "chunk " << chunk;
   EXPECT_LE(max_rel(chk.grad, ref.grad), grad_tol) << "chunk " << chunk;
   const double agree = chk.argmax.eq(ref.argmax).to(at::kDouble).mean().item<double>();
@@ -90,6 +94,60 @@ TEST(LmHeadLoss, ChunkedMatchesReferenceCuda) {
   compare(f, 128, 1e-5, 1e-4, 1.0);
   const Problem b = random_problem(1000, 256, 32000, at::kBFloat16, c10::Device(c10::kCUDA, 0), 14);
   compare(b, 96, 2e-3, 3e-2, 0.98);  // bf16 logits: see the CPU bfloat16 test
+}
+
+TEST(LmHeadLoss, FusedMatchesReferenceCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_ops::cuda_ops_built()) GTEST_SKIP() << "this engine was built without its CUDA kernels";
+  // Uneven chunks (1000 rows in 128s and 96s), a ragged vocabulary (32001: the kernel's
+  // scalar tail) and one chunk for everything (0 = auto).
+  const c10::Device cuda(c10::kCUDA, 0);
+  const Problem f = random_problem(1000, 256, 32001, at::kFloat, cuda, 23);
+  compare(f, 128, 1e-5, 1e-4, 1.0, /*fused=*/true);
+  const Problem b = random_problem(1000, 256, 32000, at::kBFloat16, cuda, 24);
+  compare(b, 96, 2e-3, 3e-2, 0.98, true);  // bf16 logits: see the CPU bfloat16 test
+  compare(b, 0, 2e-3, 3e-2, 0.98, true);
+  const Problem h = random_problem(300, 128, 50000, at::kHalf, cuda, 25);
+  compare(h, 64, 1e-3, 1e-2, 0.99, true);
+}
+
+TEST(LmHeadLoss, FusedAgreesWithChunkedOnTheSameLogits) {
+  // Same logits (one GEMM of the same chunk): the two variants differ by the float32
+  // softmax's summation order only, so the argmax is identical and the loss agrees closely.
+  if (!torch::cuda::is_available() || !cuda_ops::cuda_ops_built()) GTEST_SKIP() << "needs CUDA and the engine's kernels";
+  const Problem b = random_problem(777, 192, 151936, at::kBFloat16, c10::Device(c10::kCUDA, 0), 26);
+  const Result chunked = run(b, [](const LmHeadLossInput& in) { return lm_head_loss_chunked(in, 256); });
+  const Result fused = run(b, [](const LmHeadLossInput& in) { return lm_head_loss_fused(in, 256); });
+  EXPECT_NEAR(fused.loss, chunked.loss, 1e-5 * chunked.loss);
+  EXPECT_TRUE(fused.argmax.equal(chunked.argmax));
+  // Both round the same float32 gradient of the logits to bf16 before the gradient GEMM;
+  // they differ where the two float32 softmaxes (other summation orders, exp vs exp2) fall
+  // on opposite sides of a bf16 rounding boundary: a small share of values, one ulp each.
+  const double rel = ((fused.grad - chunked.grad).norm() / chunked.grad.norm()).item<double>();
+  EXPECT_LE(rel, 2e-3) << "||fused - chunked|| / ||chunked|| of the gradient wrt hidden = " << rel;
+}
+
+TEST(LmHeadLoss, FusedIsRefusedWhereItCannotRun) {
+  const Problem p = random_problem(8, 16, 50, at::kFloat, c10::kCPU, 27);
+  try {
+    lm_head_loss_fused(input_of(p, p.hidden), 4);
+    FAIL() << "the fused variant ran on the CPU";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("on cpu"), std::string::npos) << e.what();
+  }
+  try {
+    LmHeadLoss("fused", 0, {}, c10::kCPU, at::kFloat);
+    FAIL() << "[loss] kernel = fused was accepted for a CPU run";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("accepted here: auto, chunked, reference"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(LmHeadLoss("auto", 0, {}, c10::kCPU, at::kFloat).variant(), kLossChunked);
+  if (torch::cuda::is_available() && cuda_ops::cuda_ops_built()) {
+    const LmHeadLoss on_gpu("auto", 0, {}, c10::Device(c10::kCUDA, 0), at::kBFloat16);
+    EXPECT_EQ(on_gpu.variant(), kLossFused);
+    EXPECT_NE(on_gpu.describe(151936).find("auto: CUDA; 1760 rows per chunk"), std::string::npos)
+        << on_gpu.describe(151936);
+  }
 }
 
 TEST(LmHeadLoss, AutoChunkKeepsFloat32LogitsNearHalfAGiB) {
@@ -162,7 +220,7 @@ TEST(LmHeadLoss, LedgerRecordsEachVariantForwardAndBackward) {
     ASSERT_EQ(recorded.size(), 2u) << variant;
     EXPECT_EQ(recorded[1], "bwd lm_head_ce/" + variant);
   }
-  EXPECT_THROW(LmHeadLoss("fused", 0, {}), std::invalid_argument);
+  EXPECT_THROW(LmHeadLoss("fastest", 0, {}), std::invalid_argument);
 }
 
 TEST(LmHeadLoss, NoRowsGiveAZeroLossStillInTheGraph) {

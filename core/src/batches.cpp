@@ -3,7 +3,6 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 
 namespace flashdraft {
 
@@ -16,13 +15,12 @@ Batch BatchSource::eval(int64_t index) { return with_hidden_states(dataset_.eval
 
 Batch BatchSource::with_hidden_states(Batch batch) {
   if (!target_) return batch;
-  const auto t0 = std::chrono::steady_clock::now();
+  DeviceMark start(device_);
   {
     at::NoGradGuard frozen;  // the target is frozen: no graph
     batch.hidden = target_->hidden_states(batch, layers_, *attention_);
   }
-  if (device_.is_cuda()) torch::cuda::synchronize();
-  target_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  target_timing_ = std::make_shared<const TargetTiming>(TargetTiming{std::move(start), DeviceMark(device_)});
   return batch;
 }
 

@@ -5,6 +5,7 @@
 
 #include <flashdraft/model.hpp>
 
+#include "device_mark.hpp"
 #include "dispatch.hpp"
 
 #include <cstdint>
@@ -21,8 +22,17 @@ class FLASHDRAFT_API BatchSource {
   Batch train(int64_t index);
   Batch eval(int64_t index);
   int64_t eval_batches() const { return dataset_.eval_batches(); }
-  // Wall time of the last target forward (0 without a target).
-  double target_seconds() const { return target_seconds_; }
+  // The device time of the last target forward (0 without a target). On CUDA the first
+  // read waits for that forward to have run; nothing waits before (the forward is timed
+  // by marks in the device's queue, so the step that follows is queued at once).
+  double target_seconds() const { return target_ ? target_timing_->seconds() : 0.0; }
+
+  // The last target forward's marks, to be read later (a step queued ahead of its read).
+  struct TargetTiming {
+    DeviceMark start, end;
+    double seconds() const { return end.seconds_since(start); }
+  };
+  std::shared_ptr<const TargetTiming> target_timing() const { return target_timing_; }
 
  private:
   Batch with_hidden_states(Batch batch);
@@ -31,7 +41,7 @@ class FLASHDRAFT_API BatchSource {
   std::vector<int64_t> layers_;
   AttentionContext* attention_;
   c10::Device device_;
-  double target_seconds_ = 0;
+  std::shared_ptr<const TargetTiming> target_timing_;
 };
 
 // An AttentionContext that records its calls at layer + offset (the target's calls sit

@@ -210,10 +210,11 @@ at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, co
   }
   return out;
 }
-void AttentionDispatcher::set_loss(const std::string& variant, int64_t chunk_rows, int64_t column) {
+void AttentionDispatcher::set_loss(const std::string& variant, int64_t chunk_rows, int64_t column, c10::Device device,
+                                   at::ScalarType dtype) {
   loss_column_ = column;
-  loss_ = std::make_unique<LmHeadLoss>(variant, chunk_rows,
-                                       [this](bool backward, const std::string& v) { note_loss(backward, v); });
+  loss_ = std::make_unique<LmHeadLoss>(
+      variant, chunk_rows, [this](bool backward, const std::string& v) { note_loss(backward, v); }, device, dtype);
 }
 
 LmHeadLossOutput AttentionDispatcher::lm_head_loss(const LmHeadLossInput& input) {

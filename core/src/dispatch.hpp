@@ -81,7 +81,8 @@ class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
   // The LM-head loss through the variant set by set_loss(), recorded in ledger column
   // `column` (after the attention calls); without set_loss() a drafter's call is an error.
   LmHeadLossOutput lm_head_loss(const LmHeadLossInput& input) override;
-  void set_loss(const std::string& variant, int64_t chunk_rows, int64_t column);
+  void set_loss(const std::string& variant, int64_t chunk_rows, int64_t column, c10::Device device = c10::kCPU,
+                at::ScalarType dtype = at::kFloat);
   const LmHeadLoss* loss() const { return loss_.get(); }
 
   const KernelChoice& choice() const { return choice_; }

@@ -200,6 +200,10 @@ std::vector<Schema> Experiment::engine_schemas() {
   run.string("out", "output folder (log, data cache, checkpoints)").def(std::string("runs"));
   run.integer("print_every", "print a progress line every N steps").def(int64_t(1)).range(1, 1e9);
   run.integer("threads", "CPU threads for LibTorch (0 = LibTorch's default)").def(int64_t(0)).range(0, 1024);
+  run.boolean("queue_ahead", "on CUDA (one process, one micro-batch, fused AdamW): queue each step before reading "
+              "the previous one's loss and metrics, so the device never waits for the host between steps (the "
+              "same results; false reads every step before the next starts)")
+      .def(true);
   out.push_back(run);
 
   Schema attention("attention");
@@ -228,10 +232,13 @@ std::vector<Schema> Experiment::engine_schemas() {
   out.push_back(opt);
 
   Schema loss("loss");
-  loss.string("kernel", "LM-head cross-entropy: chunked (rows in chunks, gradient computed in the forward, never "
-              "[rows, vocab] float32 logits at once) or reference (full logits, plain autograd)")
-      .def(std::string("chunked")).one_of({"chunked", "reference"});
-  loss.integer("chunk_rows", "rows per chunk of the chunked loss (0 = auto: about 512 MiB of float32 logits)")
+  loss.string("kernel", "LM-head cross-entropy: fused (CUDA: rows in chunks, one kernel per chunk for the softmax "
+              "statistics, argmax and the gradient written over the 16-bit logits in place), chunked (rows in "
+              "chunks in plain ATen, gradient computed in the forward, never [rows, vocab] float32 logits at "
+              "once), reference (full logits, plain autograd), auto (fused on CUDA, chunked elsewhere)")
+      .def(std::string("auto")).one_of({"auto", "fused", "chunked", "reference"});
+  loss.integer("chunk_rows", "rows per chunk of the chunked and fused losses (0 = auto: about 512 MiB of logits, "
+               "float32 for chunked, the compute dtype for fused)")
       .def(int64_t(0)).range(0, 1 << 24);
   out.push_back(loss);
 

@@ -51,6 +51,8 @@ class FLASHDRAFT_API GradientSync {
   GradientSync& operator=(const GradientSync&) = delete;
 
   int64_t micro_batches() const { return accumulate_; }
+  // One process and one micro-batch per step: the plain loss.backward(), nothing shared.
+  bool single() const { return plain(); }
   // The global micro-batch number: the training batch micro-batch `micro` of `step` reads.
   int64_t batch_index(int64_t step, int64_t micro) const;
   // Sets the anchor generator (a CPU generator) to the stream of this micro-batch:

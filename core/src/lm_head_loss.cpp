@@ -1,6 +1,8 @@
 // The LM-head cross-entropy variants (lm_head_loss.hpp).
 #include "lm_head_loss.hpp"
 
+#include "cuda_ops.hpp"
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/torch.h>
@@ -36,14 +38,17 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
   }
 };
 
-// One chunk: logits, float32 log-softmax, weighted NLL sum, argmax, and (grad) the
-// gradient of sum_r w_r NLL_r / weight_sum with respect to the chunk's rows.
+// One chunk: the weighted NLL sum, the argmax and (grad) the gradient of
+// sum_r w_r NLL_r / weight_sum with respect to the chunk's rows.
 struct ChunkResult {
   at::Tensor nll_sum, argmax, grad;
 };
+using ChunkFn = ChunkResult (*)(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels,
+                                const at::Tensor& w, double inv_sum, bool grad);
 
-ChunkResult chunk_loss(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels, const at::Tensor& w,
-                       double inv_sum, bool grad) {
+// chunked: logits, float32 log-softmax, gather, exp, scatter and scale in ATen.
+ChunkResult chunk_loss_aten(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels,
+                            const at::Tensor& w, double inv_sum, bool grad) {
   ChunkResult r;
   at::Tensor logits = at::mm(h, weight.t());  // [c, V], compute dtype
   r.argmax = logits.argmax(-1);
@@ -65,10 +70,61 @@ ChunkResult chunk_loss(const at::Tensor& h, const at::Tensor& weight, const at::
   return r;
 }
 
+// fused: the logits in the compute dtype (one GEMM), then one CUDA kernel per chunk for
+// the row statistics, the NLL, the argmax and the gradient written over the logits in
+// place (cuda_ops::ce_rows); the gradient GEMM reads it from there.
+ChunkResult chunk_loss_fused(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels,
+                             const at::Tensor& w, double inv_sum, bool grad) {
+  ChunkResult r;
+  at::Tensor logits = at::mm(h, weight.t());
+  const at::Tensor wf = w.to(at::kFloat).contiguous();
+  const cuda_ops::CeRows rows = cuda_ops::ce_rows(logits, labels.contiguous(), wf, inv_sum, grad);
+  r.argmax = rows.argmax;
+  r.nll_sum = (rows.nll * wf).sum();
+  if (grad) r.grad = at::mm(logits, weight);
+  return r;
+}
+
+// The rows in chunks of c: per chunk `fn`, the chunk's logits freed before the next; the
+// gradient with respect to hidden kept for the backward node.
+LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, std::function<void()> on_backward) {
+  check_lm_head_loss_input(in);
+  const int64_t R = in.hidden.size(0);
+  const bool grad = at::GradMode::is_enabled() && in.hidden.requires_grad();
+  const at::Tensor h = in.hidden.detach(), weight = in.weight.detach();
+  const double inv_sum = R > 0 ? 1.0 / in.weight_sum : 0.0;  // no row: a zero loss (and gradient)
+  LmHeadLossOutput out;
+  at::Tensor total = at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble
+                                                                                                     : at::kFloat));
+  out.argmax = at::empty({R}, in.labels.options());
+  at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
+  {
+    at::NoGradGuard no_grad;
+    for (int64_t r0 = 0; r0 < R; r0 += c) {
+      const int64_t n = std::min(c, R - r0);
+      ChunkResult cr = fn(h.narrow(0, r0, n), weight, in.labels.narrow(0, r0, n), in.row_weights.narrow(0, r0, n),
+                          inv_sum, grad);
+      total.add_(cr.nll_sum);
+      out.argmax.narrow(0, r0, n).copy_(cr.argmax);
+      if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
+    }
+    total.mul_(inv_sum);
+  }
+  out.loss = total;
+  if (grad) {
+    auto node = std::shared_ptr<ChunkedLossBackward>(new ChunkedLossBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(in.hidden));
+    node->grad_hidden = std::move(grad_hidden);
+    node->on_backward = std::move(on_backward);
+    torch::autograd::set_history(out.loss, node);
+  }
+  return out;
+}
+
 }  // namespace
 
-int64_t auto_chunk_rows(int64_t vocab, int64_t budget_bytes) {
-  const int64_t rows = budget_bytes / (4 * std::max<int64_t>(vocab, 1));
+int64_t auto_chunk_rows(int64_t vocab, int64_t budget_bytes, int64_t bytes_per_logit) {
+  const int64_t rows = budget_bytes / (std::max<int64_t>(bytes_per_logit, 1) * std::max<int64_t>(vocab, 1));
   return std::max<int64_t>(16, rows / 16 * 16);
 }
 
@@ -104,44 +160,49 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
 }
 
 LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_rows, std::function<void()> on_backward) {
-  check_lm_head_loss_input(in);
-  const int64_t R = in.hidden.size(0);
   const int64_t c = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0));
-  const bool grad = at::GradMode::is_enabled() && in.hidden.requires_grad();
-  const at::Tensor h = in.hidden.detach(), weight = in.weight.detach();
-  const double inv_sum = R > 0 ? 1.0 / in.weight_sum : 0.0;  // no row: a zero loss (and gradient)
-  LmHeadLossOutput out;
-  at::Tensor total = at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble
-                                                                                                     : at::kFloat));
-  out.argmax = at::empty({R}, in.labels.options());
-  at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
-  {
-    at::NoGradGuard no_grad;
-    for (int64_t r0 = 0; r0 < R; r0 += c) {
-      const int64_t n = std::min(c, R - r0);
-      ChunkResult cr = chunk_loss(h.narrow(0, r0, n), weight, in.labels.narrow(0, r0, n),
-                                  in.row_weights.narrow(0, r0, n), inv_sum, grad);
-      total.add_(cr.nll_sum);
-      out.argmax.narrow(0, r0, n).copy_(cr.argmax);
-      if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
-    }
-    total.mul_(inv_sum);
-  }
-  out.loss = total;
-  if (grad) {
-    auto node = std::shared_ptr<ChunkedLossBackward>(new ChunkedLossBackward(), torch::autograd::deleteNode);
-    node->set_next_edges(torch::autograd::collect_next_edges(in.hidden));
-    node->grad_hidden = std::move(grad_hidden);
-    node->on_backward = std::move(on_backward);
-    torch::autograd::set_history(out.loss, node);
-  }
-  return out;
+  return chunked_loss(in, c, chunk_loss_aten, std::move(on_backward));
 }
 
-LmHeadLoss::LmHeadLoss(std::string variant, int64_t chunk_rows, Note note)
-    : variant_(variant == "reference" ? kLossReference : kLossChunked), chunk_rows_(chunk_rows), note_(std::move(note)) {
-  if (variant != "reference" && variant != "chunked")
-    throw std::invalid_argument("LM-head loss variant '" + variant + "' is not one of: chunked, reference");
+LmHeadLossOutput lm_head_loss_fused(const LmHeadLossInput& in, int64_t chunk_rows, std::function<void()> on_backward) {
+  if (!cuda_ops::runs_on(in.hidden))
+    throw std::invalid_argument(std::string("LM-head loss: the fused variant runs on CUDA tensors of float32, bfloat16 "
+                                            "or float16") +
+                                (cuda_ops::cuda_ops_built() ? "" : " (and this engine was built without its CUDA kernels)") +
+                                "; hidden is " + c10::toString(in.hidden.scalar_type()) + " on " +
+                                in.hidden.device().str() + " (accepted elsewhere: chunked, reference)");
+  const int64_t c = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0), int64_t(1) << 29,
+                                                                   in.weight.element_size());
+  return chunked_loss(in, c, chunk_loss_fused, std::move(on_backward));
+}
+
+namespace {
+
+const char* resolve_variant(const std::string& variant, c10::Device device, std::string& why) {
+  const bool fused_here = device.is_cuda() && cuda_ops::cuda_ops_built();
+  if (variant == "reference") return kLossReference;
+  if (variant == "chunked") return kLossChunked;
+  if (variant == "fused") {
+    if (!fused_here)
+      throw std::invalid_argument(
+          std::string("[loss] kernel = \"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") +
+          device.str() +
+          (cuda_ops::cuda_ops_built() ? "" : " and this engine was built without them (no CUDA LibTorch or no nvcc)") +
+          "; accepted here: auto, chunked, reference");
+    return kLossFused;
+  }
+  if (variant == "auto") {
+    why = fused_here ? "auto: CUDA" : device.is_cuda() ? "auto: engine built without its CUDA kernels" : "auto: " + device.str();
+    return fused_here ? kLossFused : kLossChunked;
+  }
+  throw std::invalid_argument("LM-head loss variant '" + variant + "' is not one of: auto, fused, chunked, reference");
+}
+
+}  // namespace
+
+LmHeadLoss::LmHeadLoss(std::string variant, int64_t chunk_rows, Note note, c10::Device device, at::ScalarType dtype)
+    : chunk_rows_(chunk_rows), note_(std::move(note)), logit_bytes_(c10::elementSize(dtype)) {
+  variant_ = resolve_variant(variant, device, why_);
 }
 
 LmHeadLossOutput LmHeadLoss::operator()(const LmHeadLossInput& in) {
@@ -157,18 +218,27 @@ LmHeadLossOutput LmHeadLoss::operator()(const LmHeadLossInput& in) {
     return out;
   }
   Note note = note_;
-  LmHeadLossOutput out = lm_head_loss_chunked(in, chunk_rows_, [note] {
-    if (note) note(true, kLossChunked);
-  });
-  if (note_) note_(false, kLossChunked);
+  const std::string variant = variant_;
+  auto on_backward = [note, variant] {
+    if (note) note(true, variant);
+  };
+  LmHeadLossOutput out = variant_ == kLossFused ? lm_head_loss_fused(in, chunk_rows_, on_backward)
+                                                : lm_head_loss_chunked(in, chunk_rows_, on_backward);
+  if (note_) note_(false, variant_);
   return out;
 }
 
 std::string LmHeadLoss::describe(int64_t vocab) const {
+  const std::string why = why_.empty() ? "" : why_ + "; ";
   if (variant_ == kLossReference) return std::string(kLossReference) + " (full logits, float32 log-softmax)";
-  const int64_t c = chunk_rows_ > 0 ? chunk_rows_ : auto_chunk_rows(vocab);
-  return std::string(kLossChunked) + " (" + std::to_string(c) + " rows per chunk" +
-         (chunk_rows_ > 0 ? "" : ", auto") + "; gradient in the forward, no [rows, vocab] float32 tensor)";
+  const bool fused = variant_ == kLossFused;
+  const int64_t c = chunk_rows_ > 0 ? chunk_rows_ : fused ? auto_chunk_rows(vocab, int64_t(1) << 29, logit_bytes_)
+                                                          : auto_chunk_rows(vocab);
+  const std::string rows = std::to_string(c) + " rows per chunk" + (chunk_rows_ > 0 ? "" : ", auto");
+  if (fused)
+    return variant_ + " (" + why + rows + "; one CUDA kernel per chunk: softmax statistics, NLL, argmax and the "
+           "gradient written over the logits in place; no float32 [rows, vocab] tensor)";
+  return variant_ + " (" + why + rows + "; gradient in the forward, no [rows, vocab] float32 tensor)";
 }
 
 }  // namespace flashdraft

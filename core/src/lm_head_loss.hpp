@@ -9,8 +9,15 @@
 //              the row weight over weight_sum, times the LM head) are computed and the
 //              chunk's logits freed. Backward scales that saved gradient. Never more than
 //              one chunk of logits exists; the logits are computed once (no recompute).
-// Both compute logits as hidden W^T in the compute dtype and the softmax in float32, so
-// they differ by summation order only.
+//   fused      (CUDA) the chunked variant's structure with the logits in the compute dtype
+//              only: per chunk one GEMM, then one CUDA kernel (core/cuda/lm_head_ce.cu)
+//              that computes each row's log-sum-exp, NLL and argmax and overwrites the
+//              row with the gradient (softmax - onehot) * w / weight_sum in place; the
+//              gradient GEMM reads it there. Chunks of about 512 MiB of 16-bit logits.
+//   auto       fused on CUDA (when the engine has its CUDA kernels), chunked elsewhere.
+// All compute logits as hidden W^T in the compute dtype and the softmax in float32, so
+// they differ by summation order (and, for fused, the gradient's rounding to the compute
+// dtype before its GEMM, which chunked does as well).
 #pragma once
 
 #include <flashdraft/export.hpp>
@@ -26,10 +33,13 @@ namespace flashdraft {
 // The variant names as the ledger records them.
 inline constexpr const char* kLossReference = "lm_head_ce/reference";
 inline constexpr const char* kLossChunked = "lm_head_ce/chunked";
+inline constexpr const char* kLossFused = "lm_head_ce/fused";
 
-// Rows per chunk when [loss] chunk_rows = 0: float32 logits of one chunk stay within
-// about `budget_bytes`, 512 MiB by default (at least 16 rows, a multiple of 16).
-FLASHDRAFT_API int64_t auto_chunk_rows(int64_t vocab, int64_t budget_bytes = int64_t(1) << 29);
+// Rows per chunk when [loss] chunk_rows = 0: one chunk's logits (float32 for chunked,
+// `bytes_per_logit` = the compute dtype's size for fused) stay within about
+// `budget_bytes`, 512 MiB by default (at least 16 rows, a multiple of 16).
+FLASHDRAFT_API int64_t auto_chunk_rows(int64_t vocab, int64_t budget_bytes = int64_t(1) << 29,
+                                       int64_t bytes_per_logit = 4);
 
 // The plain definition (also the oracle of the tests).
 FLASHDRAFT_API LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in);
@@ -37,6 +47,9 @@ FLASHDRAFT_API LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in
 // The chunked variant. `on_backward` (optional) runs when its backward runs.
 FLASHDRAFT_API LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_rows,
                                                      std::function<void()> on_backward = {});
+// The fused variant (CUDA tensors only; anything else is refused with a sentence).
+FLASHDRAFT_API LmHeadLossOutput lm_head_loss_fused(const LmHeadLossInput& in, int64_t chunk_rows,
+                                                   std::function<void()> on_backward = {});
 
 // Checks the input's shapes and dtypes; throws std::invalid_argument naming the tensor.
 FLASHDRAFT_API void check_lm_head_loss_input(const LmHeadLossInput& in);
@@ -47,16 +60,21 @@ FLASHDRAFT_API void check_lm_head_loss_input(const LmHeadLossInput& in);
 class FLASHDRAFT_API LmHeadLoss {
  public:
   using Note = std::function<void(bool backward, const std::string& variant)>;
-  // `variant`: "chunked" or "reference"; chunk_rows 0 = auto.
-  LmHeadLoss(std::string variant, int64_t chunk_rows, Note note);
+  // `variant`: "auto", "fused", "chunked" or "reference" ([loss] kernel), resolved for a
+  // run on `device` in `dtype` ("fused" where it cannot run is refused with a sentence
+  // naming the device and what is accepted); chunk_rows 0 = auto.
+  LmHeadLoss(std::string variant, int64_t chunk_rows, Note note, c10::Device device = c10::kCPU,
+             at::ScalarType dtype = at::kFloat);
   LmHeadLossOutput operator()(const LmHeadLossInput& in);
   const std::string& variant() const { return variant_; }  // "lm_head_ce/..."
   std::string describe(int64_t vocab) const;                // for the selection report
 
  private:
   std::string variant_;
+  std::string why_;  // how "auto" chose (empty when the variant was named)
   int64_t chunk_rows_;
   Note note_;
+  int64_t logit_bytes_;
 };
 
 }  // namespace flashdraft

@@ -1,6 +1,8 @@
 // AdamW (fused and torch::optim) and the learning-rate schedule.
 #include "optimizer.hpp"
 
+#include "cuda_ops.hpp"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -50,9 +52,15 @@ class FusedAdamW final : public TrainOptimizer {
     }
     const c10::Device device = params_.empty() ? c10::Device(c10::kCPU) : params_[0].device();
     step_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+    skip_ = at::zeros({}, step_.options());
+    // 16-bit weights with float32 masters on CUDA: the engine's kernel, no cast or copy.
+    mixed_kernel_ = copies_ && master == at::kFloat && cuda_ops::cuda_ops_built() && !params_.empty();
+    for (const at::Tensor& p : params_) mixed_kernel_ = mixed_kernel_ && cuda_ops::runs_on(p) && p.is_contiguous();
   }
 
-  at::Tensor step(double lr, double clip) override {
+  bool guards() const override { return true; }
+
+  at::Tensor step(double lr, double clip, const at::Tensor& guard) override {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> grads;
     std::vector<size_t> with_grad;
@@ -67,14 +75,35 @@ class FusedAdamW final : public TrainOptimizer {
     // torch's clip: g *= min(1, clip / (norm + 1e-6)); the fused kernel divides by
     // grad_scale, so grad_scale = max(1, (norm + 1e-6) / clip).
     if (clip > 0) scale = at::clamp_min((norm + 1e-6) / clip, 1.0);
-    step_.add_(1);
+    std::optional<at::Tensor> skip;
+    if (guard.defined()) {
+      // Sticky on the device: once set, no later update runs (skip_ is 0 or exactly 1, as
+      // the fused kernel's found_inf must be).
+      const at::Tensor bad = at::logical_or(at::logical_not(at::isfinite(guard.to(at::kFloat))),
+                                            at::logical_not(at::isfinite(norm)));
+      skip_.copy_(at::maximum(skip_, bad.to(at::kFloat)));
+      skip = skip_;
+      step_.sub_(skip_ - 1);  // + 1 unless skipped
+    } else {
+      step_.add_(1);
+    }
+    if (mixed_kernel_) {
+      const cuda_ops::AdamWHyper h{lr, s_.beta1, s_.beta2, s_.eps, s_.weight_decay};
+      for (size_t j = 0; j < with_grad.size(); ++j) {
+        const size_t i = with_grad[j];
+        at::Tensor g = grads[j].scalar_type() == params_[i].scalar_type() ? grads[j] : grads[j].to(params_[i].scalar_type());
+        cuda_ops::adamw_mixed(params_[i].detach(), g.contiguous(), master_[i], exp_avg_[i], exp_avg_sq_[i], h, step_,
+                              scale ? *scale : at::Tensor(), skip ? *skip : at::Tensor());
+      }
+      return norm;
+    }
     // Groups of about 256 MiB of float32 gradients: the cast's temporary stays bounded.
     const int64_t budget = int64_t(64) << 20;
     for (size_t g0 = 0; g0 < with_grad.size();) {
       size_t g1 = g0;
       int64_t n = 0;
       do n += grads[g1++].numel(); while (g1 < with_grad.size() && n + grads[g1].numel() <= budget);
-      update(with_grad, grads, g0, g1, lr, scale);
+      update(with_grad, grads, g0, g1, lr, scale, skip);
       g0 = g1;
     }
     return norm;
@@ -118,7 +147,10 @@ class FusedAdamW final : public TrainOptimizer {
     }
   }
 
-  std::string name() const override { return copies_ ? "fused AdamW, float32 master weights" : "fused AdamW"; }
+  std::string name() const override {
+    if (mixed_kernel_) return "fused AdamW, float32 master weights (flashdraft CUDA kernel: 16-bit gradients read directly)";
+    return copies_ ? "fused AdamW, float32 master weights" : "fused AdamW";
+  }
 
  private:
   // Global L2 norm of the gradients, in float32, as a device scalar.
@@ -128,7 +160,7 @@ class FusedAdamW final : public TrainOptimizer {
   }
 
   void update(const std::vector<size_t>& idx, const std::vector<at::Tensor>& grads, size_t g0, size_t g1, double lr,
-              const std::optional<at::Tensor>& scale) {
+              const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& skip) {
     std::vector<at::Tensor> w, g, m, v, steps;
     for (size_t j = g0; j < g1; ++j) {
       const size_t i = idx[j];
@@ -139,15 +171,16 @@ class FusedAdamW final : public TrainOptimizer {
       steps.push_back(step_);
     }
     at::_fused_adamw_(w, g, m, v, {}, steps, lr, s_.beta1, s_.beta2, s_.weight_decay, s_.eps, /*amsgrad=*/false,
-                      /*maximize=*/false, scale, std::nullopt);
+                      /*maximize=*/false, scale, skip);
     if (copies_)
       for (size_t j = g0; j < g1; ++j) params_[idx[j]].detach().copy_(master_[idx[j]]);
   }
 
   std::vector<at::Tensor> params_, master_, exp_avg_, exp_avg_sq_;
   at::Tensor step_;  // float32 scalar on the weights' device (the fused kernel reads it)
+  at::Tensor skip_;  // float32 scalar, 1 once a guarded step saw a non-finite loss or norm
   AdamWSettings s_;
-  bool copies_ = false;
+  bool copies_ = false, mixed_kernel_ = false;
 };
 
 class TorchAdamW final : public TrainOptimizer {
@@ -156,7 +189,7 @@ class TorchAdamW final : public TrainOptimizer {
       : params_(params),
         opt_(params, torch::optim::AdamWOptions(1e-3).betas({s.beta1, s.beta2}).eps(s.eps).weight_decay(s.weight_decay)) {}
 
-  at::Tensor step(double lr, double clip) override {
+  at::Tensor step(double lr, double clip, const at::Tensor&) override {
     for (auto& group : opt_.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     const double c = clip > 0 ? clip : std::numeric_limits<double>::infinity();
     const double norm = torch::nn::utils::clip_grad_norm_(params_, c);

@@ -29,6 +29,9 @@ int64_t now_ns() {
 std::string family_of(const std::string& name) {
   static const std::vector<std::pair<std::regex, std::string>> families = {
       {std::regex("flash_cuda|flash_(fwd|bwd)|wg_(fwd|bwd)", std::regex::icase), "attention (flash kernels)"},
+      {std::regex("cuda_ops::.*adamw_kernel"), "optimizer (fused AdamW, norms)"},
+      {std::regex("cuda_ops::.*ce_rows_kernel"), "LM-head loss (softmax, gather, argmax)"},
+      {std::regex("cuda_ops::.*swiglu"), "elementwise (RoPE, SiLU, adds, casts)"},
       {std::regex("fused_adam|FusedAdam|multi_tensor_apply|foreach", std::regex::icase), "optimizer (fused AdamW, norms)"},
       {std::regex("gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_", std::regex::icase), "matrix products (cuBLAS)"},
       {std::regex("softmax|nll|cross_entropy|argmax|scatter|gather", std::regex::icase), "LM-head loss (softmax, gather, argmax)"},
@@ -81,6 +84,17 @@ void StepProfiler::before_step(int64_t step) {
   wall_start_ns_ = now_ns();
 }
 
+void StepProfiler::note_host(const std::vector<std::pair<std::string, double>>& phases) {
+  if (!active_) return;
+  for (const auto& [name, s] : phases) {
+    auto it = std::find_if(host_phases_.begin(), host_phases_.end(), [&](const auto& p) { return p.first == name; });
+    if (it == host_phases_.end())
+      host_phases_.emplace_back(name, s);
+    else
+      it->second += s;
+  }
+}
+
 void StepProfiler::after_step(int64_t step) {
   if (!active_ || step + 1 != window_.last) return;
   wall_ms_ = double(now_ns() - wall_start_ns_) / 1e6;
@@ -89,8 +103,15 @@ void StepProfiler::after_step(int64_t step) {
   const double steps = double(window_.last - window_.first);
   std::map<std::string, double> ms;
   std::map<std::string, std::pair<double, int64_t>> kernels;  // name -> (ms, calls)
+  std::map<std::string, std::pair<double, int64_t>> host_ops;  // CPU-side ops, inclusive ms
   double busy = 0;
   for (const auto& e : result->events()) {
+    if (e.deviceType() == c10::DeviceType::CPU) {
+      auto& h = host_ops[e.name().substr(0, 90)];
+      h.first += double(e.durationNs()) / 1e6;
+      ++h.second;
+      continue;
+    }
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
     const double d = double(e.durationNs()) / 1e6;
     const std::string name = e.name();
@@ -118,6 +139,18 @@ void StepProfiler::after_step(int64_t step) {
   os << "  longest kernels (ms/step):\n";
   for (size_t i = 0; i < top.size() && i < 15; ++i)
     os << "    " << std::setw(8) << top[i].first / steps << "  " << top[i].second << "\n";
+  // The host's side: where the time between the device's kernels can go.
+  if (!host_phases_.empty()) {
+    os << "  host time per step by phase (ms):";
+    for (const auto& [name, s] : host_phases_) os << " " << name << " " << 1e3 * s / steps;
+    os << "\n";
+  }
+  std::vector<std::pair<double, std::string>> host;
+  for (const auto& [n, h] : host_ops) host.emplace_back(h.first, n + " (" + std::to_string(h.second) + " calls)");
+  std::sort(host.rbegin(), host.rend());
+  os << "  longest host ops (ms/step, inclusive of the ops they call):\n";
+  for (size_t i = 0; i < host.size() && i < 15; ++i)
+    os << "    " << std::setw(8) << host[i].first / steps << "  " << host[i].second << "\n";
   std::cout << os.str() << std::flush;
 }
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flashdraft {
 
@@ -28,6 +30,8 @@ class FLASHDRAFT_API StepProfiler {
   void before_step(int64_t step);
   // Stops after the window's last step: saves the trace and prints the table.
   void after_step(int64_t step);
+  // Host seconds of a step's phases (while profiling), printed per step with the table.
+  void note_host(const std::vector<std::pair<std::string, double>>& phases);
 
  private:
   ProfileWindow window_;
@@ -35,6 +39,7 @@ class FLASHDRAFT_API StepProfiler {
   bool active_ = false;
   double wall_ms_ = 0;
   int64_t wall_start_ns_ = 0;
+  std::vector<std::pair<std::string, double>> host_phases_;
 };
 
 }  // namespace flashdraft

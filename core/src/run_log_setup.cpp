@@ -1,6 +1,8 @@
 // Creating, reopening and describing the run log.
 #include "run_log_setup.hpp"
 
+#include "lm_head_loss.hpp"
+
 #include <torch/torch.h>
 
 #include <ctime>
@@ -63,8 +65,12 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   attrs["start_time"] = now_iso();
   attrs["dtype"] = dtype_name(b.ctx.dtype);
   attrs["precision"] = b.precision.describe();
-  attrs["loss_kernel"] = b.drafter->own_loss().empty() ? ex.loss().string("kernel")
-                                                       : "the drafter's own: " + b.drafter->own_loss();
+  // The variant [loss] resolves to on this device (what /kernels/loss records every step).
+  attrs["loss_kernel"] = b.drafter->own_loss().empty()
+                             ? LmHeadLoss(ex.loss().string("kernel"), ex.loss().integer("chunk_rows"), {}, b.ctx.device,
+                                          b.ctx.dtype)
+                                   .describe(b.target_model.vocab)
+                             : "the drafter's own: " + b.drafter->own_loss();
   attrs["data_source"] = b.dataset->source();
   if (b.target) attrs["target"] = b.target_model.source;
   std::string plugins;

@@ -20,15 +20,16 @@ std::string mib(int64_t bytes) {
 }  // namespace
 
 void StepRecorder::record(const StepOutcome& o) {
-  for (; names_written_ < static_cast<int64_t>(ledger_.names().size()); ++names_written_)
-    log_.append("kernels/names", ledger_.names()[static_cast<size_t>(names_written_)]);
+  const KernelLedger& ledger = o.kernels;
+  for (; names_written_ < static_cast<int64_t>(ledger.names().size()); ++names_written_)
+    log_.append("kernels/names", ledger.names()[static_cast<size_t>(names_written_)]);
   // The ledger's last column is the LM-head loss's (see the trainer).
   auto attention = [&](Phase ph) {
-    const std::vector<int32_t>& ids = ledger_.ids(ph);
+    const std::vector<int32_t>& ids = ledger.ids(ph);
     return std::vector<int32_t>(ids.begin(), ids.begin() + std::min<int64_t>(shape_.layers, ids.size()));
   };
   auto loss = [&](Phase ph) {
-    const std::vector<int32_t>& ids = ledger_.ids(ph);
+    const std::vector<int32_t>& ids = ledger.ids(ph);
     return static_cast<int64_t>(ids.size()) > shape_.layers ? ids[static_cast<size_t>(shape_.layers)] : -1;
   };
   log_.append("kernels/forward", attention(Phase::forward));
@@ -68,7 +69,7 @@ std::string StepRecorder::line(const StepOutcome& o, int64_t steps) const {
   os << "  lr " << std::scientific << std::setprecision(2) << o.lr << std::fixed << "  |g| " << std::setprecision(3)
      << o.grad_norm << "  " << std::setprecision(3) << o.seconds << " s"
      << "  peak fwd " << mib(o.peak_forward) << " bwd " << mib(o.peak_backward) << "  kernels fwd "
-     << ledger_.summary(Phase::forward, shape_.layers) << " bwd " << ledger_.summary(Phase::backward, shape_.layers);
+     << o.kernels.summary(Phase::forward, shape_.layers) << " bwd " << o.kernels.summary(Phase::backward, shape_.layers);
   return os.str();
 }
 

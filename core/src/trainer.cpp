@@ -20,12 +20,14 @@
 #include "setup.hpp"
 #include "step_record.hpp"
 #include "train_step.hpp"
+#include "device_mark.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 #include <flashdraft/text.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <iostream>
@@ -204,7 +206,8 @@ void Trainer::prepare() {
   // Ledger columns: the drafter's attention calls, the target's, then the LM-head loss.
   const int64_t loss_column = drafter.attention_layers() + plugins_.target_calls;
   const Config& loss = setup_.experiment.loss();
-  dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column);
+  dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column, plugins_.ctx.device,
+                        plugins_.ctx.dtype);
   if (drafter.own_loss().empty())
     std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n";
   else
@@ -222,6 +225,7 @@ void Trainer::prepare() {
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
   optimizer_ = make_optimizer(params_, setup_.experiment.optimizer(), plugins_.precision.master, plugins_.precision.fused);
+  std::cout << "optimizer: " << optimizer_->name() << std::endl;
   const uint64_t seed = static_cast<uint64_t>(run_table().integer("seed"));
   // Every micro-batch sets it to its own stream before it draws (GradientSync::seed_anchors).
   anchors_ = at::make_generator<at::CPUGeneratorImpl>(seed + 0x5eed);
@@ -281,13 +285,48 @@ int Trainer::train() {
   std::unique_ptr<StepRecorder> recorder;
   if (root())
     recorder =
-        std::make_unique<StepRecorder>(*log_.log, ledger_, shape_, static_cast<int64_t>(log_.kernel_names.size()));
+        std::make_unique<StepRecorder>(*log_.log, shape_, static_cast<int64_t>(log_.kernel_names.size()));
   const std::string trace = resume_.log_path.substr(0, resume_.log_path.size() - 3) + ".trace.json";
-  StepProfiler profiler(options_.profile.empty() || !root() ? ProfileWindow{} : parse_profile_window(options_.profile),
-                        trace);
+  const ProfileWindow window =
+      options_.profile.empty() || !root() ? ProfileWindow{} : parse_profile_window(options_.profile);
+  StepProfiler profiler(window, trace);
+  const bool queue = run_table().boolean("queue_ahead") && can_queue_steps(step_context);
+  if (queue)
+    std::cout << "steps: queued ahead (the device runs step t while the host prepares step t+1; a step's loss and "
+                 "metrics are read once the next step is queued)"
+              << std::endl;
+
+  // A queued step not read yet, and the end of the step queued just before it (its time
+  // runs from there when nothing waited in between).
+  std::optional<StepOutcome> pending;
+  std::shared_ptr<const DeviceMark> pending_after;
+  // Reads a step (when queued), records it and prints its line.
+  auto finish = [&](StepOutcome& o, const std::shared_ptr<const DeviceMark>& after) {
+    try {
+      finish_step(o, after.get());
+    } catch (const NonFiniteLoss& e) {
+      events_.add(o.step, "nan", e.quantity + " is " + std::to_string(e.loss) + " at step " + std::to_string(o.step));
+      throw;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    share(o, interrupts.pending());
+    if (root()) recorder->record(o);
+    if (root() && (o.step % print_every == 0 || o.step + 1 == steps_))
+      std::cout << recorder->line(o, steps_) << std::endl;
+    o.host.emplace_back("record", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    profiler.note_host(o.host);
+  };
+  auto finish_pending = [&] {
+    if (!pending) return;
+    StepOutcome o = std::move(*pending);
+    pending.reset();
+    finish(o, pending_after);
+  };
+
   for (int64_t step = first_step_; step < steps_; ++step) {
     current_step_ = step;
     if (const int signal = agreed_signal(interrupts.pending())) {
+      finish_pending();
       events_.add(step, "interrupted",
                   "signal " + std::to_string(signal) + " received; stopped before step " + std::to_string(step));
       std::cout << "interrupted before step " << step << "; the log keeps steps 0.." << step - 1 << std::endl;
@@ -297,19 +336,43 @@ int Trainer::train() {
     StepOutcome outcome;
     try {
       profiler.before_step(step);
-      outcome = train_step(step_context, step);
-      profiler.after_step(step);
+      outcome = train_step(step_context, step, queue);
     } catch (const NonFiniteLoss& e) {
-      events_.add(step, "nan", "loss is " + std::to_string(e.loss) + " at step " + std::to_string(step));
+      events_.add(step, "nan", e.quantity + " is " + std::to_string(e.loss) + " at step " + std::to_string(step));
+      throw;
+    } catch (...) {
+      // The step before this one ran: keep it in the log before reporting the error.
+      current_step_ = step - 1;
+      try {
+        finish_pending();
+      } catch (...) {
+      }
+      current_step_ = step;
       throw;
     }
-    share(outcome, interrupts.pending());
-    if (root()) recorder->record(outcome);
-    if (root() && (step % print_every == 0 || step + 1 == steps_))
-      std::cout << recorder->line(outcome, steps_) << std::endl;
+    // With queued steps: read the previous step now, while the device runs this one.
+    const std::shared_ptr<const DeviceMark> after = pending ? pending->end : nullptr;
+    if (pending) {
+      current_step_ = step - 1;
+      finish_pending();
+      current_step_ = step;
+    }
     const int64_t done = step + 1;
-    if (eval_on && ((eval_every > 0 && done % eval_every == 0) || done == steps_)) validate(done);
-    if (ckpt_on && ((ckpt_every > 0 && done % ckpt_every == 0) || done == steps_) && root()) save(done);
+    const bool eval_now = eval_on && ((eval_every > 0 && done % eval_every == 0) || done == steps_);
+    const bool ckpt_now = ckpt_on && ((ckpt_every > 0 && done % ckpt_every == 0) || done == steps_);
+    // Where the host must see this step's results before the next step is queued: an
+    // evaluation, a checkpoint, the end, the edges of the profiled window.
+    const bool read_now = !outcome.queued || eval_now || ckpt_now || done == steps_ ||
+                          (window.on() && (done == window.first || done == window.last));
+    if (!read_now) {
+      pending = std::move(outcome);
+      pending_after = after;
+      continue;
+    }
+    finish(outcome, after);
+    profiler.after_step(step);
+    if (eval_now) validate(done);
+    if (ckpt_now && root()) save(done);
   }
   return kFinished;
 }
@@ -321,6 +384,7 @@ void Trainer::share(StepOutcome& outcome, int signal) {
   const RankStep ranks = gather_step(*dist_, outcome, *grads_, ledger_, params_, signal,
                                      setup_.experiment.attention().string("on_fallback"));
   ranks_signal_ = ranks.signal;
+  outcome.kernels = ledger_;  // with the names of other ranks' variants (data-parallel steps are never queued)
   if (!ranks.kernel_difference.empty()) events_.add(outcome.step, "fallback", ranks.kernel_difference);
   if (root()) record_ranks(*log_.log, ranks);
   if (outcome.step == first_step_)

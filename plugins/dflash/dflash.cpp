@@ -22,6 +22,7 @@
 
 #include <flashdraft/acceptance.hpp>
 #include <flashdraft/model.hpp>
+#include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -36,51 +37,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-// silu(gate) * up, saving only gate and up (the product and silu(gate) are recomputed
-// in the backward: two [tokens, ffn] tensors fewer per layer than autograd would keep).
-struct SwiGLU : public torch::autograd::Function<SwiGLU> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
-    ctx->save_for_backward({gate, up});
-    return at::silu(gate) * up;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& g = saved[0];
-    const at::Tensor& u = saved[1];
-    const at::Tensor& dy = grads[0];
-    const at::Tensor sig = at::sigmoid(g);
-    const at::Tensor d_up = dy * (g * sig);
-    // d silu(g) / dg = sig * (1 + g * (1 - sig))
-    const at::Tensor d_gate = dy * u * (sig * (1 + g * (1 - sig)));
-    return {d_gate, d_up};
-  }
-};
-
-// RoPE in the rotate-half layout, x * cos + rotate_half(x) * sin, saving only the tables.
-// Its backward is the rotation by -angle: with halves y1 = x1 c - x2 s, y2 = x2 c + x1 s,
-// dx1 = dy1 c + dy2 s and dx2 = dy2 c - dy1 s, i.e. dy * cos - rotate_half(dy * sin).
-struct Rope : public torch::autograd::Function<Rope> {
-  static at::Tensor rotate_half(const at::Tensor& x) {
-    const int64_t half = x.size(-1) / 2;
-    return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  }
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    ctx->save_for_backward({cos, sin});
-    return x * cos + rotate_half(x) * sin;
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& cos = saved[0];
-    const at::Tensor& sin = saved[1];
-    const at::Tensor& dy = grads[0];
-    // rotate_half^T(v) = [v2, -v1]: the transpose of the rotation, applied to dy * sin.
-    const at::Tensor ds = dy * sin;
-    const int64_t half = ds.size(-1) / 2;
-    const at::Tensor rot_t = at::cat({ds.narrow(-1, half, half), -ds.narrow(-1, 0, half)}, -1);
-    return {dy * cos + rot_t, at::Tensor(), at::Tensor()};
-  }
-};
 
 struct Layer {
   at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj,
@@ -353,18 +309,18 @@ class DFlashDrafter final : public Drafter {
                                  .reshape({B, S, -1})
                                  .to(device_, dtype_);
     const at::Tensor context = rms_norm(at::linear(feats, fc_), hidden_norm_);
-    const auto [cos_c, sin_c] = rope_tables(at::arange(S, long_opts).unsqueeze(0).expand({B, S}));
-    const auto [cos_b, sin_b] = rope_tables(plan.block_pos);
+    const auto& [cos_c, sin_c] = context_rope(B, S);
+    const auto [cos_b, sin_b] = rope_tables(to_device(plan.block_pos));
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     at::Tensor x = embedding_.index_select(0, plan.block_tokens.reshape({-1})).view({B, L, hidden_});
     for (int64_t l = 0; l < layers_n_; ++l) {
       const Layer& P = layers_[static_cast<size_t>(l)];
       const at::Tensor h = rms_norm(x, P.input_norm);
       at::Tensor q = heads_of(at::linear(h, P.q_proj), heads_);
-      q = apply_rope(rms_norm(q, P.q_norm), cos_b, sin_b);
-      const at::Tensor kb = apply_rope(rms_norm(heads_of(at::linear(h, P.k_proj), kv_heads_), P.k_norm), cos_b, sin_b);
+      q = rope(rms_norm(q, P.q_norm), cos_b, sin_b);
+      const at::Tensor kb = rope(rms_norm(heads_of(at::linear(h, P.k_proj), kv_heads_), P.k_norm), cos_b, sin_b);
       const at::Tensor kc =
-          apply_rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
+          rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
       const at::Tensor vb = heads_of(at::linear(h, P.v_proj), kv_heads_);
       const at::Tensor vc = heads_of(at::linear(context, P.v_proj), kv_heads_);
       const at::Tensor k = at::cat({kc, kb}, 2);  // [B, Hkv, S + L, D]: context first
@@ -372,7 +328,7 @@ class DFlashDrafter final : public Drafter {
       const at::Tensor a = attention.attention(l, q.contiguous(), k.contiguous(), v.contiguous(), scale);
       x = x + at::linear(a.transpose(1, 2).reshape({B, L, heads_ * head_dim_}), P.o_proj);
       const at::Tensor h2 = rms_norm(x, P.post_norm);
-      x = x + at::linear(SwiGLU::apply(at::linear(h2, P.gate_proj), at::linear(h2, P.up_proj)), P.down_proj);
+      x = x + at::linear(swiglu(at::linear(h2, P.gate_proj), at::linear(h2, P.up_proj)), P.down_proj);
     }
     return x;
   }
@@ -452,20 +408,21 @@ class DFlashDrafter final : public Drafter {
     return x.view({x.size(0), x.size(1), heads, head_dim_}).transpose(1, 2);
   }
 
-  // cos/sin of RoPE angles pos * theta^(-2i/D), i < D/2, duplicated over both halves
-  // (the rotate-half layout): [B, 1, T, D]. Angles in fp64 so positions stay exact.
+  // cos/sin of the RoPE angles of `pos` [B, T] as [B, 1, T, D] (broadcast over heads),
+  // made where `pos` lives (the run's device: no table crosses the bus).
   std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos) const {
-    const auto dopts = at::TensorOptions().dtype(at::kDouble);
-    const at::Tensor inv = at::pow(rope_theta_, -at::arange(0, head_dim_, 2, dopts) / double(head_dim_));
-    const at::Tensor ang = pos.to(at::kDouble).unsqueeze(-1) * inv;  // [B, T, D/2]
-    const at::Tensor full = at::cat({ang, ang}, -1).unsqueeze(1);     // [B, 1, T, D]
-    return {to_device(full.cos().to(dtype_)), to_device(full.sin().to(dtype_))};
+    auto [cos, sin] = flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_);
+    return {cos.unsqueeze(1), sin.unsqueeze(1)};
   }
 
-  // x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for halves x1, x2 (the
-  // autograd function above keeps only the tables for its backward).
-  static at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    return Rope::apply(x, cos, sin);
+  // The context's tables (positions 0..S-1 in every sequence): the same every step, made
+  // once per shape.
+  const std::pair<at::Tensor, at::Tensor>& context_rope(int64_t B, int64_t S) const {
+    if (!context_rope_.first.defined() || context_rope_.first.size(0) != B || context_rope_.first.size(2) != S) {
+      const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device_);
+      context_rope_ = rope_tables(at::arange(S, long_opts).unsqueeze(0).expand({B, S}));
+    }
+    return context_rope_;
   }
 
   Config config_;
@@ -478,6 +435,7 @@ class DFlashDrafter final : public Drafter {
   at::Tensor embedding_, lm_head_, fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
+  mutable std::pair<at::Tensor, at::Tensor> context_rope_;  // context_rope()'s cache
 };
 
 }  // namespace

@@ -37,6 +37,7 @@
 //   sequence, block[0] = x_a, block[j] = the step j-1 greedy token at t, labels x_{a+j}.
 #include <flashdraft/acceptance.hpp>
 #include <flashdraft/model.hpp>
+#include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -260,7 +261,7 @@ class Eagle3Drafter final : public Drafter {
                                                i == 0 ? values[0].contiguous() : at::cat(values, 2), scale);
       const at::Tensor mid = h + at::linear(a.transpose(1, 2).reshape({B, S, heads_ * head_dim_}), o_proj_);
       const at::Tensor n2 = rms_norm(mid, post_norm_);
-      h = mid + at::linear(at::silu(at::linear(n2, gate_proj_)) * at::linear(n2, up_proj_), down_proj_);
+      h = mid + at::linear(swiglu(at::linear(n2, gate_proj_), at::linear(n2, up_proj_)), down_proj_);
 
       // The counted rows of this step and their targets (rows + 1 + i: the target position).
       const at::Tensor rows = plan.rows[static_cast<size_t>(i)], at_target = rows + (1 + i);
@@ -506,15 +507,9 @@ class Eagle3Drafter final : public Drafter {
   }
   // cos/sin of angles t * theta^(-2k/D) for positions 0..S-1, rotate-half layout: [1, 1, S, D].
   std::pair<at::Tensor, at::Tensor> rope_tables(int64_t S) const {
-    const auto dopts = at::TensorOptions().dtype(at::kDouble);
-    const at::Tensor inv = at::pow(rope_theta_, -at::arange(0, head_dim_, 2, dopts) / double(head_dim_));
-    const at::Tensor ang = at::arange(S, dopts).unsqueeze(-1) * inv;
-    const at::Tensor full = at::cat({ang, ang}, -1).view({1, 1, S, head_dim_});
-    return {full.cos().to(device_, dtype_), full.sin().to(device_, dtype_)};
-  }
-  static at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    const int64_t half = x.size(-1) / 2;
-    return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+    const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_));
+    auto [cos, sin] = flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_);
+    return {cos.view({1, 1, S, head_dim_}), sin.view({1, 1, S, head_dim_})};
   }
 
   Config config_;

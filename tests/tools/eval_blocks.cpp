@@ -58,7 +58,7 @@ int run(int argc, char** argv) {
   // The LM-head loss as the run computes it ([loss]), in the ledger column after the attention calls.
   const int64_t loss_column = b.drafter->attention_layers() + b.target_calls;
   dispatcher.set_loss(setup.experiment.loss().string("kernel"), setup.experiment.loss().integer("chunk_rows"),
-                      loss_column);
+                      loss_column, b.ctx.device, b.ctx.dtype);
   std::unique_ptr<fd::AttentionDispatcher> target_dispatcher;
   std::unique_ptr<fd::OffsetAttention> target_attention;
   if (b.target) {

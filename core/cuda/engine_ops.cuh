@@ -1,0 +1,59 @@
+// The engine's own CUDA kernels (not attention: that is the flash_cuda plugin's): the
+// LM-head cross-entropy's row pass, SwiGLU forward and backward, and the mixed-precision
+// AdamW update. This header is the host API, plain C++ (no LibTorch, no device code), so
+// core/src/cuda_ops.cpp includes it from a .cpp; the launchers take raw pointers and the
+// stream, and every launch is checked (a failed launch throws std::runtime_error naming
+// the kernel and CUDA's error string).
+//
+// Built into the static library flashdraft_cuda_ops (core/cuda/CMakeLists.txt) for sm_80,
+// sm_90 and sm_120 SASS plus compute_120 PTX, when LibTorch has CUDA and nvcc exists.
+// Checked against plain ATen references on fresh random inputs by tests/test_cuda_ops.cpp
+// (on a GPU; the tests skip elsewhere).
+#pragma once
+
+#include <cstdint>
+
+namespace flashdraft::cuda_ops {
+
+enum class DType { f32 = 0, bf16 = 1, f16 = 2 };
+
+// ---- LM-head cross-entropy, one pass per row over logits already in memory ----------
+// For each row r of logits [rows, vocab] (row stride `ld` elements, 16-bit or float32):
+//   lse_r    = log sum_v exp(x_rv)                         (float32, natural log)
+//   nll_r    = lse_r - x_r,label_r                         (NaN for a label outside 0..V-1)
+//   argmax_r = the first v with the largest x_rv           (int64, as at::argmax)
+// and, when `write_grad`, overwrites the row IN PLACE with the gradient of
+//   sum_r w_r nll_r * grad_scale   with respect to the logits:
+//   (softmax_rv - [v == label_r]) * w_r * grad_scale, rounded to the logits' dtype.
+// One CTA per row; the row is read twice (statistics, then the gradient), the second time
+// mostly from L2, and written once. `row_weight` may be null when !write_grad.
+void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld, const int64_t* labels,
+             const float* row_weight, float grad_scale, bool write_grad, float* nll, float* lse, int64_t* argmax,
+             void* stream);
+
+// ---- SwiGLU: y = silu(g) * u, elementwise over n values (contiguous), in float32 math ----
+void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
+// d_gate = dy * u * sig * (1 + g * (1 - sig)),  d_up = dy * g * sig,  sig = sigmoid(g).
+void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* d_gate, void* d_up,
+                     int64_t n, void* stream);
+
+// ---- AdamW over one tensor with float32 master weights and moments -------------------
+// The update of ATen's fused AdamW (torch.optim.AdamW(fused=True)), reading the 16-bit
+// (or float32) gradient directly and writing the master and its rounded copy `param`:
+//   g = grad / grad_scale (grad_scale null: 1);  w = master
+//   w -= lr * weight_decay * w;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   w -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps);  master = w; param = w
+// t = *step (float32 on the device, already counting this update). When `skip` is not
+// null and *skip != 0 nothing is written (a non-finite loss or gradient norm, found on the
+// device without a host read). `param` may alias `master` only when dtype is f32 (then
+// pass param = master). n values, all contiguous.
+struct AdamWArgs {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  const float* step = nullptr;        // device scalar
+  const float* grad_scale = nullptr;  // device scalar or null
+  const float* skip = nullptr;        // device scalar or null
+};
+void adamw_mixed(DType dtype, void* param, const void* grad, float* master, float* exp_avg, float* exp_avg_sq,
+                 int64_t n, const AdamWArgs& args, void* stream);
+
+}  // namespace flashdraft::cuda_ops

@@ -1,0 +1,31 @@
+// Building blocks a drafter may use, with the engine's fused CUDA kernels behind them on
+// CUDA tensors and plain ATen elsewhere (same function, so a drafter is written once).
+// Each is differentiable and saves only its inputs for the backward.
+#pragma once
+
+#include <flashdraft/export.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace flashdraft {
+
+// silu(gate) * up (SwiGLU's product), gate and up of one shape and dtype.
+// CUDA (float32/bfloat16/float16): one fused kernel forward, one backward, float32
+// arithmetic per value; elsewhere ATen's silu and products. The backward recomputes
+// silu(gate) from the saved gate and up.
+FLASHDRAFT_API at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// RoPE in the rotate-half layout: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
+// for the halves x1, x2 of the last axis; cos/sin broadcast against x (rope_tables). The
+// backward is the rotation by -angle (only the tables are saved).
+FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// cos and sin of the angles pos * theta^(-2i/D), i < D/2, duplicated over both halves:
+// [*positions.sizes(), D] in `dtype`, on positions' device. Angles in float64, so large
+// positions stay exact before the rounding to `dtype`.
+FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, double theta,
+                                                             int64_t head_dim, at::ScalarType dtype);
+
+}  // namespace flashdraft

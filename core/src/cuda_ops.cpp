@@ -1,0 +1,145 @@
+// Tensor-level wrappers of the engine's CUDA kernels (cuda_ops.hpp).
+#include "cuda_ops.hpp"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+#if FLASHDRAFT_CUDA_OPS
+#include "engine_ops.cuh"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace flashdraft::cuda_ops {
+
+#if FLASHDRAFT_CUDA_OPS
+
+namespace {
+
+DType dtype_of(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::f32;
+    case at::kBFloat16: return DType::bf16;
+    case at::kHalf: return DType::f16;
+    default:
+      throw std::invalid_argument(std::string(what) + " is " + c10::toString(t.scalar_type()) +
+                                  "; the engine's CUDA kernels take float32, bfloat16 or float16");
+  }
+}
+
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+void same_device(const at::Tensor& a, const at::Tensor& b, const char* an, const char* bn) {
+  require(b.device() == a.device(), std::string(bn) + " is on " + b.device().str() + " but " + an + " is on " +
+                                        a.device().str());
+}
+
+}  // namespace
+
+bool cuda_ops_built() { return true; }
+
+bool runs_on(const at::Tensor& t) {
+  return t.defined() && t.is_cuda() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+}
+
+CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weights, double grad_scale,
+               bool write_grad) {
+  require(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1,
+          "ce_rows: logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(logits.sizes()));
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  require(labels.dim() == 1 && labels.size(0) == rows && labels.scalar_type() == at::kLong && labels.is_contiguous(),
+          "ce_rows: labels must be contiguous int64 [" + std::to_string(rows) + "]");
+  same_device(logits, labels, "the logits", "labels");
+  if (write_grad) {
+    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
+                row_weights.is_contiguous(),
+            "ce_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
+    same_device(logits, row_weights, "the logits", "row weights");
+  }
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const auto f = logits.options().dtype(at::kFloat);
+  CeRows out{at::empty({rows}, f), at::empty({rows}, logits.options().dtype(at::kLong))};
+  cuda_ops::ce_rows(dtype_of(logits, "the logits"), logits.data_ptr(), rows, vocab, logits.stride(0),
+                    labels.data_ptr<int64_t>(), write_grad ? row_weights.data_ptr<float>() : nullptr,
+                    static_cast<float>(grad_scale), write_grad, out.nll.data_ptr<float>(), nullptr,
+                    out.argmax.data_ptr<int64_t>(), stream_of(logits));
+  return out;
+}
+
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  require(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+          "swiglu: gate " + c10::str(gate.sizes()) + " and up " + c10::str(up.sizes()) + " must match in shape and dtype");
+  same_device(gate, up, "gate", "up");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  const c10::cuda::CUDAGuard guard(g.device());
+  at::Tensor y = at::empty_like(g);
+  cuda_ops::swiglu_forward(dtype_of(g, "gate"), g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), stream_of(g));
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy) {
+  require(gate.sizes() == up.sizes() && gate.sizes() == dy.sizes(),
+          "swiglu backward: gate, up and the incoming gradient must have one shape");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous(), d = dy.to(gate.scalar_type()).contiguous();
+  const c10::cuda::CUDAGuard guard(g.device());
+  at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
+  cuda_ops::swiglu_backward(dtype_of(g, "gate"), g.data_ptr(), u.data_ptr(), d.data_ptr(), dg.data_ptr(),
+                            du.data_ptr(), g.numel(), stream_of(g));
+  return {dg, du};
+}
+
+void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master, const at::Tensor& exp_avg,
+                 const at::Tensor& exp_avg_sq, const AdamWHyper& h, const at::Tensor& step,
+                 const at::Tensor& grad_scale, const at::Tensor& skip) {
+  const int64_t n = param.numel();
+  require(param.is_cuda() && param.is_contiguous() && grad.is_contiguous() && grad.numel() == n &&
+              grad.scalar_type() == param.scalar_type(),
+          "adamw: the gradient must be a contiguous tensor of the parameter's dtype and size");
+  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq})
+    require(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == n && t->device() == param.device(),
+            "adamw: master weights and moments must be contiguous float32 tensors of the parameter's size and device");
+  require(step.defined() && step.scalar_type() == at::kFloat && step.numel() == 1 && step.device() == param.device(),
+          "adamw: the step counter must be a float32 scalar on the parameter's device");
+  AdamWArgs a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.step = step.data_ptr<float>();
+  a.grad_scale = grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr;
+  a.skip = skip.defined() ? skip.data_ptr<float>() : nullptr;
+  const c10::cuda::CUDAGuard guard(param.device());
+  cuda_ops::adamw_mixed(dtype_of(param, "the parameter"), param.data_ptr(), grad.data_ptr(), master.data_ptr<float>(),
+                        exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), n, a, stream_of(param));
+}
+
+#else  // built without the engine's CUDA kernels
+
+namespace {
+[[noreturn]] void absent() {
+  throw std::runtime_error(
+      "this flashdraft was built without its CUDA kernels (the LibTorch found has no CUDA, or no nvcc was found)");
+}
+}  // namespace
+
+bool cuda_ops_built() { return false; }
+bool runs_on(const at::Tensor&) { return false; }
+CeRows ce_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { absent(); }
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
+void adamw_mixed(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const AdamWHyper&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  absent();
+}
+
+#endif
+
+}  // namespace flashdraft::cuda_ops

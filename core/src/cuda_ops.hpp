@@ -1,0 +1,45 @@
+// Tensor-level entry points of the engine's CUDA kernels (core/cuda/engine_ops.cuh): shapes,
+// dtypes and devices checked here, the kernels launched on the current stream of the
+// tensors' device. Where the engine was built without them (no CUDA in LibTorch, no nvcc),
+// cuda_ops_built() is false and every other call throws a sentence saying so; callers
+// choose the plain ATen version first.
+#pragma once
+
+#include <flashdraft/export.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace flashdraft::cuda_ops {
+
+// Whether this engine was built with its CUDA kernels.
+FLASHDRAFT_API bool cuda_ops_built();
+// Whether the kernels can run on `t` (built, CUDA tensor, float32/bfloat16/float16).
+FLASHDRAFT_API bool runs_on(const at::Tensor& t);
+
+// The LM-head cross-entropy row pass over `logits` [rows, V] (modified in place when
+// write_grad): see engine_ops.cuh. Returns nll [rows] float32 and argmax [rows] int64.
+struct CeRows {
+  at::Tensor nll, argmax;
+};
+FLASHDRAFT_API CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weights,
+                              double grad_scale, bool write_grad);
+
+FLASHDRAFT_API at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
+// Returns {d_gate, d_up}.
+FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up,
+                                                                 const at::Tensor& dy);
+
+// One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
+// weights and moments (master may be param itself for float32), see engine_ops.cuh.
+// step: float32 device scalar counting this update; grad_scale, skip: float32 device
+// scalars or undefined.
+struct AdamWHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+};
+FLASHDRAFT_API void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master,
+                                const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const AdamWHyper& h,
+                                const at::Tensor& step, const at::Tensor& grad_scale, const at::Tensor& skip);
+
+}  // namespace flashdraft::cuda_ops

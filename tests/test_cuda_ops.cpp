@@ -1,0 +1,344 @@
+// The engine's own fused ops against plain references on fresh random inputs:
+//   - flashdraft::swiglu and flashdraft::rope (flashdraft/ops.hpp) against ATen's composite
+//     autograd in float64 on the CPU, and on CUDA (the fused kernels) against a float64
+//     reference of the same math, in float32, bfloat16 and float16, with vector tails and
+//     misaligned views (the kernels' scalar paths);
+//   - the LM-head cross-entropy row pass (cuda_ops::ce_rows) against float64 log-softmax:
+//     log-sum-exp, NLL, the first argmax, and the in-place gradient, for a real vocabulary
+//     (151936), a ragged one, rows whose stride breaks 16-byte alignment, and an
+//     out-of-range label (NaN);
+//   - the mixed-precision AdamW kernel against a float64 evaluation of the update, with the
+//     clip factor and the skip flag; and the optimizer's guard (a non-finite loss or norm
+//     skips that update and every later one) on the CPU and on CUDA.
+// The CUDA cases skip where there is no CUDA device or the engine has no CUDA kernels.
+#include "cuda_ops.hpp"
+#include "optimizer.hpp"
+
+#include <flashdraft/ops.hpp>
+
+#include <torch/torch.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+using namespace flashdraft;
+
+namespace {
+
+bool cuda_here() { return torch::cuda::is_available() && cuda_ops::cuda_ops_built(); }
+#define REQUIRE_CUDA_OPS()                                                                              \
+  do {                                                                                                 \
+    if (!cuda_here()) {                                                                                \
+      GTEST_SKIP() << (torch::cuda::is_available() ? "this engine was built without its CUDA kernels"  \
+                                                    : "no CUDA device here: the engine's CUDA kernels run only on a GPU"); \
+    }                                                                                                  \
+  } while (0)
+
+double rel_err(const at::Tensor& got, const at::Tensor& ref) {
+  const at::Tensor g = got.to(at::kCPU, at::kDouble), r = ref.to(at::kCPU, at::kDouble);
+  return ((g - r).norm() / r.norm().clamp_min(1e-300)).item<double>();
+}
+
+// The bound on ||got - ref|| / ||ref|| for values rounded once to `dtype` after float32
+// arithmetic (METHOD: float32 far under 1e-3; bf16 between 1e-3 and 1e-2).
+double tolerance(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? 6e-3 : dtype == at::kHalf ? 8e-4 : 2e-6;
+}
+
+const c10::Device kCuda(c10::kCUDA, 0);
+
+}  // namespace
+
+// ---------------------------------------------------------------- CPU: the ATen paths
+
+TEST(Ops, SwiGLUMatchesAutogradCompositeCpu) {
+  at::manual_seed(1);
+  const auto d = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor g0 = at::randn({37, 19}, d) * 3, u0 = at::randn({37, 19}, d), dy = at::randn({37, 19}, d);
+  at::Tensor g = g0.clone().set_requires_grad(true), u = u0.clone().set_requires_grad(true);
+  at::Tensor gr = g0.clone().set_requires_grad(true), ur = u0.clone().set_requires_grad(true);
+  const at::Tensor y = swiglu(g, u), yr = at::silu(gr) * ur;
+  EXPECT_LT(rel_err(y, yr), 1e-14);
+  y.backward(dy);
+  yr.backward(dy);
+  EXPECT_LT(rel_err(g.grad(), gr.grad()), 1e-13);
+  EXPECT_LT(rel_err(u.grad(), ur.grad()), 1e-13);
+  EXPECT_GT(gr.grad().abs().max().item<double>(), 0.1);
+}
+
+TEST(Ops, RopeAndTablesMatchTheDefinitionCpu) {
+  at::manual_seed(2);
+  const auto d = at::TensorOptions().dtype(at::kDouble);
+  const int64_t D = 16, T = 29;
+  const at::Tensor pos = at::randint(0, 5000, {2, T}, at::TensorOptions().dtype(at::kLong));
+  const auto [cos, sin] = rope_tables(pos, 10000.0, D, at::kDouble);
+  ASSERT_EQ(cos.sizes(), (std::vector<int64_t>{2, T, D}));
+  // The definition, element by element: angle pos * theta^(-2i/D) for i < D/2, both halves.
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < T; t += 7)
+      for (int64_t j = 0; j < D; ++j) {
+        const double ang = double(pos[b][t].item<int64_t>()) * std::pow(10000.0, -2.0 * double(j % (D / 2)) / double(D));
+        EXPECT_NEAR(cos[b][t][j].item<double>(), std::cos(ang), 1e-12);
+        EXPECT_NEAR(sin[b][t][j].item<double>(), std::sin(ang), 1e-12);
+      }
+  const at::Tensor x0 = at::randn({2, 3, T, D}, d), dy = at::randn({2, 3, T, D}, d);
+  const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  at::Tensor x = x0.clone().set_requires_grad(true), xr = x0.clone().set_requires_grad(true);
+  const at::Tensor y = rope(x, c, s);
+  const at::Tensor yr = xr * c + at::cat({-xr.narrow(-1, D / 2, D / 2), xr.narrow(-1, 0, D / 2)}, -1) * s;
+  EXPECT_LT(rel_err(y, yr), 1e-14);
+  y.backward(dy);
+  yr.backward(dy);
+  EXPECT_LT(rel_err(x.grad(), xr.grad()), 1e-13);
+  // A rotation: norms of every (x1_i, x2_i) pair are kept.
+  EXPECT_LT(rel_err(y.pow(2).narrow(-1, 0, D / 2) + y.pow(2).narrow(-1, D / 2, D / 2),
+                    x0.pow(2).narrow(-1, 0, D / 2) + x0.pow(2).narrow(-1, D / 2, D / 2)),
+            1e-13);
+}
+
+namespace {
+
+std::vector<at::Tensor> params_on(c10::Device device, at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  std::vector<at::Tensor> out;
+  for (auto shape : {std::vector<int64_t>{64, 33}, {1001}, {4, 4, 3}})
+    out.push_back(at::randn(shape).to(device, dtype).set_requires_grad(true));
+  return out;
+}
+
+void fill_grads(std::vector<at::Tensor>& ps, int k, double value = 0) {
+  at::manual_seed(500 + k);
+  for (auto& p : ps) {
+    at::Tensor g = at::randn(p.sizes()) * 2.0;
+    if (value != 0) g.view(-1)[3] = value;
+    p.mutable_grad() = g.to(p.device(), p.scalar_type());
+  }
+}
+
+std::vector<at::Tensor> snapshot(const std::vector<at::Tensor>& ps) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : ps) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!a[i].detach().equal(b[i].detach())) return false;
+  return true;
+}
+
+// Guarded steps: a finite guard updates; a non-finite guard, or a non-finite gradient
+// norm, skips that update and every later one.
+void check_guard(c10::Device device, at::ScalarType dtype) {
+  const AdamWSettings s{0.9, 0.95, 1e-8, 0.1};
+  const auto f = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (const bool bad_norm : {false, true}) {
+    std::vector<at::Tensor> w = params_on(device, dtype, 3);
+    auto opt = make_fused_adamw(w, s, at::kFloat);
+    ASSERT_TRUE(opt->guards());
+    fill_grads(w, 0);
+    std::vector<at::Tensor> before = snapshot(w);
+    opt->step(1e-2, 1.0, at::scalar_tensor(2.5, f));
+    opt->zero_grad();
+    EXPECT_FALSE(same(before, w)) << "a finite guard must update";
+    before = snapshot(w);
+    if (bad_norm) {
+      fill_grads(w, 1, std::numeric_limits<double>::infinity());
+      const double norm = opt->step(1e-2, 1.0, at::scalar_tensor(2.5, f)).item<double>();
+      EXPECT_FALSE(std::isfinite(norm));
+    } else {
+      fill_grads(w, 1);
+      opt->step(1e-2, 1.0, at::scalar_tensor(std::nan(""), f));
+    }
+    opt->zero_grad();
+    EXPECT_TRUE(same(before, w)) << "a non-finite " << (bad_norm ? "norm" : "guard") << " must skip the update";
+    fill_grads(w, 2);
+    opt->step(1e-2, 1.0, at::scalar_tensor(1.0, f));
+    opt->zero_grad();
+    EXPECT_TRUE(same(before, w)) << "every later update is skipped too";
+  }
+}
+
+}  // namespace
+
+TEST(FusedAdamWGuard, NonFiniteLossOrNormSkipsThisAndLaterUpdatesCpu) { check_guard(c10::kCPU, at::kFloat); }
+
+// ---------------------------------------------------------------- CUDA: the fused kernels
+
+TEST(CudaOps, SwiGLUMatchesFloat64Reference) {
+  REQUIRE_CUDA_OPS();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (const int64_t n : {int64_t(8192) * 123 + 5, int64_t(7)})
+      for (const bool misaligned : {false, true}) {
+        at::manual_seed(10 + n % 97 + misaligned);
+        // A view starting one element into its storage breaks 16-byte alignment.
+        const at::Tensor gs = (at::randn({n + 1}) * 4).to(kCuda, dtype), us = at::randn({n + 1}).to(kCuda, dtype),
+                         ds = at::randn({n + 1}).to(kCuda, dtype);
+        const int64_t o = misaligned ? 1 : 0;
+        at::Tensor g = gs.narrow(0, o, n), u = us.narrow(0, o, n), dy = ds.narrow(0, o, n);
+        if (!misaligned) {
+          g = g.clone();
+          u = u.clone();
+          dy = dy.clone();
+        }
+        const at::Tensor gd = g.to(at::kCPU, at::kDouble), ud = u.to(at::kCPU, at::kDouble),
+                         dd = dy.to(at::kCPU, at::kDouble);
+        const at::Tensor sig = at::sigmoid(gd);
+        const at::Tensor y = cuda_ops::swiglu_forward(g, u);
+        EXPECT_LT(rel_err(y, gd * sig * ud), tolerance(dtype)) << dtype << " n " << n << " misaligned " << misaligned;
+        const auto [dg, du] = cuda_ops::swiglu_backward(g, u, dy);
+        EXPECT_LT(rel_err(dg, dd * ud * sig * (1 + gd * (1 - sig))), tolerance(dtype)) << dtype << " n " << n;
+        EXPECT_LT(rel_err(du, dd * gd * sig), tolerance(dtype)) << dtype << " n " << n;
+        // Through the autograd op (what drafters call), on the same inputs.
+        at::Tensor ga = g.detach().clone().set_requires_grad(true), ua = u.detach().clone().set_requires_grad(true);
+        swiglu(ga, ua).backward(dy);
+        EXPECT_TRUE(ga.grad().equal(dg) && ua.grad().equal(du));
+      }
+}
+
+namespace {
+
+struct CeCase {
+  at::ScalarType dtype;
+  int64_t rows, vocab, pad;  // pad: extra columns of the row stride (ld = vocab + pad)
+};
+
+void check_ce(const CeCase& c, uint64_t seed) {
+  at::manual_seed(seed);
+  const int64_t ld = c.vocab + c.pad;
+  at::Tensor storage = (at::randn({c.rows, ld}) * 3).to(kCuda, c.dtype);
+  at::Tensor logits = storage.narrow(1, 0, c.vocab);
+  const at::Tensor padding = storage.narrow(1, c.vocab, c.pad).clone();
+  const at::Tensor x = logits.to(at::kCPU, at::kDouble);  // the values as stored
+  at::Tensor labels = at::randint(c.vocab, {c.rows}, at::TensorOptions().dtype(at::kLong));
+  labels[c.rows / 2] = c.vocab;  // out of range: NaN
+  const at::Tensor w = at::rand({c.rows}) + 0.5;
+  const double scale = 1.0 / 37.0;
+  // Reference in float64.
+  const at::Tensor logp = at::log_softmax(x, -1);
+  const at::Tensor lse = at::logsumexp(x, -1);
+  const at::Tensor first_max = x.eq(std::get<0>(x.max(-1, true))).to(at::kInt).argmax(-1);
+  const cuda_ops::CeRows out = cuda_ops::ce_rows(logits, labels.to(kCuda), w.to(kCuda), scale, /*write_grad=*/true);
+  const at::Tensor nll = out.nll.to(at::kCPU, at::kDouble), am = out.argmax.to(at::kCPU);
+  const std::string what = std::string(c10::toString(c.dtype)) + " rows " + std::to_string(c.rows) + " V " +
+                           std::to_string(c.vocab) + " ld " + std::to_string(ld);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t lab = labels[r].item<int64_t>();
+    if (lab >= c.vocab) {
+      EXPECT_TRUE(std::isnan(nll[r].item<double>())) << what << ": an out-of-range label must give NaN";
+      continue;
+    }
+    const double ref = lse[r].item<double>() - x[r][lab].item<double>();
+    EXPECT_NEAR(nll[r].item<double>(), ref, 2e-5 * std::max(1.0, std::abs(ref))) << what << " row " << r;
+  }
+  EXPECT_TRUE(am.equal(first_max)) << what << ": argmax must be the first index of the row's maximum";
+  // The gradient, written over the logits.
+  const at::Tensor in_range = labels.lt(c.vocab);
+  const at::Tensor onehot = at::zeros_like(x).scatter_(1, labels.clamp_max(c.vocab - 1).unsqueeze(1),
+                                                       in_range.to(at::kDouble).unsqueeze(1));
+  const at::Tensor ref_grad = (logp.exp() - onehot) * (w.to(at::kDouble) * scale).unsqueeze(1);
+  const at::Tensor got = logits.to(at::kCPU, at::kDouble);
+  const at::Tensor keep = in_range.nonzero().squeeze(1);
+  EXPECT_LT(rel_err(got.index_select(0, keep), ref_grad.index_select(0, keep)), tolerance(c.dtype)) << what;
+  // The padding columns beyond V are untouched.
+  EXPECT_TRUE(storage.narrow(1, c.vocab, c.pad).equal(padding)) << what;
+}
+
+}  // namespace
+
+TEST(CudaOps, CeRowsMatchesFloat64LogSoftmax) {
+  REQUIRE_CUDA_OPS();
+  uint64_t seed = 20;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat, at::kHalf}) {
+    check_ce({dtype, 24, 151936, 0}, seed++);  // a real vocabulary, 16-byte vectors throughout
+    check_ce({dtype, 33, 1001, 0}, seed++);    // a ragged tail, rows misaligned after the first
+    check_ce({dtype, 17, 515, 3}, seed++);     // row stride breaking alignment
+    check_ce({dtype, 5, 3, 0}, seed++);        // fewer values than one vector
+  }
+}
+
+TEST(CudaOps, CeRowsWithoutGradientLeavesLogitsAlone) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(30);
+  at::Tensor logits = at::randn({9, 4099}).to(kCuda, at::kBFloat16);
+  const at::Tensor before = logits.clone();
+  const at::Tensor labels = at::randint(4099, {9}, at::TensorOptions().dtype(at::kLong)).to(kCuda);
+  const cuda_ops::CeRows out = cuda_ops::ce_rows(logits, labels, at::Tensor(), 1.0, false);
+  EXPECT_TRUE(logits.equal(before));
+  const at::Tensor x = before.to(at::kCPU, at::kDouble);
+  const at::Tensor ref = at::logsumexp(x, -1) - x.gather(1, labels.to(at::kCPU).unsqueeze(1)).squeeze(1);
+  EXPECT_LT(rel_err(out.nll, ref), 1e-6);
+}
+
+TEST(CudaOps, AdamWMixedMatchesFloat64Update) {
+  REQUIRE_CUDA_OPS();
+  const cuda_ops::AdamWHyper h{3e-3, 0.9, 0.95, 1e-8, 0.1};
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (const int64_t n : {int64_t(4099), int64_t(1) << 20}) {
+      at::manual_seed(40 + n % 13);
+      const auto f = at::TensorOptions().dtype(at::kFloat).device(kCuda);
+      at::Tensor master = at::randn({n}, f), m = at::randn({n}, f) * 0.1, v = at::rand({n}, f) * 0.01;
+      at::Tensor param = master.to(dtype), grad = (at::randn({n}) * 2).to(kCuda, dtype);
+      const at::Tensor step = at::full({}, 7.0, f), scale = at::full({}, 1.75, f);
+      // float64 reference of the update (the gradient as stored, over the clip factor).
+      const at::Tensor w0 = master.to(at::kCPU, at::kDouble), m0 = m.to(at::kCPU, at::kDouble),
+                       v0 = v.to(at::kCPU, at::kDouble), g = grad.to(at::kCPU, at::kDouble) / 1.75;
+      const double bc1 = 1 - std::pow(0.9, 7.0), bc2 = 1 - std::pow(0.95, 7.0);
+      const at::Tensor w1 = w0 * (1 - h.lr * h.weight_decay);
+      const at::Tensor m1 = 0.9 * m0 + 0.1 * g, v1 = 0.95 * v0 + 0.05 * g * g;
+      const at::Tensor w2 = w1 - (h.lr / bc1) * m1 / (v1.sqrt() / std::sqrt(bc2) + h.eps);
+      const at::Tensor p = dtype == at::kFloat ? master : param;
+      cuda_ops::adamw_mixed(p, grad, master, m, v, h, step, scale, at::Tensor());
+      const std::string what = std::string(c10::toString(dtype)) + " n " + std::to_string(n);
+      EXPECT_LT(rel_err(master, w2), 2e-7) << what;
+      EXPECT_LT(rel_err(m, m1), 1e-6) << what;
+      EXPECT_LT(rel_err(v, v1), 1e-6) << what;
+      if (dtype != at::kFloat) {
+        EXPECT_TRUE(param.equal(master.to(dtype))) << what << ": the weight is the master rounded";
+      }
+      // The skip flag: nothing is written.
+      const at::Tensor keep = master.clone(), keep_m = m.clone();
+      cuda_ops::adamw_mixed(p, grad, master, m, v, h, step, scale, at::ones({}, f));
+      EXPECT_TRUE(master.equal(keep) && m.equal(keep_m)) << what;
+    }
+}
+
+TEST(CudaOps, MixedAdamWOptimizerFollowsTheFloat32Run) {
+  REQUIRE_CUDA_OPS();
+  // bf16 weights with float32 masters (the engine's kernel) against float32 weights (ATen's
+  // fused AdamW), fed the same bf16-representable gradients: the masters agree to float32
+  // rounding, so the bf16 weights are the float32 run's weights rounded but for ties.
+  const AdamWSettings s{0.9, 0.95, 1e-8, 0.1};
+  std::vector<at::Tensor> w16 = params_on(kCuda, at::kBFloat16, 5), w32;
+  for (const auto& p : w16) w32.push_back(p.detach().to(at::kFloat).clone().set_requires_grad(true));
+  auto mixed = make_fused_adamw(w16, s, at::kFloat), plain = make_fused_adamw(w32, s, at::kFloat);
+  EXPECT_NE(mixed->name().find("flashdraft CUDA kernel"), std::string::npos) << mixed->name();
+  EXPECT_EQ(plain->name().find("flashdraft CUDA kernel"), std::string::npos) << plain->name();
+  for (int k = 0; k < 6; ++k) {
+    fill_grads(w16, k);
+    for (size_t i = 0; i < w32.size(); ++i) w32[i].mutable_grad() = w16[i].grad().to(at::kFloat);
+    const double n16 = mixed->step(3e-3, 1.0).item<double>(), n32 = plain->step(3e-3, 1.0).item<double>();
+    EXPECT_NEAR(n16, n32, 1e-6 * n32);
+    mixed->zero_grad();
+    plain->zero_grad();
+  }
+  int64_t differ = 0, total = 0;
+  for (size_t i = 0; i < w16.size(); ++i) {
+    const at::Tensor a = w16[i].detach().to(at::kFloat), b = w32[i].detach().to(at::kBFloat16).to(at::kFloat);
+    differ += a.ne(b).sum().item<int64_t>();
+    total += a.numel();
+    // Where they differ, by one bf16 step at most.
+    EXPECT_LE(((a - b).abs() / b.abs().clamp_min(1e-3)).max().item<double>(), 1.0 / 128) << i;
+  }
+  EXPECT_LE(differ, total / 200) << differ << " of " << total << " weights differ after rounding";
+  const at::Tensor moved = w16[0].detach().to(at::kFloat) - params_on(kCuda, at::kBFloat16, 5)[0].detach().to(at::kFloat);
+  EXPECT_GT(moved.abs().max().item<double>(), 1e-3);  // the weights moved
+}
+
+TEST(FusedAdamWGuard, NonFiniteLossOrNormSkipsThisAndLaterUpdatesCuda) {
+  REQUIRE_CUDA_OPS();
+  check_guard(kCuda, at::kBFloat16);  // the engine's kernel
+  check_guard(kCuda, at::kFloat);     // ATen's fused AdamW with found_inf
+}
