@@ -1,8 +1,9 @@
 // The engine's own fused ops against plain references on fresh random inputs:
 //   - flashdraft::swiglu and flashdraft::rope (flashdraft/ops.hpp) against ATen's composite
 //     autograd in float64 on the CPU, and on CUDA (the fused kernels) against a float64
-//     reference of the same math, in float32, bfloat16 and float16, with vector tails and
-//     misaligned views (the kernels' scalar paths);
+//     reference of the same math, in float32, bfloat16 and float16, with vector tails,
+//     misaligned views (SwiGLU's scalar paths), shared and per-sequence RoPE tables and a
+//     transposed input;
 //   - the LM-head cross-entropy row pass (cuda_ops::ce_rows) against float64 log-softmax:
 //     log-sum-exp, NLL, the first argmax, and the in-place gradient, for a real vocabulary
 //     (151936), a ragged one, rows whose stride breaks 16-byte alignment, and an
@@ -195,6 +196,36 @@ TEST(CudaOps, SwiGLUMatchesFloat64Reference) {
         at::Tensor ga = g.detach().clone().set_requires_grad(true), ua = u.detach().clone().set_requires_grad(true);
         swiglu(ga, ua).backward(dy);
         EXPECT_TRUE(ga.grad().equal(dg) && ua.grad().equal(du));
+      }
+}
+
+TEST(CudaOps, RopeMatchesFloat64Reference) {
+  REQUIRE_CUDA_OPS();
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (const int64_t D : {int64_t(64), int64_t(128)})
+      for (const int64_t table_batch : {int64_t(1), int64_t(2)}) {
+        at::manual_seed(60 + D + table_batch);
+        const int64_t B = 2, H = 3, T = 37;
+        const at::Tensor pos = at::randint(0, 9000, {table_batch, T}, at::TensorOptions().dtype(at::kLong));
+        auto [c64, s64] = rope_tables(pos, 1e6, D, at::kDouble);
+        const at::Tensor cos = c64.unsqueeze(1).to(kCuda, dtype), sin = s64.unsqueeze(1).to(kCuda, dtype);
+        // x as a drafter makes it: a transposed view of [B, T, H, D] (not contiguous).
+        const at::Tensor x = at::randn({B, T, H, D}).to(kCuda, dtype).transpose(1, 2);
+        const at::Tensor dy = at::randn({B, H, T, D}).to(kCuda, dtype);
+        ASSERT_TRUE(cuda_ops::rope_runs(x, cos, sin));
+        at::Tensor xg = x.detach().clone().set_requires_grad(true);
+        const at::Tensor y = rope(xg, cos, sin);
+        y.backward(dy);
+        // float64 reference from the tables and inputs as stored.
+        const at::Tensor xd = x.to(at::kCPU, at::kDouble), dd = dy.to(at::kCPU, at::kDouble);
+        const at::Tensor cd = cos.to(at::kCPU, at::kDouble), sd = sin.to(at::kCPU, at::kDouble);
+        const int64_t h = D / 2;
+        auto rot = [h](const at::Tensor& v) { return at::cat({-v.narrow(-1, h, h), v.narrow(-1, 0, h)}, -1); };
+        auto rot_t = [h](const at::Tensor& v) { return at::cat({v.narrow(-1, h, h), -v.narrow(-1, 0, h)}, -1); };
+        const std::string what = std::string(c10::toString(dtype)) + " D " + std::to_string(D) + " table batch " +
+                                 std::to_string(table_batch);
+        EXPECT_LT(rel_err(y, xd * cd + rot(xd) * sd), tolerance(dtype)) << what;
+        EXPECT_LT(rel_err(xg.grad(), dd * cd + rot_t(dd * sd)), tolerance(dtype)) << what;
       }
 }
 

@@ -37,6 +37,16 @@ void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, in
 void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* d_gate, void* d_up,
                      int64_t n, void* stream);
 
+// ---- RoPE (rotate-half layout) over x [B, H, T, D] (contiguous), tables [Bt, T, D] with
+// Bt = 1 (shared by the batch) or B, in x's dtype; float32 math, one rounding per value:
+//   forward    y1 = x1 c1 - x2 s1,   y2 = x2 c2 + x1 s2     (halves 1 = j < D/2, 2 = j >= D/2)
+//   transpose  x1 = y1 c1 + y2 s2,   x2 = y2 c2 - y1 s1     (the backward: dx from dy)
+// D must be a multiple of 2 x (16 / element size) and every pointer 16-byte aligned
+// (rope_supported); `out` must not alias `x`.
+bool rope_supported(DType dtype, int64_t D, const void* x, const void* cos, const void* sin, const void* out);
+void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t B, int64_t H, int64_t T,
+          int64_t D, int64_t table_batch, bool transpose, void* stream);
+
 // ---- AdamW over one tensor with float32 master weights and moments -------------------
 // The update of ATen's fused AdamW (torch.optim.AdamW(fused=True)), reading the 16-bit
 // (or float32) gradient directly and writing the master and its rounded copy `param`:

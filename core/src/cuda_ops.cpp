@@ -95,6 +95,30 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const 
   return {dg, du};
 }
 
+bool rope_runs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (!runs_on(x) || x.dim() != 4 || !cos.defined() || !sin.defined() || cos.dim() != 4 || sin.sizes() != cos.sizes())
+    return false;
+  if (cos.scalar_type() != x.scalar_type() || sin.scalar_type() != x.scalar_type() || cos.device() != x.device() ||
+      sin.device() != x.device() || !cos.is_contiguous() || !sin.is_contiguous())
+    return false;
+  const int64_t B = x.size(0), T = x.size(2), D = x.size(3);
+  if (cos.size(1) != 1 || cos.size(2) != T || cos.size(3) != D || (cos.size(0) != 1 && cos.size(0) != B)) return false;
+  // x itself is made contiguous (a fresh, aligned buffer) when it is not already.
+  const void* xp = x.is_contiguous() ? x.data_ptr() : cos.data_ptr();
+  return cuda_ops::rope_supported(dtype_of(x, "x"), D, xp, cos.data_ptr(), sin.data_ptr(), cos.data_ptr());
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose) {
+  require(rope_runs(x, cos, sin), "rope: the CUDA kernel does not take x " + c10::str(x.sizes()) + " with tables " +
+                                      c10::str(cos.sizes()) + " (see cuda_ops::rope_runs)");
+  const at::Tensor xc = x.contiguous();
+  const c10::cuda::CUDAGuard guard(xc.device());
+  at::Tensor out = at::empty_like(xc);
+  cuda_ops::rope(dtype_of(xc, "x"), xc.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), xc.size(0),
+                 xc.size(1), xc.size(2), xc.size(3), cos.size(0), transpose, stream_of(xc));
+  return out;
+}
+
 void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const AdamWHyper& h, const at::Tensor& step,
                  const at::Tensor& grad_scale, const at::Tensor& skip) {
@@ -135,6 +159,8 @@ bool runs_on(const at::Tensor&) { return false; }
 CeRows ce_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
 at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { absent(); }
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
+bool rope_runs(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool) { absent(); }
 void adamw_mixed(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                  const AdamWHyper&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   absent();

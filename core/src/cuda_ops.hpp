@@ -31,6 +31,11 @@ FLASHDRAFT_API at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tenso
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up,
                                                                  const at::Tensor& dy);
 
+// RoPE (rotate-half) of x [B, H, T, D] with tables cos, sin [Bt, 1, T, D] (Bt = 1 or B,
+// contiguous, x's dtype); transpose: the backward. rope_runs: whether the kernel takes them.
+FLASHDRAFT_API bool rope_runs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose);
+
 // One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
 // weights and moments (master may be param itself for float32), see engine_ops.cuh.
 // step: float32 device scalar counting this update; grad_scale, skip: float32 device

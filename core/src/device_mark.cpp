@@ -28,4 +28,9 @@ double DeviceMark::host_seconds_since(std::chrono::steady_clock::time_point star
   return std::chrono::duration<double>(reached - start).count();
 }
 
+ReadAside::ReadAside(c10::Device device) {
+  if (!device.is_cuda()) return;
+  guard_.reset_stream(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStreamFromGlobalPool(device));
+}
+
 }  // namespace flashdraft

@@ -5,6 +5,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 
 #include <chrono>
 #include <optional>
@@ -25,6 +26,19 @@ class DeviceMark {
  private:
   std::optional<c10::Event> event_;  // CUDA
   std::chrono::steady_clock::time_point host_;
+};
+
+// While alive, the current stream of `device` (CUDA) is a side stream from the pool, so
+// that reading a finished step's scalars (item(), .to(kCPU)) waits for those copies only,
+// not for everything queued since on the main stream (a plain item() synchronises the
+// whole stream: it would wait for the next step too). Only for tensors whose producer is
+// known to have run (a DeviceMark after them was waited for).
+class ReadAside {
+ public:
+  explicit ReadAside(c10::Device device);
+
+ private:
+  c10::OptionalStreamGuard guard_;
 };
 
 }  // namespace flashdraft

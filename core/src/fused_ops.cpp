@@ -41,6 +41,7 @@ struct SwiGLU : public torch::autograd::Function<SwiGLU> {
 struct Rope : public torch::autograd::Function<Rope> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
+    if (cuda_ops::rope_runs(x, cos, sin)) return cuda_ops::rope(x, cos, sin, /*transpose=*/false);
     const int64_t half = x.size(-1) / 2;
     return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
   }
@@ -49,6 +50,7 @@ struct Rope : public torch::autograd::Function<Rope> {
     const at::Tensor& cos = saved[0];
     const at::Tensor& sin = saved[1];
     const at::Tensor& dy = grads[0];
+    if (cuda_ops::rope_runs(dy, cos, sin)) return {cuda_ops::rope(dy, cos, sin, /*transpose=*/true), at::Tensor(), at::Tensor()};
     const at::Tensor ds = dy * sin;
     const int64_t half = ds.size(-1) / 2;
     return {dy * cos + at::cat({ds.narrow(-1, half, half), -ds.narrow(-1, 0, half)}, -1), at::Tensor(), at::Tensor()};

@@ -127,6 +127,8 @@ void finish_step(StepOutcome& o, const DeviceMark* previous) {
   auto t = std::chrono::steady_clock::now();
   q->done->wait();
   o.host.emplace_back("wait", lap(t));
+  // Step t+1 is queued behind it on the main stream: read on a side stream (ReadAside).
+  const ReadAside aside(q->loss.device());
   const double loss = q->loss.item<double>();
   if (!std::isfinite(loss)) throw NonFiniteLoss(loss, o.step);
   StepResult& r = q->result;
@@ -142,6 +144,7 @@ void finish_step(StepOutcome& o, const DeviceMark* previous) {
   if (!std::isfinite(o.grad_norm)) throw NonFiniteLoss(o.grad_norm, o.step, "gradient norm");
   o.seconds = previous ? q->done->seconds_since(*previous) : q->done->host_seconds_since(q->start);
   if (q->target) o.target_seconds = q->target->seconds();
+  o.host.emplace_back("read", lap(t));
 }
 
 }  // namespace flashdraft

@@ -19,7 +19,9 @@ FLASHDRAFT_API at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 // RoPE in the rotate-half layout: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
 // for the halves x1, x2 of the last axis; cos/sin broadcast against x (rope_tables). The
-// backward is the rotation by -angle (only the tables are saved).
+// backward is the rotation by -angle (only the tables are saved). CUDA, x [B, H, T, D] with
+// tables [1 or B, 1, T, D] in x's dtype: one fused kernel each way (float32 math); other
+// shapes and devices: ATen's products and a cat.
 FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // cos and sin of the angles pos * theta^(-2i/D), i < D/2, duplicated over both halves:
