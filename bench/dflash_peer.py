@@ -378,7 +378,7 @@ def run_config(a, torch, variant, layers, first_in_process, attention_kind):
         "layers": layers,
         "median_ms": round(1e3 * med, 3),
         "min_ms": round(1e3 * min(times), 3),
-        "synced_median_ms": round(1e3 * med, 3),
+        "synced_median_ms": round(1e3 * statistics.median(times), 3),
         "back_to_back_ms": round(1e3 * back_to_back, 3),
         "first_step_s": round(first, 3),
         "peak_gib": None if peak is None else round(peak, 3),

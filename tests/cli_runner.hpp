@@ -86,6 +86,13 @@ inline std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 inline void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;

@@ -11,19 +11,12 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+
 
 using flashdraft::LogReader;
 
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // experiments/dflash_gpu.toml with another name, step count, output folder, extra keys for
 // [run], and (`blow_up`) float16 with lr 10 and no warm-up, so that the first update
@@ -31,7 +24,7 @@ std::string read_text(const std::string& path) {
 // point where queued steps are read).
 std::string gpu_experiment(const std::string& dir, const std::string& name, int steps, const std::string& run_extra,
                            bool blow_up = false) {
-  std::string text = read_text(std::string(FLASHDRAFT_SOURCE_DIR) + "/experiments/dflash_gpu.toml");
+  std::string text = test::read_file(std::string(FLASHDRAFT_SOURCE_DIR) + "/experiments/dflash_gpu.toml");
   auto replace = [&](const std::string& from, const std::string& to) {
     const size_t at = text.find(from);
     EXPECT_NE(at, std::string::npos) << from;

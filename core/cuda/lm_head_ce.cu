@@ -11,14 +11,16 @@
 //           g = (2^(y - lse log2 e) - [v == label]) * w * grad_scale.
 // The label's logit is read before pass 2 overwrites it. Every thread touches only its
 // own values in pass 2, so the in-place update needs no barrier beyond the reduction's.
-// Bytes: pass 1 reads the row from memory, pass 2 reads it again and writes it: at
-// V = 151936 bf16, 0.3 MB read + 0.3 MB written per row, against the plain ATen sequence
-// (float32 log-softmax, exp, scatter, scale, cast to bf16: about 7 passes over 4-byte
-// values). For pass 2 to find the row in L2, the grid is persistent: one CTA per SM walks
-// rows blockIdx.x, blockIdx.x + gridDim.x, ..., so only (SMs) rows are in flight - 132 x
-// 0.3 MB = 40 MB on an H200, inside its 50 MB L2 - where a CTA per row would keep ~4 rows
-// per SM in flight (160 MB) and read every row from memory twice (measured: 1.72 ms for
-// 7680 rows, the bandwidth of three passes).
+// Bytes: pass 1 reads the row, pass 2 reads it again and writes it: at V = 151936 bf16,
+// 0.3 MB read twice + 0.3 MB written per row, against the plain ATen sequence (float32
+// log-softmax, exp, scatter, scale, cast to bf16: about 7 passes over 4-byte values).
+// The grid is persistent (one CTA per SM walks rows blockIdx.x, blockIdx.x + gridDim.x,
+// ...), so that only (SMs) rows are in flight - 132 x 0.3 MB = 40 MB on an H200, under its
+// 50 MB L2 - in the hope that pass 2 reads from L2. Measured on the H200 (7680 rows, the
+// step profile): 1.72-1.93 ms with a CTA per row (4 rows per SM in flight), 1.97 ms
+// persistent: no gain, so pass 2 still comes from memory (three passes at ~3.5 TB/s);
+// what would gain is a row split over a cluster whose shared memory holds it (see the
+// real-scale section of bench/RESULTS.md).
 #include "ops_common.cuh"
 
 #include <cfloat>

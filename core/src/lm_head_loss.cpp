@@ -185,7 +185,7 @@ const char* resolve_variant(const std::string& variant, c10::Device device, std:
   if (variant == "fused") {
     if (!fused_here)
       throw std::invalid_argument(
-          std::string("[loss] kernel = \"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") +
+          std::string("\"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") +
           device.str() +
           (cuda_ops::cuda_ops_built() ? "" : " and this engine was built without them (no CUDA LibTorch or no nvcc)") +
           "; accepted here: auto, chunked, reference");

@@ -45,6 +45,17 @@ std::string family_of(const std::string& name) {
   return "other";
 }
 
+// The 15 longest entries of `totals` (name -> (ms, calls)), as ms per step.
+void print_longest(std::ostream& os, const std::string& title,
+                   const std::map<std::string, std::pair<double, int64_t>>& totals, double steps) {
+  std::vector<std::pair<double, std::string>> top;
+  for (const auto& [n, k] : totals) top.emplace_back(k.first, n + " (" + std::to_string(k.second) + " calls)");
+  std::sort(top.rbegin(), top.rend());
+  os << "  " << title << ":\n";
+  for (size_t i = 0; i < top.size() && i < 15; ++i)
+    os << "    " << std::setw(8) << top[i].first / steps << "  " << top[i].second << "\n";
+}
+
 }  // namespace
 
 ProfileWindow parse_profile_window(const std::string& text) {
@@ -133,24 +144,14 @@ void StepProfiler::after_step(int64_t step) {
   for (const auto& [t, f] : rows)
     os << "  " << std::left << std::setw(42) << f << std::right << std::setw(8) << t / steps << std::setw(7)
        << std::setprecision(1) << (busy > 0 ? 100.0 * t / busy : 0.0) << "%" << std::setprecision(2) << "\n";
-  std::vector<std::pair<double, std::string>> top;
-  for (const auto& [n, k] : kernels) top.emplace_back(k.first, n + " (" + std::to_string(k.second) + " calls)");
-  std::sort(top.rbegin(), top.rend());
-  os << "  longest kernels (ms/step):\n";
-  for (size_t i = 0; i < top.size() && i < 15; ++i)
-    os << "    " << std::setw(8) << top[i].first / steps << "  " << top[i].second << "\n";
+  print_longest(os, "longest kernels (ms/step)", kernels, steps);
   // The host's side: where the time between the device's kernels can go.
   if (!host_phases_.empty()) {
     os << "  host time per step by phase (ms):";
     for (const auto& [name, s] : host_phases_) os << " " << name << " " << 1e3 * s / steps;
     os << "\n";
   }
-  std::vector<std::pair<double, std::string>> host;
-  for (const auto& [n, h] : host_ops) host.emplace_back(h.first, n + " (" + std::to_string(h.second) + " calls)");
-  std::sort(host.rbegin(), host.rend());
-  os << "  longest host ops (ms/step, inclusive of the ops they call):\n";
-  for (size_t i = 0; i < host.size() && i < 15; ++i)
-    os << "    " << std::setw(8) << host[i].first / steps << "  " << host[i].second << "\n";
+  print_longest(os, "longest host ops (ms/step, inclusive of the ops they call)", host_ops, steps);
   std::cout << os.str() << std::flush;
 }
 

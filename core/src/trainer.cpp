@@ -9,6 +9,7 @@
 #include "grad_sync.hpp"
 #include "hf_export.hpp"
 #include "ledger.hpp"
+#include "lm_head_loss.hpp"
 #include "memory.hpp"
 #include "optimizer.hpp"
 #include "rank_stats.hpp"
@@ -206,8 +207,12 @@ void Trainer::prepare() {
   // Ledger columns: the drafter's attention calls, the target's, then the LM-head loss.
   const int64_t loss_column = drafter.attention_layers() + plugins_.target_calls;
   const Config& loss = setup_.experiment.loss();
-  dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column, plugins_.ctx.device,
-                        plugins_.ctx.dtype);
+  try {
+    dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column, plugins_.ctx.device,
+                          plugins_.ctx.dtype);
+  } catch (const std::invalid_argument& e) {
+    loss.fail("kernel", e.what());  // with the file, line and column of the key
+  }
   if (drafter.own_loss().empty())
     std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n";
   else
@@ -472,6 +477,15 @@ int validate_experiment(const RunOptions& options) {
     const BoundPlugins b = bind_plugins(s);
     if (b.target) std::cout << "target " << b.target_choice.report();
     std::cout << b.choice.report();
+    if (b.drafter->own_loss().empty()) {
+      const Config& loss = s.experiment.loss();
+      try {
+        const LmHeadLoss op(loss.string("kernel"), loss.integer("chunk_rows"), {}, b.ctx.device, b.ctx.dtype);
+        std::cout << "loss: " << op.describe(b.target_model.vocab) << "\n";
+      } catch (const std::invalid_argument& e) {
+        loss.fail("kernel", e.what());
+      }
+    }
     std::cout << options.experiment << ": valid (every check `flashdraft run` makes before step 0 passed)\n";
     for (const auto& [kind, use] : s.named)
       std::cout << "  " << to_string(kind) << std::string(8 - std::string(to_string(kind)).size(), ' ') << ": "

@@ -293,7 +293,10 @@ def test_both_taus_agree_on_the_targets_own_data(trained, tmp_path):
     tau, tau_data = float(dump["tau"]), float(dump["tau_data"])
     print(f"embedded data, its own target: tau (target verification) {tau:.4f}, tau_data {tau_data:.4f}")
     assert meta["tau_method"] == "target verification"
-    assert tau == tau_data and tau > 1.3
+    # Not vacuous: tau > 1 means drafted tokens were accepted, so the two counts compared are
+    # not both the trivial 1. (No quality bar here: the trained drafter's tau moves between
+    # about 1.25 and 1.9 with the anchor seed alone; this test is about the two agreeing.)
+    assert tau == tau_data and tau > 1.0
 
 
 def slow_speculative_tau(target_dir, dump):
