@@ -4,6 +4,7 @@
 #include "batches.hpp"
 #include "bind.hpp"
 #include "checkpointing.hpp"
+#include "device_mark.hpp"
 #include "distributed.hpp"
 #include "eval.hpp"
 #include "grad_sync.hpp"
@@ -21,7 +22,6 @@
 #include "setup.hpp"
 #include "step_record.hpp"
 #include "train_step.hpp"
-#include "device_mark.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -31,6 +31,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <streambuf>
 
@@ -88,6 +89,9 @@ class Trainer {
   int train();
   void finish();
   void validate(int64_t done);
+  StepOutcome run_step(StepContext& context, StepProfiler& profiler, int64_t step, bool queue,
+                       const std::function<void()>& read_previous);
+  void read_step(StepOutcome& o, const DeviceMark* after, StepRecorder* recorder, StepProfiler& profiler, int signal);
   void save(int64_t done);
   void connect();
   void share_weights();
@@ -267,7 +271,6 @@ int Trainer::train() {
   const Config& ckpt = setup_.experiment.checkpoint();
   const bool eval_on = eval.boolean("enabled"), ckpt_on = ckpt.boolean("enabled");
   const int64_t eval_every = eval.integer("every"), ckpt_every = ckpt.integer("every");
-  const int64_t print_every = run_table().integer("print_every");
   InterruptGuard interrupts;
   int64_t values = 0;
   for (const auto& p : params_) values += p.numel();
@@ -305,21 +308,8 @@ int Trainer::train() {
   // runs from there when nothing waited in between).
   std::optional<StepOutcome> pending;
   std::shared_ptr<const DeviceMark> pending_after;
-  // Reads a step (when queued), records it and prints its line.
   auto finish = [&](StepOutcome& o, const std::shared_ptr<const DeviceMark>& after) {
-    try {
-      finish_step(o, after.get());
-    } catch (const NonFiniteLoss& e) {
-      events_.add(o.step, "nan", e.quantity + " is " + std::to_string(e.loss) + " at step " + std::to_string(o.step));
-      throw;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    share(o, interrupts.pending());
-    if (root()) recorder->record(o);
-    if (root() && (o.step % print_every == 0 || o.step + 1 == steps_))
-      std::cout << recorder->line(o, steps_) << std::endl;
-    o.host.emplace_back("record", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    profiler.note_host(o.host);
+    read_step(o, after.get(), recorder.get(), profiler, interrupts.pending());
   };
   auto finish_pending = [&] {
     if (!pending) return;
@@ -338,23 +328,7 @@ int Trainer::train() {
       if (ckpt_on && step > last_checkpoint_ && root()) save(step);
       return kInterrupted;
     }
-    StepOutcome outcome;
-    try {
-      profiler.before_step(step);
-      outcome = train_step(step_context, step, queue);
-    } catch (const NonFiniteLoss& e) {
-      events_.add(step, "nan", e.quantity + " is " + std::to_string(e.loss) + " at step " + std::to_string(step));
-      throw;
-    } catch (...) {
-      // The step before this one ran: keep it in the log before reporting the error.
-      current_step_ = step - 1;
-      try {
-        finish_pending();
-      } catch (...) {
-      }
-      current_step_ = step;
-      throw;
-    }
+    StepOutcome outcome = run_step(step_context, profiler, step, queue, finish_pending);
     // With queued steps: read the previous step now, while the device runs this one.
     const std::shared_ptr<const DeviceMark> after = pending ? pending->end : nullptr;
     if (pending) {
@@ -380,6 +354,46 @@ int Trainer::train() {
     if (ckpt_now && root()) save(done);
   }
   return kFinished;
+}
+
+// One step (queued or run to its end); on an error, the step before it (still unread when
+// steps are queued) is read into the log first.
+StepOutcome Trainer::run_step(StepContext& context, StepProfiler& profiler, int64_t step, bool queue,
+                              const std::function<void()>& read_previous) {
+  try {
+    profiler.before_step(step);
+    return train_step(context, step, queue);
+  } catch (const NonFiniteLoss& e) {
+    events_.add(step, "nan", e.quantity + " is " + std::to_string(e.loss) + " at step " + std::to_string(step));
+    throw;
+  } catch (...) {
+    current_step_ = step - 1;
+    try {
+      read_previous();
+    } catch (...) {
+    }
+    current_step_ = step;
+    throw;
+  }
+}
+
+// Reads a step (when it was queued: its loss, metrics and time from the device), shares
+// it across ranks, records it and prints its line.
+void Trainer::read_step(StepOutcome& o, const DeviceMark* after, StepRecorder* recorder, StepProfiler& profiler,
+                        int signal) {
+  try {
+    finish_step(o, after);
+  } catch (const NonFiniteLoss& e) {
+    events_.add(o.step, "nan", e.quantity + " is " + std::to_string(e.loss) + " at step " + std::to_string(o.step));
+    throw;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  share(o, signal);
+  const int64_t print_every = run_table().integer("print_every");
+  if (root()) recorder->record(o);
+  if (root() && (o.step % print_every == 0 || o.step + 1 == steps_)) std::cout << recorder->line(o, steps_) << std::endl;
+  o.host.emplace_back("record", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  profiler.note_host(o.host);
 }
 
 // Every rank's share of a step (data-parallel runs): the step's metrics made global, the
