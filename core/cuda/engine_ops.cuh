@@ -28,8 +28,7 @@ enum class DType { f32 = 0, bf16 = 1, f16 = 2 };
 // One CTA per row; the row is read twice (statistics, then the gradient), the second time
 // mostly from L2, and written once. `row_weight` may be null when !write_grad.
 void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld, const int64_t* labels,
-             const float* row_weight, float grad_scale, bool write_grad, float* nll, float* lse, int64_t* argmax,
-             void* stream);
+             const float* row_weight, float grad_scale, bool write_grad, float* nll, int64_t* argmax, void* stream);
 
 // ---- SwiGLU: y = silu(g) * u, elementwise over n values (contiguous), in float32 math ----
 void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);

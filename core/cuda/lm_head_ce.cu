@@ -93,7 +93,7 @@ template <typename T>
 __device__ __forceinline__ void ce_row(T* __restrict__ logits, int64_t r, int64_t vocab, int64_t ld,
                                        const int64_t* __restrict__ labels, const float* __restrict__ row_weight,
                                        float grad_scale, bool write_grad, float* __restrict__ nll,
-                                       float* __restrict__ lse_out, int64_t* __restrict__ argmax) {
+                                       int64_t* __restrict__ argmax) {
   constexpr int E = Vec16<T>::E;
   T* row = logits + r * ld;
   const bool vec = reinterpret_cast<uintptr_t>(row) % 16 == 0;
@@ -153,7 +153,6 @@ __device__ __forceinline__ void ce_row(T* __restrict__ logits, int64_t r, int64_
       const int64_t label = labels[r];
       const bool known = label >= 0 && label < vocab;
       nll[r] = known ? lse - to_float(row[label]) : NAN;
-      if (lse_out) lse_out[r] = lse;
       argmax[r] = st.index == INT64_MAX ? 0 : st.index;
       row_lse2 = lse2;
       row_label = known ? label : -1;
@@ -187,10 +186,9 @@ __global__ void __launch_bounds__(kThreads, 1) ce_rows_kernel(T* __restrict__ lo
                                                               int64_t ld, const int64_t* __restrict__ labels,
                                                               const float* __restrict__ row_weight, float grad_scale,
                                                               bool write_grad, float* __restrict__ nll,
-                                                              float* __restrict__ lse_out,
                                                               int64_t* __restrict__ argmax) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    ce_row(logits, r, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, lse_out, argmax);
+    ce_row(logits, r, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, argmax);
 }
 
 // Multiprocessors of the current device (asked once per device).
@@ -209,8 +207,7 @@ int sm_count() {
 }  // namespace
 
 void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld, const int64_t* labels,
-             const float* row_weight, float grad_scale, bool write_grad, float* nll, float* lse, int64_t* argmax,
-             void* stream) {
+             const float* row_weight, float grad_scale, bool write_grad, float* nll, int64_t* argmax, void* stream) {
   if (rows <= 0) return;
   if (vocab <= 0 || ld < vocab) throw std::runtime_error("ce_rows: vocabulary and row stride must satisfy 0 < V <= ld");
   if (write_grad && !row_weight) throw std::runtime_error("ce_rows: the gradient needs the row weights");
@@ -218,7 +215,7 @@ void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
     using T = std::remove_pointer_t<decltype(tag)>;
     const int64_t grid = rows < sm_count() ? rows : sm_count();
     ce_rows_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(logits), rows, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, lse, argmax);
+        static_cast<T*>(logits), rows, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, argmax);
   });
   check_launch("ce_rows");
 }

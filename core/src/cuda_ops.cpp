@@ -68,7 +68,7 @@ CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& r
   CeRows out{at::empty({rows}, f), at::empty({rows}, logits.options().dtype(at::kLong))};
   cuda_ops::ce_rows(dtype_of(logits, "the logits"), logits.data_ptr(), rows, vocab, logits.stride(0),
                     labels.data_ptr<int64_t>(), write_grad ? row_weights.data_ptr<float>() : nullptr,
-                    static_cast<float>(grad_scale), write_grad, out.nll.data_ptr<float>(), nullptr,
+                    static_cast<float>(grad_scale), write_grad, out.nll.data_ptr<float>(),
                     out.argmax.data_ptr<int64_t>(), stream_of(logits));
   return out;
 }

@@ -94,6 +94,9 @@ class FusedAdamW final : public TrainOptimizer {
         at::Tensor g = grads[j].scalar_type() == params_[i].scalar_type() ? grads[j] : grads[j].to(params_[i].scalar_type());
         cuda_ops::adamw_mixed(params_[i].detach(), g.contiguous(), master_[i], exp_avg_[i], exp_avg_sq_[i], h, step_,
                               scale ? *scale : at::Tensor(), skip ? *skip : at::Tensor());
+        // Written through a raw pointer: tell autograd the weight changed (as copy_ would),
+        // so a graph that saved it refuses a backward instead of using the new values.
+        torch::autograd::impl::bump_version(params_[i]);
       }
       return norm;
     }
