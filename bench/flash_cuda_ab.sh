@@ -6,6 +6,8 @@
 #
 # Device call (project root, carry [".deps"]):
 #   AB_ENV=SOME_VARIABLE VARIANTS="a b c" bash bench/flash_cuda_ab.sh
+# TEST_TIMEOUT / BENCH_TIMEOUT (s, default 240 / 120) bound each variant's run, so one
+# variant that hangs does not take the whole call.
 # Each variant runs with AB_ENV set to it (a switch the kernel code under study reads);
 # without AB_ENV, one variant "main": the code as it is.
 set -uo pipefail
@@ -34,7 +36,7 @@ tail -2 "$X/build.log"
 export FLASHDRAFT_EXPECT_SM90A=1
 for v in $VARIANTS; do
   step "test_flash_cuda, $AB_ENV=$v"
-  ( cd "$BUILD" && env "$AB_ENV=$v" timeout 240 ./bin/test_flash_cuda ) > "$X/test_$v.log" 2>&1
+  ( cd "$BUILD" && env "$AB_ENV=$v" timeout ${TEST_TIMEOUT:-240} ./bin/test_flash_cuda ) > "$X/test_$v.log" 2>&1
   echo "rc $?"
   grep -E "^\[ *(FAILED|PASSED) *\]|Failure" "$X/test_$v.log" | head -8
 done
@@ -42,7 +44,7 @@ ROWS=$X/rows.md
 : > "$ROWS"
 for v in $VARIANTS; do
   step "bench_flash_cuda sm90a, $AB_ENV=$v"
-  env "$AB_ENV=$v" FLASHDRAFT_BENCH_CONFIGS=sm90a "$BUILD/bin/bench_flash_cuda" table "$X/r_$v.md" "$X" \
+  env "$AB_ENV=$v" FLASHDRAFT_BENCH_CONFIGS=sm90a timeout ${BENCH_TIMEOUT:-120} "$BUILD/bin/bench_flash_cuda" table "$X/r_$v.md" "$X" \
     > "$X/bench_$v.log" 2>&1 || tail -5 "$X/bench_$v.log"
   sed "s/flash_cuda sm90a/flash_cuda sm90a [$v]/" "$X/r_$v.md" >> "$ROWS"
 done
