@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 namespace flashdraft {
 
 namespace {
@@ -71,5 +73,26 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, doubl
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwiGLU::apply(gate, up); }
+
+ParamMaker::ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt,
+                       c10::Device device, c10::ScalarType dtype, double init_std)
+    : params_(params),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(seed * 0x9E3779B97F4A7C15ULL + salt)),
+      device_(device),
+      dtype_(dtype),
+      init_std_(init_std) {}
+
+at::Tensor ParamMaker::linear(const std::string& name, int64_t out, int64_t in) {
+  at::Tensor w = at::randn({out, in}, gen_, at::TensorOptions().dtype(at::kFloat)).mul_(init_std_);
+  w = w.to(device_, dtype_).set_requires_grad(true);
+  params_.emplace_back(name, w);
+  return w;
+}
+
+at::Tensor ParamMaker::norm(const std::string& name, int64_t n) {
+  at::Tensor w = at::ones({n}, at::TensorOptions().dtype(dtype_).device(device_)).set_requires_grad(true);
+  params_.emplace_back(name, w);
+  return w;
+}
 
 }  // namespace flashdraft

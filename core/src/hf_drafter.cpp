@@ -307,6 +307,10 @@ void write(const std::string& folder, const Layout& layout, const Named& weights
   if (out.size() != weights.size())
     throw Error("cannot export: the drafter has " + std::to_string(weights.size()) + " tensors, the DFlash layout " +
                 std::to_string(out.size()) + " (a tensor the layout does not name would be lost)");
+  write_folder(folder, out, config_json(layout));
+}
+
+void write_folder(const std::string& folder, const Named& tensors, const std::string& config) {
   const fs::path dir(folder);
   if (fs::exists(dir) && !fs::is_empty(dir) && !fs::exists(dir / "config.json"))
     throw Error("cannot export to " + folder + ": the folder exists and is not a drafter folder (no config.json); " +
@@ -314,27 +318,34 @@ void write(const std::string& folder, const Layout& layout, const Named& weights
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
   checkpoint::remove_tree(tmp);
   fs::create_directories(tmp);
-  safetensors::write((tmp / "model.safetensors").string(), out, {{"format", "pt"}});
-  std::ofstream(tmp / "config.json") << config_json(layout);
+  safetensors::write((tmp / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  std::ofstream(tmp / "config.json") << config;
   checkpoint::remove_tree(dir);
   fs::rename(tmp, dir);
+}
+
+std::unique_ptr<safetensors::Checkpoint> open_checkpoint(const std::string& folder) {
+  try {
+    return std::make_unique<safetensors::Checkpoint>(folder);
+  } catch (const safetensors::Error& e) {
+    throw Error(e.what());
+  }
+}
+
+void copy_into(const std::string& folder, const safetensors::Checkpoint& ck, const Named& params) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    if (!ck.find(name)) throw Error(folder + ": tensor '" + name + "' is missing (the experiment's drafter has it)");
+    param.copy_(ck.load(name, param.device(), param.scalar_type()));
+  }
 }
 
 void import(const std::string& folder, const Layout& expected, const Named& params) {
   const Layout got = read_config(folder);
   compare((fs::path(folder) / "config.json").string(), got, expected);
-  std::unique_ptr<safetensors::Checkpoint> ck;
-  try {
-    ck = std::make_unique<safetensors::Checkpoint>(folder);
-  } catch (const safetensors::Error& e) {
-    throw Error(e.what());
-  }
+  const std::unique_ptr<safetensors::Checkpoint> ck = open_checkpoint(folder);
   check_tensors(*ck, got);
-  at::NoGradGuard no_grad;
-  for (const auto& [name, param] : params) {
-    if (!ck->find(name)) throw Error(folder + ": tensor '" + name + "' is missing (the experiment's drafter has it)");
-    param.copy_(ck->load(name, param.device(), param.scalar_type()));
-  }
+  copy_into(folder, *ck, params);
 }
 
 }  // namespace flashdraft::hf_drafter

@@ -26,10 +26,15 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace flashdraft::safetensors {
+class Checkpoint;
+}
 
 namespace flashdraft::hf_drafter {
 
@@ -72,5 +77,16 @@ FLASHDRAFT_API void write(const std::string& folder, const Layout& layout, const
 // `expected` (the experiment's drafter): architecture, every size, ids and token, every
 // tensor's presence, shape and dtype. Throws Error before changing anything.
 FLASHDRAFT_API void import(const std::string& folder, const Layout& expected, const Named& params);
+
+// The steps the drafter folder formats share (hf_eagle3 uses them too).
+// Writes `tensors` as <folder>/model.safetensors and `config` as <folder>/config.json through
+// a temporary folder renamed into place; refuses a folder that exists, is not empty and has
+// no config.json (it is not a drafter folder).
+FLASHDRAFT_API void write_folder(const std::string& folder, const Named& tensors, const std::string& config);
+// <folder>'s safetensors checkpoint; its errors come back as Error.
+FLASHDRAFT_API std::unique_ptr<safetensors::Checkpoint> open_checkpoint(const std::string& folder);
+// Copies every tensor of `params` from ck (to the parameter's device and dtype, without
+// autograd); a name ck lacks is an Error naming the folder and the tensor.
+FLASHDRAFT_API void copy_into(const std::string& folder, const safetensors::Checkpoint& ck, const Named& params);
 
 }  // namespace flashdraft::hf_drafter

@@ -1,16 +1,12 @@
 // An EAGLE-3 drafter as a Hugging Face folder (layout in hf_eagle3.hpp).
 #include "hf_eagle3.hpp"
 
-#include "checkpoint.hpp"
-
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -236,17 +232,7 @@ void write(const std::string& folder, const Layout& layout, const Named& tensors
   if (out.size() != tensors.size())
     throw Error("cannot export: the drafter has " + std::to_string(tensors.size()) + " tensors, the EAGLE-3 layout " +
                 std::to_string(out.size()) + " (a tensor the layout does not name would be lost)");
-  const fs::path dir(folder);
-  if (fs::exists(dir) && !fs::is_empty(dir) && !fs::exists(dir / "config.json"))
-    throw Error("cannot export to " + folder + ": the folder exists and is not a drafter folder (no config.json); " +
-                "give a new or empty folder");
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
-  checkpoint::remove_tree(tmp);
-  fs::create_directories(tmp);
-  safetensors::write((tmp / "model.safetensors").string(), out, {{"format", "pt"}});
-  std::ofstream(tmp / "config.json") << config_json(layout);
-  checkpoint::remove_tree(dir);
-  fs::rename(tmp, dir);
+  hf_drafter::write_folder(folder, out, config_json(layout));
 }
 
 void import(const std::string& folder, const Layout& want, const Named& tensors) {
@@ -278,12 +264,7 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
     throw Error(file + ": eagle_config.eagle_aux_hidden_state_layer_ids names target layers " +
                 list_str(got.aux_layer_ids) + " (flashdraft ids, the file's minus 1), but the experiment's drafter reads " +
                 list_str(want.aux_layer_ids) + " (from [drafter] target_layers); accepted: the same ids");
-  std::unique_ptr<safetensors::Checkpoint> ck;
-  try {
-    ck = std::make_unique<safetensors::Checkpoint>(folder);
-  } catch (const safetensors::Error& e) {
-    throw Error(e.what());
-  }
+  const std::unique_ptr<safetensors::Checkpoint> ck = hf_drafter::open_checkpoint(folder);
   const auto shapes = tensor_shapes(got);
   for (const auto& [name, shape] : shapes) {
     const safetensors::TensorInfo* info = ck->find(name);
@@ -301,11 +282,7 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
       throw Error(folder + ": holds tensor '" + name + "', which an EAGLE-3 drafter does not have (accepted: exactly the " +
                   std::to_string(shapes.size()) + " tensors of the layout)");
   }
-  at::NoGradGuard no_grad;
-  for (const auto& [name, t] : tensors) {
-    if (!ck->find(name)) throw Error(folder + ": tensor '" + name + "' is missing (the experiment's drafter has it)");
-    t.copy_(ck->load(name, t.device(), t.scalar_type()));
-  }
+  hf_drafter::copy_into(folder, *ck, tensors);
 }
 
 }  // namespace flashdraft::hf_eagle3

@@ -25,7 +25,6 @@
 #include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -143,19 +142,10 @@ class DFlashDrafter final : public Drafter {
 
     // Initial weights from a generator of our own (seeded by the run): same seed, same
     // drafter, whatever else drew from the global generator.
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed * 0x9E3779B97F4A7C15ULL + 0xdf1a5);
     params_.clear();
-    auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-      at::Tensor w = at::randn({out, in}, gen, at::TensorOptions().dtype(at::kFloat)).mul_(init_std_);
-      w = w.to(device_, dtype_).set_requires_grad(true);
-      params_.emplace_back(name, w);
-      return w;
-    };
-    auto norm = [&](const std::string& name, int64_t n) {
-      at::Tensor w = at::ones({n}, at::TensorOptions().dtype(dtype_).device(device_)).set_requires_grad(true);
-      params_.emplace_back(name, w);
-      return w;
-    };
+    ParamMaker make(params_, ctx.seed, 0xdf1a5, device_, dtype_, init_std_);
+    auto linear = [&](const std::string& name, int64_t out, int64_t in) { return make.linear(name, out, in); };
+    auto norm = [&](const std::string& name, int64_t n) { return make.norm(name, n); };
     const int64_t features = static_cast<int64_t>(feature_index_.size()) * target.hidden;
     fc_ = linear("fc.weight", hidden_, features);
     hidden_norm_ = norm("hidden_norm.weight", hidden_);

@@ -40,7 +40,6 @@
 #include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -181,19 +180,10 @@ class Eagle3Drafter final : public Drafter {
     target_head_ = target.lm_head.detach().to(device_, dtype_);
     count_vocabulary(ctx);
 
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed * 0x9E3779B97F4A7C15ULL + 0xea613);
     params_.clear();
-    auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-      at::Tensor w = at::randn({out, in}, gen, at::TensorOptions().dtype(at::kFloat)).mul_(init_std_);
-      w = w.to(device_, dtype_).set_requires_grad(true);
-      params_.emplace_back(name, w);
-      return w;
-    };
-    auto norm = [&](const std::string& name, int64_t n) {
-      at::Tensor w = at::ones({n}, at::TensorOptions().dtype(dtype_).device(device_)).set_requires_grad(true);
-      params_.emplace_back(name, w);
-      return w;
-    };
+    ParamMaker make(params_, ctx.seed, 0xea613, device_, dtype_, init_std_);
+    auto linear = [&](const std::string& name, int64_t out, int64_t in) { return make.linear(name, out, in); };
+    auto norm = [&](const std::string& name, int64_t n) { return make.norm(name, n); };
     const int64_t H = hidden_, q = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
     fc_ = linear("fc.weight", H, 3 * H);
     input_norm_ = norm("midlayer.input_layernorm.weight", H);

@@ -5,9 +5,13 @@
 
 #include <flashdraft/export.hpp>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace flashdraft {
 
@@ -29,5 +33,25 @@ FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const
 // positions stay exact before the rounding to `dtype`.
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, double theta,
                                                              int64_t head_dim, at::ScalarType dtype);
+
+// A drafter's trainable tensors, made in order and appended to `params` under their names,
+// each requiring grad: linear weights N(0, init_std^2), drawn in float32 from a generator of
+// the drafter's own (seeded with seed * 0x9E3779B97F4A7C15 + salt, so the same run seed gives
+// the same drafter whatever else drew from the global generator) and then cast; norm
+// weights ones.
+class FLASHDRAFT_API ParamMaker {
+ public:
+  ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt,
+             c10::Device device, c10::ScalarType dtype, double init_std);
+  at::Tensor linear(const std::string& name, int64_t out, int64_t in);
+  at::Tensor norm(const std::string& name, int64_t n);
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>>& params_;
+  at::Generator gen_;
+  c10::Device device_;
+  c10::ScalarType dtype_;
+  double init_std_;
+};
 
 }  // namespace flashdraft
