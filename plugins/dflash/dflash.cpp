@@ -144,29 +144,27 @@ class DFlashDrafter final : public Drafter {
     // drafter, whatever else drew from the global generator.
     params_.clear();
     ParamMaker make(params_, ctx.seed, 0xdf1a5, device_, dtype_, init_std_);
-    auto linear = [&](const std::string& name, int64_t out, int64_t in) { return make.linear(name, out, in); };
-    auto norm = [&](const std::string& name, int64_t n) { return make.norm(name, n); };
     const int64_t features = static_cast<int64_t>(feature_index_.size()) * target.hidden;
-    fc_ = linear("fc.weight", hidden_, features);
-    hidden_norm_ = norm("hidden_norm.weight", hidden_);
+    fc_ = make.linear("fc.weight", hidden_, features);
+    hidden_norm_ = make.norm("hidden_norm.weight", hidden_);
     layers_.clear();
     for (int64_t l = 0; l < layers_n_; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".";
       Layer L;
-      L.input_norm = norm(p + "input_layernorm.weight", hidden_);
-      L.q_proj = linear(p + "self_attn.q_proj.weight", heads_ * head_dim_, hidden_);
-      L.k_proj = linear(p + "self_attn.k_proj.weight", kv_heads_ * head_dim_, hidden_);
-      L.v_proj = linear(p + "self_attn.v_proj.weight", kv_heads_ * head_dim_, hidden_);
-      L.o_proj = linear(p + "self_attn.o_proj.weight", hidden_, heads_ * head_dim_);
-      L.q_norm = norm(p + "self_attn.q_norm.weight", head_dim_);
-      L.k_norm = norm(p + "self_attn.k_norm.weight", head_dim_);
-      L.post_norm = norm(p + "post_attention_layernorm.weight", hidden_);
-      L.gate_proj = linear(p + "mlp.gate_proj.weight", ffn_, hidden_);
-      L.up_proj = linear(p + "mlp.up_proj.weight", ffn_, hidden_);
-      L.down_proj = linear(p + "mlp.down_proj.weight", hidden_, ffn_);
+      L.input_norm = make.norm(p + "input_layernorm.weight", hidden_);
+      L.q_proj = make.linear(p + "self_attn.q_proj.weight", heads_ * head_dim_, hidden_);
+      L.k_proj = make.linear(p + "self_attn.k_proj.weight", kv_heads_ * head_dim_, hidden_);
+      L.v_proj = make.linear(p + "self_attn.v_proj.weight", kv_heads_ * head_dim_, hidden_);
+      L.o_proj = make.linear(p + "self_attn.o_proj.weight", hidden_, heads_ * head_dim_);
+      L.q_norm = make.norm(p + "self_attn.q_norm.weight", head_dim_);
+      L.k_norm = make.norm(p + "self_attn.k_norm.weight", head_dim_);
+      L.post_norm = make.norm(p + "post_attention_layernorm.weight", hidden_);
+      L.gate_proj = make.linear(p + "mlp.gate_proj.weight", ffn_, hidden_);
+      L.up_proj = make.linear(p + "mlp.up_proj.weight", ffn_, hidden_);
+      L.down_proj = make.linear(p + "mlp.down_proj.weight", hidden_, ffn_);
       layers_.push_back(L);
     }
-    final_norm_ = norm("norm.weight", hidden_);
+    final_norm_ = make.norm("norm.weight", hidden_);
   }
 
   std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }

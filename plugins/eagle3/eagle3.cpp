@@ -182,22 +182,20 @@ class Eagle3Drafter final : public Drafter {
 
     params_.clear();
     ParamMaker make(params_, ctx.seed, 0xea613, device_, dtype_, init_std_);
-    auto linear = [&](const std::string& name, int64_t out, int64_t in) { return make.linear(name, out, in); };
-    auto norm = [&](const std::string& name, int64_t n) { return make.norm(name, n); };
     const int64_t H = hidden_, q = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
-    fc_ = linear("fc.weight", H, 3 * H);
-    input_norm_ = norm("midlayer.input_layernorm.weight", H);
-    hidden_norm_ = norm("midlayer.hidden_norm.weight", H);
-    q_proj_ = linear("midlayer.self_attn.q_proj.weight", q, 2 * H);
-    k_proj_ = linear("midlayer.self_attn.k_proj.weight", kv, 2 * H);
-    v_proj_ = linear("midlayer.self_attn.v_proj.weight", kv, 2 * H);
-    o_proj_ = linear("midlayer.self_attn.o_proj.weight", H, q);
-    post_norm_ = norm("midlayer.post_attention_layernorm.weight", H);
-    gate_proj_ = linear("midlayer.mlp.gate_proj.weight", ffn_, H);
-    up_proj_ = linear("midlayer.mlp.up_proj.weight", ffn_, H);
-    down_proj_ = linear("midlayer.mlp.down_proj.weight", H, ffn_);
-    final_norm_ = norm("norm.weight", H);
-    lm_head_ = linear("lm_head.weight", draft_vocab_, H);
+    fc_ = make.linear("fc.weight", H, 3 * H);
+    input_norm_ = make.norm("midlayer.input_layernorm.weight", H);
+    hidden_norm_ = make.norm("midlayer.hidden_norm.weight", H);
+    q_proj_ = make.linear("midlayer.self_attn.q_proj.weight", q, 2 * H);
+    k_proj_ = make.linear("midlayer.self_attn.k_proj.weight", kv, 2 * H);
+    v_proj_ = make.linear("midlayer.self_attn.v_proj.weight", kv, 2 * H);
+    o_proj_ = make.linear("midlayer.self_attn.o_proj.weight", H, q);
+    post_norm_ = make.norm("midlayer.post_attention_layernorm.weight", H);
+    gate_proj_ = make.linear("midlayer.mlp.gate_proj.weight", ffn_, H);
+    up_proj_ = make.linear("midlayer.mlp.up_proj.weight", ffn_, H);
+    down_proj_ = make.linear("midlayer.mlp.down_proj.weight", H, ffn_);
+    final_norm_ = make.norm("norm.weight", H);
+    lm_head_ = make.linear("lm_head.weight", draft_vocab_, H);
   }
 
   std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }
