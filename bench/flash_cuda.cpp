@@ -5,7 +5,8 @@
 //     Lq = 8192, Lkv = 12288; anchors drawn at random, seed 7) and causal L = 8192, for
 //     the sm90a, sm90 and sm120 configurations, each forced the way an experiment forces it
 //     ([kernels.flash_cuda] config = "sm90a"; FLASHDRAFT_FLASH_CUDA_CONFIG, which would
-//     override every row, is unset first; FLASHDRAFT_BENCH_CONFIGS=sm90a,sm90 limits the list).
+//     override every row, is unset first; FLASHDRAFT_BENCH_CONFIGS=sm90a,sm90 limits the list;
+//     FLASHDRAFT_BENCH_SCHEDULE=grid sets [kernels.flash_cuda].schedule, default longest-first).
 //     Appends markdown rows to <rows.md>; writes the DFlash anchors and the visible-pair
 //     counts to <xchg dir> so bench/flex_reference.py times FlexAttention on the same mask.
 //   bench_flash_cuda dump <xchg dir> [config]
@@ -125,6 +126,9 @@ int table(const std::string& rows_path, const std::string& xdir) {
     std::printf("bench_flash_cuda: FLASHDRAFT_FLASH_CUDA_CONFIG=%s unset: each row forces its own configuration\n", env);
     unsetenv("FLASHDRAFT_FLASH_CUDA_CONFIG");
   }
+  // [kernels.flash_cuda].schedule of every row: FLASHDRAFT_BENCH_SCHEDULE, else the default
+  const char* sched_env = std::getenv("FLASHDRAFT_BENCH_SCHEDULE");
+  const std::string schedule = sched_env != nullptr && *sched_env ? sched_env : "longest-first";
   const int64_t B = 1, H = 32, D = 128;
   std::vector<Shape> shapes;
   {
@@ -166,7 +170,7 @@ int table(const std::string& rows_path, const std::string& xdir) {
     }
     for (const std::string& cfg : cfgs) {
       auto flash = load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda",
-                                             {{"config", cfg}});
+                                             {{"config", cfg}, {"schedule", schedule}});
       fd::AttentionProblem problem;
       problem.device = c10::Device(c10::kCUDA, 0), problem.dtype = at::kBFloat16;
       problem.batch = sh.B, problem.heads_q = problem.heads_kv = sh.H;

@@ -5,8 +5,9 @@
 #
 # Here, once (from the project root):  ../shared/device/fetch-deps.sh .deps
 # Device call (project root, carry [".deps"]):  bash bench/flash_cuda_device.sh
+# (SKIP_CTEST=1 leaves out the last step, the whole ctest suite, which fills what is left of the call.)
 # Everything is also written under $OUT (at most 8 files come back):
-#   device.log (the whole output), table.md, test_flash_cuda.log, ctest.log, engine.log,
+#   device.log (the whole output), table.md, tail.md, test_flash_cuda.log, ctest.log, engine.log,
 #   flex_check.log
 set -uo pipefail
 OUT=${OUT:-/tmp/flash_cuda_out}
@@ -32,7 +33,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PR
   > "$X/configure.log" 2>&1 || { tail -40 "$X/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
 grep -E "flash_cuda|flashdraft: LibTorch" "$X/configure.log"
 # -k: one target that fails must not stop the others
-cmake --build "$BUILD" -j16 -- -k > "$X/build.log" 2>&1
+cmake --build "$BUILD" -j16 --target all check_flash_cuda -- -k > "$X/build.log" 2>&1
 rc=$?
 echo "--- last lines of the build (rc $rc, $(( $(date +%s) - t0 )) s):"
 tail -12 "$X/build.log"
@@ -64,6 +65,9 @@ step "benchmark: flash_cuda (sm90a, sm90 and sm120 configurations)"
 ROWS=$X/rows.md
 : > "$ROWS"
 "$BUILD/bin/bench_flash_cuda" table "$ROWS" "$X"
+step "benchmark: flash_cuda sm90a and sm120 with [kernels.flash_cuda].schedule = \"grid\" (the CTA order before v10)"
+FLASHDRAFT_BENCH_SCHEDULE=grid FLASHDRAFT_BENCH_CONFIGS=sm90a,sm120 "$BUILD/bin/bench_flash_cuda" table "$X/rows_grid.md" "$X"
+sed 's/| flash_cuda \(sm[0-9a]*\) /| flash_cuda \1 [schedule grid] /' "$X/rows_grid.md" | tee -a "$ROWS"
 step "benchmark: flex_attention compiled, SDPA flash and cuDNN"
 timeout 240 python3 bench/flex_reference.py bench "$X" "$ROWS" 2>&1 | grep -v -i warn
 step "benchmark: flex_attention compiled as it runs on sm_120 cards (mma.sync, sm_120 configurations)"
@@ -105,7 +109,12 @@ CLI=$BUILD/bin/flashdraft
 } > "$OUT/engine.log" 2>&1
 grep -v "^step " "$OUT/engine.log" | head -c 20000
 
-if [ $SECONDS -gt 470 ]; then
+step "check_flash_cuda tail: SM occupancy per kernel, CTA orders grid / longest-first"
+timeout 150 "$BUILD/bin/check_flash_cuda" tail 2>&1 | tee "$OUT/tail.md"
+
+if [ "${SKIP_CTEST:-0}" = 1 ]; then
+  echo "ctest skipped: SKIP_CTEST=1"
+elif [ $SECONDS -gt 470 ]; then
   echo "ctest skipped: $SECONDS s used of the call's 600"
 else
 step "ctest (whole suite minus pytest and the out-of-tree install test)"

@@ -69,9 +69,10 @@ std::shared_ptr<fd::AttentionKernel> dense_ref() {
   return load<fd::AttentionKernel>(fd::PluginKind::kernel, "dense_ref", "kernels.dense_ref");
 }
 // flash_cuda as an experiment with [kernels.flash_cuda] config = `config` configures it.
-std::shared_ptr<fd::AttentionKernel> flash_cuda(const std::string& config) {
+std::shared_ptr<fd::AttentionKernel> flash_cuda(const std::string& config,
+                                                const std::string& schedule = "longest-first") {
   return load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cuda", "kernels.flash_cuda",
-                                   {{"config", config}});
+                                   {{"config", config}, {"schedule", schedule}});
 }
 
 // Sets FLASHDRAFT_FLASH_CUDA_CONFIG for a scope ("" unsets it), restoring it after.
@@ -309,6 +310,67 @@ TEST_F(FlashCuda, MatchesDenseRefForEveryMaskGeneratorDtypeHeadDimAndConfig) {
               configs.size());
 }
 
+// The order in which CTAs take their tiles ([kernels.flash_cuda].schedule) changes no bit of
+// any output: every output element is written by exactly one CTA. The comparison above ran
+// "longest-first" (the default); here "grid" against it, on every case plus a DFlash mask
+// with more tiles (8 query tiles x 4 heads x 2 batches, 32 key columns), where the two
+// orders differ the most.
+TEST_F(FlashCuda, TheCtaOrderChangesNoOutputBit) {
+  std::vector<Case> cases = generator_cases();
+  for (Case& c : predicate_cases()) cases.push_back(std::move(c));
+  {
+    fd::MaskInput in;
+    in.batch = 2, in.context_len = 1024, in.block_size = 16;
+    std::mt19937_64 rng(base_seed());
+    for (int64_t b = 0; b < 2; ++b) {
+      std::vector<int64_t> a(1000);  // 64 distinct anchors in [0, 1000), sorted
+      for (int64_t i = 0; i < 1000; ++i) a[i] = i;
+      std::shuffle(a.begin(), a.end(), rng);
+      a.resize(64);
+      std::sort(a.begin(), a.end());
+      in.anchors.push_back(a);
+      in.block_valid.push_back(std::vector<uint8_t>(64, 1));
+    }
+    in.q_len = 64 * 16, in.kv_len = 1024 + 64 * 16;
+    std::shared_ptr<fd::MaskGenerator> gen =
+        load<fd::MaskGenerator>(fd::PluginKind::mask, "dflash", "mask", {{"in_block", std::string("bidirectional")}});
+    cases.push_back({"dflash_64_blocks", 2, 4, 4, in.q_len, in.kv_len, [gen, in] { return gen->build(in, 128, 64); },
+                     [gen, in](int64_t b, int64_t h, int64_t q, int64_t k) { return gen->visible(in, b, h, q, k); },
+                     false});
+  }
+  const ConfigEnv env("");
+  uint64_t seed = base_seed();
+  int runs = 0;
+  for (const std::string& config : configs_here()) {
+    std::shared_ptr<fd::AttentionKernel> lpt = flash_cuda(config, "longest-first"), grid = flash_cuda(config, "grid");
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name + " config " + config);
+      const fd::BlockMask mask = c.build();
+      at::manual_seed(seed++);
+      const auto opt = at::TensorOptions().device(at::kCUDA);
+      const at::Tensor q = at::randn({c.batch, c.heads_q, c.q_len, 128}, opt).to(at::kBFloat16);
+      const at::Tensor k = at::randn({c.batch, c.heads_kv, c.kv_len, 128}, opt).to(at::kBFloat16);
+      const at::Tensor v = at::randn({c.batch, c.heads_kv, c.kv_len, 128}, opt).to(at::kBFloat16);
+      const at::Tensor dout = at::randn({c.batch, c.heads_q, c.q_len, 128}, opt).to(at::kBFloat16);
+      KernelResults a, b;
+      {
+        PoisonedAllocations poison;
+        a = run_kernel(*lpt, q, k, v, dout, mask, 1.0 / std::sqrt(128.0), poison_cuda_cache);
+        b = run_kernel(*grid, q, k, v, dout, mask, 1.0 / std::sqrt(128.0), poison_cuda_cache);
+      }
+      EXPECT_TRUE(at::equal(a.out, b.out));
+      EXPECT_TRUE(at::equal(a.lse, b.lse));
+      EXPECT_TRUE(at::equal(a.dq, b.dq));
+      EXPECT_TRUE(at::equal(a.dk, b.dk));
+      EXPECT_TRUE(at::equal(a.dv, b.dv));
+      EXPECT_FALSE(a.out.isnan().any().item<bool>());
+      EXPECT_FALSE(a.dk.isnan().any().item<bool>());
+      ++runs;
+    }
+  }
+  std::printf("  %d comparisons of schedule \"grid\" with \"longest-first\", bit for bit\n", runs);
+}
+
 // Every mask generator plugin found is covered above (a new one must be added there).
 // Runs without a GPU.
 TEST(FlashCudaCases, EveryMaskGeneratorIsCovered) {
@@ -401,6 +463,28 @@ TEST(FlashCudaSupports, DeclaresTheConfigKey) {
   ASSERT_TRUE(key->fallback.has_value());
   EXPECT_EQ(std::get<std::string>(*key->fallback), "auto");
   EXPECT_EQ(key->choices, (std::vector<std::string>{"auto", "sm90a", "sm90", "sm120"}));
+}
+
+// The schedule key: a string, default "longest-first", two choices; any other value is refused
+// by the schema with the value and the choices (runs in CI).
+TEST(FlashCudaSupports, DeclaresTheScheduleKey) {
+  if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
+  const fd::Schema schema = test::plugins().schema(test::plugins().get(fd::PluginKind::kernel, "flash_cuda"));
+  const fd::KeySpec* key = schema.find("schedule");
+  ASSERT_NE(key, nullptr);
+  EXPECT_EQ(key->type, fd::ValueType::string);
+  ASSERT_TRUE(key->fallback.has_value());
+  EXPECT_EQ(std::get<std::string>(*key->fallback), "longest-first");
+  EXPECT_EQ(key->choices, (std::vector<std::string>{"longest-first", "grid"}));
+  try {
+    flash_cuda("auto", "shortest-first");
+    ADD_FAILURE() << "schedule = \"shortest-first\" was accepted";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("shortest-first"), std::string::npos) << what;
+    EXPECT_NE(what.find("longest-first"), std::string::npos) << what;
+    EXPECT_NE(what.find("grid"), std::string::npos) << what;
+  }
 }
 
 // The choice and its sentences, for devices this machine may not have.

@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 ARCH="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"
 FLAGS="-O3 -std=c++17 -lineinfo $ARCH -Xptxas -v"
 pids=()
-for f in flash_attention flash_forward flash_backward check_flash_cuda; do
+for f in flash_attention flash_forward flash_backward flash_schedule check_flash_cuda; do
   nvcc $FLAGS -c $f.cu -o "$OUTDIR/$f.o" > "$OUTDIR/$f.ptxas.log" 2>&1 &
   pids+=($!)
 done
@@ -23,5 +23,5 @@ for p in "${pids[@]}"; do wait $p || rc=1; done
 cat "$OUTDIR"/*.ptxas.log > "$OUTDIR/ptxas.log"
 if [ $rc -ne 0 ]; then grep -B2 -A5 -i error "$OUTDIR/ptxas.log" | head -50; exit 1; fi
 nvcc $ARCH -gencode arch=compute_90a,code=sm_90a "$OUTDIR"/flash_attention.o "$OUTDIR"/flash_forward.o \
-  "$OUTDIR"/flash_backward.o "$OUTDIR"/flash_sm90a.o "$OUTDIR"/check_flash_cuda.o -o "$OUTDIR/check_flash_cuda"
+  "$OUTDIR"/flash_backward.o "$OUTDIR"/flash_schedule.o "$OUTDIR"/flash_sm90a.o "$OUTDIR"/check_flash_cuda.o -o "$OUTDIR/check_flash_cuda"
 echo "built $OUTDIR/check_flash_cuda"

@@ -4,6 +4,9 @@
 //                              random inputs, against a plain fp32 GPU reference (one CUDA
 //                              thread block per row / key, masks from a dense bool array);
 //                              outputs poisoned (0xFF = NaN) before every call.
+//   ./check_flash_cuda tail    the same two problems, sm90a and sm120, each CTA order
+//                              (grid, longest-first): one traced call per kernel --
+//                              span, SM idle fraction, tail, CTA times (NOTES.md v10).
 //   ./check_flash_cuda bench   DFlash mask (S=4096 context, 512 anchors x 16) and causal
 //                              L=8192, bf16, B=1, H=32, D=128: median ms of forward and
 //                              backward (cudaEvents) for the sm120, sm90 and sm90a
@@ -488,10 +491,12 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   dm.init(pr.mask);
   Buffers bf;
   FlashParams p0;
-  p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
+  p0.B = pr.B, p0.Hq = pr.Hq, p0.Hkv = pr.Hkv, p0.Lq = pr.mask.Lq, p0.Lkv = pr.mask.Lkv;
   p0.D = pr.D;
   alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0));
   FlashParams p = make_params(pr, bf, dm, dt);
+  // both CTA orders are checked, alternately (the outputs must not depend on the order)
+  p.schedule = seed % 2 ? Schedule::grid : Schedule::longest_first;
   const float true_scale = p.scale;
   p.scale *= scale_error;
   const int Lq = p.Lq, Lkv = p.Lkv, D = p.D;
@@ -567,9 +572,9 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
                   lse_bad == 0 && empty_bad == 0 && lse_err < 1e-2;
   const bool control = scale_error != 1.f;
   if (ok == control) ++g_failures;
-  std::printf("%s%s %-30s %-5s d%-3d %-5s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
+  std::printf("%s%s %-30s %-5s d%-3d %-5s %-4s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
               control ? (ok ? "NEGATIVE CONTROL NOT CAUGHT " : "negative control caught: ") : "", ok ? "ok  " : "FAIL", pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D,
-              flash_config_name(cfg), pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
+              flash_config_name(cfg), p.schedule == Schedule::grid ? "grid" : "lpt", pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
               lse_err, cq.rel, ck.rel, cv.rel, nonfinite, empty_rows, lse_bad, empty_bad);
   std::fflush(stdout);
   for (float* x : {a.out, a.dq, a.dk, a.dv, a.lse, a.delta}) cudaFree(x);
@@ -606,6 +611,10 @@ void time_phases(const FlashParams& p, const char* label) {
   float* l2 = static_cast<float*>(p.workspace);
   float* de = l2 + rows;
   float* acc = de + rows;
+  // the CTA orders after the atomic-dQ buffer (bench_problem allocates room for all three)
+  int* q_order = reinterpret_cast<int*>(acc + rows * D);
+  int* kv_order = q_order + (query_items(p) + 3) / 4 * 4;
+  launch_schedule(p, q_order, kv_order, 1, false);
   constexpr int skv = ATOMIC ? KvSmem<D, KVS>::bytes_atomic : KvSmem<D, KVS>::bytes, sdq = DqSmem<D, DQS>::bytes;
   CK(cudaFuncSetAttribute(flash_bwd_dkdv_kernel<T, D, KVS, ATOMIC>, cudaFuncAttributeMaxDynamicSharedMemorySize, skv));
   CK(cudaFuncSetAttribute(flash_bwd_dq_kernel<T, D, DQS, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, sdq));
@@ -617,12 +626,12 @@ void time_phases(const FlashParams& p, const char* label) {
     flash_bwd_pre_kernel<T, D><<<dim3(lq_pad / 16, p.B * p.Hq), 256>>>(p, l2, de, lq_pad);
     if (ATOMIC) CK(cudaMemsetAsync(acc, 0, rows * D * 4));
     CK(cudaEventRecord(ev[1]));
-    flash_bwd_dkdv_kernel<T, D, KVS, ATOMIC><<<dim3((p.Lkv + BKV - 1) / BKV, p.Hkv, p.B), 128, skv>>>(p, l2, de, lq_pad, acc);
+    flash_bwd_dkdv_kernel<T, D, KVS, ATOMIC><<<key_items(p, 1), 128, skv>>>(p, l2, de, lq_pad, kv_order, acc);
     CK(cudaEventRecord(ev[2]));
     if (ATOMIC)
       flash_bwd_dq_convert_kernel<T, D><<<dim3((lq_pad * (D / 8) + 255) / 256, p.B * p.Hq), 256>>>(p, acc, lq_pad);
     else
-      flash_bwd_dq_kernel<T, D, DQS, MT><<<dim3((p.Lq + BQ - 1) / BQ, p.Hq, p.B), 256 / MT, sdq>>>(p, l2, de, lq_pad);
+      flash_bwd_dq_kernel<T, D, DQS, MT><<<query_items(p), 256 / MT, sdq>>>(p, l2, de, lq_pad, q_order);
     CK(cudaEventRecord(ev[3]));
     CK(cudaEventSynchronize(ev[3]));
     CK(cudaGetLastError());
@@ -649,7 +658,7 @@ void bench_problem(const Problem& pr, const char* label) {
   dm.init(pr.mask);
   Buffers bf;
   FlashParams p0;
-  p0.B = pr.B, p0.Hq = pr.Hq, p0.Lq = pr.mask.Lq;
+  p0.B = pr.B, p0.Hq = pr.Hq, p0.Hkv = pr.Hkv, p0.Lq = pr.mask.Lq, p0.Lkv = pr.mask.Lkv;
   p0.D = pr.D;
   alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0) + (size_t)p0.B * p0.Hq * ((p0.Lq + 127) / 128 * 128) * p0.D * 4);  // + room for the atomic-dQ phase timing
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
@@ -692,6 +701,144 @@ void bench_problem(const Problem& pr, const char* label) {
   free_buffers(bf);
 }
 
+// ------------------------------------------------------------------ tail (SM occupancy)
+// One traced call (FlashParams::trace): per kernel, the span from its first CTA's start to
+// its last CTA's end, the fraction of SM time in that span with no CTA of it resident
+// ("idle": 1 - sum over SMs of the union of its CTAs' intervals / (SMs x span)), and the
+// tail: the span's end minus the moment the first SM ran out of work for good. Checks that
+// the CTAs took every work item exactly once.
+struct Occupancy {
+  int ctas = 0;
+  double span_us = 0, idle = 0, tail_us = 0, head_us = 0, last_us = 0;  // head/last: mean CTA time, first/last 10%
+  bool permutation = true;
+};
+Occupancy occupancy(const std::vector<unsigned long long>& tr, const std::vector<std::pair<size_t, size_t>>& ranges,
+                    int nsm, size_t items_per_range) {
+  Occupancy o;
+  unsigned long long t0 = ~0ull, t1 = 0;
+  std::vector<std::vector<std::pair<unsigned long long, unsigned long long>>> per_sm(nsm);
+  for (const auto& r : ranges) {
+    std::vector<int> seen(items_per_range ? items_per_range : 1, 0);
+    std::vector<double> dur;
+    for (size_t i = r.first; i < r.first + r.second; ++i) {
+      const unsigned long long* e = &tr[4 * i];
+      if (e[0] == 0) continue;
+      ++o.ctas;
+      t0 = std::min(t0, e[0]);
+      t1 = std::max(t1, e[1]);
+      if (e[2] < (unsigned long long)nsm) per_sm[e[2]].push_back({e[0], e[1]});
+      if (e[3] < seen.size()) ++seen[e[3]];
+      dur.push_back((e[1] - e[0]) * 1e-3);
+    }
+    if (items_per_range)
+      for (int c : seen) o.permutation = o.permutation && c == 1;
+    const size_t k = std::max<size_t>(1, dur.size() / 10);
+    if (dur.size() >= k) {
+      double a = 0, b = 0;
+      for (size_t i = 0; i < k; ++i) a += dur[i], b += dur[dur.size() - 1 - i];
+      o.head_us = a / k, o.last_us = b / k;
+    }
+  }
+  if (o.ctas == 0) return o;
+  double busy = 0;
+  unsigned long long first_done = t1;
+  for (auto& v : per_sm) {
+    if (v.empty()) {
+      first_done = t0;
+      continue;
+    }
+    std::sort(v.begin(), v.end());
+    unsigned long long a = v[0].first, b = v[0].second, last = 0;
+    for (const auto& x : v) {
+      if (x.first > b) {
+        busy += double(b - a);
+        a = x.first;
+      }
+      b = std::max(b, x.second);
+      last = std::max(last, x.second);
+    }
+    busy += double(b - a);
+    first_done = std::min(first_done, last);
+  }
+  const double span = double(t1 - t0);
+  o.span_us = span * 1e-3;
+  o.idle = 1.0 - busy / (double(nsm) * span);
+  o.tail_us = double(t1 - first_done) * 1e-3;
+  return o;
+}
+
+void tail_problem(const Problem& pr, const char* label, const std::vector<Config>& cfgs, int nsm) {
+  DeviceMask dm;
+  dm.init(pr.mask);
+  Buffers bf;
+  FlashParams p0;
+  p0.B = pr.B, p0.Hq = pr.Hq, p0.Hkv = pr.Hkv, p0.Lq = pr.mask.Lq, p0.Lkv = pr.mask.Lkv;
+  p0.D = pr.D;
+  alloc_buffers<__nv_bfloat16>(pr, bf, 4321 + std::random_device{}(), flash_backward_workspace_bytes(p0));
+  FlashParams p = make_params(pr, bf, dm, DType::bf16);
+  const size_t slots = flash_trace_slots(p, true), dq_first = flash_trace_dq_first(p);
+  unsigned long long* dtrace = nullptr;
+  CK(cudaMalloc(&dtrace, slots * 4 * sizeof(unsigned long long)));
+  std::vector<unsigned long long> tr(slots * 4);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const size_t q_items = flash_trace_slots(p, false);
+  for (Config cfg : cfgs) {
+    const size_t kv_items = cfg == Config::sm90a ? (dq_first / pr.Hkv / pr.B + 1) / 2 * pr.Hkv * pr.B : dq_first;
+    for (Schedule sch : {Schedule::grid, Schedule::longest_first}) {
+      p.schedule = sch;
+      p.trace = nullptr;
+      std::vector<float> tf, tb;
+      for (int r = 0; r < 40; ++r) {
+        float ms;
+        CK(cudaEventRecord(e0));
+        flash_forward(p, cfg);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 10) tf.push_back(ms);
+        CK(cudaEventRecord(e0));
+        flash_backward(p, cfg);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 10) tb.push_back(ms);
+      }
+      p.trace = dtrace;
+      CK(cudaMemset(dtrace, 0, slots * 4 * sizeof(unsigned long long)));
+      flash_forward(p, cfg);
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(tr.data(), dtrace, slots * 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+      const Occupancy f = occupancy(tr, {{0, q_items}}, nsm, q_items);
+      CK(cudaMemset(dtrace, 0, slots * 4 * sizeof(unsigned long long)));
+      flash_backward(p, cfg);
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(tr.data(), dtrace, slots * 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+      p.trace = nullptr;
+      const Occupancy kv = occupancy(tr, {{0, kv_items}}, nsm, kv_items);
+      const Occupancy dq = occupancy(tr, {{dq_first, q_items}}, nsm, q_items);
+      const Occupancy both = occupancy(tr, {{0, kv_items}, {dq_first, q_items}}, nsm, 0);
+      const char* sn = sch == Schedule::grid ? "grid" : "longest-first";
+      auto row = [&](const char* kernel, const Occupancy& o, double ms) {
+        char t[32] = "";
+        if (ms > 0) std::snprintf(t, sizeof t, "%.3f", ms);
+        std::printf("| %s | %s | %s | %s | %d | %s | %.1f | %.1f%% | %.1f | %.1f / %.1f | %s |\n", label,
+                    flash_config_name(cfg), sn, kernel, o.ctas, t, o.span_us, 100.0 * o.idle, o.tail_us, o.head_us,
+                    o.last_us, o.permutation ? "yes" : "NO");
+        if (!o.permutation) ++g_failures;
+      };
+      row("forward", f, median(tf));
+      row("dK/dV", kv, 0);
+      row("dQ", dq, 0);
+      row("backward (both)", both, median(tb));
+      std::fflush(stdout);
+    }
+  }
+  cudaFree(dtrace);
+  free_buffers(bf);
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   cudaDeviceProp prop;
@@ -716,6 +863,20 @@ int main(int argc, char** argv) {
       const Problem pr = check_problems(rng, 128)[0];
       run_check<__nv_bfloat16>(pr, Config::sm120, s += 17, 1.25f);
     }
+  }
+  if (mode == "tail") {
+    std::printf("| case | config | schedule | kernel | CTAs | ms (untraced median) | span us | SM idle | tail us | CTA us first / last 10%% | each item once |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    Problem big;
+    big.B = 1, big.Hq = big.Hkv = 32, big.D = 128;
+    mask_dflash(big.mask, 1, 4096, 512, 16, 0, rng);
+    std::vector<Config> tc = {Config::sm120};
+    if (prop.major == 9 && prop.minor == 0) tc.insert(tc.begin(), Config::sm90a);
+    tail_problem(big, "DFlash S=4096 512x16", tc, prop.multiProcessorCount);
+    Problem causal;
+    causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
+    mask_causal(causal.mask, 8192, 8192);
+    tail_problem(causal, "causal 8192", tc, prop.multiProcessorCount);
   }
   if (mode == "bench" || mode == "all") {
     Problem big;

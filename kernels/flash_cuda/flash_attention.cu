@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,10 @@ std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
            ") that are not multiples of 8 elements; make it contiguous";
   return "";
 }
+// Work items (CTAs) of the query kernels and key columns of the dK/dV kernels.
+size_t q_items(const FlashParams& p) { return size_t(p.B) * p.Hq * ((size_t(p.Lq) + kTileQ - 1) / kTileQ); }
+size_t kv_columns(const FlashParams& p) { return size_t(p.B) * p.Hkv * ((size_t(p.Lkv) + kTileKV - 1) / kTileKV); }
+size_t ints16(size_t n) { return (n + 3) / 4 * 4 * sizeof(int32_t); }  // n ints, 16-byte multiple
 }  // namespace
 
 DeviceLimits flash_device_limits(int device) {
@@ -59,6 +64,9 @@ std::string flash_check(const FlashParams& p, bool backward) {
   if (p.Hq % p.Hkv != 0)
     return "query heads " + std::to_string(p.Hq) + " are not a multiple of kv heads " + std::to_string(p.Hkv);
   if (p.B > 65535 || p.Hq > 65535) return "batch or heads above 65535";
+  if (q_items(p) > size_t(INT_MAX) || kv_columns(p) > size_t(INT_MAX))
+    return "batch x heads x tiles above 2^31 - 1 (" + std::to_string(q_items(p)) + " query tiles, " +
+           std::to_string(kv_columns(p)) + " key columns)";
   if (p.mask.block_q != kTileQ || p.mask.block_kv != kTileKV)
     return "mask tile " + std::to_string(p.mask.block_q) + "x" + std::to_string(p.mask.block_kv) +
            " but flash_cuda needs " + std::to_string(kTileQ) + "x" + std::to_string(kTileKV) +
@@ -83,9 +91,13 @@ std::string flash_check(const FlashParams& p, bool backward) {
     if (!(r = strides_ok("dq", p.dq, p.dq_strides)).empty()) return r;
     if (!(r = strides_ok("dk", p.dk, p.dk_strides)).empty()) return r;
     if (!(r = strides_ok("dv", p.dv, p.dv_strides)).empty()) return r;
-    if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
-      return "workspace missing or not 16-byte aligned";
   }
+  if (p.workspace == nullptr || reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return std::string("workspace missing or not 16-byte aligned (the ") + (backward ? "backward" : "forward") +
+           " needs " + std::to_string(backward ? flash_backward_workspace_bytes(p) : flash_forward_workspace_bytes(p)) +
+           " bytes)";
+  if (p.schedule != Schedule::longest_first && p.schedule != Schedule::grid)
+    return "schedule " + std::to_string(static_cast<int>(p.schedule)) + " is not a Schedule";
   return "";
 }
 
@@ -95,10 +107,19 @@ std::string flash_variant(bool backward, Config c, DType dtype, int d) {
          "n" + std::to_string(kTileKV);
 }
 
+size_t flash_forward_workspace_bytes(const FlashParams& p) { return ints16(q_items(p)); }
+
 size_t flash_backward_workspace_bytes(const FlashParams& p) {
   const size_t lq_pad = (size_t(p.Lq) + kTileQ - 1) / kTileQ * kTileQ;
   const size_t rows = size_t(p.B) * size_t(p.Hq) * lq_pad;
-  return 2 * rows * sizeof(float);  // lse*log2(e) and delta per padded row
+  // lse*log2(e) and delta per padded row; the query order; the key order (one item per
+  // column at most: the sm90a dK/dV kernel takes pairs)
+  return 2 * rows * sizeof(float) + ints16(q_items(p)) + ints16(kv_columns(p));
 }
+
+size_t flash_trace_slots(const FlashParams& p, bool backward) {
+  return backward ? kv_columns(p) + q_items(p) : q_items(p);
+}
+size_t flash_trace_dq_first(const FlashParams& p) { return kv_columns(p); }
 
 }  // namespace flashdraft::flash_cuda

@@ -97,6 +97,14 @@ struct FlashMask {
   int block_q = kTileQ, block_kv = kTileKV;
 };
 
+// The order in which a kernel's CTAs take their work items (query tiles, key columns or
+// pairs of them). longest_first: a small kernel (flash_cuda_schedule.cu) sorts the items
+// by the length of their mask lists, longest first, before each launch, so the short
+// items fill the last wave (LPT); grid: the fixed order of the launch grid (each head's
+// query tiles from the last to the first, key columns in order) -- kept to measure the
+// difference ([kernels.flash_cuda].schedule).
+enum class Schedule : int { longest_first = 0, grid = 1 };
+
 struct FlashParams {
   DType dtype = DType::bf16;
   int B = 0, Hq = 0, Hkv = 0, Lq = 0, Lkv = 0, D = 0;
@@ -117,9 +125,17 @@ struct FlashParams {
   void* dk = nullptr;
   void* dv = nullptr;
   Strides dq_strides, dk_strides, dv_strides;
-  void* workspace = nullptr;  // flash_backward_workspace_bytes(params), 16-byte aligned
+  // forward: flash_forward_workspace_bytes(params), backward: flash_backward_workspace_bytes(
+  // params); device memory, 16-byte aligned, contents need not be initialised.
+  void* workspace = nullptr;
   FlashMask mask;
   cudaStream_t stream = nullptr;
+  Schedule schedule = Schedule::longest_first;
+  // Optional (benchmarks): 4 x uint64 per CTA of the main kernels -- start and end
+  // (%globaltimer, ns), SM id, work item -- zero-filled by the caller. Forward: one entry
+  // per slot of flash_trace_slots(params, false); backward: the dK/dV kernel's CTAs from
+  // entry 0, the dQ kernel's from entry flash_trace_dq_first(params). Unused slots stay 0.
+  unsigned long long* trace = nullptr;
 };
 
 struct TileSize {
@@ -144,10 +160,17 @@ std::string flash_variant(bool backward, Config resolved, DType dtype, int head_
 
 // Launches on p.stream (asynchronous); returns the variant that ran.
 std::string flash_forward(const FlashParams& p, Config config = Config::automatic);
+// Bytes of p.workspace flash_forward() needs: the CTA order, one int per (query tile, q
+// head, batch) (8 KB for B=1, H=32, L=8192). p needs B, Hq, Lq set.
+size_t flash_forward_workspace_bytes(const FlashParams& p);
 // Bytes of p.workspace flash_backward() needs, the same for every configuration: 2 floats
-// (lse*log2(e) and delta) per query row, rows padded to 128 (2 MB for B=1, H=32, L=8192).
-// p needs B, Hq, Lq set.
+// (lse*log2(e) and delta) per query row, rows padded to 128 (2 MB for B=1, H=32, L=8192),
+// then the two CTA orders (query tiles; key columns). p needs B, Hq, Hkv, Lq, Lkv set.
 size_t flash_backward_workspace_bytes(const FlashParams& p);
+// p.trace sizes (entries of 4 x uint64): forward CTAs, or backward dK/dV + dQ CTAs; and
+// the first dQ entry of a backward trace.
+size_t flash_trace_slots(const FlashParams& p, bool backward);
+size_t flash_trace_dq_first(const FlashParams& p);
 std::string flash_backward(const FlashParams& p, Config config = Config::automatic);
 // The sm90a kernels (flash_sm90a.cu, wgmma); flash_forward() / flash_backward() call them
 // for Config::sm90a.

@@ -15,14 +15,13 @@ using namespace detail;
 template <class T, int D, int DQ_STAGES, int DQ_MT>
 void launch_bwd(const FlashParams& p) {
   constexpr int KV_STAGES = 2;
-  const BwdWorkspace ws = launch_bwd_preprocess<T, D>(p, "backward preprocess");
+  const BwdWorkspace ws = launch_bwd_preprocess<T, D>(p, 1, false, "backward preprocess");
   {
     constexpr int smem = KvSmem<D, KV_STAGES>::bytes;
     auto kernel = flash_bwd_dkdv_kernel<T, D, KV_STAGES, false>;
     static const bool allowed = allow_smem(kernel, smem, "backward dK/dV");
     (void)allowed;
-    const dim3 grid((p.Lkv + BKV - 1) / BKV, p.Hkv, p.B);
-    kernel<<<grid, 128, smem, p.stream>>>(p, ws.lse2, ws.delta, ws.lq_pad, nullptr);
+    kernel<<<key_items(p, 1), 128, smem, p.stream>>>(p, ws.lse2, ws.delta, ws.lq_pad, ws.kv_order, nullptr);
     check_launch("backward dK/dV");
   }
   {
@@ -30,8 +29,7 @@ void launch_bwd(const FlashParams& p) {
     auto kernel = flash_bwd_dq_kernel<T, D, DQ_STAGES, DQ_MT>;
     static const bool allowed = allow_smem(kernel, smem, "backward dQ");
     (void)allowed;
-    const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
-    kernel<<<grid, 256 / DQ_MT, smem, p.stream>>>(p, ws.lse2, ws.delta, ws.lq_pad);
+    kernel<<<query_items(p), 256 / DQ_MT, smem, p.stream>>>(p, ws.lse2, ws.delta, ws.lq_pad, ws.q_order);
     check_launch("backward dQ");
   }
 }

@@ -152,6 +152,10 @@ class FlashCuda : public flashdraft::AttentionKernel {
     fc::Config parsed;
     if (!fc::flash_parse_config(key_.key_value, &parsed))  // the engine's schema check already refuses it
       c.fail("config", "\"" + key_.key_value + "\" is not a configuration; accepted: " + fc::flash_config_names(true));
+    const std::string schedule = c.string("schedule");
+    if (schedule == "grid") schedule_ = fc::Schedule::grid;
+    else if (schedule != "longest-first")  // the schema check already refuses it
+      c.fail("schedule", "\"" + schedule + "\" is not a schedule; accepted: \"longest-first\", \"grid\"");
   }
   static void declare(flashdraft::Schema& s) {
     s.string("config",
@@ -160,6 +164,12 @@ class FlashCuda : public flashdraft::AttentionKernel {
              "overrides it")
         .def(std::string("auto"))
         .one_of({"auto", "sm90a", "sm90", "sm120"});
+    s.string("schedule",
+             "order in which the kernels' CTAs take their query tiles and key columns: \"longest-first\" sorts "
+             "them by the length of their mask lists before each launch (short ones fill the last wave); "
+             "\"grid\" keeps the launch grid's fixed order (for comparison)")
+        .def(std::string("longest-first"))
+        .one_of({"longest-first", "grid"});
   }
 
   Support supports(const AttentionProblem& p) const override {
@@ -215,6 +225,11 @@ class FlashCuda : public flashdraft::AttentionKernel {
     p.out = out.data_ptr(), p.out_strides = strides_of(out);
     p.lse = lse.data_ptr<float>();
     p.mask = dm.lists;
+    p.schedule = schedule_;
+    // the CTA order (a few KB) through the caching allocator, freed as the backward's below
+    at::Tensor workspace =
+        at::empty({static_cast<int64_t>(fc::flash_forward_workspace_bytes(p))}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
     return {out, lse, fc::flash_forward(p, config)};
   }
 
@@ -248,7 +263,8 @@ class FlashCuda : public flashdraft::AttentionKernel {
     p.dk = dk.data_ptr(), p.dk_strides = strides_of(dk);
     p.dv = dv.data_ptr(), p.dv_strides = strides_of(dv);
     p.mask = dm.lists;
-    // The workspace (delta and lse in base 2 per padded row) through the caching
+    p.schedule = schedule_;
+    // The workspace (delta and lse in base 2 per padded row, the CTA orders) through the caching
     // allocator; its blocks are 512-byte aligned, more than the 16 bytes needed.
     const size_t bytes = fc::flash_backward_workspace_bytes(p);
     at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
@@ -279,6 +295,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
   }
 
   fc::ConfigRequest key_;  // [kernels.flash_cuda].config and where it was given
+  fc::Schedule schedule_ = fc::Schedule::longest_first;  // [kernels.flash_cuda].schedule
 };
 
 }  // namespace

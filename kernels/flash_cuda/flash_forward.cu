@@ -16,8 +16,9 @@ void launch_fwd(const FlashParams& p) {
   auto kernel = flash_fwd_kernel<T, D, STAGES>;
   static const bool allowed = allow_smem(kernel, smem, "forward");
   (void)allowed;
-  const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
-  kernel<<<grid, kFwdWarps * 32, smem, p.stream>>>(p);
+  int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
+  launch_schedule(p, order, nullptr, 1, false);
+  kernel<<<query_items(p), kFwdWarps * 32, smem, p.stream>>>(p, order);
   check_launch("forward");
 }
 

@@ -263,6 +263,49 @@ struct RowList {
     }
   }
 };
+// ---------------------------------------------------------------- work items and traces
+// A CTA's work item, read from the order the schedule kernel wrote (flash_schedule.cu):
+// query item = (b * Hq + h) * q_blocks + qb, key item = (b * Hkv + hk) * n_cols + c.
+struct QueryItem {
+  int qb, h, b, item;
+};
+__device__ __forceinline__ QueryItem query_item(const FlashParams& p, const int* order, int q_blocks) {
+  const int item = order[blockIdx.x], bh = item / q_blocks;
+  return QueryItem{item % q_blocks, bh % p.Hq, bh / p.Hq, item};
+}
+struct KeyItem {
+  int c, hk, b, item;
+};
+__device__ __forceinline__ KeyItem key_item(const FlashParams& p, const int* order, int n_cols) {
+  const int item = order[blockIdx.x], bh = item / n_cols;
+  return KeyItem{item % n_cols, bh % p.Hkv, bh / p.Hkv, item};
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// p.trace (flash_attention.cuh): entry first + blockIdx.x gets the CTA's start, SM and item
+// from thread 0, and its end as the latest exit of its warps (trace_end in every warp
+// that returns).
+__device__ __forceinline__ void trace_begin(const FlashParams& p, int first, int item) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    unsigned long long* e = p.trace + 4 * ((size_t)first + blockIdx.x);
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
+    e[0] = global_ns();
+    e[2] = smid;
+    e[3] = (unsigned)item;
+  }
+}
+__device__ __forceinline__ void trace_end(const FlashParams& p, int first) {
+  if (p.trace != nullptr && threadIdx.x % 32 == 0) atomicMax(p.trace + 4 * ((size_t)first + blockIdx.x) + 1, global_ns());
+}
+// The first trace entry of the dQ kernel (flash_trace_dq_first()).
+__device__ __forceinline__ int dq_trace_first(const FlashParams& p) {
+  return p.B * p.Hkv * ((p.Lkv + BKV - 1) / BKV);
+}
+
 __device__ __forceinline__ RowList row_list(const FlashMask& m, int b, int h, int qb, int q_blocks) {
   const int mb = m.batch == 1 ? 0 : b, mh = m.heads == 1 ? 0 : h;
   const int row = (mb * m.heads + mh) * q_blocks + qb;
@@ -313,13 +356,14 @@ struct FwdSmem {
 constexpr int kFwdWarps = 4, kFwdMT = 2;  // 4 warps x 2 m-tiles x 16 rows = 128 rows
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const FlashParams p) {
+__global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const FlashParams p, const int* order) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = FwdSmem<D, STAGES>;
   constexpr int MT = kFwdMT, NT = kFwdWarps * 32, WR = MT * 16;  // rows per warp
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const QueryItem item = query_item(p, order, q_blocks);
+  const int qb = item.qb, h = item.h, b = item.b;
+  trace_begin(p, 0, item.item);
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
   const LaneAddr<D> la(lane);
@@ -335,6 +379,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
   if (rl.n == 0) {  // no visible key in the whole tile
     zero_rows<D>(O, p.out_strides.row, q0, BQ, p.Lq, tid, NT);
     if (tid < BQ && q0 + tid < p.Lq) lse[q0 + tid] = -INFINITY;
+    trace_end(p, 0);
     return;
   }
   const uint32_t sQ = smem_addr(smem);
@@ -456,6 +501,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
   }
   __syncwarp();
   smem_to_global<D>(O, p.out_strides.row, smem, warp * WR, WR, q0 + warp * WR, p.Lq, lane, 32);
+  trace_end(p, 0);
 }
 
 // ---------------------------------------------------------------- backward preprocess
@@ -580,11 +626,14 @@ __device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta,
 // timing does, to keep that measurement repeatable.
 template <class T, int D, int STAGES, bool DQ_ATOMIC>
 __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
-                                                                const float* ws_delta, int Lq_pad, float* dq_acc) {
+                                                                const float* ws_delta, int Lq_pad, const int* order,
+                                                                float* dq_acc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = KvSmem<D, STAGES>;
   const int kv_blocks = (p.Lkv + BKV - 1) / BKV;
-  const int kvb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const KeyItem item = key_item(p, order, kv_blocks);
+  const int kvb = item.c, hk = item.hk, b = item.b;
+  trace_begin(p, 0, item.item);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
   const LaneAddr<D> la(lane);
   const int kv0 = kvb * BKV;
@@ -736,6 +785,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
   uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
   smem_to_global<D>(dK, p.dk_strides.row, tdk, 0, BKV, kv0, p.Lkv, tid, 128);
   smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid, 128);
+  trace_end(p, 0);
 }
 
 // ---------------------------------------------------------------- backward dQ
@@ -751,13 +801,15 @@ struct DqSmem {
 // MT m-tiles of 16 rows per warp, 8 / MT warps (128 rows per CTA).
 template <class T, int D, int STAGES, int MT>
 __global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                                   const float* ws_delta, int Lq_pad) {
+                                                                   const float* ws_delta, int Lq_pad,
+                                                                   const int* order) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = DqSmem<D, STAGES>;
   constexpr int NT = 256 / MT, WR = MT * 16;
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const int qb = q_blocks - 1 - blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z;
+  const QueryItem item = query_item(p, order, q_blocks);
+  const int qb = item.qb, h = item.h, b = item.b;
+  trace_begin(p, dq_trace_first(p), item.item);
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
   const LaneAddr<D> la(lane);
@@ -772,6 +824,7 @@ __global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashP
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
     zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, NT);
+    trace_end(p, dq_trace_first(p));
     return;
   }
   const uint32_t sQ = smem_addr(smem), sdO = sQ + S::kQ;
@@ -873,6 +926,7 @@ __global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashP
   }
   __syncwarp();
   smem_to_global<D>(dQ, p.dq_strides.row, smem, warp * WR, WR, q0 + warp * WR, p.Lq, lane, 32);
+  trace_end(p, dq_trace_first(p));
 }
 
 // dq = scale * dq_acc (fp32, padded rows) -> T, rows < Lq; one thread per 8 elements.
@@ -939,20 +993,37 @@ inline Config launch_config(const FlashParams& p, bool backward, Config requeste
   return flash_resolve_config(requested, device);
 }
 
+// Writes the CTA orders (flash_schedule.cu) on p.stream: q_order for the query kernels,
+// kv_order (when not null) for the dK/dV kernel, whose items are kv_per_item 64-key columns.
+// l2_groups: sort within groups of heads whose operands fit the L2 (the sm90a kernels), else
+// over the whole problem (the mma.sync kernels): flash_schedule.cu says why.
+void launch_schedule(const FlashParams& p, int* q_order, int* kv_order, int kv_per_item, bool l2_groups);
+// Items of the query kernels and of a dK/dV kernel of kv_per_item columns per CTA.
+inline int query_items(const FlashParams& p) { return p.B * p.Hq * ((p.Lq + BQ - 1) / BQ); }
+inline int key_items(const FlashParams& p, int kv_per_item) {
+  return p.B * p.Hkv * (((p.Lkv + BKV - 1) / BKV + kv_per_item - 1) / kv_per_item);
+}
+
 // The backward workspace (flash_backward_workspace_bytes()): lse*log2(e), then delta, one
-// float per query row, rows padded to the 128-row tile.
+// float per query row, rows padded to the 128-row tile; then the query and key orders.
 struct BwdWorkspace {
   float* lse2;
   float* delta;
   int lq_pad;
+  int* q_order;
+  int* kv_order;
 };
-// Fills the workspace both backward walks read (flash_bwd_pre_kernel, on p.stream).
+// Fills the workspace both backward walks read (the orders, then flash_bwd_pre_kernel, on
+// p.stream).
 template <class T, int D>
-BwdWorkspace launch_bwd_preprocess(const FlashParams& p, const char* what) {
+BwdWorkspace launch_bwd_preprocess(const FlashParams& p, int kv_per_item, bool l2_groups, const char* what) {
   BwdWorkspace w;
   w.lq_pad = (p.Lq + BQ - 1) / BQ * BQ;
   w.lse2 = static_cast<float*>(p.workspace);
   w.delta = w.lse2 + size_t(p.B) * p.Hq * w.lq_pad;
+  w.q_order = reinterpret_cast<int*>(w.delta + size_t(p.B) * p.Hq * w.lq_pad);
+  w.kv_order = w.q_order + (query_items(p) + 3) / 4 * 4;
+  launch_schedule(p, w.q_order, w.kv_order, kv_per_item, l2_groups);
   constexpr int rows_per_block = 256 / (D / 8);  // D / 8 threads per row
   const dim3 grid(w.lq_pad / rows_per_block, p.B * p.Hq);
   flash_bwd_pre_kernel<T, D><<<grid, 256, 0, p.stream>>>(p, w.lse2, w.delta, w.lq_pad);

@@ -143,15 +143,17 @@ struct WsKvSmem {
 
 template <class T, int D, int STAGES>
 __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
-                                                             const float* ws_delta, int Lq_pad) {
+                                                             const float* ws_delta, int Lq_pad, const int* order) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsKvSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int kv_blocks = (p.Lkv + BKV - 1) / BKV;
-  const int hk = blockIdx.y, b = blockIdx.z;
+  const KeyItem item = key_item(p, order, (kv_blocks + 1) / 2);
+  const int hk = item.hk, b = item.b;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
-  const int kvb0 = 2 * blockIdx.x;
+  const int kvb0 = 2 * item.c;
+  trace_begin(p, 0, item.item);
 
   const uint32_t bars = s0;
   auto full = [&](int st) { return bars + 8 * st; };
@@ -370,6 +372,7 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
   uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
   smem_to_global<D>(dK, p.dk_strides.row, tdk, 0, BKV, kv0, p.Lkv, tid % 128, 128);
   smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid % 128, 128);
+  trace_end(p, 0);
 }
 
 // ---------------------------------------------------------------- dQ
@@ -389,14 +392,15 @@ struct WgDqSmem {
 
 template <class T, int D, int STAGES>
 __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                              const float* ws_delta, int Lq_pad) {
+                                                              const float* ws_delta, int Lq_pad, const int* order) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WgDqSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const QueryItem item = query_item(p, order, q_blocks);
+  const int qb = item.qb, h = item.h, b = item.b;
+  trace_begin(p, dq_trace_first(p), item.item);
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
   const int q0 = qb * BQ;
@@ -410,6 +414,7 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
     zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, 384);
+    trace_end(p, dq_trace_first(p));
     return;
   }
   const uint32_t bars = s0;
@@ -514,6 +519,7 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
   acc_flat_to_smem<T, D>(smem + S::kBars, warp * 16, dq, lane);
   __syncwarp();
   smem_to_global<D>(dQ, p.dq_strides.row, smem + S::kBars, warp * 16, 16, q0 + warp * 16, p.Lq, lane, 32);
+  trace_end(p, dq_trace_first(p));
 }
 
 // ---------------------------------------------------------------- forward
@@ -567,14 +573,15 @@ struct WgFwdSmem {
 constexpr int kWsFwdThreads = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashParams p) {
+__global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashParams p, const int* order) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WgFwdSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const int qb = q_blocks - 1 - blockIdx.x;  // heavy (late) tiles first
-  const int h = blockIdx.y, b = blockIdx.z;
+  const QueryItem item = query_item(p, order, q_blocks);
+  const int qb = item.qb, h = item.h, b = item.b;
+  trace_begin(p, 0, item.item);
   const int hk = h / (p.Hq / p.Hkv);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
 
@@ -588,6 +595,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   if (rl.n == 0) {  // no visible key in the whole tile
     zero_rows<D>(O, p.out_strides.row, qb * BQ, BQ, p.Lq, tid, kWsFwdThreads);
     if (tid < BQ && qb * BQ + tid < p.Lq) lse[qb * BQ + tid] = -INFINITY;
+    trace_end(p, 0);
     return;
   }
   const uint32_t bars = s0;  // full[STAGES], empty[STAGES], q
@@ -663,6 +671,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
       mbar_wait(full(it % STAGES), (it / STAGES) & 1);
       release(it % STAGES);
     }
+    trace_end(p, 0);
     return;
   }
   mbar_wait(qbar, 0);
@@ -713,6 +722,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   }
   __syncwarp();
   smem_to_global<D>(O, p.out_strides.row, tile, wq * 16, 16, q0 + wq * 16, p.Lq, lane, 32);
+  trace_end(p, 0);
 }
 
 // A second stream per device for the dQ pass (independent of dK/dV once the preprocess
@@ -737,30 +747,28 @@ SideStream& side_stream(int device) {
 }
 
 template <class T, int D>
-void launch_dkdv(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad) {
+void launch_dkdv(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad, const int* order) {
   constexpr int smem = WsKvSmem<D, 2>::bytes;
   auto kernel = ws_bwd_dkdv_kernel<T, D, 2>;
   static const bool allowed = allow_smem(kernel, smem, "backward dK/dV (sm90a)");
   (void)allowed;
-  const dim3 grid(((p.Lkv + BKV - 1) / BKV + 1) / 2, p.Hkv, p.B);
-  kernel<<<grid, 384, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad);
+  kernel<<<key_items(p, 2), 384, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad, order);
   check_launch("backward dK/dV (sm90a)");
 }
 template <class T, int D>
-void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad,
+void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad, const int* order,
                cudaStream_t stream) {
   constexpr int smem = WgDqSmem<D, 3>::bytes;
   auto kernel = wg_bwd_dq_kernel<T, D, 3>;
   static const bool allowed = allow_smem(kernel, smem, "backward dQ (sm90a)");
   (void)allowed;
-  const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
-  kernel<<<grid, 384, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad);
+  kernel<<<query_items(p), 384, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad, order);
   check_launch("backward dQ (sm90a)");
 }
 
 template <class T, int D>
 void launch_bwd(const FlashParams& p) {
-  const BwdWorkspace ws = launch_bwd_preprocess<T, D>(p, "backward preprocess (sm90a)");
+  const BwdWorkspace ws = launch_bwd_preprocess<T, D>(p, 2, true, "backward preprocess (sm90a)");
   // dQ (2 warpgroups per 128-row tile) on a second stream, concurrent with dK/dV: both
   // only read what the preprocess wrote. Measured on the H200 (NOTES.md, v6): 5% faster
   // on the DFlash mask than the two passes in sequence.
@@ -769,8 +777,8 @@ void launch_bwd(const FlashParams& p) {
   SideStream& side = side_stream(device);
   cudaEventRecord(side.fork, p.stream);
   cudaStreamWaitEvent(side.stream, side.fork, 0);
-  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, side.stream);
-  launch_dkdv<T, D>(p, ws.lse2, ws.delta, ws.lq_pad);
+  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.q_order, side.stream);
+  launch_dkdv<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.kv_order);
   cudaEventRecord(side.join, side.stream);
   cudaStreamWaitEvent(p.stream, side.join, 0);
   check_launch("backward (sm90a) stream join");
@@ -782,8 +790,9 @@ void launch_fwd(const FlashParams& p) {
   auto kernel = wg_fwd_kernel<T, D, 2>;
   static const bool allowed = allow_smem(kernel, smem, "forward (sm90a)");
   (void)allowed;
-  const dim3 grid((p.Lq + BQ - 1) / BQ, p.Hq, p.B);
-  kernel<<<grid, kWsFwdThreads, smem, p.stream>>>(p);
+  int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
+  launch_schedule(p, order, nullptr, 2, true);
+  kernel<<<query_items(p), kWsFwdThreads, smem, p.stream>>>(p, order);
   check_launch("forward (sm90a)");
 }
 
