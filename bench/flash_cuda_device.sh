@@ -68,6 +68,9 @@ ROWS=$X/rows.md
 step "benchmark: flash_cuda sm90a and sm120 with [kernels.flash_cuda].schedule = \"grid\" (the CTA order before v10)"
 FLASHDRAFT_BENCH_SCHEDULE=grid FLASHDRAFT_BENCH_CONFIGS=sm90a,sm120 "$BUILD/bin/bench_flash_cuda" table "$X/rows_grid.md" "$X"
 sed 's/| flash_cuda \(sm[0-9a]*\) /| flash_cuda \1 [schedule grid] /' "$X/rows_grid.md" | tee -a "$ROWS"
+step "check_flash_cuda tail: SM occupancy per kernel, CTA orders grid / longest-first"
+timeout 150 "$BUILD/bin/check_flash_cuda" tail 2>&1 | tee "$OUT/tail.md"
+
 step "benchmark: flex_attention compiled, SDPA flash and cuDNN"
 timeout 240 python3 bench/flex_reference.py bench "$X" "$ROWS" 2>&1 | grep -v -i warn
 step "benchmark: flex_attention compiled as it runs on sm_120 cards (mma.sync, sm_120 configurations)"
@@ -108,9 +111,6 @@ CLI=$BUILD/bin/flashdraft
   "$CLI" inspect "$RUNS/d96warn/dflash_gpu.h5"
 } > "$OUT/engine.log" 2>&1
 grep -v "^step " "$OUT/engine.log" | head -c 20000
-
-step "check_flash_cuda tail: SM occupancy per kernel, CTA orders grid / longest-first"
-timeout 150 "$BUILD/bin/check_flash_cuda" tail 2>&1 | tee "$OUT/tail.md"
 
 if [ "${SKIP_CTEST:-0}" = 1 ]; then
   echo "ctest skipped: SKIP_CTEST=1"
