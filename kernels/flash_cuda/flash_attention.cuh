@@ -33,6 +33,9 @@
 //   v3), so no configuration uses it; its kernel code in flash_kernels.cuh is reached only
 //   by check_flash_cuda's per-phase timing (`check_flash_cuda bench`).
 //
+// Work order: each launch is preceded by a small kernel (flash_schedule.cu) that writes, into
+// the workspace, the order in which the CTAs take their tiles: longest mask list first
+// (Schedule::longest_first), or the grid's fixed order (Schedule::grid).
 // Tiles: the BlockMask must be built at block_q = 128, block_kv = 64 (flash_tile_size()).
 // Configurations (same tiles; they differ in the backward kernels):
 //   sm120: every kernel fits 99 KB of shared memory per block (RTX 50xx / RTX PRO 6000):
