@@ -487,6 +487,32 @@ TEST(FlashCudaSupports, DeclaresTheScheduleKey) {
   }
 }
 
+// The work order's groups for an H200 (50 MB of L2) and an RTX 5090 (96 MB), on the shapes
+// bench/flash_cuda.cpp times: the sm90a kernels sort within groups of heads whose K/V (query
+// kernels, 40% of the L2) or Q/dO (dK/dV, 70%) fit; the mma.sync kernels over all heads.
+TEST(FlashCudaSchedule, GroupsOfHeadsFitTheirShareOfTheL2) {
+  const size_t h200 = 50u << 20, rtx5090 = 96u << 20;
+  // DFlash S=4096, 512 x 16: K/V of a head 2 x 12288 x 128 x 2 B = 6.3 MB, Q/dO 4.2 MB
+  fc::ScheduleGroups g = fc::flash_schedule_groups(1, 32, 32, 8192, 12288, 128, 2, h200, true);
+  EXPECT_EQ(g.q_units, 3);   // 20 MB / 6.3 MB
+  EXPECT_EQ(g.kv_units, 8);  // 35 MB / 4.2 MB
+  g = fc::flash_schedule_groups(1, 32, 32, 8192, 12288, 128, 2, h200, false);
+  EXPECT_EQ(g.q_units, 32);
+  EXPECT_EQ(g.kv_units, 32);
+  g = fc::flash_schedule_groups(1, 32, 32, 8192, 8192, 128, 2, rtx5090, true);  // causal 8192
+  EXPECT_EQ(g.q_units, 9);   // 38 MB / 4.2 MB
+  EXPECT_EQ(g.kv_units, 16);
+  // GQA 4:1: a kv head's Q/dO are its 4 q heads'; a group never exceeds the problem nor falls below 1
+  g = fc::flash_schedule_groups(2, 32, 8, 8192, 8192, 128, 2, h200, true);
+  EXPECT_EQ(g.kv_units, 2);  // 35 MB / 16.8 MB
+  g = fc::flash_schedule_groups(1, 4, 1, 1 << 20, 1 << 20, 128, 2, h200, true);
+  EXPECT_EQ(g.q_units, 1);
+  EXPECT_EQ(g.kv_units, 1);
+  g = fc::flash_schedule_groups(1, 2, 2, 256, 256, 64, 2, h200, true);
+  EXPECT_EQ(g.q_units, 2);
+  EXPECT_EQ(g.kv_units, 2);
+}
+
 // The choice and its sentences, for devices this machine may not have.
 TEST(FlashCudaConfigChoice, NotesAndRefusalsNameTheValueWhereItCameFromAndWhatIsAccepted) {
   const fc::DeviceLimits h200{9, 0, 227 * 1024}, a100{8, 0, 163 * 1024}, rtx{12, 0, 99 * 1024};

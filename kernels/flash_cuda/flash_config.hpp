@@ -16,6 +16,7 @@
 // device accepts.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -149,6 +150,29 @@ inline ConfigChoice flash_choose_config(const ConfigRequest& r, const DeviceLimi
   out.note = std::string("config ") + flash_config_name(requested) + " (forced by " +
              (r.env ? std::string(kConfigEnv) + "=" + *r.env + ", " + over : key) + ")";
   return out;
+}
+
+// The work order's groups (flash_schedule.cu): how many (batch, kv head) units each sorted
+// group of the query kernels' and of the dK/dV kernel's items spans. The sm90a kernels
+// (l2_groups) sort within groups whose operands fit a share of the L2 -- query kernels read
+// their kv head's K and V (40%), the dK/dV kernel the Q and dO of the kv head's q heads (70%);
+// the shares are the best of the sizes measured on the H200, NOTES.md v10 -- at least one unit
+// a group. The mma.sync kernels sort the whole problem as one group.
+struct ScheduleGroups {
+  int q_units = 1, kv_units = 1;
+};
+inline ScheduleGroups flash_schedule_groups(int B, int Hq, int Hkv, int Lq, int Lkv, int D, int elem_bytes,
+                                            size_t l2_bytes, bool l2_groups) {
+  const int units = B * Hkv;
+  ScheduleGroups g{units, units};
+  if (!l2_groups || units < 1) return g;
+  auto fit = [&](size_t unit_bytes, int percent) {
+    const size_t n = l2_bytes * size_t(percent) / 100 / (unit_bytes > 0 ? unit_bytes : 1);
+    return n < 1 ? 1 : n > size_t(units) ? units : int(n);
+  };
+  g.q_units = fit(2 * size_t(Lkv) * size_t(D) * size_t(elem_bytes), 40);
+  g.kv_units = fit(2 * size_t(Hq / Hkv) * size_t(Lq) * size_t(D) * size_t(elem_bytes), 70);
+  return g;
 }
 
 }  // namespace flashdraft::flash_cuda

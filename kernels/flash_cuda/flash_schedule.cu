@@ -4,17 +4,17 @@
 // leaves the short ones for the last wave). The cost of an item is read from the
 // BlockMask's own lists, so the order follows any mask: DFlash rows whose lengths differ
 // 25-fold, causal, per-head random masks.
-// Sorted in groups of heads, not globally: the items are cut into groups of `heads` (batch,
-// kv head) units, the groups keep their order and each is sorted longest first within
-// itself. A global sort runs the same tile of every head at once, so the SMs read the K/V
-// (or Q/dO) of all heads together and the L2 no longer holds them: measured on the H200
-// (NOTES.md v10), the sm90a forward ran 0.745 ms sorted globally against 0.732 in grid
-// order, although its SM idle time fell from 5.4% to 1.7%. For the sm90a kernels a group's
-// operands are sized to a share of the L2 (launch_schedule()), and a group's tail is filled
-// by the next group's longest items. The mma.sync kernels (sm80 / sm90 / sm120
-// configurations) sort the whole problem as one group: at half the wgmma rate their
-// operand traffic stays below what the memory delivers, and one sort measured 8-10% faster
-// than the grid order there (DFlash 4.699 vs 5.204 ms on the H200).
+// Sorted in groups of heads, not globally: the items are cut into groups of (batch, kv
+// head) units, the groups keep their order and each is sorted longest first within itself.
+// A global sort runs the same tile of every head at once, so the SMs read the K/V (or Q/dO)
+// of all heads together and the L2 no longer holds them: measured on the H200 (NOTES.md
+// v10), the sm90a forward ran 0.745 ms sorted globally against 0.732 in grid order,
+// although its SM idle time fell from 5.4% to 1.7%. For the sm90a kernels a group's
+// operands are sized to a share of the L2 (flash_schedule_groups(), flash_config.hpp), and
+// a group's tail is filled by the next group's longest items. The mma.sync kernels (sm80 /
+// sm90 / sm120 configurations) sort the whole problem as one group: at half the wgmma rate
+// their operand traffic stays below what the memory delivers, and one sort measured 8-10%
+// faster than the grid order there (DFlash 4.699 vs 5.204 ms on the H200).
 //   query items (forward, dQ): item = (b * Hq + h) * q_blocks + qb; cost = 4 x full tiles
 //     + 5 x partial tiles of the row's list (a partial tile also reads its bitmap);
 //   key items (dK/dV): item = (b * Hkv + hk) * n_cols + c, where c is one 64-key column
@@ -22,8 +22,9 @@
 //     GQA group's transposed list lengths (of a pair: the longer column, since the two
 //     columns' warpgroups work side by side).
 // One CTA per group: a counting sort on 1024 buckets (cost scaled by the group's largest
-// cost): a histogram, a scan in descending order, a scatter. Items of equal bucket land in any order; the kernels'
-// outputs do not depend on the order (each output is written by exactly one CTA).
+// cost): a histogram, a scan in descending order, a scatter. Items of equal bucket land in
+// any order; the kernels' outputs do not depend on the order (each output is written by
+// exactly one CTA).
 // Schedule::grid writes the launch grid's own order instead (query tiles of a head from
 // the last to the first; key items in index order).
 #include "flash_kernels.cuh"
@@ -175,23 +176,12 @@ size_t l2_bytes() {
   return known[device] = size_t(bytes);
 }
 
-// (batch, kv head) units per group whose operands the group's CTAs all read -- `unit_bytes`
-// each -- fill at most `percent` of the L2; at least 1, at most `units`.
-int kv_heads_per_group(size_t unit_bytes, int units, int percent) {
-  const size_t fit = l2_bytes() * percent / 100 / std::max<size_t>(unit_bytes, 1);
-  return int(std::max<size_t>(1, std::min<size_t>(fit, size_t(units))));
-}
-
 }  // namespace
 
 void launch_schedule(const FlashParams& p, int* q_order, int* kv_order, int kv_per_item, bool l2_groups) {
-  const int units = p.B * p.Hkv, group = p.Hq / p.Hkv;
-  const size_t elem = 2;  // bf16 / fp16
-  // query kernels read the K and V of their kv head; key kernels the Q and dO of its q heads
-  // 40% / 70% of the L2: the best of the group sizes measured on the H200 (NOTES.md v10; on
-  // the DFlash mask 3 and 8 heads: K/V 19 MB, Q/dO 34 MB of its 50 MB)
-  int q_units = l2_groups ? kv_heads_per_group(2 * size_t(p.Lkv) * p.D * elem, units, 40) : units;
-  int kv_units = l2_groups ? kv_heads_per_group(2 * size_t(group) * p.Lq * p.D * elem, units, 70) : units;
+  const int units = p.B * p.Hkv;
+  const ScheduleGroups sg = flash_schedule_groups(p.B, p.Hq, p.Hkv, p.Lq, p.Lkv, p.D, 2, l2_bytes(), l2_groups);
+  int q_units = sg.q_units, kv_units = sg.kv_units;
   if (const char* env = std::getenv("FLASHDRAFT_FLASH_CUDA_GROUP_HEADS")) {  // "q,kv" (benchmarks)
     int a = 0, b = 0;
     if (std::sscanf(env, "%d,%d", &a, &b) != 2 || a < 1 || b < 1)
