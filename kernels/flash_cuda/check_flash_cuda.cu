@@ -465,6 +465,13 @@ void free_buffers(Buffers& bf) {
   for (void* p : {bf.q, bf.k, bf.v, bf.dout, bf.out, bf.dq, bf.dk, bf.dv, bf.ws, (void*)bf.lse}) cudaFree(p);
 }
 
+// flash_backward_workspace_bytes() of the problem (it covers the forward's workspace too).
+size_t workspace_bytes(const Problem& pr) {
+  FlashParams p;
+  p.B = pr.B, p.Hq = pr.Hq, p.Hkv = pr.Hkv, p.Lq = pr.mask.Lq, p.Lkv = pr.mask.Lkv, p.D = pr.D;
+  return flash_backward_workspace_bytes(p);
+}
+
 FlashParams make_params(const Problem& pr, const Buffers& bf, const DeviceMask& dm, DType dt) {
   FlashParams p;
   p.dtype = dt;
@@ -490,10 +497,7 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   DeviceMask dm;
   dm.init(pr.mask);
   Buffers bf;
-  FlashParams p0;
-  p0.B = pr.B, p0.Hq = pr.Hq, p0.Hkv = pr.Hkv, p0.Lq = pr.mask.Lq, p0.Lkv = pr.mask.Lkv;
-  p0.D = pr.D;
-  alloc_buffers<T>(pr, bf, seed, flash_backward_workspace_bytes(p0));
+  alloc_buffers<T>(pr, bf, seed, workspace_bytes(pr));
   FlashParams p = make_params(pr, bf, dm, dt);
   // both CTA orders are checked, alternately (the outputs must not depend on the order)
   p.schedule = seed % 2 ? Schedule::grid : Schedule::longest_first;
@@ -653,43 +657,56 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Median ms of the forward and of the backward calls (a cudaEvent pair around each), over
+// `rounds` rounds of forward then backward after 10 unmeasured ones; the variants that ran.
+struct Timing {
+  float fwd = 0, bwd = 0;
+  std::string vf, vb;
+};
+Timing time_calls(const FlashParams& p, Config cfg, int rounds) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  Timing t;
+  std::vector<float> tf, tb;
+  for (int r = 0; r < rounds + 10; ++r) {
+    float ms;
+    CK(cudaEventRecord(e0));
+    t.vf = flash_forward(p, cfg);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 10) tf.push_back(ms);
+    CK(cudaEventRecord(e0));
+    t.vb = flash_backward(p, cfg);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (r >= 10) tb.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  t.fwd = median(tf), t.bwd = median(tb);
+  return t;
+}
+
 void bench_problem(const Problem& pr, const char* label) {
   DeviceMask dm;
   dm.init(pr.mask);
   Buffers bf;
-  FlashParams p0;
-  p0.B = pr.B, p0.Hq = pr.Hq, p0.Hkv = pr.Hkv, p0.Lq = pr.mask.Lq, p0.Lkv = pr.mask.Lkv;
-  p0.D = pr.D;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), flash_backward_workspace_bytes(p0) + (size_t)p0.B * p0.Hq * ((p0.Lq + 127) / 128 * 128) * p0.D * 4);  // + room for the atomic-dQ phase timing
+  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(),
+                               workspace_bytes(pr) + (size_t)pr.B * pr.Hq * ((pr.mask.Lq + 127) / 128 * 128) * pr.D *
+                                                         4);  // + room for the atomic-dQ phase timing
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
   const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
   const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   for (Config cfg : {Config::sm120, Config::sm90, Config::sm90a}) {
-    std::string vf, vb;
-    std::vector<float> tf, tb;
-    for (int r = 0; r < 60; ++r) {
-      CK(cudaEventRecord(e0));
-      vf = flash_forward(p, cfg);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 10) tf.push_back(ms);
-      CK(cudaEventRecord(e0));
-      vb = flash_backward(p, cfg);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 10) tb.push_back(ms);
-    }
-    CK(cudaGetLastError());
-    const float mf = median(tf), mb = median(tb);
+    const Timing tm = time_calls(p, cfg, 50);
+    const float mf = tm.fwd, mb = tm.bwd;
     std::printf("BENCH %-8s %-5s fwd %.3f ms (%.0f TFLOP/s)  bwd %.3f ms (%.0f TFLOP/s)  fwd+bwd %.3f ms | pairs/head %.4g tiles f%d p%d | %s %s\n",
                 label, flash_config_name(cfg), mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
-                pairs / pr.Hq, dm.nfull, dm.npart, vf.c_str(), vb.c_str());
+                pairs / pr.Hq, dm.nfull, dm.npart, tm.vf.c_str(), tm.vb.c_str());
     std::printf("      workspace %.2f MiB (flash_backward_workspace_bytes); no other allocation by the kernel\n",
                 flash_backward_workspace_bytes(p) / 1048576.0);
     std::fflush(stdout);
@@ -771,40 +788,19 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
   DeviceMask dm;
   dm.init(pr.mask);
   Buffers bf;
-  FlashParams p0;
-  p0.B = pr.B, p0.Hq = pr.Hq, p0.Hkv = pr.Hkv, p0.Lq = pr.mask.Lq, p0.Lkv = pr.mask.Lkv;
-  p0.D = pr.D;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 4321 + std::random_device{}(), flash_backward_workspace_bytes(p0));
+  alloc_buffers<__nv_bfloat16>(pr, bf, 4321 + std::random_device{}(), workspace_bytes(pr));
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
   const size_t slots = flash_trace_slots(p, true), dq_first = flash_trace_dq_first(p);
   unsigned long long* dtrace = nullptr;
   CK(cudaMalloc(&dtrace, slots * 4 * sizeof(unsigned long long)));
   std::vector<unsigned long long> tr(slots * 4);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const size_t q_items = flash_trace_slots(p, false);
   for (Config cfg : cfgs) {
     const size_t kv_items = cfg == Config::sm90a ? (dq_first / pr.Hkv / pr.B + 1) / 2 * pr.Hkv * pr.B : dq_first;
     for (Schedule sch : {Schedule::grid, Schedule::longest_first}) {
       p.schedule = sch;
       p.trace = nullptr;
-      std::vector<float> tf, tb;
-      for (int r = 0; r < 40; ++r) {
-        float ms;
-        CK(cudaEventRecord(e0));
-        flash_forward(p, cfg);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 10) tf.push_back(ms);
-        CK(cudaEventRecord(e0));
-        flash_backward(p, cfg);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (r >= 10) tb.push_back(ms);
-      }
+      const Timing tm = time_calls(p, cfg, 30);
       p.trace = dtrace;
       CK(cudaMemset(dtrace, 0, slots * 4 * sizeof(unsigned long long)));
       flash_forward(p, cfg);
@@ -828,10 +824,10 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
                     o.last_us, o.permutation ? "yes" : "NO");
         if (!o.permutation) ++g_failures;
       };
-      row("forward", f, median(tf));
+      row("forward", f, tm.fwd);
       row("dK/dV", kv, 0);
       row("dQ", dq, 0);
-      row("backward (both)", both, median(tb));
+      row("backward (both)", both, tm.bwd);
       std::fflush(stdout);
     }
   }
