@@ -13,7 +13,7 @@
 // operands are sized to a share of the L2 (flash_schedule_groups(), flash_config.hpp), and
 // a group's tail is filled by the next group's longest items. The mma.sync kernels (sm80 /
 // sm90 / sm120 configurations) sort the whole problem as one group: at half the wgmma rate
-// their operand traffic stays below what the memory delivers, and one sort measured 8-10%
+// their operand traffic stays below what the memory delivers, and one sort measured 7-10%
 // faster than the grid order there (DFlash 4.699 vs 5.204 ms on the H200).
 //   query items (forward, dQ): item = (b * Hq + h) * q_blocks + qb; cost = 4 x full tiles
 //     + 5 x partial tiles of the row's list (a partial tile also reads its bitmap);
