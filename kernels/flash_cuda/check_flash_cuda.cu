@@ -669,20 +669,19 @@ Timing time_calls(const FlashParams& p, Config cfg, int rounds) {
   CK(cudaEventCreate(&e1));
   Timing t;
   std::vector<float> tf, tb;
-  for (int r = 0; r < rounds + 10; ++r) {
+  // runs call() between the two events; its time joins `times` after the warm-up rounds
+  auto timed = [&](int round, std::vector<float>& times, auto&& call) {
+    CK(cudaEventRecord(e0));
+    call();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
     float ms;
-    CK(cudaEventRecord(e0));
-    t.vf = flash_forward(p, cfg);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 10) tf.push_back(ms);
-    CK(cudaEventRecord(e0));
-    t.vb = flash_backward(p, cfg);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (r >= 10) tb.push_back(ms);
+    if (round >= 10) times.push_back(ms);
+  };
+  for (int r = 0; r < rounds + 10; ++r) {
+    timed(r, tf, [&] { t.vf = flash_forward(p, cfg); });
+    timed(r, tb, [&] { t.vb = flash_backward(p, cfg); });
   }
   CK(cudaGetLastError());
   cudaEventDestroy(e0);
