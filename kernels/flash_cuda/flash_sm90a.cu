@@ -37,16 +37,17 @@ namespace flashdraft::flash_cuda {
 namespace detail {
 namespace {
 
-// Copies rows [row0, row0 + ROWS) of a [L][D] matrix into a sw128 tile (wgmma.cuh);
-// rows >= L are zero-filled. Thread tid copies 16-byte piece tid % C of rows
-// tid / C + k * (NT / C); NT / C is a multiple of 8, so (row % 8) is fixed per thread.
-template <int D, int ROWS, int NT>
+// Copies rows [row0, row0 + ROWS) of a [L][D] matrix into a sw128 tile (wgmma.cuh) of
+// TROWS rows, at its rows trow0 .. trow0 + ROWS - 1 (trow0 a multiple of 8); rows >= L are
+// zero-filled. Thread tid copies 16-byte piece tid % C of rows tid / C + k * (NT / C);
+// NT / C is a multiple of 8, so (row % 8) is fixed per thread.
+template <int D, int ROWS, int NT, int TROWS = ROWS>
 __device__ __forceinline__ void load_sw128(uint32_t dst, const uint16_t* base, int64_t row_stride, int row0, int L,
-                                           int tid) {
+                                           int tid, int trow0 = 0) {
   constexpr int C = D / 8, RPP = NT / C;
-  static_assert(RPP % 8 == 0 && ROWS % RPP == 0, "tile copy shape");
+  static_assert(RPP % 8 == 0 && ROWS % RPP == 0 && ROWS <= TROWS, "tile copy shape");
   const int r0 = tid / C, c = tid % C;
-  const uint32_t d0 = dst + (c / 8) * (ROWS * 128) + r0 * 128 + (((c % 8) ^ (r0 & 7)) << 4);
+  const uint32_t d0 = dst + (c / 8) * (TROWS * 128) + (trow0 + r0) * 128 + (((c % 8) ^ (r0 & 7)) << 4);
   const uint16_t* src = base + (int64_t)(row0 + r0) * row_stride + c * 8;
 #pragma unroll
   for (int k = 0; k < ROWS / RPP; ++k) {
@@ -55,11 +56,12 @@ __device__ __forceinline__ void load_sw128(uint32_t dst, const uint16_t* base, i
   }
 }
 
-// Packs a 64-column fp32 accumulator fragment (wgmma.cuh layout) into 4 A k-steps.
-template <class T>
-__device__ __forceinline__ void pack_a_flat(uint32_t (&pa)[4][4], const float (&p)[32]) {
+// Packs an N-column fp32 accumulator fragment (wgmma.cuh layout, N / 2 floats) into
+// N / 16 A k-steps.
+template <class T, int NF>
+__device__ __forceinline__ void pack_a_flat(uint32_t (&pa)[NF / 8][4], const float (&p)[NF]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < NF / 8; ++kk) {
     pa[kk][0] = Ops<T>::pack(p[8 * kk + 0], p[8 * kk + 1]);
     pa[kk][1] = Ops<T>::pack(p[8 * kk + 2], p[8 * kk + 3]);
     pa[kk][2] = Ops<T>::pack(p[8 * kk + 4], p[8 * kk + 5]);
@@ -523,16 +525,15 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
 }
 
 // ---------------------------------------------------------------- forward
-// The forward's softmax for one KV tile without touching O: masks s, updates m and l,
-// packs P into pa and returns in alpha the factor O must be rescaled by.
-template <class T>
-__device__ __forceinline__ void fwd_softmax_p(float (&s)[32], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                              uint32_t (&pa)[4][4], const FlashParams& p, int kvb, int entry, int qrow,
-                                              int t, float sl2) {
-  mask_scores(s, p, kvb, entry, qrow, t);
+// The forward's softmax for the step's KVT key tiles (64 columns each, already masked)
+// without touching O: updates m and l, packs P into pa and returns in alpha the factor O
+// must be rescaled by.
+template <class T, int KVT>
+__device__ __forceinline__ void fwd_softmax_p(float (&s)[32 * KVT], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                              uint32_t (&pa)[4 * KVT][4], float sl2) {
   float mx[2] = {m[0], m[1]};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < 8 * KVT; ++j) {
     mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
   }
@@ -547,7 +548,7 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[32], float (&m)[2], flo
     l[r] *= alpha[r];
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 8 * KVT; ++j)
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
       s[4 * j + x] = fast_exp2(fmaf(s[4 * j + x], sl2, -base[x / 2]));
@@ -558,24 +559,31 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[32], float (&m)[2], flo
 
 // One CTA per (128-row mask tile, q head, batch), three warpgroups. Warpgroup 2 is the
 // producer: it gives most of its registers to the consumers (setmaxnreg), copies Q once
-// and then the K/V tiles of the row's list into a STAGES-deep ring. Warpgroups 0 and 1
-// are the consumers, 64 query rows each, sharing every K/V tile (half the K/V traffic of
-// one CTA per 64 rows). They are not in lockstep: one's softmax runs while the other's
-// products hold the tensor cores. Measured against the v6 forward (one warpgroup per 64
-// rows, two CTAs per SM) and against 3 stages and in-warpgroup pipelining: NOTES.md, v8.
-template <int D, int STAGES>
+// and then the K/V tiles of the row's list into a STAGES-deep ring, KVT list entries per
+// stage (stacked into one tile of KVT x 64 rows; a missing last entry is zero-filled).
+// Warpgroups 0 and 1 are the consumers, 64 query rows each, sharing every K/V tile (half
+// the K/V traffic of one CTA per 64 rows). They are not in lockstep: one's softmax runs
+// while the other's products hold the tensor cores. Per step a consumer runs S = Q K^T as
+// m64n(64 KVT) products, one softmax over the 64 KVT columns and one rescale of O: with
+// KVT = 2 the Q operand is read once per 128 keys and the per-step costs (barrier waits,
+// row reductions, the rescale of O) are paid once per two mask tiles. Measured against
+// the v6 forward (one warpgroup per 64 rows, two CTAs per SM), 3 stages and in-warpgroup
+// pipelining: NOTES.md, v8; KVT: v11.
+template <int D, int STAGES, int KVT>
 struct WgFwdSmem {
-  static constexpr int kQ = BQ_STEP * D * 2;  // one warpgroup's 64 rows
-  static constexpr int kKV = BKV * D * 2;
-  static constexpr int kBars = 1024;          // mbarriers, then 1024-aligned tiles
+  static constexpr int kQ = BQ_STEP * D * 2;     // one warpgroup's 64 rows
+  static constexpr int kKV = KVT * BKV * D * 2;  // a stage's K (or V) tile, KVT x 64 rows
+  static constexpr int kBars = 1024;             // mbarriers, then 1024-aligned tiles
   static constexpr int bytes = 1024 + kBars + 2 * kQ + STAGES * 2 * kKV;
 };
 constexpr int kWsFwdThreads = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
 
-template <class T, int D, int STAGES>
+template <class T, int D, int STAGES, int KVT>
 __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashParams p, const int* order) {
+  static_assert(KVT == 1 || KVT == 2, "one or two mask tiles per step");
+  constexpr int KR = KVT * BKV;  // key rows of a stage
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WgFwdSmem<D, STAGES>;
+  using S = WgFwdSmem<D, STAGES, KVT>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
@@ -598,6 +606,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     trace_end(p, 0);
     return;
   }
+  const int steps = (rl.n + KVT - 1) / KVT;
   const uint32_t bars = s0;  // full[STAGES], empty[STAGES], q
   auto full = [&](int st) { return bars + 8 * st; };
   auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
@@ -620,13 +629,19 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     load_sw128<D, BQ_STEP, 128>(sQ, Q, p.q_strides.row, qb * BQ, p.Lq, pt);
     load_sw128<D, BQ_STEP, 128>(sQ + S::kQ, Q, p.q_strides.row, qb * BQ + BQ_STEP, p.Lq, pt);
     mbar_arrive_on_copies(qbar);
-    for (int it = 0; it < rl.n; ++it) {
+    for (int it = 0; it < steps; ++it) {
       const int st = it % STAGES;
       if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
-      int kvb, entry;
-      rl.at(p.mask, it, kvb, entry);
-      load_sw128<D, BKV, 128>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, pt);
-      load_sw128<D, BKV, 128>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, pt);
+#pragma unroll
+      for (int e = 0; e < KVT; ++e) {
+        int kvb = 0, entry;
+        const bool there = KVT * it + e < rl.n;
+        if (there) rl.at(p.mask, KVT * it + e, kvb, entry);
+        // a missing entry: rows past any L, so the copies zero-fill (no stale NaN reaches P V)
+        const int L = there ? p.Lkv : 0;
+        load_sw128<D, BKV, 128, KR>(sK(st), K, p.k_strides.row, kvb * BKV, L, pt, e * BKV);
+        load_sw128<D, BKV, 128, KR>(sV(st), V, p.v_strides.row, kvb * BKV, L, pt, e * BKV);
+      }
       mbar_arrive_on_copies(full(st));
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -645,19 +660,21 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-  uint32_t pa[4][4];
+  uint32_t pa[4 * KVT][4];
   auto release = [&](int st) {
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(st));
   };
-  auto issue_s = [&](float (&s)[32], int st) {
+  auto issue_s = [&](float (&s)[32 * KVT], int st) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      if constexpr (KVT == 2) wg::Mma<T>::ss128(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
+      else wg::Mma<T>::ss64(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
+    }
   };
   auto issue_pv = [&](int st) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_mn<BKV>(sV(st), kk));
+    for (int kk = 0; kk < 4 * KVT; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_mn<KR>(sV(st), kk));
   };
   auto rescale = [&]() {
 #pragma unroll
@@ -667,7 +684,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   };
 
   if (!active) {
-    for (int it = 0; it < rl.n; ++it) {
+    for (int it = 0; it < steps; ++it) {
       mbar_wait(full(it % STAGES), (it / STAGES) & 1);
       release(it % STAGES);
     }
@@ -675,19 +692,29 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     return;
   }
   mbar_wait(qbar, 0);
-  for (int it = 0; it < rl.n; ++it) {
+  for (int it = 0; it < steps; ++it) {
     const int st = it % STAGES;
     mbar_wait(full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
-    int kvb, entry;
-    rl.at(p.mask, it, kvb, entry);
-    float s[32];
+    float s[32 * KVT];
     wg::fence();
     issue_s(s, st);
     wg::commit();
     wg::wait<0>();
     wg::pin(s);
-    fwd_softmax_p<T>(s, m, l, alpha, pa, p, kvb, entry, qrow, t, sl2);
+#pragma unroll
+    for (int e = 0; e < KVT; ++e) {
+      float(&se)[32] = *reinterpret_cast<float(*)[32]>(s + 32 * e);
+      if (KVT * it + e < rl.n) {
+        int kvb, entry;
+        rl.at(p.mask, KVT * it + e, kvb, entry);
+        mask_scores(se, p, kvb, entry, qrow, t);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) se[i] = -INFINITY;
+      }
+    }
+    fwd_softmax_p<T, KVT>(s, m, l, alpha, pa, sl2);
     rescale();
     wg::pin(pa);
     wg::pin(o);
@@ -786,8 +813,9 @@ void launch_bwd(const FlashParams& p) {
 
 template <class T, int D>
 void launch_fwd(const FlashParams& p) {
-  constexpr int smem = WgFwdSmem<D, 2>::bytes;
-  auto kernel = wg_fwd_kernel<T, D, 2>;
+  constexpr int KVT = 2;  // two mask tiles per step (NOTES.md v11)
+  constexpr int smem = WgFwdSmem<D, 2, KVT>::bytes;
+  auto kernel = wg_fwd_kernel<T, D, 2, KVT>;
   static const bool allowed = allow_smem(kernel, smem, "forward (sm90a)");
   (void)allowed;
   int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the wgmma inline-PTX wrappers pasted into wgmma.cuh (one per shape and type).
 
-wgmma_ss_n64_<t>:      D(64x64) (+)= A(smem, K-major) * B(smem, K-major)
+wgmma_ss_n<N>_<t>:     D(64xN) (+)= A(smem, K-major) * B(smem, K-major), N in {64, 128}
 wgmma_rs_n<N>_<t>:     D(64xN) (+)= A(registers) * B(smem, MN-major), N in {64, 128}
 with <t> in {bf16, f16}, fp32 accumulators; `acc` = 0 overwrites D (scale-d false).
 Usage: python3 gen_wgmma.py > /tmp/wgmma_ops.inc
@@ -39,6 +39,7 @@ def rs(n, ty):
 out = []
 for ty in ("bf16", "f16"):
     out.append(ss(64, ty))
+    out.append(ss(128, ty))
     out.append(rs(64, ty))
     out.append(rs(128, ty))
 print("\n".join(out))
