@@ -2,10 +2,10 @@
 // as flash_kernels.cuh's forward, dK/dV and dQ kernels, with every product on the
 // warpgroup MMA (wgmma, sm_90a) instead of mma.sync:
 //   fwd  : one CTA = two consumer warpgroups (64 query rows each) and a producer
-//          warpgroup per (128-query mask tile, q head, batch); S = Q K^T (smem x smem),
-//          online softmax in registers, O += P V (P from registers, V read MN-major);
-//          2-stage K/V ring filled by the producer with cp.async, mbarrier handshakes;
-//          98 KB, 1 CTA/SM.
+//          warpgroup per (128-query mask tile, q head, batch); two list entries (128 keys)
+//          per step: S = Q K^T (smem x smem, m64n128), online softmax in registers,
+//          O += P V (P from registers, V read MN-major); 2-stage ring of 128-key K/V tiles
+//          filled by the producer with cp.async, mbarrier handshakes; 162 KB, 1 CTA/SM.
 //   dK/dV: one CTA = two consumer warpgroups (one 64-key mask column each) and a producer
 //          warpgroup per (pair of key columns, kv head, batch); the producer merges the two
 //          columns' transposed lists and loads each 64-query step of Q / dO once for both,
