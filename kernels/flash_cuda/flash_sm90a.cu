@@ -559,31 +559,31 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[32 * KVT], float (&m)[2
 
 // One CTA per (128-row mask tile, q head, batch), three warpgroups. Warpgroup 2 is the
 // producer: it gives most of its registers to the consumers (setmaxnreg), copies Q once
-// and then the K/V tiles of the row's list into a STAGES-deep ring, KVT list entries per
-// stage (stacked into one tile of KVT x 64 rows; a missing last entry is zero-filled).
+// and then the K/V tiles of the row's list into a STAGES-deep ring, two list entries per
+// stage (stacked into one tile of 128 rows; a missing last entry is zero-filled).
 // Warpgroups 0 and 1 are the consumers, 64 query rows each, sharing every K/V tile (half
 // the K/V traffic of one CTA per 64 rows). They are not in lockstep: one's softmax runs
 // while the other's products hold the tensor cores. Per step a consumer runs S = Q K^T as
-// m64n(64 KVT) products, one softmax over the 64 KVT columns and one rescale of O: with
-// KVT = 2 the Q operand is read once per 128 keys and the per-step costs (barrier waits,
-// row reductions, the rescale of O) are paid once per two mask tiles. Measured against
+// m64n128 products, one softmax over the 128 columns and one rescale of O: the Q operand
+// is read once per 128 keys and the per-step costs (barrier waits, row reductions, the
+// rescale of O) are paid once per two mask tiles. Measured against
 // the v6 forward (one warpgroup per 64 rows, two CTAs per SM), 3 stages and in-warpgroup
-// pipelining: NOTES.md, v8; KVT: v11.
-template <int D, int STAGES, int KVT>
+// pipelining: NOTES.md, v8; the step of two tiles against one: v11.
+constexpr int kFwdKVT = 2;  // mask-list entries (64-key tiles) per forward step: S is m64n128
+template <int D, int STAGES>
 struct WgFwdSmem {
   static constexpr int kQ = BQ_STEP * D * 2;     // one warpgroup's 64 rows
-  static constexpr int kKV = KVT * BKV * D * 2;  // a stage's K (or V) tile, KVT x 64 rows
+  static constexpr int kKV = kFwdKVT * BKV * D * 2;  // a stage's K (or V) tile, 128 rows
   static constexpr int kBars = 1024;             // mbarriers, then 1024-aligned tiles
   static constexpr int bytes = 1024 + kBars + 2 * kQ + STAGES * 2 * kKV;
 };
 constexpr int kWsFwdThreads = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
 
-template <class T, int D, int STAGES, int KVT>
+template <class T, int D, int STAGES>
 __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashParams p, const int* order) {
-  static_assert(KVT == 1 || KVT == 2, "one or two mask tiles per step");
-  constexpr int KR = KVT * BKV;  // key rows of a stage
+  constexpr int KVT = kFwdKVT, KR = KVT * BKV;  // list entries and key rows of a stage
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WgFwdSmem<D, STAGES, KVT>;
+  using S = WgFwdSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
@@ -667,10 +667,8 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   };
   auto issue_s = [&](float (&s)[32 * KVT], int st) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      if constexpr (KVT == 2) wg::Mma<T>::ss128(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
-      else wg::Mma<T>::ss64(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
-    }
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::ss128(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
   };
   auto issue_pv = [&](int st) {
 #pragma unroll
@@ -813,9 +811,8 @@ void launch_bwd(const FlashParams& p) {
 
 template <class T, int D>
 void launch_fwd(const FlashParams& p) {
-  constexpr int KVT = 2;  // two mask tiles per step (NOTES.md v11)
-  constexpr int smem = WgFwdSmem<D, 2, KVT>::bytes;
-  auto kernel = wg_fwd_kernel<T, D, 2, KVT>;
+  constexpr int smem = WgFwdSmem<D, 2>::bytes;
+  auto kernel = wg_fwd_kernel<T, D, 2>;
   static const bool allowed = allow_smem(kernel, smem, "forward (sm90a)");
   (void)allowed;
   int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
