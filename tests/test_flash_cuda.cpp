@@ -453,29 +453,29 @@ TEST(FlashCudaSupports, RefusesAnEnvironmentValueThatNamesNoConfiguration) {
       << s.reason;
 }
 
+// Checks that the plugin's schema declares `name` as a string key with this default and
+// these choices, in this order.
+void expect_choice_key(const std::string& name, const std::string& fallback, const std::vector<std::string>& choices) {
+  const fd::Schema schema = test::plugins().schema(test::plugins().get(fd::PluginKind::kernel, "flash_cuda"));
+  const fd::KeySpec* key = schema.find(name);
+  ASSERT_NE(key, nullptr) << name;
+  EXPECT_EQ(key->type, fd::ValueType::string) << name;
+  ASSERT_TRUE(key->fallback.has_value()) << name;
+  EXPECT_EQ(std::get<std::string>(*key->fallback), fallback) << name;
+  EXPECT_EQ(key->choices, choices) << name;
+}
+
 // The key is declared in the plugin's schema: a string, default "auto", four choices.
 TEST(FlashCudaSupports, DeclaresTheConfigKey) {
   if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
-  const fd::Schema schema = test::plugins().schema(test::plugins().get(fd::PluginKind::kernel, "flash_cuda"));
-  const fd::KeySpec* key = schema.find("config");
-  ASSERT_NE(key, nullptr);
-  EXPECT_EQ(key->type, fd::ValueType::string);
-  ASSERT_TRUE(key->fallback.has_value());
-  EXPECT_EQ(std::get<std::string>(*key->fallback), "auto");
-  EXPECT_EQ(key->choices, (std::vector<std::string>{"auto", "sm90a", "sm90", "sm120"}));
+  expect_choice_key("config", "auto", {"auto", "sm90a", "sm90", "sm120"});
 }
 
 // The schedule key: a string, default "longest-first", two choices; any other value is refused
 // by the schema with the value and the choices (runs in CI).
 TEST(FlashCudaSupports, DeclaresTheScheduleKey) {
   if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
-  const fd::Schema schema = test::plugins().schema(test::plugins().get(fd::PluginKind::kernel, "flash_cuda"));
-  const fd::KeySpec* key = schema.find("schedule");
-  ASSERT_NE(key, nullptr);
-  EXPECT_EQ(key->type, fd::ValueType::string);
-  ASSERT_TRUE(key->fallback.has_value());
-  EXPECT_EQ(std::get<std::string>(*key->fallback), "longest-first");
-  EXPECT_EQ(key->choices, (std::vector<std::string>{"longest-first", "grid"}));
+  expect_choice_key("schedule", "longest-first", {"longest-first", "grid"});
   try {
     flash_cuda("auto", "shortest-first");
     ADD_FAILURE() << "schedule = \"shortest-first\" was accepted";
