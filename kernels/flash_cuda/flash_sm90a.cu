@@ -3,7 +3,7 @@
 // warpgroup MMA (wgmma, sm_90a) instead of mma.sync:
 //   fwd  : one CTA = two consumer warpgroups (64 query rows each) and a producer
 //          warpgroup per (128-query mask tile, q head, batch); two list entries (128 keys)
-//          per step: S = Q K^T (smem x smem, m64n128), online softmax in registers,
+//          per step: S = Q K^T (Q from registers, K from smem, m64n128), online softmax,
 //          O += P V (P from registers, V read MN-major); 2-stage ring of 128-key K/V tiles
 //          filled by the producer with cp.async, mbarrier handshakes; 162 KB, 1 CTA/SM.
 //   dK/dV: one CTA = two consumer warpgroups (one 64-key mask column each) and a producer
@@ -66,6 +66,24 @@ __device__ __forceinline__ void pack_a_flat(uint32_t (&pa)[NF / 8][4], const flo
     pa[kk][1] = Ops<T>::pack(p[8 * kk + 2], p[8 * kk + 3]);
     pa[kk][2] = Ops<T>::pack(p[8 * kk + 4], p[8 * kk + 5]);
     pa[kk][3] = Ops<T>::pack(p[8 * kk + 6], p[8 * kk + 7]);
+  }
+}
+
+// Loads a warp's 16 rows (row0 .. row0 + 15 of a ROWS-row sw128 tile) as wgmma A
+// fragments, one per 16-column k-step (ldmatrix: lanes 0-15 address the rows at k, lanes
+// 16-31 the same rows at k + 8, so the four matrices are a0..a3 of the A layout).
+template <int D, int ROWS>
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[D / 16][4], uint32_t tile, int row0, int lane) {
+  const int r = row0 + (lane % 16);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int k = 16 * kk + (lane / 16) * 8;
+    const uint32_t addr = tile + (k / 64) * (ROWS * 128) + r * 128 + ((((k % 64) / 8) ^ (r & 7)) << 4);
+    // the memory clobber keeps the read after the mbarrier wait that makes the tile valid
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[kk][0]), "=r"(a[kk][1]), "=r"(a[kk][2]), "=r"(a[kk][3])
+                 : "r"(addr)
+                 : "memory");
   }
 }
 
@@ -564,11 +582,12 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[32 * KVT], float (&m)[2
 // Warpgroups 0 and 1 are the consumers, 64 query rows each, sharing every K/V tile (half
 // the K/V traffic of one CTA per 64 rows). They are not in lockstep: one's softmax runs
 // while the other's products hold the tensor cores. Per step a consumer runs S = Q K^T as
-// m64n128 products, one softmax over the 128 columns and one rescale of O: the Q operand
-// is read once per 128 keys and the per-step costs (barrier waits, row reductions, the
-// rescale of O) are paid once per two mask tiles. Measured against
-// the v6 forward (one warpgroup per 64 rows, two CTAs per SM), 3 stages and in-warpgroup
-// pipelining: NOTES.md, v8; the step of two tiles against one: v11.
+// m64n128 products, one softmax over the 128 columns and one rescale of O: the per-step
+// costs (barrier waits, row reductions, the rescale of O) are paid once per two mask
+// tiles. Q is read from shared memory once, into registers (wgmma A fragments), so S
+// reads only K from shared memory. Measured against the v6 forward (one warpgroup per 64
+// rows, two CTAs per SM), 3 stages and in-warpgroup pipelining: NOTES.md, v8; the step
+// of two tiles against one: v11; Q in registers against Q in shared memory: v12.
 constexpr int kFwdKVT = 2;  // mask-list entries (64-key tiles) per forward step: S is m64n128
 template <int D, int STAGES>
 struct WgFwdSmem {
@@ -665,10 +684,10 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(st));
   };
+  uint32_t qa[D / 16][4];  // this warp's 16 Q rows as A fragments, read from the tile once
   auto issue_s = [&](float (&s)[32 * KVT], int st) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss128(s, wg::desc_k<BQ_STEP>(sQw, 0, kk), wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) wg::Mma<T>::rsk128(s, qa[kk], wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
   };
   auto issue_pv = [&](int st) {
 #pragma unroll
@@ -690,6 +709,8 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     return;
   }
   mbar_wait(qbar, 0);
+  load_a_frags<D, BQ_STEP>(qa, sQw, wq * 16, lane);
+  const uint32_t zero = static_cast<uint32_t>(p.Lq) >> 31;  // Lq < 2^31; ptxas cannot know it
   for (int it = 0; it < steps; ++it) {
     const int st = it % STAGES;
     mbar_wait(full(st), (it / STAGES) & 1);
@@ -721,6 +742,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     wg::commit();
     wg::wait<0>();
     wg::pin(o);
+    wg::carry(qa, zero);  // no product is in flight here
     release(st);
   }
 
