@@ -44,6 +44,7 @@ PLUGIN=$BUILD/plugins/libflashdraft-kernel-flash_cuda.so
 ls -la "$PLUGIN"
 cuobjdump --list-elf "$PLUGIN"
 cuobjdump --list-ptx "$PLUGIN"
+python3 kernels/flash_cuda/check_sass.py "$PLUGIN" | tail -5  # the forward's Q registers (NOTES.md v12)
 
 export FLASHDRAFT_EXPECT_SM90A=1  # the H200 must run the wgmma configuration
 step "test_flash_cuda"

@@ -43,9 +43,9 @@
 //   sm90 : for parts with >= 160 KB per block (H100/H200, A100): dQ 8 warps x 16 rows
 //          with two K/V stages (128 KB).
 //   sm90a: Hopper (compute capability 9.0) only: every product on the warpgroup MMA
-//          (wgmma, flash_sm90a.cu: forward 162 KB, two mask tiles = 128 keys per step;
-//          dK/dV 134 KB, dQ 162 KB); the dQ pass runs on a second stream, concurrently with
-//          dK/dV.
+//          (wgmma, flash_sm90a.cu: forward 162 KB, two mask tiles = 128 keys per step, Q
+//          in registers; dK/dV 134 KB, dQ 162 KB); the dQ pass runs on a second stream,
+//          concurrently with dK/dV.
 //   Config::automatic picks sm90a on compute capability 9.0, else sm90 where the device
 //   allows >= 160 KB per block, else sm120 (flash_config.hpp). The launchers run the
 //   Config they are given; the plugin takes it from the experiment's
