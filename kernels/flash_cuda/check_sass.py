@@ -27,8 +27,9 @@ INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 LDSM = re.compile(r"^(?:@!?U?P\w+\s+)?LDSM\.16\.M88\.4\s+R(\d+),")
 HGMMA_A = re.compile(r"^HGMMA\S*\s+R\d+,\s+R(\d+),")
 WRITE = re.compile(r"^(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+R(\d+)\b")
-# opcodes whose first register operand is read, not written
-NO_DEST = ("ST", "RED", "ATOM", "BAR", "SYNCS", "HGMMA", "LDSM", "BRA", "ISETP", "FSETP")
+# opcodes whose first register operand is read, not written (HGMMA writes only accumulators,
+# and LDSM is the load being checked)
+NO_DEST = ("ST", "RED", "ATOM", "BAR", "SYNCS", "HGMMA", "LDSM")
 
 
 def find_cuobjdump():
