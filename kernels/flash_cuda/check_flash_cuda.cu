@@ -6,7 +6,9 @@
 //                              outputs poisoned (0xFF = NaN) before every call.
 //   ./check_flash_cuda tail    the same two problems, sm90a and sm120, each CTA order
 //                              (grid, longest-first): one traced call per kernel --
-//                              span, SM idle fraction, tail, CTA times (NOTES.md v10).
+//                              span, SM idle fraction, tail, CTA times (NOTES.md v10);
+//                              then a fit of each CTA's time to a fixed cost plus a cost
+//                              per mask tile of its item (NOTES.md v13).
 //   ./check_flash_cuda bench   DFlash mask (S=4096 context, 512 anchors x 16) and causal
 //                              L=8192, bf16, B=1, H=32, D=128: median ms of forward and
 //                              backward (cudaEvents) for the sm120, sm90 and sm90a
@@ -15,6 +17,7 @@
 //                              phases timed one by one, with the dQ-pass shapes and the
 //                              atomic dQ NOTES.md v2/v3 compare; the DFlash case is first
 //                              checked against the reference at H=4.
+// FLASHDRAFT_CHECK_SEED=<n> fixes the seed (printed on every run) instead of the clock's.
 // The BlockMask is built here from the dense mask by a tiny builder (same format as
 // flashdraft/block_mask.hpp, 128x64 tiles). Exit code 1 on any failure.
 #include <cuda_bf16.h>
@@ -22,12 +25,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <random>
 #include <type_traits>
 #include <string>
@@ -783,6 +789,91 @@ Occupancy occupancy(const std::vector<unsigned long long>& tr, const std::vector
   return o;
 }
 
+// Fixed cost per CTA (NOTES.md v13): a least-squares fit of each traced CTA's time to
+// F + a x full tiles + b x partial tiles of its item (query kernels; for the dK/dV kernels the
+// tiles of the 64-query steps its walk takes), and the mean gap on an SM between a CTA's end
+// and the next CTA's start. What a persistent kernel could hide is at most CTAs x (F + gap).
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+std::vector<std::string> g_fits;  // rows of the fit table, printed after the tail table
+struct CtaFit {
+  double F = 0, a = 0, b = 0, r2 = 0, gap_us = 0, fixed_share = 0;
+  int n = 0;
+};
+CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t count, int nsm,
+                const std::function<void(int item, double& nf, double& np)>& tiles) {
+  CtaFit r;
+  double A[3][3] = {}, y[3] = {}, sy = 0, syy = 0;
+  std::vector<std::array<double, 3>> rows;
+  std::vector<double> ys;
+  std::vector<std::vector<std::pair<unsigned long long, unsigned long long>>> per_sm(nsm);
+  unsigned long long t0 = ~0ull, t1 = 0;
+  for (size_t i = first; i < first + count; ++i) {
+    const unsigned long long* e = &tr[4 * i];
+    if (e[0] == 0) continue;
+    double nf = 0, np = 0;
+    tiles((int)e[3], nf, np);
+    const double d = (e[1] - e[0]) * 1e-3, x[3] = {1.0, nf, np};
+    for (int u = 0; u < 3; ++u) {
+      y[u] += x[u] * d;
+      for (int v = 0; v < 3; ++v) A[u][v] += x[u] * x[v];
+    }
+    rows.push_back({1.0, nf, np});
+    ys.push_back(d);
+    sy += d, syy += d * d;
+    if (e[2] < (unsigned long long)nsm) per_sm[e[2]].push_back({e[0], e[1]});
+    t0 = std::min(t0, e[0]), t1 = std::max(t1, e[1]);
+    ++r.n;
+  }
+  if (r.n < 3) return r;
+  // Gaussian elimination with partial pivoting; a column with no spread (no partial tiles at
+  // all) is left at 0
+  double M[3][4];
+  for (int u = 0; u < 3; ++u) {
+    for (int v = 0; v < 3; ++v) M[u][v] = A[u][v];
+    M[u][3] = y[u];
+  }
+  int used[3] = {0, 0, 0};
+  double sol[3] = {0, 0, 0};
+  for (int c = 0; c < 3; ++c) {
+    int piv = -1;
+    double best = 1e-9 * (A[0][0] + 1.0);
+    for (int u = 0; u < 3; ++u)
+      if (!used[u] && std::fabs(M[u][c]) > best) best = std::fabs(M[u][c]), piv = u;
+    if (piv < 0) continue;
+    used[piv] = c + 1;
+    for (int u = 0; u < 3; ++u)
+      if (u != piv) {
+        const double f = M[u][c] / M[piv][c];
+        for (int v = 0; v < 4; ++v) M[u][v] -= f * M[piv][v];
+      }
+  }
+  for (int u = 0; u < 3; ++u)
+    if (used[u]) sol[used[u] - 1] = M[u][3] / M[u][used[u] - 1];
+  r.F = sol[0], r.a = sol[1], r.b = sol[2];
+  double sse = 0;
+  for (size_t i = 0; i < ys.size(); ++i) {
+    const double pr = r.F + r.a * rows[i][1] + r.b * rows[i][2];
+    sse += (ys[i] - pr) * (ys[i] - pr);
+  }
+  const double var = syy - sy * sy / r.n;
+  r.r2 = var > 0 ? 1.0 - sse / var : 0;
+  double gaps = 0;
+  int ng = 0;
+  for (auto& v : per_sm) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i)
+      if (v[i].first > v[i - 1].second) gaps += (v[i].first - v[i - 1].second) * 1e-3, ++ng;
+  }
+  r.gap_us = ng ? gaps / ng : 0;
+  const double span = (t1 - t0) * 1e-3;
+  r.fixed_share = span > 0 ? (r.n * std::max(0.0, r.F) + gaps) / (nsm * span) : 0;
+  return r;
+}
+
 void tail_problem(const Problem& pr, const char* label, const std::vector<Config>& cfgs, int nsm) {
   DeviceMask dm;
   dm.init(pr.mask);
@@ -794,6 +885,8 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
   CK(cudaMalloc(&dtrace, slots * 4 * sizeof(unsigned long long)));
   std::vector<unsigned long long> tr(slots * 4);
   const size_t q_items = flash_trace_slots(p, false);
+  const HostBlockMask hm = build_block_mask(pr.mask);
+  std::vector<std::string>& fits = g_fits;
   for (Config cfg : cfgs) {
     const size_t kv_items = cfg == Config::sm90a ? (dq_first / pr.Hkv / pr.B + 1) / 2 * pr.Hkv * pr.B : dq_first;
     for (Schedule sch : {Schedule::grid, Schedule::longest_first}) {
@@ -806,6 +899,7 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
       CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(tr.data(), dtrace, slots * 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
       const Occupancy f = occupancy(tr, {{0, q_items}}, nsm, q_items);
+      const std::vector<unsigned long long> tr_f = tr;
       CK(cudaMemset(dtrace, 0, slots * 4 * sizeof(unsigned long long)));
       flash_backward(p, cfg);
       CK(cudaDeviceSynchronize());
@@ -827,6 +921,39 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
       row("dK/dV", kv, 0);
       row("dQ", dq, 0);
       row("backward (both)", both, tm.bwd);
+      if (sch == Schedule::longest_first) {
+        const int qB = hm.qB;
+        auto qtiles = [&](int item, double& nf, double& np) {
+          const int qb = item % qB;  // one mask for every head and batch here
+          nf = hm.fo[qb + 1] - hm.fo[qb];
+          np = hm.po[qb + 1] - hm.po[qb];
+        };
+        const int per = cfg == Config::sm90a ? 2 : 1, ncol = (hm.kB + per - 1) / per;
+        auto ktiles = [&](int item, double& nf, double& np) {
+          // the 128-row query tiles the item's columns see (their union for a pair): full where
+          // every column of the item that sees it sees all of it
+          const int c0 = (item % ncol) * per;
+          std::map<int, int> seen;  // query tile -> 1 full, 2 partial
+          for (int c = c0; c < std::min(c0 + per, hm.kB); ++c) {
+            for (int i = hm.tfo[c]; i < hm.tfo[c + 1]; ++i) seen[hm.tfi[i]] |= 1;
+            for (int i = hm.tpo[c]; i < hm.tpo[c + 1]; ++i) seen[hm.tpi[i]] |= 2;
+          }
+          nf = np = 0;
+          for (const auto& kv : seen) (kv.second & 2 ? np : nf) += 1;
+        };
+        const CtaFit ff = fit_ctas(tr_f, 0, q_items, nsm, qtiles);
+        const CtaFit fk = fit_ctas(tr, 0, kv_items, nsm, ktiles);
+        const CtaFit fq = fit_ctas(tr, dq_first, q_items, nsm, qtiles);
+        auto frow = [&](const char* kernel, const CtaFit& c) {
+          fits.push_back(std::string("| ") + label + " | " + flash_config_name(cfg) + " | " + kernel + " | " +
+                         std::to_string(c.n) + " | " + fmt("%.2f", c.F) + " | " + fmt("%.3f", c.a) + " | " +
+                         fmt("%.3f", c.b) + " | " + fmt("%.3f", c.r2) + " | " + fmt("%.2f", c.gap_us) + " | " +
+                         fmt("%.1f%%", 100.0 * c.fixed_share) + " |");
+        };
+        frow("forward", ff);
+        frow("dK/dV", fk);
+        frow("dQ", fq);
+      }
       std::fflush(stdout);
     }
   }
@@ -840,7 +967,11 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s sm_%d%d, %d SMs, smem/block opt-in %zu KB\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.sharedMemPerBlockOptin / 1024);
-  const uint64_t seed = std::chrono::steady_clock::now().time_since_epoch().count();
+  // FLASHDRAFT_CHECK_SEED fixes the seed (the random masks and inputs), so that variants timed
+  // in separate processes (bench/flash_cuda_ab.sh) see the same DFlash mask
+  const char* seed_env = std::getenv("FLASHDRAFT_CHECK_SEED");
+  const uint64_t seed = seed_env != nullptr && *seed_env ? std::strtoull(seed_env, nullptr, 10)
+                                                         : std::chrono::steady_clock::now().time_since_epoch().count();
   std::mt19937 rng((uint32_t)seed);
   std::printf("seed %llu\n", (unsigned long long)seed);
   std::vector<Config> cfgs = {Config::sm120};
@@ -872,6 +1003,12 @@ int main(int argc, char** argv) {
     causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
     mask_causal(causal.mask, 8192, 8192);
     tail_problem(causal, "causal 8192", tc, prop.multiProcessorCount);
+    std::printf("\nCTA time fit, longest-first (time = F + a x full tiles + b x partial tiles of the item; gap: an SM's "
+                "idle time between one CTA's end and the next one's start; fixed share: (CTAs x F + gaps) / (SMs x span))\n");
+    std::printf("| case | config | kernel | CTAs | F us | a us/full | b us/partial | R^2 | mean gap us | fixed share |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const auto& l : g_fits) std::printf("%s\n", l.c_str());
+    std::printf("\n");
   }
   if (mode == "bench" || mode == "all") {
     Problem big;
