@@ -327,6 +327,11 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
     for (int kk = 0; kk < D / 16; ++kk)
       wg::Mma<T>::ss64(dp, wg::desc_k<BKV>(sV(w), 0, kk), wg::desc_k<BQ_STEP>(sdO, 0, kk), kk > 0);
     wg::commit();
+    // lse2 of this thread's 16 query columns, read while the products run: read after the
+    // wait, each load stood between a score and its exp (NOTES.md v13: short-scoreboard stalls)
+    float2 l2v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) l2v[j] = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
     wg::wait<1>();
     wg::pin(s);
     // P^T = exp2(s * sl2 - lse2[q]) (0 where masked)
@@ -335,7 +340,7 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int c = 8 * j + 2 * t + x;  // query column within the step
-        const float l2 = sL[c];
+        const float l2 = x ? l2v[j].y : l2v[j].x;
         float p0 = fast_exp2(fmaf(s[4 * j + x], sl2, -l2));
         float p1 = fast_exp2(fmaf(s[4 * j + 2 + x], sl2, -l2));
         if (partial) {
@@ -354,6 +359,9 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dv, pa[kk], wg::desc_mn<BQ_STEP>(sdO, kk));
     wg::commit();
+    float2 dev[8];  // delta of the same columns, likewise before the wait
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dev[j] = *reinterpret_cast<const float2*>(sDelta + 8 * j + 2 * t);
     wg::wait<1>();  // dP (the dV product may still run)
     wg::pin(dp);
     // dS^T = P^T (dP^T - delta[q])
@@ -361,7 +369,7 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const float de = sDelta[8 * j + 2 * t + x];
+        const float de = x ? dev[j].y : dev[j].x;
         dp[4 * j + x] = s[4 * j + x] * (dp[4 * j + x] - de);
         dp[4 * j + 2 + x] = s[4 * j + 2 + x] * (dp[4 * j + 2 + x] - de);
       }
