@@ -790,9 +790,10 @@ Occupancy occupancy(const std::vector<unsigned long long>& tr, const std::vector
 }
 
 // Fixed cost per CTA (NOTES.md v13): a least-squares fit of each traced CTA's time to
-// F + a x full tiles + b x partial tiles of its item (query kernels; for the dK/dV kernels the
-// tiles of the 64-query steps its walk takes), and the mean gap on an SM between a CTA's end
-// and the next CTA's start. What a persistent kernel could hide is at most CTAs x (F + gap).
+// F + a x full tiles + b x partial tiles of its item (for the dK/dV kernels, the 128-row query
+// tiles its column or pair of columns sees), and the mean gap on an SM between a CTA's end and
+// the next CTA's start. A coefficient with no spread over the items (every causal item has the
+// same partial tiles) is not fitted: F takes it, and the table prints "–".
 std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
@@ -801,6 +802,7 @@ std::string fmt(const char* f, double v) {
 std::vector<std::string> g_fits;  // rows of the fit table, printed after the tail table
 struct CtaFit {
   double F = 0, a = 0, b = 0, r2 = 0, gap_us = 0, fixed_share = 0;
+  bool a_fit = false, b_fit = false;
   int n = 0;
 };
 CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t count, int nsm,
@@ -829,8 +831,7 @@ CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t 
     ++r.n;
   }
   if (r.n < 3) return r;
-  // Gaussian elimination with partial pivoting; a column with no spread (no partial tiles at
-  // all) is left at 0
+  // Gauss-Jordan elimination with partial pivoting; a column with no spread is left at 0
   double M[3][4];
   for (int u = 0; u < 3; ++u) {
     for (int v = 0; v < 3; ++v) M[u][v] = A[u][v];
@@ -854,6 +855,10 @@ CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t 
   for (int u = 0; u < 3; ++u)
     if (used[u]) sol[used[u] - 1] = M[u][3] / M[u][used[u] - 1];
   r.F = sol[0], r.a = sol[1], r.b = sol[2];
+  for (int u = 0; u < 3; ++u) {
+    r.a_fit = r.a_fit || used[u] == 2;
+    r.b_fit = r.b_fit || used[u] == 3;
+  }
   double sse = 0;
   for (size_t i = 0; i < ys.size(); ++i) {
     const double pr = r.F + r.a * rows[i][1] + r.b * rows[i][2];
@@ -886,7 +891,6 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
   std::vector<unsigned long long> tr(slots * 4);
   const size_t q_items = flash_trace_slots(p, false);
   const HostBlockMask hm = build_block_mask(pr.mask);
-  std::vector<std::string>& fits = g_fits;
   for (Config cfg : cfgs) {
     const size_t kv_items = cfg == Config::sm90a ? (dq_first / pr.Hkv / pr.B + 1) / 2 * pr.Hkv * pr.B : dq_first;
     for (Schedule sch : {Schedule::grid, Schedule::longest_first}) {
@@ -945,10 +949,11 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
         const CtaFit fk = fit_ctas(tr, 0, kv_items, nsm, ktiles);
         const CtaFit fq = fit_ctas(tr, dq_first, q_items, nsm, qtiles);
         auto frow = [&](const char* kernel, const CtaFit& c) {
-          fits.push_back(std::string("| ") + label + " | " + flash_config_name(cfg) + " | " + kernel + " | " +
-                         std::to_string(c.n) + " | " + fmt("%.2f", c.F) + " | " + fmt("%.3f", c.a) + " | " +
-                         fmt("%.3f", c.b) + " | " + fmt("%.3f", c.r2) + " | " + fmt("%.2f", c.gap_us) + " | " +
-                         fmt("%.1f%%", 100.0 * c.fixed_share) + " |");
+          g_fits.push_back(std::string("| ") + label + " | " + flash_config_name(cfg) + " | " + kernel + " | " +
+                           std::to_string(c.n) + " | " + fmt("%.2f", c.F) + " | " +
+                           (c.a_fit ? fmt("%.3f", c.a) : "–") + " | " + (c.b_fit ? fmt("%.3f", c.b) : "–") + " | " +
+                           fmt("%.3f", c.r2) + " | " + fmt("%.2f", c.gap_us) + " | " +
+                           fmt("%.1f%%", 100.0 * c.fixed_share) + " |");
         };
         frow("forward", ff);
         frow("dK/dV", fk);
