@@ -732,6 +732,8 @@ void bench_problem(const Problem& pr, const char* label) {
 struct Occupancy {
   int ctas = 0;
   double span_us = 0, idle = 0, tail_us = 0, head_us = 0, last_us = 0;  // head/last: mean CTA time, first/last 10%
+  double gap_us = 0;  // SM time between one resident CTA's end and the next one's start, summed
+  int gaps = 0;
   bool permutation = true;
 };
 Occupancy occupancy(const std::vector<unsigned long long>& tr, const std::vector<std::pair<size_t, size_t>>& ranges,
@@ -774,6 +776,8 @@ Occupancy occupancy(const std::vector<unsigned long long>& tr, const std::vector
     for (const auto& x : v) {
       if (x.first > b) {
         busy += double(b - a);
+        o.gap_us += double(x.first - b) * 1e-3;
+        ++o.gaps;
         a = x.first;
       }
       b = std::max(b, x.second);
@@ -791,9 +795,9 @@ Occupancy occupancy(const std::vector<unsigned long long>& tr, const std::vector
 
 // Fixed cost per CTA (NOTES.md v13): a least-squares fit of each traced CTA's time to
 // F + a x full tiles + b x partial tiles of its item (for the dK/dV kernels, the 128-row query
-// tiles its column or pair of columns sees), and the mean gap on an SM between a CTA's end and
-// the next CTA's start. A coefficient with no spread over the items (every causal item has the
-// same partial tiles) is not fitted: F takes it, and the table prints "–".
+// tiles its column or pair of columns sees). A coefficient with no spread over the items (every
+// causal item has the same partial tiles) is not fitted: F takes it, and the table prints "–".
+// The gaps between CTAs on an SM come from occupancy().
 std::string fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
@@ -801,18 +805,16 @@ std::string fmt(const char* f, double v) {
 }
 std::vector<std::string> g_fits;  // rows of the fit table, printed after the tail table
 struct CtaFit {
-  double F = 0, a = 0, b = 0, r2 = 0, gap_us = 0, fixed_share = 0;
+  double F = 0, a = 0, b = 0, r2 = 0;
   bool a_fit = false, b_fit = false;
   int n = 0;
 };
-CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t count, int nsm,
+CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t count,
                 const std::function<void(int item, double& nf, double& np)>& tiles) {
   CtaFit r;
   double A[3][3] = {}, y[3] = {}, sy = 0, syy = 0;
   std::vector<std::array<double, 3>> rows;
   std::vector<double> ys;
-  std::vector<std::vector<std::pair<unsigned long long, unsigned long long>>> per_sm(nsm);
-  unsigned long long t0 = ~0ull, t1 = 0;
   for (size_t i = first; i < first + count; ++i) {
     const unsigned long long* e = &tr[4 * i];
     if (e[0] == 0) continue;
@@ -826,8 +828,6 @@ CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t 
     rows.push_back({1.0, nf, np});
     ys.push_back(d);
     sy += d, syy += d * d;
-    if (e[2] < (unsigned long long)nsm) per_sm[e[2]].push_back({e[0], e[1]});
-    t0 = std::min(t0, e[0]), t1 = std::max(t1, e[1]);
     ++r.n;
   }
   if (r.n < 3) return r;
@@ -866,16 +866,6 @@ CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t 
   }
   const double var = syy - sy * sy / r.n;
   r.r2 = var > 0 ? 1.0 - sse / var : 0;
-  double gaps = 0;
-  int ng = 0;
-  for (auto& v : per_sm) {
-    std::sort(v.begin(), v.end());
-    for (size_t i = 1; i < v.size(); ++i)
-      if (v[i].first > v[i - 1].second) gaps += (v[i].first - v[i - 1].second) * 1e-3, ++ng;
-  }
-  r.gap_us = ng ? gaps / ng : 0;
-  const double span = (t1 - t0) * 1e-3;
-  r.fixed_share = span > 0 ? (r.n * std::max(0.0, r.F) + gaps) / (nsm * span) : 0;
   return r;
 }
 
@@ -945,19 +935,17 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
           nf = np = 0;
           for (const auto& kv : seen) (kv.second & 2 ? np : nf) += 1;
         };
-        const CtaFit ff = fit_ctas(tr_f, 0, q_items, nsm, qtiles);
-        const CtaFit fk = fit_ctas(tr, 0, kv_items, nsm, ktiles);
-        const CtaFit fq = fit_ctas(tr, dq_first, q_items, nsm, qtiles);
-        auto frow = [&](const char* kernel, const CtaFit& c) {
+        auto frow = [&](const char* kernel, const CtaFit& c, const Occupancy& o) {
+          const double share = o.span_us > 0 ? (c.n * std::max(0.0, c.F) + o.gap_us) / (nsm * o.span_us) : 0;
           g_fits.push_back(std::string("| ") + label + " | " + flash_config_name(cfg) + " | " + kernel + " | " +
                            std::to_string(c.n) + " | " + fmt("%.2f", c.F) + " | " +
                            (c.a_fit ? fmt("%.3f", c.a) : "–") + " | " + (c.b_fit ? fmt("%.3f", c.b) : "–") + " | " +
-                           fmt("%.3f", c.r2) + " | " + fmt("%.2f", c.gap_us) + " | " +
-                           fmt("%.1f%%", 100.0 * c.fixed_share) + " |");
+                           fmt("%.3f", c.r2) + " | " + fmt("%.2f", o.gaps ? o.gap_us / o.gaps : 0.0) + " | " +
+                           fmt("%.1f%%", 100.0 * share) + " |");
         };
-        frow("forward", ff);
-        frow("dK/dV", fk);
-        frow("dQ", fq);
+        frow("forward", fit_ctas(tr_f, 0, q_items, qtiles), f);
+        frow("dK/dV", fit_ctas(tr, 0, kv_items, ktiles), kv);
+        frow("dQ", fit_ctas(tr, dq_first, q_items, qtiles), dq);
       }
       std::fflush(stdout);
     }
@@ -1009,7 +997,7 @@ int main(int argc, char** argv) {
     mask_causal(causal.mask, 8192, 8192);
     tail_problem(causal, "causal 8192", tc, prop.multiProcessorCount);
     std::printf("\nCTA time fit, longest-first (time = F + a x full tiles + b x partial tiles of the item; gap: an SM's "
-                "idle time between one CTA's end and the next one's start; fixed share: (CTAs x F + gaps) / (SMs x span))\n");
+                "idle time between two of the kernel's CTAs; fixed share: (CTAs x F + gaps) / (SMs x span))\n");
     std::printf("| case | config | kernel | CTAs | F us | a us/full | b us/partial | R^2 | mean gap us | fixed share |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (const auto& l : g_fits) std::printf("%s\n", l.c_str());
