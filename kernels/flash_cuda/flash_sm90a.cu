@@ -101,12 +101,49 @@ __device__ __forceinline__ void acc_flat_to_smem(unsigned char* tile, int row0, 
 }
 
 // Masks a 64-column score fragment (wgmma.cuh layout; this thread's rows qrow, qrow + 8 of
-// the 128-row mask tile) with flash_kernels.cuh's apply_mask: partial tiles by bitmap, a
-// full tile only at the ragged KV edge. The flat [32] and mma.sync's [8][4] fragments
-// are the same registers in the same order.
-__device__ __forceinline__ void mask_scores(float (&s)[32], const FlashParams& p, int kvb, int entry, int qrow,
-                                            int t) {
-  apply_mask(reinterpret_cast<float(&)[8][4]>(s), p.mask, entry, kvb * BKV, p.Lkv, qrow, t);
+// the 128-row mask tile) as flash_kernels.cuh's apply_mask does (partial tiles by bitmap,
+// a full tile only at the ragged KV edge; same kvb / entry convention), in two halves:
+// tile_mask reads a partial tile's four bitmap words for the thread's rows from global
+// memory, and is called before the wait for the S product so that their latency runs
+// under it (NOTES.md v14); mask_scores applies them to the flat [32] fragment.
+struct TileMask {
+  uint32_t w[4];  // rows qrow (w[0], w[1]) and qrow + 8 (w[2], w[3]); read for a partial tile only
+  int kvb, entry;
+};
+__device__ __forceinline__ TileMask tile_mask(const FlashParams& p, int kvb, int entry, int qrow) {
+  TileMask m;
+  m.kvb = kvb, m.entry = entry;
+  if (entry >= 0) {
+    const uint32_t* w = p.mask.bits + (int64_t)entry * (BQ * 2);
+    // scalar loads: the words of a mask list cut from a larger tensor need not be 8-byte aligned
+    m.w[0] = __ldg(w + qrow * 2), m.w[1] = __ldg(w + qrow * 2 + 1);
+    m.w[2] = __ldg(w + (qrow + 8) * 2), m.w[3] = __ldg(w + (qrow + 8) * 2 + 1);
+  } else {
+    m.w[0] = m.w[1] = m.w[2] = m.w[3] = ~0u;
+  }
+  return m;
+}
+__device__ __forceinline__ void mask_scores(float (&s)[32], const FlashParams& p, const TileMask& m, int t) {
+  if (m.entry >= 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int bit = (j % 4) * 8 + 2 * t + x;
+        if (!((m.w[j / 4] >> bit) & 1u)) s[4 * j + x] = -INFINITY;
+        if (!((m.w[2 + j / 4] >> bit) & 1u)) s[4 * j + 2 + x] = -INFINITY;
+      }
+  } else if (m.kvb * BKV + BKV > p.Lkv) {
+    const int kv0 = m.kvb * BKV;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        if (kv0 + 8 * j + 2 * t + x >= p.Lkv) {
+          s[4 * j + x] = -INFINITY;
+          s[4 * j + 2 + x] = -INFINITY;
+        }
+  }
 }
 
 __device__ __forceinline__ uint32_t align1024(uint32_t a) { return (a + 1023u) & ~1023u; }
@@ -500,10 +537,12 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
   mbar_wait(qbar, 0);
   for (int it = 0; it < rl.n; ++it) {
     const int st = it % STAGES;
-    mbar_wait(full(st), (it / STAGES) & 1);
-    wg::fence_async_smem();
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
+    // the tile's bitmap words, read before the waits: their latency runs under the wait and the products
+    const TileMask tm = tile_mask(p, kvb, entry, qrow);
+    mbar_wait(full(st), (it / STAGES) & 1);
+    wg::fence_async_smem();
     float s[32], dp[32];
     wg::fence();
 #pragma unroll
@@ -519,7 +558,7 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
     if (it > 0) release((it - 1) % STAGES);
     wg::wait<1>();
     wg::pin(s);
-    mask_scores(s, p, kvb, entry, qrow, t);
+    mask_scores(s, p, tm, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -721,6 +760,15 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   const uint32_t zero = static_cast<uint32_t>(p.Lq) >> 31;  // Lq < 2^31; ptxas cannot know it
   for (int it = 0; it < steps; ++it) {
     const int st = it % STAGES;
+    // the step's list entries and bitmap words, read before the waits (they do not
+    // depend on the stage), so their global latency runs under the wait and S
+    TileMask tm[KVT];
+#pragma unroll
+    for (int e = 0; e < KVT; ++e) {
+      int kvb = 0, entry = -1;
+      if (KVT * it + e < rl.n) rl.at(p.mask, KVT * it + e, kvb, entry);
+      tm[e] = tile_mask(p, kvb, entry, qrow);
+    }
     mbar_wait(full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
     float s[32 * KVT];
@@ -733,9 +781,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     for (int e = 0; e < KVT; ++e) {
       float(&se)[32] = *reinterpret_cast<float(*)[32]>(s + 32 * e);
       if (KVT * it + e < rl.n) {
-        int kvb, entry;
-        rl.at(p.mask, KVT * it + e, kvb, entry);
-        mask_scores(se, p, kvb, entry, qrow, t);
+        mask_scores(se, p, tm[e], t);
       } else {
 #pragma unroll
         for (int i = 0; i < 32; ++i) se[i] = -INFINITY;
@@ -780,8 +826,9 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   trace_end(p, 0);
 }
 
-// A second stream per device for the dQ pass (independent of dK/dV once the preprocess
-// ran), with the fork / join events; created on first use, kept for the process.
+// A second stream per device for the dK/dV pass (independent of dQ once the preprocess
+// ran), at the device's greatest stream priority, with the fork / join events; created on
+// first use, kept for the process.
 struct SideStream {
   cudaStream_t stream = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
@@ -792,10 +839,12 @@ SideStream& side_stream(int device) {
   std::lock_guard<std::mutex> lock(mu);
   SideStream& s = streams[device];
   if (s.stream == nullptr) {
-    if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess ||
+    int least = 0, greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, greatest) != cudaSuccess ||
         cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess)
-      throw std::runtime_error("flash_cuda backward (sm90a): cannot create the dQ stream: " +
+      throw std::runtime_error("flash_cuda backward (sm90a): cannot create the dK/dV stream: " +
                                std::string(cudaGetErrorString(cudaGetLastError())));
   }
   return s;
@@ -824,16 +873,22 @@ void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta
 template <class T, int D>
 void launch_bwd(const FlashParams& p) {
   const BwdWorkspace ws = launch_bwd_preprocess<T, D>(p, 2, true, "backward preprocess (sm90a)");
-  // dQ (2 warpgroups per 128-row tile) on a second stream, concurrent with dK/dV: both
-  // only read what the preprocess wrote. Measured on the H200 (NOTES.md, v6): 5% faster
-  // on the DFlash mask than the two passes in sequence.
+  // dK/dV on a second stream of the greatest priority, concurrent with dQ on the caller's
+  // stream: both only read what the preprocess wrote (measured on the H200, NOTES.md v6:
+  // 5% faster on the DFlash mask than the two passes in sequence). The priority makes the
+  // block scheduler hand out every dK/dV CTA (the long ones first) before any dQ CTA, so
+  // the short dQ CTAs fill the SMs the dK/dV tail leaves idle; with dQ launched first the
+  // dK/dV CTAs of the last L2 group started late and ran on alone (NOTES.md v14: SM idle
+  // 9.0% -> 2.0% on the DFlash mask).
   int device = 0;
   cudaGetDevice(&device);
   SideStream& side = side_stream(device);
   cudaEventRecord(side.fork, p.stream);
   cudaStreamWaitEvent(side.stream, side.fork, 0);
-  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.q_order, side.stream);
-  launch_dkdv<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.kv_order);
+  FlashParams pk = p;
+  pk.stream = side.stream;
+  launch_dkdv<T, D>(pk, ws.lse2, ws.delta, ws.lq_pad, ws.kv_order);
+  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.q_order, p.stream);
   cudaEventRecord(side.join, side.stream);
   cudaStreamWaitEvent(p.stream, side.join, 0);
   check_launch("backward (sm90a) stream join");
