@@ -18,6 +18,8 @@
 //                              atomic dQ NOTES.md v2/v3 compare; the DFlash case is first
 //                              checked against the reference at H=4.
 // FLASHDRAFT_CHECK_SEED=<n> fixes the seed (printed on every run) instead of the clock's.
+// FLASHDRAFT_CHECK_SCHEDULE=grid|longest-first sets the CTA order `bench` times (default:
+// FlashParams' own, longest first); `tail` times both.
 // The BlockMask is built here from the dense mask by a tiny builder (same format as
 // flashdraft/block_mask.hpp, 128x64 tiles). Exit code 1 on any failure.
 #include <cuda_bf16.h>
@@ -698,6 +700,8 @@ Timing time_calls(const FlashParams& p, Config cfg, int rounds) {
   return t;
 }
 
+const char* g_bench_schedule = nullptr;  // FLASHDRAFT_CHECK_SCHEDULE (main)
+
 void bench_problem(const Problem& pr, const char* label) {
   DeviceMask dm;
   dm.init(pr.mask);
@@ -706,6 +710,8 @@ void bench_problem(const Problem& pr, const char* label) {
                                workspace_bytes(pr) + (size_t)pr.B * pr.Hq * ((pr.mask.Lq + 127) / 128 * 128) * pr.D *
                                                          4);  // + room for the atomic-dQ phase timing
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
+  if (g_bench_schedule != nullptr)
+    p.schedule = std::string(g_bench_schedule) == "grid" ? Schedule::grid : Schedule::longest_first;
   const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
   const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
   for (Config cfg : {Config::sm120, Config::sm90, Config::sm90a}) {
@@ -969,6 +975,15 @@ int main(int argc, char** argv) {
                                                          : std::chrono::steady_clock::now().time_since_epoch().count();
   std::mt19937 rng((uint32_t)seed);
   std::printf("seed %llu\n", (unsigned long long)seed);
+  if (const char* sch = std::getenv("FLASHDRAFT_CHECK_SCHEDULE"); sch != nullptr && *sch) {
+    const std::string v = sch;
+    if (v != "grid" && v != "longest-first") {
+      std::fprintf(stderr, "FLASHDRAFT_CHECK_SCHEDULE=\"%s\": expected \"grid\" or \"longest-first\"\n", sch);
+      return 2;
+    }
+    g_bench_schedule = sch;
+    std::printf("bench schedule %s (FLASHDRAFT_CHECK_SCHEDULE)\n", sch);
+  }
   std::vector<Config> cfgs = {Config::sm120};
   if (prop.sharedMemPerBlockOptin >= 160 * 1024) cfgs.push_back(Config::sm90);
   if (prop.major == 9 && prop.minor == 0) cfgs.push_back(Config::sm90a);
