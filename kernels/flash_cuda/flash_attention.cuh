@@ -44,8 +44,8 @@
 //          with two K/V stages (128 KB).
 //   sm90a: Hopper (compute capability 9.0) only: every product on the warpgroup MMA
 //          (wgmma, flash_sm90a.cu: forward 162 KB, two mask tiles = 128 keys per step, Q
-//          in registers; dK/dV 134 KB, dQ 162 KB); the dQ pass runs on a second stream,
-//          concurrently with dK/dV.
+//          in registers; dK/dV 134 KB, dQ 162 KB); dK/dV runs on a second stream of the
+//          greatest priority, concurrently with the dQ pass.
 //   Config::automatic picks sm90a on compute capability 9.0, else sm90 where the device
 //   allows >= 160 KB per block, else sm120 (flash_config.hpp). The launchers run the
 //   Config they are given; the plugin takes it from the experiment's

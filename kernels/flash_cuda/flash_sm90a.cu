@@ -19,8 +19,9 @@
 //          a 3-stage K/V ring (mbarriers, like the forward); per KV tile
 //          S = Q K^T, dP = dO V^T (smem x smem), dQ += dS K (registers x smem, MN-major),
 //          the dQ product left running while the next tile's S and dP are issued.
-//   dK/dV and dQ run concurrently, dQ on a second stream (fork / join events on the
-//   caller's stream); dQ is still a separate pass: no atomics, deterministic.
+//   dK/dV and dQ run concurrently, dK/dV on a second stream of the greatest priority
+//   (fork / join events on the caller's stream; its CTAs are handed out first and the dQ
+//   CTAs fill its tail); dQ is still a separate pass: no atomics, deterministic.
 // This file is compiled for sm_90a only (CMakeLists.txt); the host launchers below are
 // called by flash_forward() / flash_backward() when the resolved configuration is sm90a, which
 // flash_resolve_config() allows only on compute capability 9.0 devices.
