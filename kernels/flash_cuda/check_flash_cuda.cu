@@ -604,7 +604,7 @@ std::vector<Problem> check_problems(std::mt19937& rng, int D) {
   mask_causal(*add("causal q200 kv457 bshd", 1, 6, 3, true), 200, 457);
   mask_sliding(*add("sliding w100 517", 2, 2, 2, false), 517, 517, 100);
   mask_dflash(*add("dflash S300 N13 (2 invalid)", 2, 4, 1, false), 2, 300, 13, 16, 2, rng);
-  // Hq = Hkv: the noise keys' dK/dV come from the dQ kernel on sm90a (owned_pair)
+  // Hq = Hkv, the context not a multiple of 64: noise key columns seen by one query tile and by two
   mask_dflash(*add("dflash S600 N40 mha", 2, 3, 3, false), 2, 600, 40, 16, 1, rng);
   mask_random(*add("random per-head 190x250", 2, 4, 2, false), 2, 4, 190, 250, rng);
   mask_dense(*add("dense 129x65 gqa4", 1, 8, 2, false), 129, 65);

@@ -346,6 +346,50 @@ __device__ __forceinline__ void apply_mask(float (&s)[8][4], const FlashMask& m,
   }
 }
 
+// apply_mask in two halves, for the sm90a kernels (flash_sm90a.cu, NOTES.md v14): tile_mask
+// reads a partial tile's words before the kernel waits for its scores, apply_tile_mask
+// applies them after. apply_mask keeps its own body: written as
+// apply_tile_mask(tile_mask(...)), the mma.sync kernels compile to different SASS
+// (register allocation and code size change), which was not measured.
+struct TileMask {
+  uint32_t w[4];  // rows qrow (w[0], w[1]) and qrow + 8 (w[2], w[3]); read for a partial tile only
+  int kvb, entry;  // the key tile (64 keys from kvb * BKV) and apply_mask's entry
+};
+__device__ __forceinline__ TileMask tile_mask(const FlashMask& m, int kvb, int entry, int qrow) {
+  TileMask tm;
+  tm.kvb = kvb, tm.entry = entry;
+  if (entry >= 0) {
+    const uint32_t* w = m.bits + (int64_t)entry * (BQ * 2);
+    tm.w[0] = __ldg(w + qrow * 2), tm.w[1] = __ldg(w + qrow * 2 + 1);
+    tm.w[2] = __ldg(w + (qrow + 8) * 2), tm.w[3] = __ldg(w + (qrow + 8) * 2 + 1);
+  } else {
+    tm.w[0] = tm.w[1] = tm.w[2] = tm.w[3] = ~0u;
+  }
+  return tm;
+}
+__device__ __forceinline__ void apply_tile_mask(float (&s)[8][4], const TileMask& tm, int Lkv, int t) {
+  if (tm.entry >= 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int bit = (j % 4) * 8 + 2 * t + x;
+        if (!((tm.w[j / 4] >> bit) & 1u)) s[j][x] = -INFINITY;
+        if (!((tm.w[2 + j / 4] >> bit) & 1u)) s[j][2 + x] = -INFINITY;
+      }
+  } else if (tm.kvb * BKV + BKV > Lkv) {
+    const int kv0 = tm.kvb * BKV;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        if (kv0 + 8 * j + 2 * t + x >= Lkv) {
+          s[j][x] = -INFINITY;
+          s[j][2 + x] = -INFINITY;
+        }
+  }
+}
+
 // ---------------------------------------------------------------- forward
 template <int D, int STAGES>
 struct FwdSmem {

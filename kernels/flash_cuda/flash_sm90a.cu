@@ -102,49 +102,11 @@ __device__ __forceinline__ void acc_flat_to_smem(unsigned char* tile, int row0, 
 }
 
 // Masks a 64-column score fragment (wgmma.cuh layout; this thread's rows qrow, qrow + 8 of
-// the 128-row mask tile) as flash_kernels.cuh's apply_mask does (partial tiles by bitmap,
-// a full tile only at the ragged KV edge; same kvb / entry convention), in two halves:
-// tile_mask reads a partial tile's four bitmap words for the thread's rows from global
-// memory, and is called before the wait for the S product so that their latency runs
-// under it (NOTES.md v14); mask_scores applies them to the flat [32] fragment.
-struct TileMask {
-  uint32_t w[4];  // rows qrow (w[0], w[1]) and qrow + 8 (w[2], w[3]); read for a partial tile only
-  int kvb, entry;
-};
-__device__ __forceinline__ TileMask tile_mask(const FlashParams& p, int kvb, int entry, int qrow) {
-  TileMask m;
-  m.kvb = kvb, m.entry = entry;
-  if (entry >= 0) {
-    const uint32_t* w = p.mask.bits + (int64_t)entry * (BQ * 2);
-    // scalar loads: the words of a mask list cut from a larger tensor need not be 8-byte aligned
-    m.w[0] = __ldg(w + qrow * 2), m.w[1] = __ldg(w + qrow * 2 + 1);
-    m.w[2] = __ldg(w + (qrow + 8) * 2), m.w[3] = __ldg(w + (qrow + 8) * 2 + 1);
-  } else {
-    m.w[0] = m.w[1] = m.w[2] = m.w[3] = ~0u;
-  }
-  return m;
-}
-__device__ __forceinline__ void mask_scores(float (&s)[32], const FlashParams& p, const TileMask& m, int t) {
-  if (m.entry >= 0) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int bit = (j % 4) * 8 + 2 * t + x;
-        if (!((m.w[j / 4] >> bit) & 1u)) s[4 * j + x] = -INFINITY;
-        if (!((m.w[2 + j / 4] >> bit) & 1u)) s[4 * j + 2 + x] = -INFINITY;
-      }
-  } else if (m.kvb * BKV + BKV > p.Lkv) {
-    const int kv0 = m.kvb * BKV;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-        if (kv0 + 8 * j + 2 * t + x >= p.Lkv) {
-          s[4 * j + x] = -INFINITY;
-          s[4 * j + 2 + x] = -INFINITY;
-        }
-  }
+// the 128-row mask tile) with the bitmap words tile_mask read (flash_kernels.cuh), called
+// before the wait for the S product so that their latency runs under it (NOTES.md v14).
+// The flat [32] and mma.sync's [8][4] fragments are the same registers in the same order.
+__device__ __forceinline__ void mask_scores(float (&s)[32], const FlashParams& p, const TileMask& tm, int t) {
+  apply_tile_mask(reinterpret_cast<float(&)[8][4]>(s), tm, p.Lkv, t);
 }
 
 __device__ __forceinline__ uint32_t align1024(uint32_t a) { return (a + 1023u) & ~1023u; }
@@ -541,7 +503,7 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
     // the tile's bitmap words, read before the waits: their latency runs under the wait and the products
-    const TileMask tm = tile_mask(p, kvb, entry, qrow);
+    const TileMask tm = tile_mask(p.mask, kvb, entry, qrow);
     mbar_wait(full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
     float s[32], dp[32];
@@ -768,7 +730,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     for (int e = 0; e < KVT; ++e) {
       int kvb = 0, entry = -1;
       if (KVT * it + e < rl.n) rl.at(p.mask, KVT * it + e, kvb, entry);
-      tm[e] = tile_mask(p, kvb, entry, qrow);
+      tm[e] = tile_mask(p.mask, kvb, entry, qrow);
     }
     mbar_wait(full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
