@@ -319,75 +319,61 @@ __device__ __forceinline__ RowList row_list(const FlashMask& m, int b, int h, in
 
 // Masks a warp's 16 x 64 score tile (rows qrow, qrow + 8 of the 128-row mask tile):
 // partial tiles read their bitmap (2 words per row), a full tile only cuts the ragged
-// kv edge (its out-of-range columns are not part of the mask).
+// kv edge (its out-of-range columns are not part of the mask). mask_by_bits and
+// mask_kv_edge are the two cases; apply_mask reads the words and applies them at once,
+// tile_mask / apply_tile_mask in two halves, for the sm90a kernels, which read the words
+// before they wait for the scores (flash_sm90a.cu, NOTES.md v14).
+__device__ __forceinline__ void mask_by_bits(float (&s)[8][4], const uint32_t (&w0)[2], const uint32_t (&w1)[2],
+                                             int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int bit = (j % 4) * 8 + 2 * t + x;
+      if (!((w0[j / 4] >> bit) & 1u)) s[j][x] = -INFINITY;
+      if (!((w1[j / 4] >> bit) & 1u)) s[j][2 + x] = -INFINITY;
+    }
+}
+__device__ __forceinline__ void mask_kv_edge(float (&s)[8][4], int kv0, int Lkv, int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+      if (kv0 + 8 * j + 2 * t + x >= Lkv) {
+        s[j][x] = -INFINITY;
+        s[j][2 + x] = -INFINITY;
+      }
+}
 __device__ __forceinline__ void apply_mask(float (&s)[8][4], const FlashMask& m, int entry, int kv0, int Lkv,
                                            int qrow, int t) {
   if (entry >= 0) {
     const uint32_t* w = m.bits + (int64_t)entry * (BQ * 2);
     const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
     const uint32_t w1[2] = {__ldg(w + (qrow + 8) * 2), __ldg(w + (qrow + 8) * 2 + 1)};
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int bit = (j % 4) * 8 + 2 * t + x;
-        if (!((w0[j / 4] >> bit) & 1u)) s[j][x] = -INFINITY;
-        if (!((w1[j / 4] >> bit) & 1u)) s[j][2 + x] = -INFINITY;
-      }
+    mask_by_bits(s, w0, w1, t);
   } else if (kv0 + BKV > Lkv) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-        if (kv0 + 8 * j + 2 * t + x >= Lkv) {
-          s[j][x] = -INFINITY;
-          s[j][2 + x] = -INFINITY;
-        }
+    mask_kv_edge(s, kv0, Lkv, t);
   }
 }
-
-// apply_mask in two halves, for the sm90a kernels (flash_sm90a.cu, NOTES.md v14): tile_mask
-// reads a partial tile's words before the kernel waits for its scores, apply_tile_mask
-// applies them after. apply_mask keeps its own body: written as
-// apply_tile_mask(tile_mask(...)), the mma.sync kernels compile to different SASS
-// (register allocation and code size change), which was not measured.
 struct TileMask {
-  uint32_t w[4];  // rows qrow (w[0], w[1]) and qrow + 8 (w[2], w[3]); read for a partial tile only
-  int kvb, entry;  // the key tile (64 keys from kvb * BKV) and apply_mask's entry
+  uint32_t w0[2], w1[2];  // rows qrow and qrow + 8; read for a partial tile only
+  int kvb, entry;         // the key tile (64 keys from kvb * BKV) and apply_mask's entry
 };
 __device__ __forceinline__ TileMask tile_mask(const FlashMask& m, int kvb, int entry, int qrow) {
   TileMask tm;
   tm.kvb = kvb, tm.entry = entry;
   if (entry >= 0) {
     const uint32_t* w = m.bits + (int64_t)entry * (BQ * 2);
-    tm.w[0] = __ldg(w + qrow * 2), tm.w[1] = __ldg(w + qrow * 2 + 1);
-    tm.w[2] = __ldg(w + (qrow + 8) * 2), tm.w[3] = __ldg(w + (qrow + 8) * 2 + 1);
+    tm.w0[0] = __ldg(w + qrow * 2), tm.w0[1] = __ldg(w + qrow * 2 + 1);
+    tm.w1[0] = __ldg(w + (qrow + 8) * 2), tm.w1[1] = __ldg(w + (qrow + 8) * 2 + 1);
   } else {
-    tm.w[0] = tm.w[1] = tm.w[2] = tm.w[3] = ~0u;
+    tm.w0[0] = tm.w0[1] = tm.w1[0] = tm.w1[1] = ~0u;
   }
   return tm;
 }
 __device__ __forceinline__ void apply_tile_mask(float (&s)[8][4], const TileMask& tm, int Lkv, int t) {
-  if (tm.entry >= 0) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int bit = (j % 4) * 8 + 2 * t + x;
-        if (!((tm.w[j / 4] >> bit) & 1u)) s[j][x] = -INFINITY;
-        if (!((tm.w[2 + j / 4] >> bit) & 1u)) s[j][2 + x] = -INFINITY;
-      }
-  } else if (tm.kvb * BKV + BKV > Lkv) {
-    const int kv0 = tm.kvb * BKV;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x)
-        if (kv0 + 8 * j + 2 * t + x >= Lkv) {
-          s[j][x] = -INFINITY;
-          s[j][2 + x] = -INFINITY;
-        }
-  }
+  if (tm.entry >= 0) mask_by_bits(s, tm.w0, tm.w1, t);
+  else if (tm.kvb * BKV + BKV > Lkv) mask_kv_edge(s, tm.kvb * BKV, Lkv, t);
 }
 
 // ---------------------------------------------------------------- forward
