@@ -700,7 +700,8 @@ Timing time_calls(const FlashParams& p, Config cfg, int rounds) {
   return t;
 }
 
-const char* g_bench_schedule = nullptr;  // FLASHDRAFT_CHECK_SCHEDULE (main)
+bool g_bench_schedule_set = false;  // FLASHDRAFT_CHECK_SCHEDULE (main)
+Schedule g_bench_schedule = Schedule::longest_first;
 
 void bench_problem(const Problem& pr, const char* label) {
   DeviceMask dm;
@@ -710,8 +711,7 @@ void bench_problem(const Problem& pr, const char* label) {
                                workspace_bytes(pr) + (size_t)pr.B * pr.Hq * ((pr.mask.Lq + 127) / 128 * 128) * pr.D *
                                                          4);  // + room for the atomic-dQ phase timing
   FlashParams p = make_params(pr, bf, dm, DType::bf16);
-  if (g_bench_schedule != nullptr)
-    p.schedule = std::string(g_bench_schedule) == "grid" ? Schedule::grid : Schedule::longest_first;
+  if (g_bench_schedule_set) p.schedule = g_bench_schedule;
   const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
   const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
   for (Config cfg : {Config::sm120, Config::sm90, Config::sm90a}) {
@@ -981,7 +981,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "FLASHDRAFT_CHECK_SCHEDULE=\"%s\": expected \"grid\" or \"longest-first\"\n", sch);
       return 2;
     }
-    g_bench_schedule = sch;
+    g_bench_schedule_set = true;
+    g_bench_schedule = v == "grid" ? Schedule::grid : Schedule::longest_first;
     std::printf("bench schedule %s (FLASHDRAFT_CHECK_SCHEDULE)\n", sch);
   }
   std::vector<Config> cfgs = {Config::sm120};

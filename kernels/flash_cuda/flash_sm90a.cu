@@ -814,22 +814,22 @@ SideStream& side_stream(int device) {
 }
 
 template <class T, int D>
-void launch_dkdv(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad, const int* order) {
+void launch_dkdv(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad, const int* order,
+                 cudaStream_t stream) {
   constexpr int smem = WsKvSmem<D, 2>::bytes;
   auto kernel = ws_bwd_dkdv_kernel<T, D, 2>;
   static const bool allowed = allow_smem(kernel, smem, "backward dK/dV (sm90a)");
   (void)allowed;
-  kernel<<<key_items(p, 2), 384, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad, order);
+  kernel<<<key_items(p, 2), 384, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad, order);
   check_launch("backward dK/dV (sm90a)");
 }
 template <class T, int D>
-void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad, const int* order,
-               cudaStream_t stream) {
+void launch_dq(const FlashParams& p, const float* ws_lse2, const float* ws_delta, int lq_pad, const int* order) {
   constexpr int smem = WgDqSmem<D, 3>::bytes;
   auto kernel = wg_bwd_dq_kernel<T, D, 3>;
   static const bool allowed = allow_smem(kernel, smem, "backward dQ (sm90a)");
   (void)allowed;
-  kernel<<<query_items(p), 384, smem, stream>>>(p, ws_lse2, ws_delta, lq_pad, order);
+  kernel<<<query_items(p), 384, smem, p.stream>>>(p, ws_lse2, ws_delta, lq_pad, order);
   check_launch("backward dQ (sm90a)");
 }
 
@@ -848,10 +848,8 @@ void launch_bwd(const FlashParams& p) {
   SideStream& side = side_stream(device);
   cudaEventRecord(side.fork, p.stream);
   cudaStreamWaitEvent(side.stream, side.fork, 0);
-  FlashParams pk = p;
-  pk.stream = side.stream;
-  launch_dkdv<T, D>(pk, ws.lse2, ws.delta, ws.lq_pad, ws.kv_order);
-  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.q_order, p.stream);
+  launch_dkdv<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.kv_order, side.stream);
+  launch_dq<T, D>(p, ws.lse2, ws.delta, ws.lq_pad, ws.q_order);
   cudaEventRecord(side.join, side.stream);
   cudaStreamWaitEvent(p.stream, side.join, 0);
   check_launch("backward (sm90a) stream join");
