@@ -17,6 +17,14 @@
 //                              phases timed one by one, with the dQ-pass shapes and the
 //                              atomic dQ NOTES.md v2/v3 compare; the DFlash case is first
 //                              checked against the reference at H=4.
+//   ./check_flash_cuda sweep   the bench's DFlash problem (and causal 8192 with
+//                              FLASHDRAFT_SWEEP_CAUSAL=1), sm90a only: variants given as
+//                              environment settings, FLASHDRAFT_SWEEP="name|VAR=v VAR=v;name|..."
+//                              (an empty list of settings is the default), timed in
+//                              alternating rounds (FLASHDRAFT_SWEEP_ROUNDS, default 4) in
+//                              one process, on the same inputs.
+//   ./check_flash_cuda profile the bench's DFlash problem, sm90a, 3 forward and 3 backward
+//                              calls (for ncu: --launch-skip picks one).
 // FLASHDRAFT_CHECK_SEED=<n> fixes the seed (printed on every run) instead of the clock's.
 // FLASHDRAFT_CHECK_SCHEDULE=grid|longest-first sets the CTA order `bench` times (default:
 // FlashParams' own, longest first); `tail` times both.
@@ -731,6 +739,78 @@ void bench_problem(const Problem& pr, const char* label) {
   free_buffers(bf);
 }
 
+// ------------------------------------------------------------------ sweep
+std::string fmt(const char* f, double v);
+struct SweepVariant {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+std::vector<SweepVariant> parse_sweep(const char* spec) {
+  std::vector<SweepVariant> vs;
+  std::string all = spec ? spec : "";
+  size_t i = 0;
+  while (i <= all.size()) {
+    size_t j = all.find(';', i);
+    if (j == std::string::npos) j = all.size();
+    const std::string item = all.substr(i, j - i);
+    i = j + 1;
+    if (item.empty()) continue;
+    SweepVariant v;
+    const size_t bar = item.find('|');
+    v.name = item.substr(0, bar);
+    if (bar != std::string::npos) {
+      std::string rest = item.substr(bar + 1);
+      size_t a = 0;
+      while (a < rest.size()) {
+        size_t b2 = rest.find(' ', a);
+        if (b2 == std::string::npos) b2 = rest.size();
+        const std::string kv = rest.substr(a, b2 - a);
+        a = b2 + 1;
+        if (kv.empty()) continue;
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos) {
+          std::fprintf(stderr, "FLASHDRAFT_SWEEP: \"%s\" in variant %s is not VAR=value\n", kv.c_str(), v.name.c_str());
+          std::exit(2);
+        }
+        v.env.push_back({kv.substr(0, eq), kv.substr(eq + 1)});
+      }
+    }
+    vs.push_back(v);
+  }
+  if (vs.empty()) vs.push_back({"default", {}});
+  return vs;
+}
+void sweep_problem(const Problem& pr, const char* label, const std::vector<SweepVariant>& vs, int rounds) {
+  DeviceMask dm;
+  dm.init(pr.mask);
+  Buffers bf;
+  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), workspace_bytes(pr));
+  FlashParams p = make_params(pr, bf, dm, DType::bf16);
+  std::vector<std::string> vars;
+  for (const auto& v : vs)
+    for (const auto& e : v.env)
+      if (std::find(vars.begin(), vars.end(), e.first) == vars.end()) vars.push_back(e.first);
+  std::vector<std::vector<float>> f(vs.size()), b(vs.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t k = 0; k < vs.size(); ++k) {
+      for (const auto& n : vars) unsetenv(n.c_str());
+      for (const auto& e : vs[k].env) setenv(e.first.c_str(), e.second.c_str(), 1);
+      const Timing tm = time_calls(p, Config::sm90a, 30);
+      f[k].push_back(tm.fwd), b[k].push_back(tm.bwd);
+      std::printf("SWEEP %s round %d %-14s fwd %.3f bwd %.3f ms\n", label, r, vs[k].name.c_str(), tm.fwd, tm.bwd);
+      std::fflush(stdout);
+    }
+  for (const auto& n : vars) unsetenv(n.c_str());
+  std::printf("| %s | variant | fwd ms (rounds) | bwd ms (rounds) | median fwd+bwd |\n| --- | --- | --- | --- | --- |\n", label);
+  for (size_t k = 0; k < vs.size(); ++k) {
+    std::string fs, bs;
+    for (int r = 0; r < rounds; ++r) fs += fmt(r ? " / %.3f" : "%.3f", f[k][r]), bs += fmt(r ? " / %.3f" : "%.3f", b[k][r]);
+    std::printf("| %s | %s | %s | %s | %.3f |\n", label, vs[k].name.c_str(), fs.c_str(), bs.c_str(),
+                median(f[k]) + median(b[k]));
+  }
+  free_buffers(bf);
+}
+
 // ------------------------------------------------------------------ tail (SM occupancy)
 // One traced call (FlashParams::trace): per kernel, the span from its first CTA's start to
 // its last CTA's end, the fraction of SM time in that span with no CTA of it resident
@@ -1020,6 +1100,33 @@ int main(int argc, char** argv) {
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (const auto& l : g_fits) std::printf("%s\n", l.c_str());
     std::printf("\n");
+  }
+  if (mode == "sweep" || mode == "profile") {
+    Problem big;
+    big.B = 1, big.Hq = 32, big.Hkv = 32, big.D = 128;
+    mask_dflash(big.mask, 1, 4096, 512, 16, 0, rng);  // the bench's first draw: the same mask
+    if (mode == "profile") {
+      DeviceMask dm;
+      dm.init(big.mask);
+      Buffers bf;
+      alloc_buffers<__nv_bfloat16>(big, bf, 1234, workspace_bytes(big));
+      FlashParams p = make_params(big, bf, dm, DType::bf16);
+      for (int i = 0; i < 3; ++i) flash_forward(p, Config::sm90a);
+      for (int i = 0; i < 3; ++i) flash_backward(p, Config::sm90a);
+      CK(cudaDeviceSynchronize());
+      free_buffers(bf);
+    } else {
+      const char* rs = std::getenv("FLASHDRAFT_SWEEP_ROUNDS");
+      const int rounds = rs && *rs ? std::max(1, std::atoi(rs)) : 4;
+      const std::vector<SweepVariant> vs = parse_sweep(std::getenv("FLASHDRAFT_SWEEP"));
+      sweep_problem(big, "dflash", vs, rounds);
+      if (const char* c = std::getenv("FLASHDRAFT_SWEEP_CAUSAL"); c && *c == '1') {
+        Problem causal;
+        causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
+        mask_causal(causal.mask, 8192, 8192);
+        sweep_problem(causal, "causal", vs, rounds);
+      }
+    }
   }
   if (mode == "bench" || mode == "all") {
     Problem big;

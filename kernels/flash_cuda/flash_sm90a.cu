@@ -30,6 +30,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "flash_kernels.cuh"
 #include "wgmma.cuh"
@@ -310,80 +311,92 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
       release(st);
       continue;
     }
-    wg::fence_async_smem();
-    const uint32_t sQ = s0 + off, sdO = s0 + off + S::kQ;
-    const float* sDelta = sL + 64;
-    const uint32_t* sBits = reinterpret_cast<const uint32_t*>(sL + 128 + 128 * w);
-    const bool partial = kind == kPart;
+    // The step of a partial column and that of a full one are separate copies of the
+    // body (`partial` known at compile time), so a full step runs no bitmap code.
+    auto body = [&](auto partial_tag) {
+      constexpr bool partial = decltype(partial_tag)::value;
+      wg::fence_async_smem();
+      const uint32_t sQ = s0 + off, sdO = s0 + off + S::kQ;
+      const float* sDelta = sL + 64;
+      const uint32_t* sBits = reinterpret_cast<const uint32_t*>(sL + 128 + 128 * w);
 
-    // S^T = K Q^T, dP^T = V dO^T: 64 keys x 64 queries, two commit groups
-    float s[32], dp[32];
-    wg::fence();
+      // S^T = K Q^T, dP^T = V dO^T: 64 keys x 64 queries, two commit groups
+      float s[32], dp[32];
+      wg::fence();
+      const uint64_t descK = wg::desc_k<BKV>(sK(w), 0, 0), descQ = wg::desc_k<BQ_STEP>(sQ, 0, 0);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(s, wg::desc_k<BKV>(sK(w), 0, kk), wg::desc_k<BQ_STEP>(sQ, 0, kk), kk > 0);
-    wg::commit();
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg::Mma<T>::ss64(s, wg::desc_add(descK, (kk / 4) * (BKV * 128) + (kk % 4) * 32),
+                         wg::desc_add(descQ, (kk / 4) * (BQ_STEP * 128) + (kk % 4) * 32), kk > 0);
+      wg::commit();
+      const uint64_t descV = wg::desc_k<BKV>(sV(w), 0, 0), descdO = wg::desc_k<BQ_STEP>(sdO, 0, 0);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(dp, wg::desc_k<BKV>(sV(w), 0, kk), wg::desc_k<BQ_STEP>(sdO, 0, kk), kk > 0);
-    wg::commit();
-    // lse2 of this thread's 16 query columns, read while the products run: read after the
-    // wait, each load stood between a score and its exp (NOTES.md v13: short-scoreboard stalls)
-    float2 l2v[8];
+      for (int kk = 0; kk < D / 16; ++kk)
+        wg::Mma<T>::ss64(dp, wg::desc_add(descV, (kk / 4) * (BKV * 128) + (kk % 4) * 32),
+                         wg::desc_add(descdO, (kk / 4) * (BQ_STEP * 128) + (kk % 4) * 32), kk > 0);
+      wg::commit();
+      // lse2 of this thread's 16 query columns, read while the products run: read after the
+      // wait, each load stood between a score and its exp (NOTES.md v13: short-scoreboard stalls)
+      float2 l2v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) l2v[j] = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
-    wg::wait<1>();
-    wg::pin(s);
-    // P^T = exp2(s * sl2 - lse2[q]) (0 where masked)
+      for (int j = 0; j < 8; ++j) l2v[j] = *reinterpret_cast<const float2*>(sL + 8 * j + 2 * t);
+      wg::wait<1>();
+      wg::pin(s);
+      // P^T = exp2(s * sl2 - lse2[q]) (0 where masked)
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int c = 8 * j + 2 * t + x;  // query column within the step
-        const float l2 = x ? l2v[j].y : l2v[j].x;
-        float p0 = fast_exp2(fmaf(s[4 * j + x], sl2, -l2));
-        float p1 = fast_exp2(fmaf(s[4 * j + 2 + x], sl2, -l2));
-        if (partial) {
-          const uint32_t bw = sBits[c * 2 + word];
-          if (!((bw >> (krow % 32)) & 1u)) p0 = 0.f;
-          if (!((bw >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
+        for (int x = 0; x < 2; ++x) {
+          const int c = 8 * j + 2 * t + x;  // query column within the step
+          const float l2 = x ? l2v[j].y : l2v[j].x;
+          float p0 = fast_exp2(fmaf(s[4 * j + x], sl2, -l2));
+          float p1 = fast_exp2(fmaf(s[4 * j + 2 + x], sl2, -l2));
+          if constexpr (partial) {
+            const uint32_t bw = sBits[c * 2 + word];
+            if (!((bw >> (krow % 32)) & 1u)) p0 = 0.f;
+            if (!((bw >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
+          }
+          s[4 * j + x] = p0;
+          s[4 * j + 2 + x] = p1;
         }
-        s[4 * j + x] = p0;
-        s[4 * j + 2 + x] = p1;
-      }
-    uint32_t pa[4][4], pb[4][4];
-    pack_a_flat<T>(pa, s);
-    // dV += P^T dO runs while dS is computed
-    wg::pin(pa);
-    wg::fence();
+      uint32_t pa[4][4], pb[4][4];
+      pack_a_flat<T>(pa, s);
+      // dV += P^T dO runs while dS is computed
+      wg::pin(pa);
+      wg::fence();
+      const uint64_t descdOmn = wg::desc_mn<BQ_STEP>(sdO, 0);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dv, pa[kk], wg::desc_mn<BQ_STEP>(sdO, kk));
-    wg::commit();
-    float2 dev[8];  // delta of the same columns, likewise before the wait
+      for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dv, pa[kk], wg::desc_add(descdOmn, kk * 2048));
+      wg::commit();
+      float2 dev[8];  // delta of the same columns, likewise before the wait
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dev[j] = *reinterpret_cast<const float2*>(sDelta + 8 * j + 2 * t);
-    wg::wait<1>();  // dP (the dV product may still run)
-    wg::pin(dp);
-    // dS^T = P^T (dP^T - delta[q])
+      for (int j = 0; j < 8; ++j) dev[j] = *reinterpret_cast<const float2*>(sDelta + 8 * j + 2 * t);
+      wg::wait<1>();  // dP (the dV product may still run)
+      wg::pin(dp);
+      // dS^T = P^T (dP^T - delta[q])
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float de = x ? dev[j].y : dev[j].x;
-        dp[4 * j + x] = s[4 * j + x] * (dp[4 * j + x] - de);
-        dp[4 * j + 2 + x] = s[4 * j + 2 + x] * (dp[4 * j + 2 + x] - de);
-      }
-    pack_a_flat<T>(pb, dp);
-    // dK += dS^T Q (Q read MN-major)
-    wg::pin(pb);
-    wg::fence();
+        for (int x = 0; x < 2; ++x) {
+          const float de = x ? dev[j].y : dev[j].x;
+          dp[4 * j + x] = s[4 * j + x] * (dp[4 * j + x] - de);
+          dp[4 * j + 2 + x] = s[4 * j + 2 + x] * (dp[4 * j + 2 + x] - de);
+        }
+      pack_a_flat<T>(pb, dp);
+      // dK += dS^T Q (Q read MN-major)
+      wg::pin(pb);
+      wg::fence();
+      const uint64_t descQmn = wg::desc_mn<BQ_STEP>(sQ, 0);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dk, pb[kk], wg::desc_mn<BQ_STEP>(sQ, kk));
-    wg::commit();
-    wg::wait<0>();
-    wg::pin(dv);
-    wg::pin(dk);
-    release(st);
+      for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dk, pb[kk], wg::desc_add(descQmn, kk * 2048));
+      wg::commit();
+      wg::wait<0>();
+      wg::pin(dv);
+      wg::pin(dk);
+      release(st);
+    };
+    if (kind == kPart) body(std::true_type{});
+    else body(std::false_type{});
   }
 
 #pragma unroll
@@ -508,13 +521,18 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
     wg::fence_async_smem();
     float s[32], dp[32];
     wg::fence();
+    // each product's descriptor is the first k-step's plus a constant (wg::desc_add)
+    const uint64_t descQ = wg::desc_k<BQ>(sQ, 64 * wgi, 0), descK = wg::desc_k<BKV>(sK(st), 0, 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(s, wg::desc_k<BQ>(sQ, 64 * wgi, kk), wg::desc_k<BKV>(sK(st), 0, kk), kk > 0);
+      wg::Mma<T>::ss64(s, wg::desc_add(descQ, (kk / 4) * (BQ * 128) + (kk % 4) * 32),
+                       wg::desc_add(descK, (kk / 4) * (BKV * 128) + (kk % 4) * 32), kk > 0);
     wg::commit();
+    const uint64_t descdO = wg::desc_k<BQ>(sdO, 64 * wgi, 0), descV = wg::desc_k<BKV>(sV(st), 0, 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wg::Mma<T>::ss64(dp, wg::desc_k<BQ>(sdO, 64 * wgi, kk), wg::desc_k<BKV>(sV(st), 0, kk), kk > 0);
+      wg::Mma<T>::ss64(dp, wg::desc_add(descdO, (kk / 4) * (BQ * 128) + (kk % 4) * 32),
+                       wg::desc_add(descV, (kk / 4) * (BKV * 128) + (kk % 4) * 32), kk > 0);
     wg::commit();
     wg::wait<2>();  // the previous tile's dQ product has ended: its stage is free
     wg::pin(dq);
@@ -536,8 +554,9 @@ __global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, 
     pack_a_flat<T>(pb, dp);
     wg::pin(pb);
     wg::fence();
+    const uint64_t descKmn = wg::desc_mn<BKV>(sK(st), 0);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dq, pb[kk], wg::desc_mn<BKV>(sK(st), kk));
+    for (int kk = 0; kk < 4; ++kk) wg::Mma<T>::template rs<D>(dq, pb[kk], wg::desc_add(descKmn, kk * 2048));
     wg::commit();
   }
   wg::wait<0>();
@@ -688,7 +707,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
   uint32_t pa[4 * KVT][4];
   auto release = [&](int st) {
     __syncwarp();
@@ -696,12 +715,15 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   };
   uint32_t qa[D / 16][4];  // this warp's 16 Q rows as A fragments, read from the tile once
   auto issue_s = [&](float (&s)[32 * KVT], int st) {
+    const uint64_t d0 = wg::desc_k<KR>(sK(st), 0, 0);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) wg::Mma<T>::rsk128(s, qa[kk], wg::desc_k<KR>(sK(st), 0, kk), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk)
+      wg::Mma<T>::rsk128(s, qa[kk], wg::desc_add(d0, (kk / 4) * (KR * 128) + (kk % 4) * 32), kk > 0);
   };
   auto issue_pv = [&](int st) {
+    const uint64_t d0 = wg::desc_mn<KR>(sV(st), 0);
 #pragma unroll
-    for (int kk = 0; kk < 4 * KVT; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_mn<KR>(sV(st), kk));
+    for (int kk = 0; kk < 4 * KVT; ++kk) wg::Mma<T>::template rs<D>(o, pa[kk], wg::desc_add(d0, kk * 2048));
   };
   auto rescale = [&]() {
 #pragma unroll
@@ -721,16 +743,23 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   mbar_wait(qbar, 0);
   load_a_frags<D, BQ_STEP>(qa, sQw, wq * 16, lane);
   const uint32_t zero = static_cast<uint32_t>(p.Lq) >> 31;  // Lq < 2^31; ptxas cannot know it
-  for (int it = 0; it < steps; ++it) {
+  // One step (KVT list entries). MASKED: the step holds a partial tile, a tile at the kv
+  // edge or a missing last entry; the other steps run a copy of the step without any
+  // masking code (the partial entries come first in the list, so the masked steps are the
+  // first ones and, where Lkv is not a multiple of 64, the step of the edge tile).
+  auto step = [&](int it, auto masked_tag) {
+    constexpr bool MASKED = decltype(masked_tag)::value;
     const int st = it % STAGES;
     // the step's list entries and bitmap words, read before the waits (they do not
     // depend on the stage), so their global latency runs under the wait and S
     TileMask tm[KVT];
+    if constexpr (MASKED) {
 #pragma unroll
-    for (int e = 0; e < KVT; ++e) {
-      int kvb = 0, entry = -1;
-      if (KVT * it + e < rl.n) rl.at(p.mask, KVT * it + e, kvb, entry);
-      tm[e] = tile_mask(p.mask, kvb, entry, qrow);
+      for (int e = 0; e < KVT; ++e) {
+        int kvb = 0, entry = -1;
+        if (KVT * it + e < rl.n) rl.at(p.mask, KVT * it + e, kvb, entry);
+        tm[e] = tile_mask(p.mask, kvb, entry, qrow);
+      }
     }
     mbar_wait(full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
@@ -740,14 +769,16 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     wg::commit();
     wg::wait<0>();
     wg::pin(s);
+    if constexpr (MASKED) {
 #pragma unroll
-    for (int e = 0; e < KVT; ++e) {
-      float(&se)[32] = *reinterpret_cast<float(*)[32]>(s + 32 * e);
-      if (KVT * it + e < rl.n) {
-        mask_scores(se, p, tm[e], t);
-      } else {
+      for (int e = 0; e < KVT; ++e) {
+        float(&se)[32] = *reinterpret_cast<float(*)[32]>(s + 32 * e);
+        if (KVT * it + e < rl.n) {
+          mask_scores(se, p, tm[e], t);
+        } else {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) se[i] = -INFINITY;
+          for (int i = 0; i < 32; ++i) se[i] = -INFINITY;
+        }
       }
     }
     fwd_softmax_p<T, KVT>(s, m, l, alpha, pa, sl2);
@@ -761,6 +792,21 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     wg::pin(o);
     wg::carry(qa, zero);  // no product is in flight here
     release(st);
+  };
+  const int mstep = (rl.np + KVT - 1) / KVT;  // the steps that hold a partial entry
+  const bool ragged = p.Lkv % BKV != 0;
+  for (int it = 0; it < steps; ++it) {
+    bool masked = it < mstep || KVT * it + KVT > rl.n;
+    if (!masked && ragged) {
+#pragma unroll
+      for (int e = 0; e < KVT; ++e) {
+        int kvb, entry;
+        rl.at(p.mask, KVT * it + e, kvb, entry);
+        masked = masked || kvb * BKV + BKV > p.Lkv;
+      }
+    }
+    if (masked) step(it, std::true_type{});
+    else step(it, std::false_type{});
   }
 
 #pragma unroll

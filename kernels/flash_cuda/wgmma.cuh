@@ -41,6 +41,15 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int kk) {
   return desc(tile + kk * 2048, ROWS * 128, 1024);
 }
 
+// The descriptor of the same operand byte_off bytes further on (byte_off a multiple of 16):
+// the start address is the low 14 bits of the low word, and no tile of a CTA's shared
+// memory (< 256 KB) carries out of them, so a 32-bit add of the low word is enough (one
+// instruction per product instead of rebuilding the descriptor).
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t byte_off) {
+  const uint32_t lo = uint32_t(d) + (byte_off >> 4), hi = uint32_t(d >> 32);
+  return (uint64_t(hi) << 32) | lo;
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
