@@ -323,15 +323,18 @@ __device__ __forceinline__ RowList row_list(const FlashMask& m, int b, int h, in
 // mask_kv_edge are the two cases; apply_mask reads the words and applies them at once,
 // tile_mask / apply_tile_mask in two halves, for the sm90a kernels, which read the words
 // before they wait for the scores (flash_sm90a.cu, NOTES.md v14).
+// The words are shifted by the thread's 2 t once, so that each score's test is an and
+// with a constant (one instruction) instead of a shift by a register and an and.
 __device__ __forceinline__ void mask_by_bits(float (&s)[8][4], const uint32_t (&w0)[2], const uint32_t (&w1)[2],
                                              int t) {
+  const uint32_t a[2] = {w0[0] >> (2 * t), w0[1] >> (2 * t)}, b[2] = {w1[0] >> (2 * t), w1[1] >> (2 * t)};
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
-      const int bit = (j % 4) * 8 + 2 * t + x;
-      if (!((w0[j / 4] >> bit) & 1u)) s[j][x] = -INFINITY;
-      if (!((w1[j / 4] >> bit) & 1u)) s[j][2 + x] = -INFINITY;
+      const uint32_t bit = 1u << ((j % 4) * 8 + x);
+      if (!(a[j / 4] & bit)) s[j][x] = -INFINITY;
+      if (!(b[j / 4] & bit)) s[j][2 + x] = -INFINITY;
     }
 }
 __device__ __forceinline__ void mask_kv_edge(float (&s)[8][4], int kv0, int Lkv, int t) {

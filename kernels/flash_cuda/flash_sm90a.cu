@@ -295,6 +295,7 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   const int krow = wq * 16 + g;  // this thread's keys: krow, krow + 8 (within the column)
   const int word = wq / 2;       // keys 16 wq .. 16 wq + 15 sit in word (16 wq) / 32 of a bitmap row
+  const uint32_t key0 = 1u << (krow % 32), key1 = 1u << ((krow + 8) % 32);  // their bits in it
   auto release = [&](int st) {
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(st));
@@ -344,21 +345,25 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
       wg::pin(s);
       // P^T = exp2(s * sl2 - lse2[q]) (0 where masked)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j) {
+        // the bitmap rows of query columns c = 8 j + 2 t and c + 1, both words of each,
+        // in one 16-byte read; this warp's keys sit in word `word`
+        uint4 bits = make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (partial) bits = *reinterpret_cast<const uint4*>(sBits + 2 * (8 * j + 2 * t));
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          const int c = 8 * j + 2 * t + x;  // query column within the step
           const float l2 = x ? l2v[j].y : l2v[j].x;
           float p0 = fast_exp2(fmaf(s[4 * j + x], sl2, -l2));
           float p1 = fast_exp2(fmaf(s[4 * j + 2 + x], sl2, -l2));
           if constexpr (partial) {
-            const uint32_t bw = sBits[c * 2 + word];
-            if (!((bw >> (krow % 32)) & 1u)) p0 = 0.f;
-            if (!((bw >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
+            const uint32_t bw = x ? (word ? bits.w : bits.z) : (word ? bits.y : bits.x);
+            if (!(bw & key0)) p0 = 0.f;
+            if (!(bw & key1)) p1 = 0.f;
           }
           s[4 * j + x] = p0;
           s[4 * j + 2 + x] = p1;
         }
+      }
       uint32_t pa[4][4], pb[4][4];
       pack_a_flat<T>(pa, s);
       // dV += P^T dO runs while dS is computed
