@@ -7,7 +7,8 @@ OUTDIR=${1:-build-flash}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)   # absolute, before changing directory
 cd "$(dirname "$0")"
-ARCH="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"
+# FLASH_ARCH replaces the list (e.g. "-gencode arch=compute_90,code=sm_90" for a quick H200-only A/B build).
+ARCH=${FLASH_ARCH:-"-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_120,code=sm_120 -gencode arch=compute_120,code=compute_120"}
 FLAGS="-O3 -std=c++17 -lineinfo $ARCH -Xptxas -v"
 pids=()
 for f in flash_attention flash_forward flash_backward flash_schedule check_flash_cuda; do

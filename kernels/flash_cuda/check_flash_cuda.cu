@@ -18,13 +18,14 @@
 //                              atomic dQ NOTES.md v2/v3 compare; the DFlash case is first
 //                              checked against the reference at H=4.
 //   ./check_flash_cuda sweep   the bench's DFlash problem (and causal 8192 with
-//                              FLASHDRAFT_SWEEP_CAUSAL=1), sm90a only: variants given as
+//                              FLASHDRAFT_SWEEP_CAUSAL=1), in the sm90a configuration or the
+//                              one FLASHDRAFT_SWEEP_CONFIG names (sm120, sm90): variants given as
 //                              environment settings, FLASHDRAFT_SWEEP="name|VAR=v VAR=v;name|..."
 //                              (an empty list of settings is the default), timed in
 //                              alternating rounds (FLASHDRAFT_SWEEP_ROUNDS, default 4) in
 //                              one process, on the same inputs.
-//   ./check_flash_cuda profile the bench's DFlash problem, sm90a, 3 forward and 3 backward
-//                              calls (for ncu: --launch-skip picks one).
+//   ./check_flash_cuda profile the bench's DFlash problem, sm90a (or FLASHDRAFT_SWEEP_CONFIG),
+//                              3 forward and 3 backward calls (for ncu: --launch-skip picks one).
 // FLASHDRAFT_CHECK_SEED=<n> fixes the seed (printed on every run) instead of the clock's.
 // FLASHDRAFT_CHECK_SCHEDULE=grid|longest-first sets the CTA order `bench` times (default:
 // FlashParams' own, longest first); `tail` times both.
@@ -502,6 +503,22 @@ FlashParams make_params(const Problem& pr, const Buffers& bf, const DeviceMask& 
   return p;
 }
 
+// One bf16 problem set up on the device for timing: its mask, buffers (random inputs from
+// `seed`, a workspace of ws_bytes) and the parameters of a call; freed on scope exit.
+struct BenchSetup {
+  DeviceMask dm;
+  Buffers bf;
+  FlashParams p;
+  BenchSetup(const Problem& pr, uint64_t seed, size_t ws_bytes) {
+    dm.init(pr.mask);
+    alloc_buffers<__nv_bfloat16>(pr, bf, seed, ws_bytes);
+    p = make_params(pr, bf, dm, DType::bf16);
+  }
+  ~BenchSetup() { free_buffers(bf); }
+  BenchSetup(const BenchSetup&) = delete;
+  BenchSetup& operator=(const BenchSetup&) = delete;
+};
+
 static int g_failures = 0;
 
 // scale_error != 1: negative control -- the kernel runs with a wrong scale and the check
@@ -712,13 +729,11 @@ bool g_bench_schedule_set = false;  // FLASHDRAFT_CHECK_SCHEDULE (main)
 Schedule g_bench_schedule = Schedule::longest_first;
 
 void bench_problem(const Problem& pr, const char* label) {
-  DeviceMask dm;
-  dm.init(pr.mask);
-  Buffers bf;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(),
-                               workspace_bytes(pr) + (size_t)pr.B * pr.Hq * ((pr.mask.Lq + 127) / 128 * 128) * pr.D *
-                                                         4);  // + room for the atomic-dQ phase timing
-  FlashParams p = make_params(pr, bf, dm, DType::bf16);
+  BenchSetup su(pr, 1234 + std::random_device{}(),
+                workspace_bytes(pr) + (size_t)pr.B * pr.Hq * ((pr.mask.Lq + 127) / 128 * 128) * pr.D *
+                                          4);  // + room for the atomic-dQ phase timing
+  FlashParams& p = su.p;
+  const DeviceMask& dm = su.dm;
   if (g_bench_schedule_set) p.schedule = g_bench_schedule;
   const double pairs = (double)pr.mask.pairs() * (pr.mask.heads == 1 ? pr.Hq : 1) * (pr.mask.batch == 1 ? pr.B : 1);
   const double fl_f = 4.0 * pairs * pr.D, fl_b = 2.5 * fl_f;
@@ -736,7 +751,6 @@ void bench_problem(const Problem& pr, const char* label) {
   time_phases<false, 1, 1>(p, label);
   time_phases<false, 2, 1>(p, label);
   time_phases<true, 1, 1>(p, label);
-  free_buffers(bf);
 }
 
 // ------------------------------------------------------------------ sweep
@@ -780,12 +794,10 @@ std::vector<SweepVariant> parse_sweep(const char* spec) {
   if (vs.empty()) vs.push_back({"default", {}});
   return vs;
 }
-void sweep_problem(const Problem& pr, const char* label, const std::vector<SweepVariant>& vs, int rounds) {
-  DeviceMask dm;
-  dm.init(pr.mask);
-  Buffers bf;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 1234 + std::random_device{}(), workspace_bytes(pr));
-  FlashParams p = make_params(pr, bf, dm, DType::bf16);
+void sweep_problem(const Problem& pr, const char* label, const std::vector<SweepVariant>& vs, int rounds,
+                   Config cfg) {
+  BenchSetup su(pr, 1234 + std::random_device{}(), workspace_bytes(pr));
+  FlashParams& p = su.p;
   std::vector<std::string> vars;
   for (const auto& v : vs)
     for (const auto& e : v.env)
@@ -795,20 +807,21 @@ void sweep_problem(const Problem& pr, const char* label, const std::vector<Sweep
     for (size_t k = 0; k < vs.size(); ++k) {
       for (const auto& n : vars) unsetenv(n.c_str());
       for (const auto& e : vs[k].env) setenv(e.first.c_str(), e.second.c_str(), 1);
-      const Timing tm = time_calls(p, Config::sm90a, 30);
+      const Timing tm = time_calls(p, cfg, 30);
       f[k].push_back(tm.fwd), b[k].push_back(tm.bwd);
-      std::printf("SWEEP %s round %d %-14s fwd %.3f bwd %.3f ms\n", label, r, vs[k].name.c_str(), tm.fwd, tm.bwd);
+      std::printf("SWEEP %s %s round %d %-14s fwd %.3f bwd %.3f ms\n", label, flash_config_name(cfg), r,
+                  vs[k].name.c_str(), tm.fwd, tm.bwd);
       std::fflush(stdout);
     }
   for (const auto& n : vars) unsetenv(n.c_str());
-  std::printf("| %s | variant | fwd ms (rounds) | bwd ms (rounds) | median fwd+bwd |\n| --- | --- | --- | --- | --- |\n", label);
+  std::printf("| %s %s | variant | fwd ms (rounds) | bwd ms (rounds) | median fwd+bwd |\n| --- | --- | --- | --- | --- |\n",
+              label, flash_config_name(cfg));
   for (size_t k = 0; k < vs.size(); ++k) {
     std::string fs, bs;
     for (int r = 0; r < rounds; ++r) fs += fmt(r ? " / %.3f" : "%.3f", f[k][r]), bs += fmt(r ? " / %.3f" : "%.3f", b[k][r]);
     std::printf("| %s | %s | %s | %s | %.3f |\n", label, vs[k].name.c_str(), fs.c_str(), bs.c_str(),
                 median(f[k]) + median(b[k]));
   }
-  free_buffers(bf);
 }
 
 // ------------------------------------------------------------------ tail (SM occupancy)
@@ -958,11 +971,8 @@ CtaFit fit_ctas(const std::vector<unsigned long long>& tr, size_t first, size_t 
 }
 
 void tail_problem(const Problem& pr, const char* label, const std::vector<Config>& cfgs, int nsm) {
-  DeviceMask dm;
-  dm.init(pr.mask);
-  Buffers bf;
-  alloc_buffers<__nv_bfloat16>(pr, bf, 4321 + std::random_device{}(), workspace_bytes(pr));
-  FlashParams p = make_params(pr, bf, dm, DType::bf16);
+  BenchSetup su(pr, 4321 + std::random_device{}(), workspace_bytes(pr));
+  FlashParams& p = su.p;
   const size_t slots = flash_trace_slots(p, true), dq_first = flash_trace_dq_first(p);
   unsigned long long* dtrace = nullptr;
   CK(cudaMalloc(&dtrace, slots * 4 * sizeof(unsigned long long)));
@@ -1039,7 +1049,6 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
     }
   }
   cudaFree(dtrace);
-  free_buffers(bf);
 }
 
 int main(int argc, char** argv) {
@@ -1105,26 +1114,31 @@ int main(int argc, char** argv) {
     Problem big;
     big.B = 1, big.Hq = 32, big.Hkv = 32, big.D = 128;
     mask_dflash(big.mask, 1, 4096, 512, 16, 0, rng);  // the bench's first draw: the same mask
+    Config cfg = Config::sm90a;
+    if (const char* c = std::getenv("FLASHDRAFT_SWEEP_CONFIG"); c && *c) {
+      if (!flash_parse_config(c, &cfg) || cfg == Config::automatic ||
+          std::find(cfgs.begin(), cfgs.end(), cfg) == cfgs.end()) {
+        std::fprintf(stderr, "FLASHDRAFT_SWEEP_CONFIG=\"%s\": expected one of the configurations this device runs:", c);
+        for (Config k : cfgs) std::fprintf(stderr, " %s", flash_config_name(k));
+        std::fprintf(stderr, "\n");
+        return 2;
+      }
+    }
     if (mode == "profile") {
-      DeviceMask dm;
-      dm.init(big.mask);
-      Buffers bf;
-      alloc_buffers<__nv_bfloat16>(big, bf, 1234, workspace_bytes(big));
-      FlashParams p = make_params(big, bf, dm, DType::bf16);
-      for (int i = 0; i < 3; ++i) flash_forward(p, Config::sm90a);
-      for (int i = 0; i < 3; ++i) flash_backward(p, Config::sm90a);
+      BenchSetup su(big, 1234, workspace_bytes(big));
+      for (int i = 0; i < 3; ++i) flash_forward(su.p, cfg);
+      for (int i = 0; i < 3; ++i) flash_backward(su.p, cfg);
       CK(cudaDeviceSynchronize());
-      free_buffers(bf);
     } else {
       const char* rs = std::getenv("FLASHDRAFT_SWEEP_ROUNDS");
       const int rounds = rs && *rs ? std::max(1, std::atoi(rs)) : 4;
       const std::vector<SweepVariant> vs = parse_sweep(std::getenv("FLASHDRAFT_SWEEP"));
-      sweep_problem(big, "dflash", vs, rounds);
+      sweep_problem(big, "dflash", vs, rounds, cfg);
       if (const char* c = std::getenv("FLASHDRAFT_SWEEP_CAUSAL"); c && *c == '1') {
         Problem causal;
         causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
         mask_causal(causal.mask, 8192, 8192);
-        sweep_problem(causal, "causal", vs, rounds);
+        sweep_problem(causal, "causal", vs, rounds, cfg);
       }
     }
   }
