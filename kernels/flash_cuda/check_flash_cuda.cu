@@ -21,7 +21,9 @@
 //                              FLASHDRAFT_SWEEP_CAUSAL=1), in the sm90a configuration or the
 //                              one FLASHDRAFT_SWEEP_CONFIG names (sm120, sm90): variants given as
 //                              environment settings, FLASHDRAFT_SWEEP="name|VAR=v VAR=v;name|..."
-//                              (an empty list of settings is the default), timed in
+//                              (an empty list of settings is the default; the setting
+//                              FLASHDRAFT_SWEEP_SCHEDULE=grid|longest-first sets the variant's
+//                              CTA order), timed in
 //                              alternating rounds (FLASHDRAFT_SWEEP_ROUNDS, default 4) in
 //                              one process, on the same inputs.
 //   ./check_flash_cuda profile the bench's DFlash problem, sm90a (or FLASHDRAFT_SWEEP_CONFIG),
@@ -797,7 +799,7 @@ std::vector<SweepVariant> parse_sweep(const char* spec) {
 void sweep_problem(const Problem& pr, const char* label, const std::vector<SweepVariant>& vs, int rounds,
                    Config cfg) {
   BenchSetup su(pr, 1234 + std::random_device{}(), workspace_bytes(pr));
-  FlashParams& p = su.p;
+  FlashParams p = su.p;  // a variant may set its own schedule
   std::vector<std::string> vars;
   for (const auto& v : vs)
     for (const auto& e : v.env)
@@ -807,6 +809,15 @@ void sweep_problem(const Problem& pr, const char* label, const std::vector<Sweep
     for (size_t k = 0; k < vs.size(); ++k) {
       for (const auto& n : vars) unsetenv(n.c_str());
       for (const auto& e : vs[k].env) setenv(e.first.c_str(), e.second.c_str(), 1);
+      p.schedule = su.p.schedule;
+      if (const char* sc = std::getenv("FLASHDRAFT_SWEEP_SCHEDULE"); sc && *sc) {
+        if (std::string(sc) != "grid" && std::string(sc) != "longest-first") {
+          std::fprintf(stderr, "FLASHDRAFT_SWEEP_SCHEDULE=\"%s\" in variant %s: expected grid or longest-first\n", sc,
+                       vs[k].name.c_str());
+          std::exit(2);
+        }
+        p.schedule = std::string(sc) == "grid" ? Schedule::grid : Schedule::longest_first;
+      }
       const Timing tm = time_calls(p, cfg, 30);
       f[k].push_back(tm.fwd), b[k].push_back(tm.bwd);
       std::printf("SWEEP %s %s round %d %-14s fwd %.3f bwd %.3f ms\n", label, flash_config_name(cfg), r,
