@@ -727,6 +727,13 @@ Timing time_calls(const FlashParams& p, Config cfg, int rounds) {
   return t;
 }
 
+// The CTA orders' names as FLASHDRAFT_CHECK_SCHEDULE and FLASHDRAFT_SWEEP_SCHEDULE take them;
+// false for anything else.
+bool parse_schedule(const std::string& name, Schedule* out) {
+  if (name != "grid" && name != "longest-first") return false;
+  *out = name == "grid" ? Schedule::grid : Schedule::longest_first;
+  return true;
+}
 bool g_bench_schedule_set = false;  // FLASHDRAFT_CHECK_SCHEDULE (main)
 Schedule g_bench_schedule = Schedule::longest_first;
 
@@ -810,13 +817,10 @@ void sweep_problem(const Problem& pr, const char* label, const std::vector<Sweep
       for (const auto& n : vars) unsetenv(n.c_str());
       for (const auto& e : vs[k].env) setenv(e.first.c_str(), e.second.c_str(), 1);
       p.schedule = su.p.schedule;
-      if (const char* sc = std::getenv("FLASHDRAFT_SWEEP_SCHEDULE"); sc && *sc) {
-        if (std::string(sc) != "grid" && std::string(sc) != "longest-first") {
-          std::fprintf(stderr, "FLASHDRAFT_SWEEP_SCHEDULE=\"%s\" in variant %s: expected grid or longest-first\n", sc,
-                       vs[k].name.c_str());
-          std::exit(2);
-        }
-        p.schedule = std::string(sc) == "grid" ? Schedule::grid : Schedule::longest_first;
+      if (const char* sc = std::getenv("FLASHDRAFT_SWEEP_SCHEDULE"); sc && *sc && !parse_schedule(sc, &p.schedule)) {
+        std::fprintf(stderr, "FLASHDRAFT_SWEEP_SCHEDULE=\"%s\" in variant %s: expected grid or longest-first\n", sc,
+                     vs[k].name.c_str());
+        std::exit(2);
       }
       const Timing tm = time_calls(p, cfg, 30);
       f[k].push_back(tm.fwd), b[k].push_back(tm.bwd);
@@ -1076,13 +1080,11 @@ int main(int argc, char** argv) {
   std::mt19937 rng((uint32_t)seed);
   std::printf("seed %llu\n", (unsigned long long)seed);
   if (const char* sch = std::getenv("FLASHDRAFT_CHECK_SCHEDULE"); sch != nullptr && *sch) {
-    const std::string v = sch;
-    if (v != "grid" && v != "longest-first") {
+    if (!parse_schedule(sch, &g_bench_schedule)) {
       std::fprintf(stderr, "FLASHDRAFT_CHECK_SCHEDULE=\"%s\": expected \"grid\" or \"longest-first\"\n", sch);
       return 2;
     }
     g_bench_schedule_set = true;
-    g_bench_schedule = v == "grid" ? Schedule::grid : Schedule::longest_first;
     std::printf("bench schedule %s (FLASHDRAFT_CHECK_SCHEDULE)\n", sch);
   }
   std::vector<Config> cfgs = {Config::sm120};
