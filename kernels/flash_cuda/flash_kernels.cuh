@@ -639,7 +639,8 @@ struct KvCursor {
 
 // Stages the per-row data of a dK/dV step behind its Q and dO tiles (the layout both
 // dK/dV kernels read): lse2[64] at +0, delta[64] at +256, the step's 64 bitmap rows
-// (2 words each) of a partial tile at +512, and the int flag "partial" at +1024.
+// (2 words each) of a partial tile at +512, the int flag "partial" at +1024 and the
+// step's q head and first row at +1028 / +1032 (read only by the atomic-dQ variant).
 // sl / meta: the same place as a shared-memory address and as a pointer; row: the
 // step's first row in the padded workspace. Threads 0..63 issue the copies.
 __device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta, const KvStep& s,
@@ -650,7 +651,12 @@ __device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta,
   else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
     cp_async16(sl + 512 + (tid - 32) * 16,
                p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
-  if (tid == 0) *reinterpret_cast<int*>(meta + 1024) = s.entry >= 0 ? 1 : 0;
+  if (tid == 0) {
+    int* flags = reinterpret_cast<int*>(meta + 1024);
+    flags[0] = s.entry >= 0 ? 1 : 0;
+    flags[1] = s.h;
+    flags[2] = s.q0;
+  }
 }
 
 // DQ_ATOMIC: also dQ += dS K for the step (dS^T through shared memory, keys contracted
@@ -689,13 +695,17 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
 
   load_tile<D, BKV, 128>(sK, K, p.k_strides.row, kv0, p.Lkv, tid);
   load_tile<D, BKV, 128>(sV, V, p.v_strides.row, kv0, p.Lkv, tid);
+  // One cursor: the loads walk the transposed lists STAGES - 1 steps ahead and count the
+  // steps they issue; step `it` exists iff it < issued (the loads end only at the list's end).
   KvCursor lc;
   KvStep ls;
+  int issued = 0;
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (lc.settle(p, b, hk, kvb, kv_blocks, ls)) {
       load_step(ls, s);
       lc.advance();
+      ++issued;
     }
     cp_async_commit();
   }
@@ -708,13 +718,12 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
     for (int x = 0; x < 4; ++x) dk[0][j][x] = dv[0][j][x] = 0.f;
   const int krow = warp * 16 + g;  // this thread's keys: krow, krow + 8 (within the tile)
 
-  KvCursor cc;
-  KvStep cs;
-  for (int it = 0; cc.settle(p, b, hk, kvb, kv_blocks, cs); ++it, cc.advance()) {
+  for (int it = 0; it < issued; ++it) {
     {
       if (lc.settle(p, b, hk, kvb, kv_blocks, ls)) {
         load_step(ls, (it + STAGES - 1) % STAGES);
         lc.advance();
+        ++issued;
       }
       cp_async_commit();
     }
@@ -725,43 +734,62 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
     const float* sL = reinterpret_cast<const float*>(smem + off + 2 * S::kQ);
     const float* sDelta = sL + 64;
     const uint32_t* sBits = reinterpret_cast<const uint32_t*>(sL + 128);
-    const bool partial = *reinterpret_cast<const int*>(sL + 256) != 0;
+    const int* sFlags = reinterpret_cast<const int*>(sL + 256);
+    const bool partial = sFlags[0] != 0;
 
-    // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys x 64 queries
-    float s[1][8][4], dp[1][8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) s[0][j][x] = dp[0][j][x] = 0.f;
-    gemm_abt_mt<T, D, 1>(s, sK, warp * 16, sQ, la);
-    gemm_abt_mt<T, D, 1>(dp, sV, warp * 16, sdO, la);
-
-    // P^T = exp2(s * sl2 - lse2[q]) (0 where masked), dS^T = P^T (dP^T - delta[q])
-    const int word = warp / 2;  // keys 16w..16w+15 all sit in word (16w)/32 of a row
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int c = 8 * j + 2 * t + x;  // query column within the step
-        const float l2 = sL[c], de = sDelta[c];
-        float p0 = fast_exp2(fmaf(s[0][j][x], sl2, -l2));
-        float p1 = fast_exp2(fmaf(s[0][j][2 + x], sl2, -l2));
-        if (partial) {
-          const uint32_t w = sBits[c * 2 + word];
-          if (!((w >> (krow % 32)) & 1u)) p0 = 0.f;
-          if (!((w >> ((krow + 8) % 32)) & 1u)) p1 = 0.f;
-        }
-        s[0][j][x] = p0;
-        s[0][j][2 + x] = p1;
-        dp[0][j][x] = p0 * (dp[0][j][x] - de);
-        dp[0][j][2 + x] = p1 * (dp[0][j][2 + x] - de);
-      }
-    // dV += P^T dO, dK += dS^T Q (contraction over the 64 queries)
+    // S^T = K Q^T: this warp's 16 keys x 64 queries; P^T = exp2(s * sl2 - lse2[q]) (0
+    // where masked), rounded to T at once (as the dQ pass does), so that S and dP^T are
+    // never live together: dV += P^T dO runs before dP^T = V dO^T.
+    uint32_t pa[1][4][4];
     {
-      uint32_t pa[1][4][4];
-      pack_a<T>(pa[0], s[0]);
-      gemm_pv_mt<T, D, 1>(dv, pa, sdO, la);
-      pack_a<T>(pa[0], dp[0]);
+      float s[1][8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[0][j][x] = 0.f;
+      gemm_abt_mt<T, D, 1>(s, sK, warp * 16, sQ, la);
+      const int word = warp / 2;  // keys 16w..16w+15 all sit in word (16w)/32 of a row
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = 8 * j + 2 * t;  // the thread's two query columns within the step
+        const float2 l2 = *reinterpret_cast<const float2*>(sL + c);
+        uint32_t w0 = 0, w1 = 0;
+        if (partial) w0 = sBits[c * 2 + word], w1 = sBits[c * 2 + 2 + word];
+#pragma unroll
+        for (int hx = 0; hx < 2; ++hx) {  // keys krow (hx 0) and krow + 8 (hx 1)
+          float e0 = fast_exp2(fmaf(s[0][j][2 * hx], sl2, -l2.x));
+          float e1 = fast_exp2(fmaf(s[0][j][2 * hx + 1], sl2, -l2.y));
+          if (partial) {
+            const int bit = (krow + 8 * hx) % 32;
+            if (!((w0 >> bit) & 1u)) e0 = 0.f;
+            if (!((w1 >> bit) & 1u)) e1 = 0.f;
+          }
+          pa[0][j / 2][(j % 2) * 2 + hx] = Ops<T>::pack(e0, e1);
+        }
+      }
+    }
+    gemm_pv_mt<T, D, 1>(dv, pa, sdO, la);
+    // dP^T = V dO^T, then dS^T = P^T (dP^T - delta[q]) in place over P^T's fragments
+    {
+      float dp[1][8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) dp[0][j][x] = 0.f;
+      gemm_abt_mt<T, D, 1>(dp, sV, warp * 16, sdO, la);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 de = *reinterpret_cast<const float2*>(sDelta + 8 * j + 2 * t);
+#pragma unroll
+        for (int hx = 0; hx < 2; ++hx) {
+          uint32_t& w = pa[0][j / 2][(j % 2) * 2 + hx];
+          const float2 pr = Ops<T>::unpack(w);
+          w = Ops<T>::pack(pr.x * (dp[0][j][2 * hx] - de.x), pr.y * (dp[0][j][2 * hx + 1] - de.y));
+        }
+      }
+    }
+    // dK += dS^T Q (contraction over the 64 queries)
+    {
       gemm_pv_mt<T, D, 1>(dk, pa, sQ, la);
       if constexpr (DQ_ATOMIC) {
         // this warp's dS^T rows (keys 16w + g, +8) into the [key][query] tile
@@ -783,7 +811,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
         gemm_pv_mt<T, D, 1>(acc, pa, sK, la);
-        float* dst = dq_acc + (((int64_t)b * p.Hq + cs.h) * Lq_pad + cs.q0 + warp * 16 + g) * D + 2 * t;
+        float* dst = dq_acc + (((int64_t)b * p.Hq + sFlags[1]) * Lq_pad + sFlags[2] + warp * 16 + g) * D + 2 * t;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
 #if __CUDA_ARCH__ >= 900
