@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds check_flash_cuda (SASS for sm_80, sm_90, sm_120 + compute_120 PTX; flash_sm90a.cu for sm_90a) into $1 (default build-flash,
 # relative to the caller's directory).
-# The ptxas resource report goes to $1/ptxas.log.
+# The ptxas resource report goes to $1/ptxas.log; its table (ptxas_report.py) is printed last.
 set -e
 OUTDIR=${1:-build-flash}
 mkdir -p "$OUTDIR"
@@ -26,3 +26,5 @@ if [ $rc -ne 0 ]; then grep -B2 -A5 -i error "$OUTDIR/ptxas.log" | head -50; exi
 nvcc $ARCH -gencode arch=compute_90a,code=sm_90a "$OUTDIR"/flash_attention.o "$OUTDIR"/flash_forward.o \
   "$OUTDIR"/flash_backward.o "$OUTDIR"/flash_schedule.o "$OUTDIR"/flash_sm90a.o "$OUTDIR"/check_flash_cuda.o -o "$OUTDIR/check_flash_cuda"
 echo "built $OUTDIR/check_flash_cuda"
+# registers and spills of the attention kernels, the ones that spill first
+python3 ptxas_report.py "$OUTDIR/ptxas.log" flash_ ws_ wg_ | head -24 || true
