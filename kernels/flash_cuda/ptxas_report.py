@@ -84,7 +84,7 @@ def main(argv):
         return 2
     keep = argv[2:]
     # build.sh's report holds every object's entries: check_flash_cuda.o repeats the kernels
-    rows = sorted(set(r for r in rows if not keep or any(k in r[0] for k in keep)))
+    rows = list(set(r for r in rows if not keep or any(k in r[0] for k in keep)))
     rows.sort(key=lambda r: (-(r[3] + r[4]), r[0], r[1]))
     print("| kernel | arch | registers | spill stores B | spill loads B | stack B |")
     print("| --- | --- | --- | --- | --- | --- |")
