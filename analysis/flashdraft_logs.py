@@ -13,8 +13,12 @@ A run log (written by core/src/trainer.cpp through core/src/run_log.cpp) holds:
     /kernels/forward   [steps, layers] int32 variant ids (-1 = no call)
     /kernels/backward  idem; ids index /kernels/names (fixed-length strings)
     /events/{step,kind,message}
-    /eval/...          (optional) validation rows: step, loss, tau (tau_method says how
-                       it was measured: "target verification" or data tokens), tau_data, ...
+    /eval/...          (optional) validation rows: step, loss, tau_served (the acceptance
+                       length a server measures; tau_served_method says how), tau_served_se,
+                       tau_anchor (uniform anchors, a diagnostic that overstates it),
+                       tau_data, tau_sim, ... Logs older than served validation call the
+                       anchor figure tau / tau_method: they are read as tau_anchor /
+                       tau_anchor_method.
 
 The writer is in SWMR mode and extends one dataset after another, so a reader of
 a live log (or of a log left by a killed run) may see per-step datasets of
@@ -312,6 +316,10 @@ class Run:
                     self.eval_positions = pd.DataFrame(
                         a.astype(np.float64), index=pd.Index(step, name="step"),
                         columns=pd.Index(range(1, a.shape[1] + 1), name="position"))
+        # Logs written before served validation: the anchor figure was "tau".
+        for old, new in (("tau", "tau_anchor"), ("tau_method", "tau_anchor_method")):
+            if old in cols and new not in cols:
+                cols[new] = cols.pop(old)
         self.eval = pd.DataFrame(cols)
 
     # --- conveniences -------------------------------------------------------------
@@ -516,22 +524,41 @@ def plot_position_accuracy(run, ax=None):
 
 
 def tau_comparison(run) -> str:
-    """One line on the last validation's acceptance lengths: how eval tau was measured
-    ("target verification" or data tokens) and, with target verification, whether
-    tau_data (leading matches with the data's tokens) agrees. They agree when the data is
-    the target's own greedy output; otherwise tau (the target's verdict) is the one that
-    counts. "" when the log has no such columns."""
+    """The last validation's acceptance lengths side by side, one line each:
+    tau_served (what a server measures: held-out responses decoded block after block; by
+    the online target, or on the data's tokens), tau_anchor (the same acceptance at uniformly
+    drawn anchors, by target verification when it can; it overstates tau_served when
+    acceptance is uneven) with tau_data, and tau_sim. "" when the log has no such columns."""
     run = load_run(run)
     e = run.eval
-    if e is None or "tau_method" not in e or "tau_data" not in e or not len(e):
+    if e is None or not len(e):
         return ""
-    method, tau, data = e["tau_method"].iloc[-1], e["tau"].iloc[-1], e["tau_data"].iloc[-1]
-    if method != "target verification":
-        return f"tau: {method}"
-    if tau == data:
-        return f"tau: target verification {tau:.4f}; tau_data equals it (the data is the target's own greedy output)"
-    return (f"tau: target verification {tau:.4f}; tau_data {data:.4f} differs by {data - tau:+.4f} "
-            "(the data is not the target's greedy output: tau is the one that counts)")
+    lines = []
+    served = float("nan")
+    if "tau_served" in e and "tau_served_method" in e:
+        served = float(e["tau_served"].iloc[-1])
+        se = float(e["tau_served_se"].iloc[-1]) if "tau_served_se" in e else float("nan")
+        method = e["tau_served_method"].iloc[-1]
+        line = f"tau_served {served:.4f}" + (f" +- {se:.4f}" if se == se else "") + f": {method}"
+        if str(method).startswith("target") and "tau_served_data" in e:
+            data = float(e["tau_served_data"].iloc[-1])
+            if data == data:
+                line += f"; on the data's tokens {data:.4f}" + (
+                    " (equal: the data is the target's greedy text)" if data == served else "")
+        lines.append(line)
+    if "tau_anchor_method" in e and "tau_data" in e and "tau_anchor" in e:
+        method, tau, data = e["tau_anchor_method"].iloc[-1], e["tau_anchor"].iloc[-1], e["tau_data"].iloc[-1]
+        line = f"tau_anchor {tau:.4f} ({method})"
+        if method == "target verification":
+            line += ("; tau_data equals it (the data is the target's own greedy output)" if tau == data else
+                     f"; tau_data {data:.4f} differs by {data - tau:+.4f} (the data is not the target's greedy output)")
+        lines.append(line)
+        if served == served and served > 0:
+            rel = f"against it tau_anchor is {100 * (tau / served - 1):+.1f}%"
+            if "tau_sim" in e:
+                rel += f", tau_sim {100 * (e['tau_sim'].iloc[-1] / served - 1):+.1f}%"
+            lines.append("which tau to trust: tau_served (what a server measures); " + rel)
+    return "\n".join(lines)
 
 
 def plot_tau_sim(run, ax=None):
@@ -550,9 +577,10 @@ def plot_tau_sim(run, ax=None):
         ax.plot(s["step"], _ema(s["tau_sim"].to_numpy(), 2.0 / (1 + max(5, len(s) // 20))), color="C2", lw=2,
                 label="moving average")
     if run.eval is not None:
-        for c, m in (("tau_sim", "s-"), ("tau", "^-"), ("tau_data", "v--")):
-            if c in run.eval:
-                ax.plot(run.eval["step"], run.eval[c], m, label=f"eval {c}")
+        for c, m, lw in (("tau_served", "o-", 2.5), ("tau_anchor", "^--", 1), ("tau_sim", "s:", 1)):
+            if c in run.eval and run.eval[c].notna().any():
+                ax.plot(run.eval["step"], run.eval[c], m, lw=lw,
+                        label=f"eval {c}" + (" (what a server measures)" if c == "tau_served" else ""))
     ax.set_xlabel("step")
     ax.set_ylabel("tau_sim (tokens accepted per block)")
     ax.grid(alpha=0.3)

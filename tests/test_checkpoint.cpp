@@ -68,7 +68,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 // One finished 16-step run, shared by the tests that only read or damage its files.
 struct Reference {
   std::string dir, exp, log;
-  std::vector<double> loss, eval_step, eval_loss, eval_tau;
+  std::vector<double> loss, eval_step, eval_loss, eval_tau, eval_served;
 };
 const Reference& reference() {
   static Reference r = [] {
@@ -82,7 +82,8 @@ const Reference& reference() {
     x.loss = log.f64("steps/loss");
     x.eval_step = log.f64("eval/step");
     x.eval_loss = log.f64("eval/loss");
-    x.eval_tau = log.f64("eval/tau");
+    x.eval_tau = log.f64("eval/tau_anchor");
+    x.eval_served = log.f64("eval/tau_served");
     return x;
   }();
   return r;
@@ -159,10 +160,11 @@ TEST(Checkpoint, SigkilledRunResumedFromStepNLogsBitwiseIdenticalLosses) {
   // Validation rows: the same steps and numbers as the uninterrupted run, once each.
   EXPECT_EQ(r.f64("eval/step"), ref.eval_step);
   EXPECT_EQ(r.f64("eval/loss"), ref.eval_loss);
-  EXPECT_EQ(r.f64("eval/tau"), ref.eval_tau);
+  EXPECT_EQ(r.f64("eval/tau_anchor"), ref.eval_tau);
+  EXPECT_EQ(r.f64("eval/tau_served"), ref.eval_served);
   // inspect's validation table: the scalar measures only, one row per validation.
   ASSERT_EQ(test::run_cli({"inspect", log_path}, &out), 0) << out;
-  EXPECT_TRUE(contains(out, "      step      loss       tau  tau_data   tau_sim\n")) << out;
+  EXPECT_TRUE(contains(out, "      step       loss tau_served     +- tau_anchor   tau_data    tau_sim\n")) << out;
   // The events record the resume (and keep the killed run's history).
   const auto kinds = r.strings("events/kind");
   EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "resume"), 1);
@@ -208,7 +210,8 @@ TEST(Checkpoint, InterruptedRunCheckpointsWhereItStoppedAndLatestContinuesIt) {
   LogReader r(log_path);
   EXPECT_EQ(r.f64("steps/loss"), ref.loss);
   EXPECT_EQ(r.f64("eval/step"), ref.eval_step);
-  EXPECT_EQ(r.f64("eval/tau"), ref.eval_tau);
+  EXPECT_EQ(r.f64("eval/tau_anchor"), ref.eval_tau);
+  EXPECT_EQ(r.f64("eval/tau_served"), ref.eval_served);
 }
 
 TEST(Checkpoint, DamagedCheckpointsAreRefusedWithTheFileAndTheProblem) {
@@ -384,7 +387,7 @@ TEST(Validation, EvalRowsTauBoundsAndTauRisesWithTraining) {
   LogReader r(dir + "/tiny.h5");
   EXPECT_EQ(r.f64("eval/step"), (std::vector<double>{0, 20, 40, 60}));
   EXPECT_EQ(r.shape("eval/position_accuracy"), (std::vector<int64_t>{4, 7}));
-  const auto tau = r.f64("eval/tau"), sim = r.f64("eval/tau_sim"), acc = r.f64("eval/position_accuracy");
+  const auto tau = r.f64("eval/tau_anchor"), sim = r.f64("eval/tau_sim"), acc = r.f64("eval/position_accuracy");
   const auto blocks = r.f64("eval/blocks");
   for (size_t i = 0; i < tau.size(); ++i) {
     EXPECT_EQ(blocks[i], 32 * 2);  // 32 held-out sequences x 2 anchors

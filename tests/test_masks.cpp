@@ -194,6 +194,40 @@ TEST(MaskCausal, MatchesOracleOverRandomDraws) {
   }
 }
 
+// Cached decoding: row b's queries are positions q_offsets[b] + q of its keys (served
+// validation's target decoder); the mask differs per batch element.
+TEST(MaskCausal, QueryOffsetsPerBatchElementMatchOracle) {
+  std::mt19937_64 rng(103);
+  for (int draw = 0; draw < kDraws; ++draw) {
+    fd::MaskInput in;
+    in.batch = uniform(rng, 1, 4);
+    in.q_len = uniform(rng, 1, 40);
+    in.kv_len = uniform(rng, in.q_len, 300);
+    for (int64_t b = 0; b < in.batch; ++b) in.q_offsets.push_back(uniform(rng, 0, in.kv_len - in.q_len));
+    const int64_t offset = uniform(rng, -2, 2);
+    const BlockShape bs = kShapes[static_cast<size_t>(draw) % kShapes.size()];
+    auto gen = make("causal", {{"offset", offset}, {"bottom_right", uniform(rng, 0, 1) == 1}});
+    // A query at position p = q_offsets[b] + q reads every key at a position up to p (+ offset).
+    const Oracle oracle = [&in, offset](int64_t b, int64_t q, int64_t kv) {
+      const int64_t position = in.q_offsets[static_cast<size_t>(b)] + q;
+      return kv - position <= offset;
+    };
+    const std::string problem = check_mask(*gen, in, bs.q, bs.kv, oracle, in.batch);
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " offset " << offset;
+  }
+  fd::MaskInput bad;
+  bad.batch = 2;
+  bad.q_len = 4;
+  bad.kv_len = 10;
+  bad.q_offsets = {1};
+  try {
+    make("causal")->build(bad, 16, 16);
+    FAIL() << "one offset for a batch of two was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("q_offsets has 1 entries for a batch of 2"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MaskSlidingWindow, MatchesOracleOverRandomDraws) {
   std::mt19937_64 rng(202);
   for (int draw = 0; draw < kDraws; ++draw) {
@@ -340,6 +374,46 @@ TEST(MaskDFlash, MatchesOracleOverRandomDraws) {
     const std::string problem = check_mask(gen, in, bs.q, bs.kv, dflash_oracle(in, in_block_causal), in.batch);
     ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " S " << S << " BS " << BS
                            << " N " << N << " in_block " << (in_block_causal ? "causal" : "bidirectional");
+  }
+}
+
+// A server's shorter last block (served validation): block n keeps its first len tokens; its
+// later queries see nothing and nobody sees its later keys.
+TEST(MaskDFlash, BlockLengthsMatchOracle) {
+  std::mt19937_64 rng(507);
+  auto bidirectional = make("dflash");
+  auto causal = make("dflash", {{"in_block", std::string("causal")}});
+  for (int draw = 0; draw < 2 * kDraws; ++draw) {
+    const bool in_block_causal = draw % 2;
+    const int64_t BS = uniform(rng, 1, 20);
+    const int64_t S = uniform(rng, BS, 160);
+    const int64_t N = uniform(rng, 1, std::min<int64_t>(6, S - BS + 1));
+    fd::MaskInput in = random_dflash(rng, uniform(rng, 1, 3), S, BS, N, draw % 3 != 0);
+    for (int64_t b = 0; b < in.batch; ++b) {
+      std::vector<int64_t> len;
+      for (int64_t n = 0; n < N; ++n) len.push_back(uniform(rng, 1, BS));
+      in.block_lengths.push_back(len);
+    }
+    const Oracle full = dflash_oracle(in, in_block_causal);
+    const Oracle oracle = [&in, full](int64_t b, int64_t q, int64_t kv) {
+      const int64_t BS = in.block_size, len = in.block_lengths[size_t(b)][size_t(q / BS)];
+      if (q % BS >= len) return false;                                         // a query past the block's tokens
+      if (kv >= in.context_len && (kv - in.context_len) % BS >= len) return false;  // a key past them
+      return full(b, q, kv);
+    };
+    const BlockShape bs = kShapes[static_cast<size_t>(draw / 2) % kShapes.size()];
+    const fd::MaskGenerator& gen = in_block_causal ? *causal : *bidirectional;
+    const std::string problem = check_mask(gen, in, bs.q, bs.kv, oracle, in.batch);
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " S " << S << " BS " << BS
+                           << " N " << N;
+  }
+  fd::MaskInput bad = random_dflash(rng, 1, 40, 8, 2, false);
+  bad.block_lengths = {{8, 9}};
+  try {
+    make("dflash")->build(bad, 16, 16);
+    FAIL() << "a block length above the block size was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("has length 9; a block holds 1..8 tokens"), std::string::npos) << e.what();
   }
 }
 

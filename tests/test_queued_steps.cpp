@@ -47,7 +47,7 @@ void expect_same_columns(const std::string& a, const std::string& b) {
   LogReader x(a), y(b);
   for (const char* column : {"steps/step", "steps/loss", "steps/grad_norm", "steps/lr", "steps/position_accuracy",
                              "steps/tau_sim", "kernels/forward", "kernels/backward", "kernels/loss", "eval/step",
-                             "eval/loss", "eval/tau"})
+                             "eval/loss", "eval/tau_anchor", "eval/tau_served", "eval/served_steps"})
     EXPECT_EQ(x.f64(column), y.f64(column)) << column;
   EXPECT_EQ(x.strings("kernels/names"), y.strings("kernels/names"));
   EXPECT_EQ(x.strings("events/kind"), y.strings("events/kind"));

@@ -4,6 +4,7 @@
 #include "distributed.hpp"
 #include "hf_drafter.hpp"
 #include "hf_eagle3.hpp"
+#include "served.hpp"
 
 #include <torch/torch.h>
 
@@ -96,6 +97,64 @@ void import_initial_weights(const Setup& s, BoundPlugins& b) {
   b.ctx.say("drafter: initial weights from " + folder);
 }
 
+// A mask generator made by the engine (not from the experiment): its defaults and `options`.
+std::unique_ptr<MaskGenerator> engine_mask(const Setup& s, const std::string& name, const std::string& purpose,
+                                           const std::map<std::string, Value>& options) {
+  const FoundPlugin& found = s.registry->get(PluginKind::mask, name);
+  Config config("mask", SourcePosition{purpose, 0, 0});
+  const Schema schema = s.registry->schema(found);
+  for (const KeySpec& key : schema.keys())
+    if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
+  for (const auto& [key, value] : options) config.set(key, value, std::nullopt);
+  return create_as<MaskGenerator>(*s.registry, found, config);
+}
+
+// Served validation: the decoders' attention problems put to the kernels, as training's are.
+void bind_served(const Setup& s, BoundPlugins& b, const std::vector<KernelCandidate>& candidates,
+                 const std::string& on_fallback) {
+  const Config& eval = s.experiment.eval();
+  const PluginUse& drafter = s.use(PluginKind::drafter);
+  const int64_t K = b.drafter->max_proposals();
+  if (!eval.boolean("enabled"))
+    b.served_off = "validation is off ([eval] enabled = false)";
+  else if (!eval.boolean("served"))
+    b.served_off = "[eval] served = false";
+  else if (K < 1)
+    b.served_off = "the drafter '" + drafter.name + "' does not decode (it drafts no token at serving time)";
+  const double temperature = eval.real("temperature");
+  if (!b.served_off.empty()) {
+    if (temperature > 0 && eval.boolean("enabled"))
+      eval.fail("temperature", "temperature = " + std::to_string(temperature) +
+                                   " applies to served validation, which is off: " + b.served_off);
+    return;
+  }
+  b.served = true;
+  b.served_batch = eval.integer("served_batch");
+  b.served_capacity = served_capacity(b.dataset->seq_len(), K);
+  std::vector<AttentionProblem> problems = b.drafter->decoder_problems(b.served_batch, b.served_capacity);
+  const Drafter::DecoderMask mask = b.drafter->decoder_mask();
+  const std::string mask_name = mask.generator.empty() ? s.use(PluginKind::mask).name : mask.generator;
+  for (AttentionProblem& p : problems) p.mask = mask_name;
+  if (!mask.generator.empty()) b.served_mask = engine_mask(s, mask.generator, "the drafter's decoder", mask.options);
+  b.served_choice = choose_kernel(problems, candidates, on_fallback);
+  b.served_by_target = b.target && b.target->decodes();
+  if (b.served_by_target) {
+    // One verification block per call, and prompts of up to a whole sequence (prefill).
+    std::vector<AttentionProblem> tp = {b.target->decoder_problem(b.served_batch, b.served_capacity, K + 1),
+                                        b.target->decoder_problem(b.served_batch, b.served_capacity, b.dataset->seq_len())};
+    for (AttentionProblem& p : tp) p.mask = "causal";
+    b.served_target_mask =
+        engine_mask(s, "causal", "the target's decoder", {{"bottom_right", Value(false)}, {"offset", Value(int64_t{0})}});
+    b.served_target_choice = choose_kernel(tp, candidates, on_fallback);
+  }
+  if (temperature > 0 && !b.served_by_target)
+    eval.fail("temperature", "temperature = " + std::to_string(temperature) +
+                                 " samples the served responses, which needs an online target that decodes " +
+                                 (b.target ? "(this target cannot decode)"
+                                           : "(add a [target] table, e.g. plugin = \"hf\", path = \"/models/...\")") +
+                                 "; use 0 for greedy decoding on the data's tokens");
+}
+
 }  // namespace
 
 std::string dtype_name(c10::ScalarType t) {
@@ -174,6 +233,7 @@ BoundPlugins bind_plugins(const Setup& s) {
     tp.mask = "document";
     b.target_choice = choose_kernel(tp, std::move(target_candidates), on_fallback);
   }
+  bind_served(s, b, candidates, on_fallback);
   b.choice = choose_kernel(problems, std::move(candidates), on_fallback);
   return b;
 }

@@ -43,6 +43,14 @@ struct BoundPlugins {
   int64_t target_calls = 0;  // attention calls of one target forward
   KernelChoice target_choice;
   TargetModel target_model;  // what the drafter was bound to
+  // Served validation ([eval] served, a drafter that decodes): the kernel choices of the
+  // drafter's decoder and, with a target that decodes, of the target's; their masks
+  // (served_mask null: the experiment's [mask]); the decoders' batch and cache capacity.
+  bool served = false, served_by_target = false;
+  std::string served_off;  // why served validation is off (when it is)
+  KernelChoice served_choice, served_target_choice;
+  std::unique_ptr<MaskGenerator> served_mask, served_target_mask;
+  int64_t served_batch = 0, served_capacity = 0;
 };
 
 // Seeds LibTorch's default generator with [run].seed, creates the output folder,

@@ -22,23 +22,61 @@ std::string gib(double bytes) {
     os << std::fixed << std::setprecision(2) << bytes / double(1 << 20) << " MiB";
   return os.str();
 }
-// Says how the last validation's tau was measured and whether the two acceptance lengths
-// (target verification, data tokens) differ.
-void tau_methods(const LogReader& r, std::ostream& out) {
-  if (!r.exists("eval/tau_method") || !r.exists("eval/tau_data")) return;
-  const auto methods = r.strings("eval/tau_method");
-  const auto tau = r.f64("eval/tau"), data = r.f64("eval/tau_data");
-  if (methods.empty() || tau.empty() || data.empty()) return;
-  out << "  tau: " << methods.back();
-  if (methods.back() == "target verification") {
-    const double t = tau.back(), d = data.back();
-    out << std::setprecision(4) << "; tau_data " << d;
-    if (t == d)
-      out << " equals it (the data is the target's own greedy output)";
-    else
-      out << " differs by " << d - t << " (the data is not the target's greedy output: tau is the one that counts)";
+// The last validation's acceptance lengths side by side: how each was measured, and how far
+// the anchor and simulated figures sit from the served one. Logs written before served
+// validation existed call the anchor figure eval/tau and its method eval/tau_method.
+void tau_lines(const LogReader& r, std::ostream& out) {
+  const std::string anchor = r.exists("eval/tau_anchor") ? "eval/tau_anchor" : "eval/tau";
+  const std::string anchor_method = r.exists("eval/tau_anchor_method") ? "eval/tau_anchor_method" : "eval/tau_method";
+  out << std::setprecision(4);
+  double served = NAN;
+  if (r.exists("eval/tau_served")) {
+    const auto tau = r.f64("eval/tau_served"), se = r.f64("eval/tau_served_se");
+    const auto method = r.strings("eval/tau_served_method");
+    if (!tau.empty() && !method.empty()) {
+      served = tau.back();
+      out << "  tau_served " << served;
+      if (!se.empty() && !std::isnan(se.back())) out << " +- " << se.back();
+      out << ": " << method.back();
+      const auto responses = r.f64("eval/served_responses"), steps = r.f64("eval/served_steps");
+      const auto seconds = r.f64("eval/served_seconds"), target = r.f64("eval/served_target_seconds");
+      if (!responses.empty() && !steps.empty() && !seconds.empty() && !target.empty())
+      {
+        out << "; " << int64_t(responses.back()) << " responses, " << int64_t(steps.back()) << " verification steps, "
+            << std::setprecision(3) << seconds.back() << " s";
+        if (target.back() > 0) out << " (target forwards " << target.back() << " s)";
+        out << std::setprecision(4);
+      }
+      const auto data = r.f64("eval/tau_served_data");
+      if (method.back().rfind("target", 0) == 0 && !data.empty() && !std::isnan(data.back()))
+        out << "; on the data's tokens " << data.back()
+            << (data.back() == served ? " (equal: the data is the target's greedy text)" : "");
+      out << "\n";
+    }
   }
-  out << "\n";
+  if (r.exists(anchor_method) && r.exists("eval/tau_data") && r.exists(anchor)) {
+    const auto methods = r.strings(anchor_method);
+    const auto tau = r.f64(anchor), data = r.f64("eval/tau_data");
+    if (!methods.empty() && !tau.empty() && !data.empty()) {
+      out << "  tau_anchor " << tau.back() << " (" << methods.back() << ")";
+      if (methods.back() == "target verification") {
+        const double t = tau.back(), d = data.back();
+        out << "; tau_data " << d;
+        if (t == d)
+          out << " equals it (the data is the target's own greedy output)";
+        else
+          out << " differs by " << d - t << " (the data is not the target's greedy output)";
+      }
+      out << "\n";
+      if (!std::isnan(served) && served > 0) {
+        const auto sim = r.f64("eval/tau_sim");
+        out << "  which tau to trust: tau_served (what a server measures); against it tau_anchor is " << std::fixed
+            << std::showpos << std::setprecision(1) << 100.0 * (tau.back() / served - 1.0) << "%";
+        if (!sim.empty()) out << ", tau_sim " << 100.0 * (sim.back() / served - 1.0) << "%";
+        out << std::noshowpos << std::defaultfloat << std::setprecision(4) << "\n";
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -135,18 +173,22 @@ void inspect_log(const std::string& path, std::ostream& out) {
     const auto es = r.f64("eval/step");
     out << "eval      " << es.size() << " validations (held-out sequences)\n";
     std::vector<std::pair<std::string, std::vector<double>>> cols;
-    for (const auto& column : log_columns("eval"))  // the scalar measures: loss, tau, tau_sim
-      if (column.type == RunLog::Type::f64 && r.exists(column.name) && r.shape(column.name).size() == 1)
-        cols.push_back({column.name.substr(5), r.f64(column.name)});
+    // The measures, headline first (eval/tau: the anchor figure of logs older than served validation).
+    for (const char* name : {"loss", "tau_served", "tau_served_se", "tau_anchor", "tau", "tau_data", "tau_sim"}) {
+      const std::string column = std::string("eval/") + name;
+      if (r.exists(column) && r.shape(column).size() == 1)
+        cols.push_back({std::string(name) == "tau_served_se" ? "+-" : name, r.f64(column)});
+    }
     out << "  " << std::setw(8) << "step";
-    for (const auto& c : cols) out << std::setw(10) << c.first;
+    for (const auto& c : cols) out << std::setw(c.first == "+-" ? 7 : 11) << c.first;
     out << "\n";
     for (size_t i = 0; i < es.size(); ++i) {
       out << "  " << std::setw(8) << int64_t(es[i]);
-      for (const auto& c : cols) out << std::setw(10) << std::setprecision(3) << (i < c.second.size() ? c.second[i] : NAN);
+      for (const auto& c : cols)
+        out << std::setw(c.first == "+-" ? 7 : 11) << std::setprecision(3) << (i < c.second.size() ? c.second[i] : NAN);
       out << "\n";
     }
-    tau_methods(r, out);
+    tau_lines(r, out);
   }
   const auto ka = r.attributes("/kernels");
   out << "kernels   selected " << (ka.count("selected") ? ka.at("selected") : "?") << " for "

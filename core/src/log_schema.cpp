@@ -33,20 +33,42 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"events/message", T::str, 0, 2048, "what happened"},
       {"eval/step", T::i64, 0, 0, "optimizer steps completed when the validation ran"},
       {"eval/loss", T::f64, 0, 0, "mean loss over the held-out batches"},
-      {"eval/tau", T::f64, 0, 0,
-       "exact greedy acceptance length: 1 + mean leading block proposals the target accepts (eval/tau_method "
-       "says how it was measured; NaN if the drafter returns no predictions)"},
+      {"eval/tau_served", T::f64, 0, 0,
+       "THE acceptance length to trust: the held-out responses decoded speculatively as a server does it "
+       "(block after block, the next block after the accepted tokens and the target's own), tokens produced per "
+       "verification step over every step; eval/tau_served_method says how; NaN when served validation is off"},
+      {"eval/tau_served_se", T::f64, 0, 0, "standard error of eval/tau_served over the held-out responses"},
+      {"eval/tau_served_method", T::str, 0, 128,
+       "\"target (greedy)\", \"target (temperature T, top_p P, rejection sampling)\": the online target decoded the "
+       "responses from their prompts; \"data tokens (greedy)\": the data's responses stood for the target's choices; "
+       "\"none (why)\""},
+      {"eval/tau_served_data", T::f64, 0, 0,
+       "the served walk on the data's tokens, greedy (equals eval/tau_served by the target when the data is the "
+       "target's greedy text)"},
+      {"eval/served_responses", T::i64, 0, 0, "held-out responses (assistant turns) decoded"},
+      {"eval/served_steps", T::i64, 0, 0, "verification steps of eval/tau_served"},
+      {"eval/served_seconds", T::f64, 0, 0, "time of served validation (every walk), seconds"},
+      {"eval/served_target_seconds", T::f64, 0, 0,
+       "time of the target's forwards within it (prefills and verifications; device time on CUDA), seconds"},
+      {"eval/served_kernels", T::str, 0, 512, "the attention variants the decoders ran"},
+      {"eval/tau_anchor", T::f64, 0, 0,
+       "diagnostic: exact greedy acceptance of blocks at uniformly drawn anchors, 1 + mean accepted per block "
+       "(by target verification with an online target, eval/tau_anchor_method). It weighs a long accepted run once "
+       "per position instead of once per block, so it overstates eval/tau_served when acceptance is uneven"},
       {"eval/tau_data", T::f64, 0, 0,
-       "1 + mean leading matches of the block proposals with the data's tokens (equals eval/tau when the data "
-       "is the target's own greedy output)"},
-      {"eval/tau_method", T::str, 0, 64,
-       "how eval/tau was measured: \"target verification\" (the online target verifies each drafted block) or "
-       "\"data tokens (no online target to verify)\" (then eval/tau = eval/tau_data)"},
+       "1 + mean leading matches of the anchor blocks' proposals with the data's tokens (equals eval/tau_anchor "
+       "when the data is the target's own greedy output)"},
+      {"eval/tau_anchor_method", T::str, 0, 64,
+       "how eval/tau_anchor was measured: \"target verification\" (the online target verifies each drafted "
+       "block) or \"data tokens (...)\" (then eval/tau_anchor = eval/tau_data)"},
       {"eval/tau_sim", T::f64, 0, 0, "1 + sum_k prod_{j<=k} acc_j from eval/position_accuracy"},
       {"eval/blocks", T::i64, 0, 0, "blocks (anchors) the acceptance length averages over"},
       {"eval/position_accuracy", T::f64, shape.positions, 0, "held-out accuracy per position, as in steps/position_accuracy"},
   };
   c.insert(c.end(), rest.begin(), rest.end());
+  if (shape.served_width > 0)
+    c.push_back({"eval/served_histogram", T::i64, shape.served_width, 0,
+                 "served validation: column n = verification steps that produced n tokens"});
   if (shape.ranks > 1) {
     const int64_t n = shape.ranks;
     const std::vector<LogColumn> ranks = {

@@ -27,6 +27,7 @@ struct LogShape {
   bool target = false;  // an online target: its forward time per step
   int64_t ranks = 1;     // processes of a data-parallel run: ranks/* columns when > 1
   int64_t accumulate = 1;  // micro-batches per step (with ranks: where each batch comes from)
+  int64_t served_width = 0;  // served validation: max_proposals + 2 (its histogram), 0 = off
 };
 
 std::vector<LogColumn> log_columns(const LogShape& shape);

@@ -217,6 +217,10 @@ int64_t RunLog::rows(const std::string& name) const {
   return it == datasets_.end() ? 0 : it->second->rows;
 }
 bool RunLog::has(const std::string& name) const { return datasets_.count(name) > 0; }
+int64_t RunLog::width(const std::string& name) const {
+  const auto it = datasets_.find(name);
+  return it == datasets_.end() ? -1 : it->second->width;
+}
 std::vector<std::string> RunLog::names() const {
   std::vector<std::string> out;
   for (const auto& [name, ds] : datasets_) out.push_back(name);

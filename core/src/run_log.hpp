@@ -49,6 +49,7 @@ class FLASHDRAFT_API RunLog {
   // Every dataset, "group/name" (for checkpoints: rows per dataset at a step).
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
+  int64_t width(const std::string& name) const;  // values per row (0: scalars); -1: no such dataset
   void flush();
   const std::string& path() const { return path_; }
 

@@ -118,6 +118,7 @@ class Trainer {
   std::unique_ptr<AttentionDispatcher> target_dispatcher_;  // the online target's attention
   std::unique_ptr<OffsetAttention> target_attention_;
   std::unique_ptr<BatchSource> batches_;
+  std::unique_ptr<ServedValidation> served_;  // served validation ([eval] served; null when off)
   ResumePoint resume_;
   LogShape shape_;
   OpenedLog log_;
@@ -224,7 +225,17 @@ void Trainer::prepare() {
               << " (not the engine's LM-head op: [loss] does not apply, /kernels/loss stays -1)\n";
   std::cout << "precision: " << plugins_.precision.describe() << std::endl;
   shape_ = LogShape{loss_column, drafter.positions(), drafter.scalar_names(), plugins_.target != nullptr,
-                    dist_->world(), accumulate};
+                    dist_->world(), accumulate, plugins_.served ? drafter.max_proposals() + 2 : 0};
+  if (plugins_.served) {
+    std::cout << "served validation: drafter decoder " << plugins_.served_choice.report();
+    if (plugins_.served_by_target) std::cout << "served validation: target decoder " << plugins_.served_target_choice.report();
+    served_ = std::make_unique<ServedValidation>(
+        plugins_, setup_.experiment.eval(), static_cast<uint64_t>(run_table().integer("seed")),
+        setup_.experiment.attention().string("on_fallback"),
+        [this](const std::string& kind, const std::string& message) {
+          events_.add(current_step_, kind, "served validation: " + message);
+        });
+  }
   if (root()) {
     if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
     log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
@@ -420,7 +431,10 @@ void Trainer::validate(int64_t done) {
                             static_cast<uint64_t>(run_table().integer("seed")),
                             shape_.layers + 1,  // + the loss's ledger column
                             shape_.positions,
-                            plugins_.target.get()};
+                            plugins_.target.get(),
+                            nullptr,
+                            served_.get(),
+                            plugins_.served_off};
   const std::optional<EvalResult> r = evaluate(context, done);
   if (!r) {
     std::cout << "eval: the dataset has no held-out batch; nothing to validate" << std::endl;
@@ -491,6 +505,10 @@ int validate_experiment(const RunOptions& options) {
     const BoundPlugins b = bind_plugins(s);
     if (b.target) std::cout << "target " << b.target_choice.report();
     std::cout << b.choice.report();
+    if (b.served) {
+      std::cout << "served validation: drafter decoder " << b.served_choice.report();
+      if (b.served_by_target) std::cout << "served validation: target decoder " << b.served_target_choice.report();
+    }
     if (b.drafter->own_loss().empty()) {
       const Config& loss = s.experiment.loss();
       try {

@@ -8,12 +8,19 @@
 // block, KV blocks left of the first row's diagonal are full, the one or two blocks
 // under the diagonal get bitmaps.
 //
+// Cached decoding (MaskInput::q_offsets, one per batch element): the queries are positions
+// q_offsets[b] + q of the keys, so diag(q) = q + q_offsets[b] + offset (bottom_right does not
+// apply); the mask then differs per batch element.
+//
 // [mask] plugin = "causal"
 //   offset      = 0      # shift of the diagonal (positive: see further right)
 //   bottom_right = true  # align the diagonal to the last query/key
 #include <flashdraft/mask_generator.hpp>
 
 #include "../row_intervals.hpp"
+
+#include <stdexcept>
+#include <string>
 
 namespace {
 
@@ -28,25 +35,33 @@ class CausalMask final : public flashdraft::MaskGenerator {
   }
 
   flashdraft::BlockMask build(const flashdraft::MaskInput& in, int64_t bq, int64_t bkv) const override {
-    flashdraft::BlockMaskBuilder builder(1, 1, in.q_len, in.kv_len, bq, bkv);
-    const int64_t shift = diagonal_shift(in);
+    if (!in.q_offsets.empty() && static_cast<int64_t>(in.q_offsets.size()) != in.batch)
+      throw std::invalid_argument("causal: q_offsets has " + std::to_string(in.q_offsets.size()) +
+                                  " entries for a batch of " + std::to_string(in.batch) +
+                                  " (give one per batch element, or none)");
+    const int64_t rows = in.q_offsets.empty() ? 1 : in.batch;
+    flashdraft::BlockMaskBuilder builder(rows, 1, in.q_len, in.kv_len, bq, bkv);
     flashdraft::masks::RowScratch scratch;
-    flashdraft::masks::add_slice<1>(
-        builder, in.q_len, in.kv_len, bq, bkv,
-        [shift](int64_t q, int64_t* lo, int64_t* hi) {
-          lo[0] = 0;
-          hi[0] = q + shift + 1;
-        },
-        scratch);
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t shift = diagonal_shift(in, b);
+      flashdraft::masks::add_slice<1>(
+          builder, in.q_len, in.kv_len, bq, bkv,
+          [shift](int64_t q, int64_t* lo, int64_t* hi) {
+            lo[0] = 0;
+            hi[0] = q + shift + 1;
+          },
+          scratch);
+    }
     return builder.finish();
   }
 
-  bool visible(const flashdraft::MaskInput& in, int64_t, int64_t, int64_t q, int64_t kv) const override {
-    return q >= 0 && q < in.q_len && kv >= 0 && kv < in.kv_len && kv <= q + diagonal_shift(in);
+  bool visible(const flashdraft::MaskInput& in, int64_t b, int64_t, int64_t q, int64_t kv) const override {
+    return q >= 0 && q < in.q_len && kv >= 0 && kv < in.kv_len && kv <= q + diagonal_shift(in, b);
   }
 
  private:
-  int64_t diagonal_shift(const flashdraft::MaskInput& in) const {
+  int64_t diagonal_shift(const flashdraft::MaskInput& in, int64_t b) const {
+    if (!in.q_offsets.empty()) return offset_ + in.q_offsets[static_cast<size_t>(b)];
     return offset_ + (bottom_right_ ? in.kv_len - in.q_len : 0);
   }
   int64_t offset_;

@@ -6,6 +6,8 @@
 //     - its own block:  S + n*BS <= kv < S + (n+1)*BS          (in_block = "bidirectional"),
 //                       S + n*BS <= kv <= S + n*BS + j         (in_block = "causal"),
 //   and never another block. A padding block (block_valid[b][n] = 0) sees nothing.
+//   With block_lengths (a server's shorter last block), block n has len = block_lengths[b][n]
+//   tokens: its own-block keys end at S + n*BS + len and its queries j >= len see nothing.
 // Each row is two intervals (context, own block); per query block of BQ rows the
 // context KV blocks left of the smallest anchor are full, the one or two under the
 // spread of anchors get bitmaps, and the block region contributes the block-diagonal
@@ -49,18 +51,19 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     for (int64_t b = 0; b < in.batch; ++b) {
       const int64_t* anchor = in.anchors[static_cast<size_t>(b)].data();
       const uint8_t* valid = in.block_valid.empty() ? nullptr : in.block_valid[static_cast<size_t>(b)].data();
+      const int64_t* length = in.block_lengths.empty() ? nullptr : in.block_lengths[static_cast<size_t>(b)].data();
       flashdraft::masks::add_slice<2>(
           builder, in.q_len, in.kv_len, bq, bkv,
           [=](int64_t q, int64_t* lo, int64_t* hi) {
-            const int64_t n = q / BS, j = q - n * BS;
-            if (valid && !valid[n]) {
+            const int64_t n = q / BS, j = q - n * BS, len = length ? length[n] : BS;
+            if ((valid && !valid[n]) || j >= len) {
               lo[0] = hi[0] = lo[1] = hi[1] = 0;
               return;
             }
             lo[0] = 0;  // context before the anchor
             hi[0] = anchor[n];
             lo[1] = S + n * BS;  // own block
-            hi[1] = causal ? S + n * BS + j + 1 : S + (n + 1) * BS;
+            hi[1] = causal ? S + n * BS + j + 1 : S + n * BS + len;
           },
           scratch);
     }
@@ -71,9 +74,12 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     if (q < 0 || q >= in.q_len || kv < 0 || kv >= in.kv_len || in.block_size < 1) return false;
     const int64_t n = q / in.block_size;
     if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) return false;
+    const int64_t len = in.block_lengths.empty() ? in.block_size
+                                                 : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+    if (q - n * in.block_size >= len) return false;  // past a short block's tokens
     if (kv < in.context_len) return kv < in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
     const int64_t m = (kv - in.context_len) / in.block_size;  // block of the key
-    if (m != n) return false;
+    if (m != n || kv - in.context_len - n * in.block_size >= len) return false;
     return !causal_in_block_ || kv - in.context_len <= q;
   }
 
@@ -86,6 +92,9 @@ class DFlashMask final : public flashdraft::MaskGenerator {
       throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.anchors.size())) +
                                   " anchor lists for a batch of " + s(in.batch) + "; one list per batch element is needed");
     const int64_t N = static_cast<int64_t>(in.anchors[0].size());
+    if (!in.block_lengths.empty() && static_cast<int64_t>(in.block_lengths.size()) != in.batch)
+      throw std::invalid_argument("dflash: block_lengths has " + s(static_cast<int64_t>(in.block_lengths.size())) +
+                                  " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
     if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid.size()) != in.batch)
       throw std::invalid_argument("dflash: block_valid has " + s(static_cast<int64_t>(in.block_valid.size())) +
                                   " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
@@ -104,6 +113,16 @@ class DFlashMask final : public flashdraft::MaskGenerator {
         throw std::invalid_argument("dflash: block_valid of batch element " + s(b) + " has " +
                                     s(static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size())) +
                                     " flags for " + s(N) + " anchors");
+      if (!in.block_lengths.empty()) {
+        const auto& len = in.block_lengths[static_cast<size_t>(b)];
+        if (static_cast<int64_t>(len.size()) != N)
+          throw std::invalid_argument("dflash: block_lengths of batch element " + s(b) + " has " +
+                                      s(static_cast<int64_t>(len.size())) + " lengths for " + s(N) + " anchors");
+        for (int64_t n = 0; n < N; ++n)
+          if (len[static_cast<size_t>(n)] < 1 || len[static_cast<size_t>(n)] > BS)
+            throw std::invalid_argument("dflash: block " + s(n) + " of batch element " + s(b) + " has length " +
+                                        s(len[static_cast<size_t>(n)]) + "; a block holds 1.." + s(BS) + " tokens");
+      }
       int64_t prev = -1, prev_n = -1;
       for (int64_t n = 0; n < N; ++n) {
         if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) continue;

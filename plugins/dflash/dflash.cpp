@@ -200,6 +200,24 @@ class DFlashDrafter final : public Drafter {
     return p;
   }
 
+  // Serving (decoding.hpp): a block of BS tokens [the known token, MASK x (BS - 1)] at
+  // positions start .. start + BS - 1 sees the context before start and itself, as in
+  // training (the [mask] generator with one anchor per row, the block's keys after a cache
+  // of `capacity` context positions); a row's shorter last block keeps its first
+  // count + 1 tokens (MaskInput::block_lengths).
+  int64_t max_proposals() const override { return block_size_ - 1; }
+  std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override {
+    AttentionProblem p = attention_problem();
+    p.batch = batch;
+    p.q_len = block_size_;
+    p.kv_len = capacity + block_size_;
+    p.needs_backward = false;
+    return std::vector<AttentionProblem>(static_cast<size_t>(layers_n_), p);
+  }
+  std::unique_ptr<DraftDecoder> decoder(int64_t batch, int64_t capacity, AttentionContext& attention) override {
+    return std::make_unique<Decoder>(*this, batch, capacity, attention);
+  }
+
   StepResult step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) override {
     std::optional<at::NoGradGuard> no_grad;
     if (!training) no_grad.emplace();
@@ -217,6 +235,127 @@ class DFlashDrafter final : public Drafter {
   }
 
  private:
+  // Per layer, keys and values [B, kv_heads, capacity + BS, D]: the context's at their
+  // positions (written by extend(), after k_norm and RoPE as in training), the proposal
+  // block's in the last BS slots (rewritten by every propose()).
+  class Decoder final : public DraftDecoder {
+   public:
+    Decoder(const DFlashDrafter& d, int64_t batch, int64_t capacity, AttentionContext& attention)
+        : d_(d), batch_(batch), capacity_(capacity), attention_(attention) {
+      const auto opts = at::TensorOptions().dtype(d.dtype_).device(d.device_);
+      for (int64_t l = 0; l < d.layers_n_; ++l) {
+        k_.push_back(at::zeros({batch, d.kv_heads_, capacity + d.block_size_, d.head_dim_}, opts));
+        v_.push_back(at::zeros({batch, d.kv_heads_, capacity + d.block_size_, d.head_dim_}, opts));
+      }
+    }
+
+    void extend(const at::Tensor& tokens, const at::Tensor& features, const std::vector<int64_t>& start,
+                const std::vector<int64_t>& count) override {
+      (void)tokens;  // the context is the target's hidden states alone
+      at::NoGradGuard frozen;
+      const int64_t B = features.size(0), T = features.size(1);
+      check_rows(B, start, T, "extend");
+      (void)count;  // entries past a row's count land at positions it has not reached: never read
+      const auto long_opts = at::TensorOptions().dtype(at::kLong);
+      const at::Tensor index = at::tensor(d_.feature_index_, long_opts).to(features.device());
+      const at::Tensor feats = features.index_select(2, index).reshape({B, T, -1}).to(d_.device_, d_.dtype_);
+      const at::Tensor context = d_.rms_norm(at::linear(feats, d_.fc_), d_.hidden_norm_);
+      const at::Tensor positions = positions_of(start, T);
+      const auto [cos, sin] = d_.rope_tables(positions);
+      const at::Tensor slot = positions.view({B, 1, T, 1}).expand({B, d_.kv_heads_, T, d_.head_dim_});
+      for (int64_t l = 0; l < d_.layers_n_; ++l) {
+        const Layer& P = d_.layers_[static_cast<size_t>(l)];
+        const at::Tensor k =
+            rope(d_.rms_norm(d_.heads_of(at::linear(context, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
+        k_[static_cast<size_t>(l)].scatter_(2, slot, k);
+        v_[static_cast<size_t>(l)].scatter_(2, slot, d_.heads_of(at::linear(context, P.v_proj), d_.kv_heads_));
+      }
+    }
+
+    DraftProposal propose(const DraftRequest& r) override {
+      at::NoGradGuard frozen;
+      const int64_t B = batch_, BS = d_.block_size_, H = d_.hidden_;
+      check_rows(static_cast<int64_t>(r.count.size()), r.start, BS, "propose");
+      int64_t K = 0;
+      for (int64_t c : r.count) K = std::max(K, c);
+      MaskInput mask;
+      mask.batch = B;
+      mask.q_len = BS;
+      mask.kv_len = capacity_ + BS;
+      mask.context_len = capacity_;
+      mask.block_size = BS;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t c = r.count[static_cast<size_t>(b)];
+        if (c < 0 || c > BS - 1)
+          throw std::invalid_argument("dflash decoder: " + std::to_string(c) + " proposals asked of row " +
+                                      std::to_string(b) + "; a block of " + std::to_string(BS) + " proposes 0.." +
+                                      std::to_string(BS - 1));
+        mask.anchors.push_back({r.start[static_cast<size_t>(b)]});
+        mask.block_valid.push_back({static_cast<uint8_t>(c > 0)});
+        mask.block_lengths.push_back({c + 1});
+      }
+      DraftProposal out;
+      if (K == 0) {
+        out.tokens = at::zeros({B, 0}, at::TensorOptions().dtype(at::kLong).device(d_.device_));
+        return out;
+      }
+      attention_.set_mask(mask);
+      // The block: the known token, then MASK.
+      at::Tensor tokens = at::full({B, BS}, d_.mask_token_, at::TensorOptions().dtype(at::kLong).device(d_.device_));
+      tokens.select(1, 0).copy_(r.last.to(d_.device_, at::kLong));
+      const at::Tensor positions = positions_of(r.start, BS);
+      const auto [cos, sin] = d_.rope_tables(positions);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d_.head_dim_));
+      at::Tensor x = d_.embedding_.index_select(0, tokens.reshape({-1})).view({B, BS, H});
+      for (int64_t l = 0; l < d_.layers_n_; ++l) {
+        const Layer& P = d_.layers_[static_cast<size_t>(l)];
+        const at::Tensor h = d_.rms_norm(x, P.input_norm);
+        const at::Tensor q = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.q_proj), d_.heads_), P.q_norm), cos, sin);
+        const at::Tensor kb = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
+        at::Tensor& k = k_[static_cast<size_t>(l)];
+        at::Tensor& v = v_[static_cast<size_t>(l)];
+        k.narrow(2, capacity_, BS).copy_(kb);
+        v.narrow(2, capacity_, BS).copy_(d_.heads_of(at::linear(h, P.v_proj), d_.kv_heads_));
+        const at::Tensor a = attention_.attention(l, q.contiguous(), k, v, scale);
+        x = x + at::linear(a.transpose(1, 2).reshape({B, BS, d_.heads_ * d_.head_dim_}), P.o_proj);
+        const at::Tensor h2 = d_.rms_norm(x, P.post_norm);
+        x = x + at::linear(swiglu(at::linear(h2, P.gate_proj), at::linear(h2, P.up_proj)), P.down_proj);
+      }
+      // Positions 1..K of the block: the proposals for start + 1 .. start + K.
+      const at::Tensor logits = at::linear(d_.rms_norm(x.narrow(1, 1, K), d_.final_norm_), d_.lm_head_);
+      if (r.sampling.greedy()) {
+        out.tokens = logits.argmax(-1);
+      } else {
+        out.probs = sampling_probs(logits, r.sampling.temperature, r.sampling.top_p);
+        out.tokens = sample_tokens(out.probs, r.sampling.generator);
+      }
+      return out;
+    }
+
+   private:
+    void check_rows(int64_t rows, const std::vector<int64_t>& start, int64_t T, const char* call) const {
+      if (rows != batch_ || static_cast<int64_t>(start.size()) != batch_)
+        throw std::invalid_argument(std::string("dflash decoder ") + call + ": " + std::to_string(rows) +
+                                    " rows and " + std::to_string(start.size()) + " start positions for a decoder of " +
+                                    std::to_string(batch_) + " rows");
+      for (int64_t b = 0; b < batch_; ++b)
+        if (start[static_cast<size_t>(b)] < 0 || start[static_cast<size_t>(b)] + T > capacity_)
+          throw std::invalid_argument(std::string("dflash decoder ") + call + ": row " + std::to_string(b) +
+                                      " at positions " + std::to_string(start[static_cast<size_t>(b)]) + ".." +
+                                      std::to_string(start[static_cast<size_t>(b)] + T - 1) +
+                                      ", outside its cache of " + std::to_string(capacity_) + " positions");
+    }
+    at::Tensor positions_of(const std::vector<int64_t>& start, int64_t T) const {
+      const auto long_opts = at::TensorOptions().dtype(at::kLong).device(d_.device_);
+      return at::tensor(start, at::TensorOptions().dtype(at::kLong)).to(d_.device_).unsqueeze(1) +
+             at::arange(T, long_opts);
+    }
+    const DFlashDrafter& d_;
+    int64_t batch_, capacity_;
+    AttentionContext& attention_;
+    std::vector<at::Tensor> k_, v_;
+  };
+
   // The host side of a step: anchors, the mask's input, the block tokens and positions,
   // and the rows that carry loss (label >= 0) with their labels, weights and positions.
   struct StepPlan {

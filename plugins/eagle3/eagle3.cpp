@@ -215,6 +215,26 @@ class Eagle3Drafter final : public Drafter {
     return out;
   }
 
+  // Serving (decoding.hpp): chain drafting. From the known token x_a at position a, the
+  // chain runs at column c = a - 1: step 0 reads fc(target states at c) and x_a, step i its
+  // own state and token of step i - 1; step i proposes the token at a + 1 + i. As in
+  // training's mask, step i sees the step-0 keys of the columns before c (the context
+  // cache) and the chain's steps 0..i at column c: the "dflash" mask with causal blocks,
+  // one block of ttt_steps chain slots after the cache, anchored at c.
+  int64_t max_proposals() const override { return ttt_; }
+  std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override {
+    AttentionProblem p = problem(0);
+    p.batch = batch;
+    p.q_len = ttt_;
+    p.kv_len = capacity + ttt_;
+    p.needs_backward = false;
+    return std::vector<AttentionProblem>(static_cast<size_t>(ttt_), p);
+  }
+  DecoderMask decoder_mask() const override { return {"dflash", {{"in_block", Value(std::string("causal"))}}}; }
+  std::unique_ptr<DraftDecoder> decoder(int64_t batch, int64_t capacity, AttentionContext& attention) override {
+    return std::make_unique<Decoder>(*this, batch, capacity, attention);
+  }
+
   StepResult step(const Batch& batch, AttentionContext& attention, at::Generator&, bool training) override {
     std::optional<at::NoGradGuard> no_grad;
     if (!training) no_grad.emplace();
@@ -299,6 +319,146 @@ class Eagle3Drafter final : public Drafter {
   }
 
  private:
+  // The chain drafter's caches: fc(target states) per position [B, capacity, H], and per
+  // slot the keys/values [B, kv_heads, capacity + ttt_steps, D]: slot t < capacity holds
+  // column t's step-0 keys (from fc(states at t) and the token at t + 1), the last
+  // ttt_steps slots the chain of the current proposal. Slot capacity - 1 is never a column
+  // (a row's positions stay below capacity - 1 when it proposes): the keys of column -1
+  // (a row's first position has no column before it) are written there and never read.
+  class Decoder final : public DraftDecoder {
+   public:
+    Decoder(const Eagle3Drafter& d, int64_t batch, int64_t capacity, AttentionContext& attention)
+        : d_(d), batch_(batch), capacity_(capacity), attention_(attention) {
+      const auto opts = at::TensorOptions().dtype(d.dtype_).device(d.device_);
+      k_ = at::zeros({batch, d.kv_heads_, capacity + d.ttt_, d.head_dim_}, opts);
+      v_ = at::zeros({batch, d.kv_heads_, capacity + d.ttt_, d.head_dim_}, opts);
+      fused_ = at::zeros({batch, capacity, d.hidden_}, opts);
+      draft_ids_ = at::arange(d.draft_vocab_, at::TensorOptions().dtype(at::kLong).device(d.device_)) + d.d2t_;
+    }
+
+    void extend(const at::Tensor& tokens, const at::Tensor& features, const std::vector<int64_t>& start,
+                const std::vector<int64_t>& count) override {
+      (void)count;  // entries past a row's count land at positions it has not reached: rewritten before they are read
+      at::NoGradGuard frozen;
+      const int64_t B = features.size(0), T = features.size(1), H = d_.hidden_;
+      check_rows(B, start, T, "extend");
+      const auto long_opts = at::TensorOptions().dtype(at::kLong);
+      const at::Tensor index = at::tensor(d_.feature_index_, long_opts).narrow(0, 0, 3).to(features.device());
+      const at::Tensor F =
+          at::linear(features.index_select(2, index).reshape({B, T, 3 * H}).to(d_.device_, d_.dtype_), d_.fc_);
+      const at::Tensor pos = positions_of(start, T);  // [B, T]
+      fused_.scatter_(1, pos.unsqueeze(-1).expand({B, T, H}), F);
+      // Column p - 1 pairs fc(states at p - 1) with the token at p.
+      const at::Tensor column = pos - 1;
+      const at::Tensor previous = fused_.gather(1, column.clamp_min(0).unsqueeze(-1).expand({B, T, H}));
+      const at::Tensor e = d_.embedding_.index_select(0, tokens.to(d_.device_, at::kLong).reshape({-1})).view({B, T, H});
+      const at::Tensor x = at::cat({d_.rms_norm(e, d_.input_norm_), d_.rms_norm(previous, d_.hidden_norm_)}, -1);
+      const auto [cos, sin] = tables(column.clamp_min(0));
+      const at::Tensor k = rope(d_.heads_of(at::linear(x, d_.k_proj_), d_.kv_heads_), cos, sin);
+      const at::Tensor v = d_.heads_of(at::linear(x, d_.v_proj_), d_.kv_heads_);
+      const at::Tensor slot = at::where(column.lt(0), at::full_like(column, capacity_ - 1), column);
+      const at::Tensor where = slot.view({B, 1, T, 1}).expand({B, d_.kv_heads_, T, d_.head_dim_});
+      k_.scatter_(2, where, k);
+      v_.scatter_(2, where, v);
+    }
+
+    DraftProposal propose(const DraftRequest& r) override {
+      at::NoGradGuard frozen;
+      const int64_t B = batch_, n = d_.ttt_, H = d_.hidden_;
+      check_rows(static_cast<int64_t>(r.count.size()), r.start, n, "propose");
+      int64_t K = 0;
+      MaskInput mask;
+      mask.batch = B;
+      mask.q_len = n;
+      mask.kv_len = capacity_ + n;
+      mask.context_len = capacity_;
+      mask.block_size = n;
+      std::vector<int64_t> column(static_cast<size_t>(B), 0);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t c = r.count[static_cast<size_t>(b)], a = r.start[static_cast<size_t>(b)];
+        if (c < 0 || c > n)
+          throw std::invalid_argument("eagle3 decoder: " + str(c) + " proposals asked of row " + str(b) +
+                                      "; a chain of " + str(n) + " steps proposes 0.." + str(n));
+        if (c > 0 && a < 1)
+          throw std::invalid_argument("eagle3 decoder: row " + str(b) + " proposes after position " + str(a) +
+                                      "; the chain starts at the column before it, so position 0 cannot be drafted from");
+        K = std::max(K, c);
+        column[static_cast<size_t>(b)] = std::max<int64_t>(a - 1, 0);
+        mask.anchors.push_back({column[static_cast<size_t>(b)]});
+        mask.block_valid.push_back({static_cast<uint8_t>(c > 0)});
+        mask.block_lengths.push_back({std::max<int64_t>(c, 1)});
+      }
+      DraftProposal out;
+      const auto long_opts = at::TensorOptions().dtype(at::kLong).device(d_.device_);
+      if (K == 0) {
+        out.tokens = at::zeros({B, 0}, long_opts);
+        return out;
+      }
+      attention_.set_mask(mask);
+      const at::Tensor col = at::tensor(column, at::TensorOptions().dtype(at::kLong)).to(d_.device_).view({B, 1});
+      const auto [cos, sin] = tables(col);
+      at::Tensor h = fused_.gather(1, col.unsqueeze(-1).expand({B, 1, H}));  // [B, 1, H]
+      at::Tensor token = r.last.to(d_.device_, at::kLong).view({B, 1});
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d_.head_dim_));
+      std::vector<at::Tensor> tokens, probs;
+      for (int64_t i = 0; i < K; ++i) {
+        const at::Tensor e = d_.embedding_.index_select(0, token.reshape({-1})).view({B, 1, H});
+        const at::Tensor x = at::cat({d_.rms_norm(e, d_.input_norm_), d_.rms_norm(h, d_.hidden_norm_)}, -1);
+        const at::Tensor q = rope(d_.heads_of(at::linear(x, d_.q_proj_), d_.heads_), cos, sin);
+        k_.narrow(2, capacity_ + i, 1).copy_(rope(d_.heads_of(at::linear(x, d_.k_proj_), d_.kv_heads_), cos, sin));
+        v_.narrow(2, capacity_ + i, 1).copy_(d_.heads_of(at::linear(x, d_.v_proj_), d_.kv_heads_));
+        // Step i is query row i of the chain block (the other rows are not read).
+        at::Tensor queries = at::zeros({B, d_.heads_, n, d_.head_dim_}, q.options());
+        queries.narrow(2, i, 1).copy_(q);
+        const at::Tensor a = attention_.attention(i, queries, k_, v_, scale).narrow(2, i, 1);
+        const at::Tensor mid = h + at::linear(a.transpose(1, 2).reshape({B, 1, d_.heads_ * d_.head_dim_}), d_.o_proj_);
+        const at::Tensor n2 = d_.rms_norm(mid, d_.post_norm_);
+        h = mid + at::linear(swiglu(at::linear(n2, d_.gate_proj_), at::linear(n2, d_.up_proj_)), d_.down_proj_);
+        const at::Tensor logits = at::linear(d_.rms_norm(h, d_.final_norm_), d_.lm_head_).squeeze(1);  // [B, Vd]
+        at::Tensor draft;
+        if (r.sampling.greedy()) {
+          draft = logits.argmax(-1);
+        } else {
+          const at::Tensor p = sampling_probs(logits, r.sampling.temperature, r.sampling.top_p);
+          draft = sample_tokens(p, r.sampling.generator);
+          probs.push_back(at::zeros({B, d_.vocab_}, p.options()).index_copy_(1, draft_ids_, p));
+        }
+        token = draft_ids_.index_select(0, draft).view({B, 1});  // as target ids
+        tokens.push_back(token);
+      }
+      out.tokens = at::cat(tokens, 1);
+      if (!probs.empty()) out.probs = at::stack(probs, 1);
+      return out;
+    }
+
+   private:
+    void check_rows(int64_t rows, const std::vector<int64_t>& start, int64_t T, const char* call) const {
+      if (rows != batch_ || static_cast<int64_t>(start.size()) != batch_)
+        throw std::invalid_argument(std::string("eagle3 decoder ") + call + ": " + str(rows) + " rows and " +
+                                    str(static_cast<int64_t>(start.size())) + " start positions for a decoder of " +
+                                    str(batch_) + " rows");
+      for (int64_t b = 0; b < batch_; ++b)
+        if (start[static_cast<size_t>(b)] < 0 || start[static_cast<size_t>(b)] + T > capacity_ - 1)
+          throw std::invalid_argument(std::string("eagle3 decoder ") + call + ": row " + str(b) + " at positions " +
+                                      str(start[static_cast<size_t>(b)]) + ".." +
+                                      str(start[static_cast<size_t>(b)] + T - 1) + ", outside its cache of " +
+                                      str(capacity_ - 1) + " positions");
+    }
+    at::Tensor positions_of(const std::vector<int64_t>& start, int64_t T) const {
+      return at::tensor(start, at::TensorOptions().dtype(at::kLong)).to(d_.device_).unsqueeze(1) +
+             at::arange(T, at::TensorOptions().dtype(at::kLong).device(d_.device_));
+    }
+    // RoPE tables [B, 1, T, D] of positions [B, T].
+    std::pair<at::Tensor, at::Tensor> tables(const at::Tensor& positions) const {
+      auto [cos, sin] = flashdraft::rope_tables(positions, d_.rope_theta_, d_.head_dim_, d_.dtype_);
+      return {cos.unsqueeze(1), sin.unsqueeze(1)};
+    }
+    const Eagle3Drafter& d_;
+    int64_t batch_, capacity_;
+    AttentionContext& attention_;
+    at::Tensor k_, v_, fused_, draft_ids_;
+  };
+
   // The host side of a step.
   struct Plan {
     MaskInput mask;                  // q_len = S; kv_len set per step; the rows' documents

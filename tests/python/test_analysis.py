@@ -343,7 +343,8 @@ def test_partly_written_rows_eval_group_and_empty_logs(finished_toy_run, tmp_pat
     run = fl.load_run(with_eval)
     assert run.eval["step"].tolist() == ev_steps.tolist()
     assert run.eval["loss"].tolist() == ev_loss.tolist()
-    assert run.eval["tau"].tolist() == ev_tau.tolist()
+    assert run.eval["tau_anchor"].tolist() == ev_tau.tolist()  # an old log's "tau" is the anchor figure
+    assert "tau" not in run.eval
     for j in range(5):
         assert run.eval[f"acc_{j + 1}"].tolist() == ev_acc[:, j].tolist()
     assert run.eval_positions.to_numpy().tolist() == ev_acc.tolist()

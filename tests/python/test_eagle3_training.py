@@ -291,11 +291,12 @@ def test_plain_pytorch_reader_reproduces_the_engine(trained, tmp_path):
     R = tokens.shape[0]
     per_batch = R // len(dump["loss"])
     same = total = 0
-    losses, rows = [], []
+    losses, rows, row_chains = [], [], []
     with torch.no_grad():
         for r in range(R):
             hs = target(input_ids=tokens[r:r + 1], output_hidden_states=True).hidden_states
             chains, parts = chain_draft(w, cfg, hs, tokens[r], prompt_len=8)
+            row_chains.append(chains)
             for n in range(anchors.shape[1]):
                 if not valid[r, n]:
                     continue
@@ -313,3 +314,29 @@ def test_plain_pytorch_reader_reproduces_the_engine(trained, tmp_path):
           f"max relative error {err:.1e}")
     assert total > 0 and same == total
     assert err <= 1e-5
+    # Served validation (chain drafting as served): from the current position a the chain at
+    # column a - 1 proposes min(ttt_steps, end - a - 1) tokens, the target accepts the leading
+    # ones equal to its greedy text (the data: the embedded data is its target's greedy
+    # output) plus its own next token, a moves on by what was produced. The reader's chains
+    # give the same walk, response by response.
+    spans = dump["served_responses"].tolist()
+    acc, off = dump["served_acceptance"].tolist(), dump["served_acceptance_offsets"].tolist()
+    steps = produced = 0
+    for i, (r, prompt, end) in enumerate(spans):
+        walk, a = [], prompt
+        while a + 1 < end:
+            count = min(cfg["flashdraft"]["ttt_steps"] + 1, end - a) - 1
+            proposals = [int(row_chains[r][j][a - 1]) for j in range(count)]
+            k = 0
+            while k < count and proposals[k] == int(tokens[r, a + 1 + k]):
+                k += 1
+            n = min(k + 1, end - a - 1)
+            walk.append(n)
+            a += n
+        assert acc[off[i]:off[i + 1]] == walk, (r, acc[off[i]:off[i + 1]], walk)
+        steps += len(walk)
+        produced += sum(walk)
+    print(f"served chain drafting: {len(spans)} responses, {steps} steps, tau_served {produced / steps:.4f} "
+          f"(engine {float(dump['tau_served']):.4f}, on the data's tokens {float(dump['tau_served_data']):.4f})")
+    assert produced / steps == float(dump["tau_served"]) == float(dump["tau_served_data"])
+    assert max(acc) > 2, "some step must accept more than one proposal"

@@ -15,7 +15,7 @@ writes as a Llama checkpoint). Then:
     decoding loop (propose the block, verify token by token with transformers, accept the
     prefix);
   - corrupt or mismatched folders are refused by `flashdraft validate` with a sentence;
-  - `flashdraft inspect` says how tau was measured and whether the two differ.
+  - `flashdraft inspect` says how each tau was measured and whether they differ.
 tools/eval_blocks.cpp dumps every held-out block of one validation for these checks."""
 import json
 import math
@@ -162,7 +162,8 @@ def test_import_gives_the_runs_last_validation_loss(trained, tmp_path):
         last, first = a["eval/loss"][-1], b["eval/loss"][0]
         print(f"validation loss: run's last {last!r}, imported drafter before training {first!r}")
         assert first == last
-        assert b["eval/tau"][0] == a["eval/tau"][-1]
+        assert b["eval/tau_anchor"][0] == a["eval/tau_anchor"][-1]
+        assert b["eval/tau_served"][0] == a["eval/tau_served"][-1]
 
 
 def test_embedded_layer_ids_are_transformers_hidden_states_plus_one(tmp_path):
@@ -290,9 +291,9 @@ def test_plain_pytorch_drafter_from_the_folder_matches_the_engine(trained, tmp_p
 def test_both_taus_agree_on_the_targets_own_data(trained, tmp_path):
     exp = experiment(tmp_path, "own", trained["out"], init=trained["folder"], target=trained["target"])
     dump, meta = eval_blocks(exp, tmp_path / "own.safetensors")
-    tau, tau_data = float(dump["tau"]), float(dump["tau_data"])
+    tau, tau_data = float(dump["tau_anchor"]), float(dump["tau_data"])
     print(f"embedded data, its own target: tau (target verification) {tau:.4f}, tau_data {tau_data:.4f}")
-    assert meta["tau_method"] == "target verification"
+    assert meta["tau_anchor_method"] == "target verification"
     # Not vacuous: tau > 1 means drafted tokens were accepted, so the two counts compared are
     # not both the trivial 1. (No quality bar here: the trained drafter's tau moves between
     # about 1.25 and 1.9 with the anchor seed alone; this test is about the two agreeing.)
@@ -334,11 +335,11 @@ def test_target_verification_equals_a_slow_speculative_loop_on_other_data(traine
     exp = experiment(tmp_path, "other", tmp_path / "other", init=trained["folder"], target=trained["target"],
                      data_seed=99)
     dump, meta = eval_blocks(exp, tmp_path / "other.safetensors")
-    tau, tau_data = float(dump["tau"]), float(dump["tau_data"])
+    tau, tau_data = float(dump["tau_anchor"]), float(dump["tau_data"])
     slow, per_block, choices = slow_speculative_tau(trained["target"], dump)
     print(f"other data: tau (target verification) {tau:.4f}, slow speculative loop {slow:.4f}, "
           f"tau_data {tau_data:.4f}")
-    assert meta["tau_method"] == "target verification"
+    assert meta["tau_anchor_method"] == "target verification"
     assert tau == pytest.approx(slow, abs=1e-12)
     assert tau != tau_data
     # Token by token: wherever the slow loop asked the target (the accepted positions and the
@@ -361,14 +362,21 @@ def test_inspect_says_how_tau_was_measured(trained, tmp_path):
                      data_seed=99)
     cli("run", exp)
     out = cli("inspect", tmp_path / "v" / "verified.h5").stdout
-    line = next(l for l in out.splitlines() if l.strip().startswith("tau: "))
+    line = next(l for l in out.splitlines() if l.strip().startswith("tau_anchor "))
     print(line)
     assert "target verification" in line and "differs by" in line
+    served = next(l for l in out.splitlines() if l.strip().startswith("tau_served "))
+    print(served)
+    assert "target (greedy)" in served and "on the data's tokens" in served
+    assert "which tau to trust: tau_served" in out
     with h5py.File(tmp_path / "v" / "verified.h5", "r") as f:
-        methods = [m.decode() if isinstance(m, bytes) else m for m in f["eval/tau_method"][:]]
+        methods = [m.decode() if isinstance(m, bytes) else m for m in f["eval/tau_anchor_method"][:]]
         assert methods == ["target verification"] * 2
+        served_methods = [m.decode() if isinstance(m, bytes) else m for m in f["eval/tau_served_method"][:]]
+        assert served_methods == ["target (greedy)"] * 2
     out = cli("inspect", trained["log"]).stdout
-    assert "tau: data tokens (no online target to verify)" in out, out
+    assert "tau_anchor" in out and "(data tokens (no online target to verify))" in out, out
+    assert "tau_served" in out and ": data tokens (greedy)" in out, out
 
 
 # --- refused imports ----------------------------------------------------------------------

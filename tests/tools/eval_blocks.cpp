@@ -67,6 +67,11 @@ int run(int argc, char** argv) {
     target_attention = std::make_unique<fd::OffsetAttention>(*target_dispatcher, b.drafter->attention_layers());
   }
   fd::BatchSource batches(*b.dataset, b.target.get(), b.target_layers, target_attention.get(), b.ctx.device);
+  std::unique_ptr<fd::ServedValidation> served;
+  if (b.served)
+    served = std::make_unique<fd::ServedValidation>(b, setup.experiment.eval(),
+                                                    static_cast<uint64_t>(setup.experiment.run().integer("seed")),
+                                                    on_fallback, nullptr);
   Blocks blocks;
   fd::EvalContext context{*b.drafter,
                           batches,
@@ -79,17 +84,49 @@ int run(int argc, char** argv) {
                           b.target.get(),
                           [&](const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {
                             blocks.add(batch, r, verified);
-                          }};
+                          },
+                          served.get(),
+                          b.served_off};
   const std::optional<fd::EvalResult> result = fd::evaluate(context, 0);
   if (!result) throw std::runtime_error("the dataset has no held-out batch");
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& [name, parts] : blocks.rows) out.emplace_back(name, at::cat(parts, 0).contiguous());
   out.emplace_back("loss", at::tensor(blocks.losses, at::kDouble));
-  out.emplace_back("tau", at::scalar_tensor(result->tau, at::kDouble));
+  out.emplace_back("tau_anchor", at::scalar_tensor(result->tau_anchor, at::kDouble));
   out.emplace_back("tau_data", at::scalar_tensor(result->tau_data, at::kDouble));
-  fd::safetensors::write(argv[2], out, {{"tau_method", result->tau_method}});
-  std::cout << "tau " << result->tau << " (" << result->tau_method << "), tau_data " << result->tau_data << ", loss "
-            << result->loss << ", blocks " << result->blocks << "\n";
+  out.emplace_back("tau_served", at::scalar_tensor(result->tau_served, at::kDouble));
+  out.emplace_back("tau_served_se", at::scalar_tensor(result->tau_served_se, at::kDouble));
+  out.emplace_back("tau_served_data", at::scalar_tensor(result->tau_served_data, at::kDouble));
+  // Per response (in the order of the held-out set): its source row, prompt length, end, and
+  // the tokens each verification step produced / the tokens decoded from the prompt on,
+  // as flat lists with offsets.
+  auto add_tally = [&](const std::string& prefix, const fd::ServedTally& t) {
+    if (t.acceptance.empty()) return;
+    std::vector<int64_t> acc, acc_off{0}, gen, gen_off{0};
+    std::vector<size_t> at(t.order.size());
+    for (size_t i = 0; i < t.order.size(); ++i) at[static_cast<size_t>(t.order[i])] = i;
+    for (size_t k = 0; k < at.size(); ++k) {
+      const auto& a = t.acceptance[at[k]];
+      const auto& g = t.generated[at[k]];
+      acc.insert(acc.end(), a.begin(), a.end());
+      acc_off.push_back(static_cast<int64_t>(acc.size()));
+      gen.insert(gen.end(), g.begin(), g.end());
+      gen_off.push_back(static_cast<int64_t>(gen.size()));
+    }
+    out.emplace_back(prefix + "acceptance", at::tensor(acc, at::kLong));
+    out.emplace_back(prefix + "acceptance_offsets", at::tensor(acc_off, at::kLong));
+    out.emplace_back(prefix + "generated", at::tensor(gen, at::kLong));
+    out.emplace_back(prefix + "generated_offsets", at::tensor(gen_off, at::kLong));
+    std::vector<int64_t> spans;  // [responses, 3]: held-out row, prompt length, end
+    for (size_t k = 0; k < at.size(); ++k)
+      for (int64_t v : {t.source[at[k]], t.prompt[at[k]], t.end[at[k]]}) spans.push_back(v);
+    out.emplace_back(prefix + "responses", at::tensor(spans, at::kLong).view({-1, 3}));
+  };
+  add_tally("served_", result->served);
+  add_tally("served_data_", result->served_data);
+  fd::safetensors::write(argv[2], out,
+                         {{"tau_anchor_method", result->tau_anchor_method}, {"tau_served_method", result->served_method}});
+  std::cout << fd::eval_line(*result) << "\n";
   return 0;
 }
 

@@ -15,8 +15,9 @@ namespace flashdraft {
 // which ones they need in their errors; the rest of their parameters come from their
 // TOML table. Who reads what:
 //   batch, q_len, kv_len   every generator
-//   context_len, block_size, anchors, block_valid   "dflash" only
+//   context_len, block_size, anchors, block_valid, block_lengths   "dflash" only
 //   doc_lengths            "document" and "eagle3_ttt" (kv_len = unroll blocks x q_len)
+//   q_offsets              "causal" (cached decoding)
 struct MaskInput {
   int64_t batch = 1;
   int64_t q_len = 0;
@@ -27,9 +28,17 @@ struct MaskInput {
   int64_t block_size = 0;
   std::vector<std::vector<int64_t>> anchors;
   std::vector<std::vector<uint8_t>> block_valid;
+  // Tokens of each block, 1..block_size (empty = block_size for every block): block n
+  // keeps its first block_lengths[b][n] keys and queries; its later queries see nothing
+  // (a server's last block of a response is shorter).
+  std::vector<std::vector<int64_t>> block_lengths;
   // Packed documents: per batch element, the lengths of its documents (sum = the
   // sequence length: q_len for "document" and "eagle3_ttt").
   std::vector<std::vector<int64_t>> doc_lengths;
+  // Cached decoding: per batch element, the position of query 0 among the keys (the
+  // queries are positions q_offsets[b] .. q_offsets[b] + q_len - 1 of a cache of kv_len);
+  // empty = the generator's own alignment.
+  std::vector<int64_t> q_offsets;
 };
 
 class FLASHDRAFT_API MaskGenerator : public PluginObject {

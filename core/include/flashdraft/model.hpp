@@ -2,6 +2,7 @@
 #pragma once
 
 #include <flashdraft/attention.hpp>
+#include <flashdraft/decoding.hpp>
 #include <flashdraft/mask_generator.hpp>
 #include <flashdraft/plugin.hpp>
 
@@ -9,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,6 +136,28 @@ class FLASHDRAFT_API Target : public PluginObject {
     (void)batch, (void)anchors, (void)blocks;
     return {};
   }
+  // Serving (decoding.hpp; validation's served acceptance length). A decoder over `batch`
+  // sequences of at most `capacity` positions that runs every decoder layer and also returns
+  // the hidden states after `layers`; its attention goes through `attention` with a causal
+  // mask whose rows start at the cached positions (MaskInput::q_offsets). Null: this target
+  // cannot decode (served τ is then measured on the data's tokens).
+  virtual bool decodes() const { return false; }  // true when decoder() makes one
+  virtual std::unique_ptr<TargetDecoder> decoder(int64_t batch, int64_t capacity, const std::vector<int64_t>& layers,
+                                                 AttentionContext& attention) {
+    (void)batch, (void)capacity, (void)layers, (void)attention;
+    return nullptr;
+  }
+  // The attention problem of one decoder call of q_len positions per row (for the kernel
+  // choice before step 0).
+  virtual AttentionProblem decoder_problem(int64_t batch, int64_t capacity, int64_t q_len) const {
+    AttentionProblem p = attention_problem(batch, capacity);
+    p.q_len = q_len;
+    p.kv_len = capacity;
+    p.needs_backward = false;
+    return p;
+  }
+  // Token ids that end a response (the checkpoint's eos_token_id); empty: none known.
+  virtual std::vector<int64_t> stop_tokens() const { return {}; }
 };
 
 // What one drafter step returns. "Positions" are the drafter's per-position metrics
@@ -199,6 +224,28 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   // One forward pass with loss and metrics. `rng` draws anchors and the like.
   virtual StepResult step(const Batch& batch, AttentionContext& attention,
                           at::Generator& rng, bool training) = 0;
+
+  // Serving (decoding.hpp): drafting as a server does it, for validation's served acceptance
+  // length. max_proposals(): tokens one proposal call drafts at most (DFlash: block_size - 1;
+  // EAGLE-3: ttt_steps); 0 = this drafter is not served. decoder_problems(): the attention
+  // problems of one proposal call over `batch` sequences of at most `capacity` positions, one
+  // per attention call (checked before step 0 like training's). decoder_mask(): the mask
+  // generator those calls set and the options that differ from its defaults (empty name: the
+  // experiment's [mask] as configured).
+  virtual int64_t max_proposals() const { return 0; }
+  virtual std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const {
+    (void)batch, (void)capacity;
+    return {};
+  }
+  struct DecoderMask {
+    std::string generator;
+    std::map<std::string, Value> options;
+  };
+  virtual DecoderMask decoder_mask() const { return {}; }
+  virtual std::unique_ptr<DraftDecoder> decoder(int64_t batch, int64_t capacity, AttentionContext& attention) {
+    (void)batch, (void)capacity, (void)attention;
+    return nullptr;
+  }
 };
 
 }  // namespace flashdraft

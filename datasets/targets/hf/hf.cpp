@@ -145,6 +145,27 @@ class HfTarget final : public Target {
     return at::stack(out, 2);  // [B, S, E, H]
   }
 
+  // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row
+  // and layer; every decoder layer is loaded and run.
+  bool decodes() const override { return true; }
+  std::unique_ptr<TargetDecoder> decoder(int64_t batch, int64_t capacity, const std::vector<int64_t>& layers,
+                                         AttentionContext& attention) override {
+    for (int64_t l : layers)
+      if (l < 0 || l >= cfg_.layers)
+        throw std::invalid_argument("hf target: layer " + std::to_string(l) + " requested, the model has layers 0.." +
+                                    std::to_string(cfg_.layers - 1));
+    load_every_layer();
+    return std::make_unique<Decoder>(*this, batch, capacity, layers, attention);
+  }
+
+  AttentionProblem decoder_problem(int64_t batch, int64_t capacity, int64_t q_len) const override {
+    AttentionProblem p = attention_problem(batch, capacity);
+    p.q_len = q_len;
+    return p;
+  }
+
+  std::vector<int64_t> stop_tokens() const override { return cfg_.eos; }
+
   // Target verification (model.hpp): every decoder layer runs over the context (causal within
   // each document) and over all blocks at once; block n's queries see the context before its
   // anchor (same document) and its own block causally, so one forward gives the greedy choice
@@ -174,6 +195,74 @@ class HfTarget final : public Target {
   }
 
  private:
+  // The decoder of served validation: per layer, keys and values [B, kv_heads, capacity, D]
+  // indexed by position. A call writes its positions' keys/values first and then attends
+  // causally (key position <= query position, the causal generator with q_offsets), so a
+  // row never reads a position it has not written in order.
+  class Decoder final : public TargetDecoder {
+   public:
+    Decoder(const HfTarget& t, int64_t batch, int64_t capacity, std::vector<int64_t> layers,
+            AttentionContext& attention)
+        : t_(t), batch_(batch), capacity_(capacity), layers_(std::move(layers)), attention_(attention) {
+      const auto opts = at::TensorOptions().dtype(t.dtype_).device(t.device_);
+      for (size_t l = 0; l < t.layers_.size(); ++l) {
+        k_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
+        v_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
+      }
+    }
+
+    Output forward(const at::Tensor& tokens, const std::vector<int64_t>& start) override {
+      at::NoGradGuard frozen;
+      const int64_t B = tokens.size(0), T = tokens.size(1), H = t_.cfg_.hidden, D = t_.cfg_.head_dim;
+      if (B != batch_ || static_cast<int64_t>(start.size()) != B)
+        throw std::invalid_argument("hf target decoder: " + std::to_string(B) + " rows of tokens and " +
+                                    std::to_string(start.size()) + " start positions for a decoder of " +
+                                    std::to_string(batch_) + " rows");
+      for (int64_t b = 0; b < B; ++b)
+        if (start[static_cast<size_t>(b)] < 0 || start[static_cast<size_t>(b)] + T > capacity_)
+          throw std::invalid_argument("hf target decoder: row " + std::to_string(b) + " runs positions " +
+                                      std::to_string(start[static_cast<size_t>(b)]) + ".." +
+                                      std::to_string(start[static_cast<size_t>(b)] + T - 1) +
+                                      ", outside its cache of " + std::to_string(capacity_) + " positions");
+      const auto long_opts = at::TensorOptions().dtype(at::kLong).device(t_.device_);
+      const at::Tensor first = at::tensor(start, at::TensorOptions().dtype(at::kLong)).to(t_.device_);
+      const at::Tensor positions = first.unsqueeze(1) + at::arange(T, long_opts);  // [B, T]
+      MaskInput mask;
+      mask.batch = B;
+      mask.q_len = T;
+      mask.kv_len = capacity_;
+      mask.q_offsets = start;
+      attention_.set_mask(mask);
+      const auto [cos, sin] = t_.rope_tables(positions);
+      const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
+      at::Tensor x = t_.embed_.index_select(0, tokens.to(t_.device_, at::kLong).reshape({-1})).view({B, T, H});
+      std::vector<at::Tensor> features(layers_.size());
+      const double scale = 1.0 / std::sqrt(double(D));
+      for (size_t l = 0; l < t_.layers_.size(); ++l) {
+        const DecoderLayer& L = t_.layers_[l];
+        const QKV p = t_.project(L, x, cos, sin);
+        k_[l].scatter_(2, index, p.k);
+        v_[l].scatter_(2, index, p.v);
+        const at::Tensor a = attention_.attention(static_cast<int64_t>(l), p.q.contiguous(), k_[l], v_[l], scale);
+        x = t_.finish_layer(L, x, a);
+        for (size_t i = 0; i < layers_.size(); ++i)
+          if (layers_[i] == static_cast<int64_t>(l))
+            features[i] = static_cast<int64_t>(l) == t_.cfg_.layers - 1 ? t_.rms_norm(x, t_.final_norm_) : x;
+      }
+      Output out;
+      out.last = t_.rms_norm(x, t_.final_norm_);
+      out.features = features.empty() ? at::Tensor() : at::stack(features, 2);
+      return out;
+    }
+
+   private:
+    const HfTarget& t_;
+    int64_t batch_, capacity_;
+    std::vector<int64_t> layers_;
+    AttentionContext& attention_;
+    std::vector<at::Tensor> k_, v_;
+  };
+
   at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
 
   // Every tensor the model reads, with the shape config.json implies; the first

@@ -75,6 +75,24 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type != "default" && !(c.rope.factor > 0)) r.fail("rope_scaling", "factor must be positive");
 }
 
+// eos_token_id: an id or a list of ids (absent or null: none).
+std::vector<int64_t> eos_ids(const json& j, const std::string& file) {
+  std::vector<int64_t> ids;
+  if (!j.contains("eos_token_id") || j.at("eos_token_id").is_null()) return ids;
+  const json& v = j.at("eos_token_id");
+  auto add = [&](const json& x) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0)
+      throw std::runtime_error(file + ": eos_token_id holds " + x.dump() +
+                               "; accepted: a token id (a non-negative integer) or a list of them");
+    ids.push_back(x.get<int64_t>());
+  };
+  if (v.is_array())
+    for (const json& x : v) add(x);
+  else
+    add(v);
+  return ids;
+}
+
 }  // namespace
 
 ModelConfig read_config(const std::string& folder) {
@@ -131,6 +149,19 @@ ModelConfig read_config(const std::string& folder) {
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   const bool windowed = mistral || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);
+  c.eos = eos_ids(j, file);
+  const fs::path generation = fs::path(folder) / "generation_config.json";
+  if (fs::is_regular_file(generation)) {
+    std::ifstream g(generation);
+    json gj;
+    try {
+      gj = json::parse(g);
+    } catch (const json::parse_error& e) {
+      throw std::runtime_error(generation.string() + ": not valid JSON (" + std::string(e.what()) + ")");
+    }
+    if (gj.is_object() && gj.contains("eos_token_id") && !gj.at("eos_token_id").is_null())
+      c.eos = eos_ids(gj, generation.string());
+  }
   return c;
 }
 

@@ -1,0 +1,212 @@
+"""The served acceptance length against the reference loop that serving runs: z-lab's
+`dflash_generate` (the `dflash` package on PyPI), on CPU in float32.
+
+A tiny random Qwen3 target is made with transformers (weights wide enough that its greedy
+text does not repeat one token; its eos token set, so responses may stop early), its own greedy continuations of random prompts are the data (written as token
+shards for the `tokens` dataset), and a DFlash drafter is trained against the target run
+online. One validation of the exported drafter (tests/tools/eval_blocks.cpp) dumps, for
+every held-out response, the tokens each verification step produced and the tokens decoded.
+Then, on the same responses:
+  - greedy: dflash_generate(temperature=0) decodes exactly the target's plain greedy text
+    (transformers' generate), its acceptance lengths equal ours response by response, and
+    their mean over every step is our eval/tau_served, the same float; the walk on the
+    data's tokens gives the same number (the data is the target's greedy text);
+  - temperature 1: our rejection-sampled tau_served and dflash_generate's lie within two
+    standard errors of their difference.
+"""
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+import dflash.model as dflash_model
+from conftest import BINARY_DIR, CLI
+from hf_models import make_model
+
+# dflash_generate times itself with torch.cuda.synchronize(); on CPU the host clock does.
+dflash_model._cuda_time = time.perf_counter
+
+TOOL = BINARY_DIR / "bin" / "eval_blocks"
+EOS = 25  # some greedy responses reach it and stop early
+N_CONVERSATIONS, HELD_OUT = 240, 48
+
+EXPERIMENT = """
+[run]
+name = "{name}"
+seed = 0
+steps = {steps}
+device = "cpu"
+dtype = "float32"
+out = "{out}"
+print_every = 50
+[attention]
+kernels = ["flash_cpu"]
+[optimizer]
+lr = 1e-2
+warmup_steps = 10
+[target]
+plugin = "hf"
+path = "{target}"
+[drafter]
+plugin = "dflash"
+layers = 1
+heads = 4
+kv_heads = 2
+block_size = 8
+anchors = 6
+target_layer_ids = [1, 2]
+init = "{init}"
+[dataset]
+plugin = "tokens"
+path = "{data}"
+seq_len = 64
+batch_size = 8
+eval_sequences = {held_out}
+[mask]
+plugin = "dflash"
+[eval]
+enabled = true
+every = 0
+temperature = {temperature}
+served_batch = 16
+"""
+
+
+def greedy(model, prompt, new_tokens):
+    """The target's plain greedy decoding (transformers' generate, stopping at eos)."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=EOS,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def write_shard(folder: Path, conversations, vocab):
+    folder.mkdir(parents=True)
+    tokens, mask, offsets = [], [], [0]
+    for prompt, response in conversations:
+        tokens += prompt + response
+        mask += [0] * len(prompt) + [1] * len(response)
+        offsets.append(len(tokens))
+    with h5py.File(folder / "shard-00000.h5", "w") as f:
+        f["tokens"] = np.array(tokens, dtype=np.int32)
+        f["loss_mask"] = np.array(mask, dtype=np.uint8)
+        f["offsets"] = np.array(offsets, dtype=np.int64)
+        f.attrs.update(format="flashdraft-tokens-v1", vocab_size=vocab, tokenizer="none (token ids made by the test)",
+                       source="greedy continuations of the tiny target")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("served")
+    # initializer_range 0.4: at the usual 0.02 this target's greedy text repeats one token.
+    model = make_model(tmp / "target", "qwen3", seed=3, embedding_std=1.0, initializer_range=0.2, eos_token_id=EOS)
+    model.generation_config.eos_token_id = EOS
+    rng = np.random.default_rng(0)
+    conversations = []
+    for _ in range(N_CONVERSATIONS):
+        prompt = rng.integers(8, 160, size=int(rng.integers(6, 15))).tolist()
+        conversations.append((prompt, greedy(model, prompt, int(rng.integers(24, 44)))))
+    distinct = len({t for _, r in conversations for t in r})
+    assert distinct > 40, f"the target's greedy text uses only {distinct} tokens: make it less degenerate"
+    write_shard(tmp / "data", conversations, 160)
+    env = dict(target=tmp / "target", data=tmp / "data", held_out=HELD_OUT, temperature=0.0)
+    exp = tmp / "train.toml"
+    exp.write_text(EXPERIMENT.format(name="train", steps=150, out=tmp / "run", init="", **env))
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    print("\n".join(l for l in p.stdout.splitlines() if l.startswith("eval")))
+    return dict(tmp=tmp, model=model, conversations=conversations, folder=tmp / "run" / "train.hf", env=env)
+
+
+def validate(trained, name, temperature):
+    tmp = trained["tmp"]
+    env = dict(trained["env"], temperature=temperature)
+    exp = tmp / f"{name}.toml"
+    exp.write_text(EXPERIMENT.format(name=name, steps=1, out=tmp / name, init=trained["folder"], **env))
+    out = tmp / f"{name}.safetensors"
+    p = subprocess.run([str(TOOL), str(exp), str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    print(p.stdout.strip().splitlines()[-1])
+    dump = {}
+    with safe_open(out, "pt") as f:
+        meta = f.metadata()
+        for k in f.keys():
+            dump[k] = f.get_tensor(k)
+    return dump, meta
+
+
+def responses(dump, prefix):
+    """Per held-out response (the order of the held-out set): (row, prompt length, end,
+    acceptance lengths, decoded tokens)."""
+    spans = dump[prefix + "responses"].tolist()
+    acc, acc_off = dump[prefix + "acceptance"].tolist(), dump[prefix + "acceptance_offsets"].tolist()
+    gen, gen_off = dump[prefix + "generated"].tolist(), dump[prefix + "generated_offsets"].tolist()
+    return [(r, p, e, acc[acc_off[i]:acc_off[i + 1]], gen[gen_off[i]:gen_off[i + 1]])
+            for i, (r, p, e) in enumerate(spans)]
+
+
+def reference_draft(folder):
+    return dflash_model.DFlashDraftModel.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def test_greedy_equals_the_reference_loop(trained):
+    dump, meta = validate(trained, "greedy", 0.0)
+    assert meta["tau_served_method"] == "target (greedy)"
+    ours = responses(dump, "served_")
+    assert len(ours) >= 40, f"{len(ours)} held-out responses; at least 40 are compared"
+    draft, target = reference_draft(trained["folder"]), trained["model"]
+    tokens = dump["tokens"]
+    all_steps, stopped = [], 0
+    for row, prompt_len, end, acc, generated in ours:
+        prompt = tokens[row, :prompt_len].tolist()
+        ref = dflash_model.dflash_generate(draft, target, torch.tensor([prompt]), max_new_tokens=end - prompt_len,
+                                           stop_token_ids=[EOS], temperature=0.0, return_stats=True)
+        decoded = ref.output_ids[0, prompt_len:].tolist()
+        plain = greedy(target, prompt, end - prompt_len)
+        assert decoded == plain, (row, decoded, plain)  # the reference decodes the target's greedy text ...
+        assert generated == decoded, (row, generated, decoded)  # ... and so do we
+        assert acc == ref.acceptance_lengths, (row, acc, ref.acceptance_lengths)
+        all_steps += ref.acceptance_lengths
+        stopped += decoded[-1] == EOS
+    reference_tau = sum(all_steps) / len(all_steps)
+    ours_tau = float(dump["tau_served"])
+    print(f"greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
+          f"dflash_generate tau {reference_tau!r}, ours {ours_tau!r}, on the data's tokens "
+          f"{float(dump['tau_served_data'])!r}; tau_anchor {float(dump['tau_anchor']):.4f}")
+    assert ours_tau == reference_tau
+    assert float(dump["tau_served_data"]) == ours_tau  # the data is the target's greedy text
+    assert ours_tau > 1.2, "the trained drafter must be accepted sometimes, or the comparison proves little"
+    assert stopped > 0, "some response must end at eos, so the stop rule is compared too"
+    assert any(max(a) > 2 for *_, a, _ in ours), "some step must accept more than one proposal"
+
+
+def test_sampled_within_two_standard_errors_of_the_reference(trained):
+    dump, meta = validate(trained, "sampled", 1.0)
+    assert meta["tau_served_method"] == "target (temperature 1, top_p 1, rejection sampling)"
+    ours = responses(dump, "served_")
+    draft, target = reference_draft(trained["folder"]), trained["model"]
+    tokens = dump["tokens"]
+    torch.manual_seed(0)
+    produced, steps = [], []
+    for row, prompt_len, end, _, _ in ours:
+        ref = dflash_model.dflash_generate(draft, target, torch.tensor([tokens[row, :prompt_len].tolist()]),
+                                           max_new_tokens=end - prompt_len, stop_token_ids=[EOS], temperature=1.0,
+                                           return_stats=True)
+        produced.append(sum(ref.acceptance_lengths))
+        steps.append(len(ref.acceptance_lengths))
+    n = len(produced)
+    ref_tau = sum(produced) / sum(steps)
+    ref_se = math.sqrt(sum((a - ref_tau * s) ** 2 for a, s in zip(produced, steps)) / (n * (n - 1))) / (sum(steps) / n)
+    tau, se = float(dump["tau_served"]), float(dump["tau_served_se"])
+    both = math.hypot(se, ref_se)
+    print(f"temperature 1: ours {tau:.4f} +- {se:.4f}, dflash_generate {ref_tau:.4f} +- {ref_se:.4f} "
+          f"({n} responses); difference {tau - ref_tau:+.4f} = {(tau - ref_tau) / both:+.2f} standard errors")
+    assert se > 0 and ref_se > 0
+    assert abs(tau - ref_tau) <= 2 * both
