@@ -37,7 +37,7 @@ struct KernelCandidate {
   Support support;
 };
 
-struct KernelChoice {
+struct FLASHDRAFT_API KernelChoice {
   AttentionProblem problem;  // the first call's problem (every call's when they are equal)
   // The distinct problems of a step's calls, in call order (one for a drafter whose calls
   // all pose the same problem, e.g. DFlash; one per unroll step for EAGLE-3), with the

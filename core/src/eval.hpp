@@ -63,6 +63,9 @@ class FLASHDRAFT_API ServedValidation {
   // run's sampling), and on the data's tokens (greedy) when the batches carry hidden states.
   void run(const std::vector<ServedSequence>& sequences, int64_t step, EvalResult& out);
   int64_t responses() const { return responses_; }
+  ServedContext& context() { return *context_; }  // benchmarks drive serve() themselves
+  KernelLedger& ledger() { return ledger_; }
+  int64_t ledger_columns() const { return columns_; }
   bool by_target() const { return by_target_; }
 
  private:

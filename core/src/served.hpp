@@ -52,9 +52,9 @@ struct ServedSequence {
 
 // The responses of a batch: every maximal run of loss-carrying positions of at least two
 // tokens inside a document, after at least one prompt token.
-std::vector<ServedSequence> served_sequences(const Batch& batch, int64_t first_source);
+FLASHDRAFT_API std::vector<ServedSequence> served_sequences(const Batch& batch, int64_t first_source);
 
-struct ServedTally {
+struct FLASHDRAFT_API ServedTally {
   std::string method;           // "target" or "data tokens"
   int64_t sequences = 0, steps = 0, tokens = 0;
   std::vector<int64_t> histogram;                 // [K + 2]: steps that produced n tokens
@@ -64,6 +64,7 @@ struct ServedTally {
   std::vector<int64_t> source, prompt, end;       // each response's held-out row, prompt length, end
   double seconds = 0, target_seconds = 0;         // the whole walk; the target's forwards in it
   int64_t target_forwards = 0, target_tokens = 0; // forwards (prefills included) and the positions they ran
+  double floor_seconds = 0;                       // ServedContext::replay_floor: those forwards alone
   double tau() const { return steps > 0 ? double(tokens) / double(steps) : 0.0; }
   // Standard error of tau over responses (the ratio estimator's: responses are the
   // independent units, not steps).
@@ -83,10 +84,14 @@ struct ServedContext {
   std::vector<int64_t> stop_tokens;
   int64_t batch = 64;                            // responses decoded at once
   c10::Device device = c10::kCPU;
+  // Benchmarks: after each batch's walk, run the target's forwards of that walk again, alone
+  // and back to back on a fresh cache (the floor: every verified token passes through the
+  // target once), timed into ServedTally::floor_seconds.
+  bool replay_floor = false;
 };
 
 // Decodes `sequences` with the target (by_target) or on the data's tokens.
-ServedTally serve(const ServedContext& c, const std::vector<ServedSequence>& sequences, bool by_target,
+FLASHDRAFT_API ServedTally serve(const ServedContext& c, const std::vector<ServedSequence>& sequences, bool by_target,
                   const Sampling& sampling);
 
 // Rows in one served batch decode up to this many positions: the longest response's end

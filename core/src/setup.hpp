@@ -25,7 +25,7 @@ struct PluginUse {
   Config config;
 };
 
-struct Setup {
+struct FLASHDRAFT_API Setup {
   Experiment experiment;
   std::unique_ptr<Registry> registry;
   std::map<PluginKind, PluginUse> named;  // kinds whose table names one plugin (drafter, dataset, mask)
