@@ -88,7 +88,9 @@ void import_initial_weights(const Setup& s, BoundPlugins& b) {
       for (auto& t : b.drafter->buffers()) tensors.push_back(t);
       hf_eagle3::import(folder, expected, tensors);
     } else {
-      const hf_drafter::Layout expected = hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype);
+      const PluginUse& mask = s.use(PluginKind::mask);
+      const hf_drafter::Layout expected =
+          hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype, mask.name, mask.config);
       hf_drafter::import(folder, expected, b.drafter->parameters());
     }
   } catch (const hf_drafter::Error& e) {

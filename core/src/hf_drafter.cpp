@@ -94,6 +94,31 @@ std::string read_dtype(const ConfigReader& r) {
   return v->get<std::string>();
 }
 
+// Keys of the reference's config that change the drafter's function in ways this drafter
+// does not compute: accepted only at the reference's defaults.
+void read_unsupported(const ConfigReader& r) {
+  if (const Json* types = r.find("layer_types")) {
+    if (!types->is_array()) r.fail("layer_types", "value " + types->dump() + " is not a list");
+    for (const auto& t : *types)
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        r.fail("layer_types", "holds " + t.dump() + "; this drafter's layers attend over the whole context " +
+                                  "(accepted: every entry \"full_attention\", or no layer_types)");
+  }
+  for (const char* key : {"input_embedding_scale", "output_multiplier"}) {
+    const double v = r.real(key, 1.0);
+    if (v != 1.0)
+      r.fail(key, "value " + std::to_string(v) + " scales what the drafter computes unscaled (accepted: 1 or absent)");
+  }
+  if (const Json* cap = r.find("final_logit_softcapping"))
+    if (!cap->is_null() && !(cap->is_number() && cap->get<double>() <= 0))
+      r.fail("final_logit_softcapping", "value " + cap->dump() + " caps logits this drafter does not cap " +
+                                            "(accepted: absent, null or 0)");
+  if (const Json* rope = r.find("rope_parameters"))
+    if (rope->is_object() && rope->contains("rope_type") && (*rope)["rope_type"] != "default")
+      r.fail("rope_parameters.rope_type", "value " + (*rope)["rope_type"].dump() +
+                                              " scales RoPE, which this drafter does not (accepted: \"default\")");
+}
+
 std::vector<int64_t> read_ids(const ConfigReader& r) {
   const Json* v = r.find("target_layer_ids");
   if (!v || !v->is_array() || v->empty())
@@ -136,6 +161,10 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
     throw Error(file + ": dflash_config.target_layer_ids = " + list_str(got.target_layer_ids) +
                 ", but the experiment's drafter reads target layers " + list_str(want.target_layer_ids) +
                 " (from [drafter] target_layer_ids); accepted: the same ids");
+  if (got.is_causal != want.is_causal)
+    throw Error(file + ": is_causal = " + (got.is_causal ? "true" : "false") + ", but the experiment's drafter attends " +
+                (want.is_causal ? "causally" : "bidirectionally") + " inside a block (from [mask] in_block); " +
+                "accepted: a folder trained with the same in_block");
   if (got.rope_theta != want.rope_theta || got.rms_eps != want.rms_eps)
     throw Error(file + ": rope_theta = " + std::to_string(got.rope_theta) + ", rms_norm_eps = " +
                 std::to_string(got.rms_eps) + ", but the experiment's drafter has " + std::to_string(want.rope_theta) +
@@ -190,9 +219,16 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const La
   return out;
 }
 
-Layout describe(const Config& table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype) {
+Layout describe(const Config& table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype,
+                const std::string& mask, const Config& mask_table) {
+  if (mask != "dflash")
+    throw Error("[mask] plugin = \"" + mask + "\": a DFlash folder says only how the \"dflash\" mask attends inside " +
+                "a block (its is_causal key); the reference and the serving engines would run the drafter with that " +
+                "mask, not this one (accepted for export: [mask] plugin = \"dflash\", in_block \"bidirectional\" " +
+                "or \"causal\")");
   const Named params = drafter.parameters();
   Layout l;
+  l.is_causal = mask_table.string("in_block") == "causal";
   l.hidden = shape_of(params, "fc.weight")[0];
   while (true) {
     const std::string p = "layers." + std::to_string(l.layers) + ".input_layernorm.weight";
@@ -238,6 +274,7 @@ std::string config_json(const Layout& l) {
   j["block_size"] = l.block_size;
   j["torch_dtype"] = l.dtype;
   j["dtype"] = l.dtype;
+  j["is_causal"] = l.is_causal;
   j["dflash_config"] = {
       {"mask_token_id", l.mask_token}, {"target_layer_ids", l.target_layer_ids}, {"block_size", l.block_size}};
   j["flashdraft"] = {{"target", l.target},
@@ -284,6 +321,10 @@ Layout read_config_file(const std::string& file) {
                      ? (*rope)["rope_theta"].get<double>()
                      : r.real("rope_theta", 10000.0);
   l.dtype = read_dtype(r);
+  const Json* causal = r.find("is_causal");
+  if (causal && !causal->is_boolean()) r.fail("is_causal", "value " + causal->dump() + " is not true or false");
+  l.is_causal = causal && causal->get<bool>();
+  read_unsupported(r);
   if (j.contains("flashdraft") && j["flashdraft"].is_object() && j["flashdraft"].contains("target") &&
       j["flashdraft"]["target"].is_string())
     l.target = j["flashdraft"]["target"].get<std::string>();

@@ -10,7 +10,15 @@
 //   num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta (and
 //   rope_parameters, the transformers 5 spelling), vocab_size (the target's),
 //   num_target_layers, block_size, torch_dtype (and dtype), attention_bias false,
-//   tie_word_embeddings false, dflash_config {mask_token_id, target_layer_ids, block_size}.
+//   tie_word_embeddings false, dflash_config {mask_token_id, target_layer_ids, block_size},
+//   is_causal (true when the drafter was trained with [mask] in_block = "causal": the
+//   reference then attends causally inside a block; false otherwise, written explicitly).
+//   Every other choice of the reference's config that would change the drafter's function
+//   (layer_types with sliding windows, input_embedding_scale, output_multiplier,
+//   final_logit_softcapping, RoPE scaling) is left at the reference's default, which is
+//   what the drafter computes; a training choice the layout cannot say (a [mask] other than
+//   "dflash") is refused at export with a sentence, and an imported folder that sets one of
+//   those keys otherwise is refused too.
 //   Target layer id L is the output of the target's decoder layer L = transformers'
 //   hidden_states[L + 1], as the reference reads it.
 // model.safetensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per
@@ -49,6 +57,7 @@ struct Layout {
   int64_t vocab = 0, block_size = 0, mask_token = 0, target_layers = 0;
   std::vector<int64_t> target_layer_ids;
   double rope_theta = 10000.0, rms_eps = 1e-6;
+  bool is_causal = false;         // attention inside a block: causal ([mask] in_block = "causal") or not
   std::string dtype = "float32";  // torch_dtype: float32 | bfloat16 | float16
   std::string target;             // what the target was (informational)
 };
@@ -60,8 +69,10 @@ FLASHDRAFT_API std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_
 
 // The layout of a bound "dflash" drafter: sizes from its tensors, the rest from its
 // resolved [drafter] table and the target it was bound to.
+// `mask` / `mask_table`: the experiment's [mask] generator and its table; a generator the
+// layout cannot express is an Error naming it.
 FLASHDRAFT_API Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
-                               c10::ScalarType dtype);
+                               c10::ScalarType dtype, const std::string& mask, const Config& mask_table);
 
 FLASHDRAFT_API std::string config_json(const Layout& layout);
 // Reads <folder>/config.json; throws Error naming the file, the key and what is accepted.

@@ -8,8 +8,11 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 namespace fs = std::filesystem;
 
@@ -60,19 +63,61 @@ void write_layout(const std::string& log_path, const hf_drafter::Layout& layout)
   fs::rename(tmp, path);
 }
 
+namespace {
+constexpr const char* kRefused = "flashdraft_export_refused";
+
+// A run whose drafter cannot be exported: the layout file says why, so `flashdraft export`
+// gives the same sentence later; the run itself goes on.
+void write_refusal(const std::string& log_path, const std::string& why) {
+  nlohmann::json j;
+  j[kRefused] = why;
+  const std::string path = layout_path(log_path), tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) throw hf_drafter::Error("cannot write " + tmp);
+  }
+  fs::rename(tmp, path);
+  std::cout << "export: this drafter will not be exported as a Hugging Face folder: " << why << std::endl;
+}
+
+// The sentence of a layout file written by write_refusal ("" for a layout).
+std::string refusal_of(const std::string& layout_file) {
+  std::ifstream in(layout_file);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_object() && j.contains(kRefused) && j[kRefused].is_string()) return j[kRefused].get<std::string>();
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+}  // namespace
+
 std::optional<hf_drafter::Layout> run_layout(const Setup& setup, BoundPlugins& plugins, const std::string& log_path) {
   const PluginUse& drafter = setup.use(PluginKind::drafter);
   if (drafter.name != "dflash") return std::nullopt;
-  const hf_drafter::Layout layout =
-      hf_drafter::describe(drafter.config, *plugins.drafter, plugins.target_model, plugins.ctx.dtype);
-  write_layout(log_path, layout);
-  return layout;
+  const PluginUse& mask = setup.use(PluginKind::mask);
+  try {
+    const hf_drafter::Layout layout = hf_drafter::describe(drafter.config, *plugins.drafter, plugins.target_model,
+                                                           plugins.ctx.dtype, mask.name, mask.config);
+    write_layout(log_path, layout);
+    return layout;
+  } catch (const hf_drafter::Error& e) {
+    write_refusal(log_path, e.what());
+    return std::nullopt;
+  }
 }
 
 std::optional<hf_eagle3::Layout> run_eagle3_layout(const Setup& setup, BoundPlugins& plugins,
                                                    const std::string& log_path) {
   const PluginUse& drafter = setup.use(PluginKind::drafter);
   if (drafter.name != "eagle3") return std::nullopt;
+  const std::string& mask = setup.use(PluginKind::mask).name;
+  if (mask != "eagle3_ttt") {
+    write_refusal(log_path, "[mask] plugin = \"" + mask + "\": an EAGLE-3 folder is served with causal attention over " +
+                                "the context, the mask \"eagle3_ttt\" trains (accepted for export: \"eagle3_ttt\")");
+    return std::nullopt;
+  }
   const hf_eagle3::Layout layout = hf_eagle3::describe(drafter.config, *plugins.drafter, plugins.target_model,
                                                        plugins.ctx.dtype, plugins.dataset->seq_len());
   const std::string path = layout_path(log_path), tmp = path + ".tmp";
@@ -107,6 +152,8 @@ std::string export_folder(const std::string& run_or_checkpoint, const std::strin
   if (!fs::exists(layout_file))
     throw hf_drafter::Error("the run's layout file " + layout_file + " is missing: it is written when a DFlash or EAGLE-3 run " +
                             "binds its drafter (runs of other drafters, or of older flashdraft versions, have none)");
+  const std::string refused = refusal_of(layout_file);
+  if (!refused.empty()) throw hf_drafter::Error("cannot export " + run_or_checkpoint + ": " + refused);
   if (hf_eagle3::is_eagle3_config(layout_file)) {
     const hf_eagle3::Layout layout = hf_eagle3::read_config_file(layout_file);
     hf_eagle3::write(out_dir, layout, weights.first);

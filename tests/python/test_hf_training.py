@@ -139,3 +139,56 @@ def test_resume_with_an_online_target_continues_exactly(tmp_path):
     with h5py.File(tmp_path / "run" / "hf_tiny.h5", "r") as a, h5py.File(tmp_path / "again" / "hf_tiny.h5", "r") as b:
         assert list(b["steps/step"][:]) == list(range(10))
         assert np.array_equal(a["steps/loss"][:], b["steps/loss"][:]), (a["steps/loss"][:], b["steps/loss"][:])
+
+
+def multi_turn(n, seed=1):
+    rng = random.Random(seed)
+    for _ in range(n):
+        turns = []
+        for _ in range(rng.randint(2, 3)):
+            turns += [{"role": "user", "content": rng.choice(CORPUS)}, {"role": "assistant", "content": rng.choice(CORPUS)}]
+        yield {"messages": turns}
+
+
+def test_validation_on_multi_turn_chat_data_with_an_online_target(tmp_path):
+    """Chat data as prepare-data writes it: several assistant turns per conversation, the
+    newline after each end-of-turn token outside the loss mask, short rows padded, packed
+    rows. Validation with the target online (anchor blocks verified by the target, served
+    decoding of every assistant turn) runs; positions without a label never reach the
+    target (they once looked up embedding row -1: "index out of range in self")."""
+    tok = make_tokenizer(tmp_path / "tokenizer", PLAIN)
+    jsonl = tmp_path / "chat.jsonl"
+    jsonl.write_text("".join(json.dumps(c) + "\n" for c in multi_turn(80)))
+    prepare_data("--tokenizer", tok, "--input", jsonl, "--out", tmp_path / "data")
+    make_model(tmp_path / "qwen3", "qwen3", seed=2, embedding_std=1.0, vocab_size=320)
+    with h5py.File(tmp_path / "data" / "shard-00000.h5", "r") as f:
+        mask, offsets = f["loss_mask"][:], f["offsets"][:]
+    turns = [int(np.sum(np.diff(np.concatenate([[0], mask[a:b], [0]])) == 1)) for a, b in zip(offsets, offsets[1:])]
+    assert min(turns) >= 2  # every conversation has several assistant turns, and unlabelled positions between them
+    served = {}
+    for pack in ("false", "true"):
+        exp = tmp_path / f"chat_{pack}.toml"
+        exp.write_text(EXPERIMENT.format(out=tmp_path / f"run_{pack}", model=tmp_path / "qwen3", data=tmp_path / "data",
+                                         layers="0, 2")
+                       .replace("steps = 50", "steps = 2").replace('name = "hf_tiny"', f'name = "chat_{pack}"')
+                       .replace("eval_sequences = 8", f"eval_sequences = 8\npack = {pack}")
+                       .replace("seq_len = 64", "seq_len = 160")
+                       + "\n[eval]\nenabled = true\n")
+        p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout + p.stderr
+        lines = [l for l in p.stdout.splitlines() if l.startswith("eval")]
+        print(f"pack = {pack}:", lines[-1][:220])
+        log = tmp_path / f"run_{pack}" / f"chat_{pack}.h5"
+        with h5py.File(log, "r") as f:
+            method = f["eval/tau_anchor_method"][-1]
+            assert (method.decode() if isinstance(method, bytes) else method) == "target verification"
+            how = f["eval/tau_served_method"][-1]
+            assert (how.decode() if isinstance(how, bytes) else how) == "target (greedy)"
+            # the assistant turns of the 8 held-out conversations (within seq_len), a few per conversation
+            served[pack] = (int(f["eval/served_responses"][-1]), float(f["eval/tau_served"][-1]),
+                            int(f["eval/served_steps"][-1]))
+            assert 2 * 8 <= served[pack][0] <= 8 * max(turns), served[pack]
+            assert f["eval/tau_served"][-1] >= 1.0 and f["eval/tau_anchor"][-1] >= 1.0
+    # Served decoding works per conversation: packing the held-out rows changes nothing.
+    print("served (responses, tau, steps): unpacked", served["false"], "packed", served["true"])
+    assert served["false"] == served["true"]

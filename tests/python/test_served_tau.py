@@ -7,7 +7,9 @@ shards for the `tokens` dataset), and a DFlash drafter is trained against the ta
 online. One validation of the exported drafter (tests/tools/eval_blocks.cpp) dumps, for
 every held-out response, the tokens each verification step produced and the tokens decoded.
 Then, on the same responses:
-  - greedy: dflash_generate(temperature=0) decodes exactly the target's plain greedy text
+  - greedy, for a drafter trained with bidirectional blocks and one trained with causal
+    blocks (the export's is_causal makes the reference attend the same way):
+    dflash_generate(temperature=0) decodes exactly the target's plain greedy text
     (transformers' generate), its acceptance lengths equal ours response by response, and
     their mean over every step is our eval/tau_served, the same float; the walk on the
     data's tokens gives the same number (the data is the target's greedy text);
@@ -72,6 +74,7 @@ batch_size = 8
 eval_sequences = {held_out}
 [mask]
 plugin = "dflash"
+in_block = "{in_block}"
 [eval]
 enabled = true
 every = 0
@@ -102,9 +105,11 @@ def write_shard(folder: Path, conversations, vocab):
                        source="greedy continuations of the tiny target")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("served")
+@pytest.fixture(scope="module", params=["bidirectional", "causal"])
+def trained(request, tmp_path_factory):
+    """A drafter trained with [mask] in_block = bidirectional or causal: the exported folder
+    must make the reference attend the same way inside a block (config.json's is_causal)."""
+    tmp = tmp_path_factory.mktemp("served_" + request.param)
     # initializer_range 0.4: at the usual 0.02 this target's greedy text repeats one token.
     model = make_model(tmp / "target", "qwen3", seed=3, embedding_std=1.0, initializer_range=0.2, eos_token_id=EOS)
     model.generation_config.eos_token_id = EOS
@@ -116,13 +121,16 @@ def trained(tmp_path_factory):
     distinct = len({t for _, r in conversations for t in r})
     assert distinct > 40, f"the target's greedy text uses only {distinct} tokens: make it less degenerate"
     write_shard(tmp / "data", conversations, 160)
-    env = dict(target=tmp / "target", data=tmp / "data", held_out=HELD_OUT, temperature=0.0)
+    env = dict(target=tmp / "target", data=tmp / "data", held_out=HELD_OUT, temperature=0.0, in_block=request.param)
     exp = tmp / "train.toml"
     exp.write_text(EXPERIMENT.format(name="train", steps=150, out=tmp / "run", init="", **env))
     p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     print("\n".join(l for l in p.stdout.splitlines() if l.startswith("eval")))
-    return dict(tmp=tmp, model=model, conversations=conversations, folder=tmp / "run" / "train.hf", env=env)
+    config = json.loads((tmp / "run" / "train.hf" / "config.json").read_text())
+    assert config["is_causal"] is (request.param == "causal")
+    return dict(tmp=tmp, model=model, conversations=conversations, folder=tmp / "run" / "train.hf", env=env,
+                in_block=request.param)
 
 
 def validate(trained, name, temperature):
@@ -177,17 +185,20 @@ def test_greedy_equals_the_reference_loop(trained):
         stopped += decoded[-1] == EOS
     reference_tau = sum(all_steps) / len(all_steps)
     ours_tau = float(dump["tau_served"])
-    print(f"greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
+    print(f"{trained['in_block']} blocks, greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
           f"dflash_generate tau {reference_tau!r}, ours {ours_tau!r}, on the data's tokens "
           f"{float(dump['tau_served_data'])!r}; tau_anchor {float(dump['tau_anchor']):.4f}")
     assert ours_tau == reference_tau
     assert float(dump["tau_served_data"]) == ours_tau  # the data is the target's greedy text
+    assert draft.layers[0].self_attn.is_causal is (trained["in_block"] == "causal")
     assert ours_tau > 1.2, "the trained drafter must be accepted sometimes, or the comparison proves little"
     assert stopped > 0, "some response must end at eos, so the stop rule is compared too"
     assert any(max(a) > 2 for *_, a, _ in ours), "some step must accept more than one proposal"
 
 
 def test_sampled_within_two_standard_errors_of_the_reference(trained):
+    if trained["in_block"] != "bidirectional":
+        pytest.skip("sampling is compared once, on the bidirectional drafter")
     dump, meta = validate(trained, "sampled", 1.0)
     assert meta["tau_served_method"] == "target (temperature 1, top_p 1, rejection sampling)"
     ours = responses(dump, "served_")
