@@ -8,6 +8,7 @@
 
 #include <flashdraft/model.hpp>
 
+#include "lm_head_loss.hpp"
 #include "registry.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -39,8 +40,18 @@ class OracleAttention : public AttentionContext {
       for (int64_t i = 0; i < Lq; ++i) {
         const int64_t n = i / BS;
         if (!input_.block_valid[b][n]) continue;
+        // Packed rows: the context of the anchor's document only.
+        const int64_t a = input_.anchors[b][n];
+        int64_t doc0 = 0;
+        if (!input_.doc_lengths.empty()) {
+          int64_t start = 0;
+          for (const int64_t len : input_.doc_lengths[b]) {
+            if (a >= start && a < start + len) doc0 = start;
+            start += len;
+          }
+        }
         for (int64_t kv = 0; kv < Lkv; ++kv)
-          acc[b][0][i][kv] = kv < S ? kv < input_.anchors[b][n] : (kv - S) / BS == n;
+          acc[b][0][i][kv] = kv < S ? kv < a && kv >= doc0 : (kv - S) / BS == n;
       }
     mask = mask.to(q.device());
     const at::Tensor kr = k.repeat_interleave(Hq / Hkv, 1), vr = v.repeat_interleave(Hq / Hkv, 1);
@@ -51,9 +62,11 @@ class OracleAttention : public AttentionContext {
     return at::matmul(p, vr);
   }
 
-  // The loss by its definition: full logits, float32 log-softmax, weighted NLL.
+  // The loss by its definition: full logits, float32 log-softmax, weighted NLL (labels from
+  // a target: the engine's reference definition; the Python cross-check is their oracle).
   LmHeadLossOutput lm_head_loss(const LmHeadLossInput& in) override {
     ++loss_calls;
+    if (in.target_hidden.defined()) return lm_head_loss_reference(in);
     at::Tensor logits = at::matmul(in.hidden, in.weight.t());
     if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // float64 checks stay float64
     LmHeadLossOutput out;

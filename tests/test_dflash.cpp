@@ -110,6 +110,51 @@ TEST(DFlashAnchors, SortedUniqueInRangeAndPaddedWhenShort) {
   EXPECT_GT(padded_cases, 10);  // the trials did exercise padding
 }
 
+// Where blocks may start, hand-worked: a row of two documents [0, 8) and [8, 14), BS = 3,
+// loss mask (1 = response): 0 0 1 1 1 1 0 1 | 1 1 1 1 0 1.
+//   response    anchor on a response token followed by another, whole block in its document:
+//               doc 0: a in 0..5 with mask[a] and mask[a+1]: 2, 3, 4;  doc 1: a in 8..11: 8, 9, 10
+//   next_token  the token after the anchor carries loss: doc 0: 1, 2, 3, 4; doc 1: 8, 9, 10
+// One document of 14 (no documents): next_token also admits 6 and 7, whose blocks would run
+// from the first document into the second.
+TEST(DFlashAnchors, RulesAndDocumentsHandWorked) {
+  const std::vector<uint8_t> mask{0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 1};
+  const std::vector<dflash::Document> docs{{0, 8}, {8, 14}};
+  EXPECT_EQ(dflash::anchor_candidates(docs, 3, mask.data(), dflash::AnchorRule::response),
+            (std::vector<int64_t>{2, 3, 4, 8, 9, 10}));
+  EXPECT_EQ(dflash::anchor_candidates(docs, 3, mask.data(), dflash::AnchorRule::next_token),
+            (std::vector<int64_t>{1, 2, 3, 4, 8, 9, 10}));
+  EXPECT_EQ(dflash::anchor_candidates(14, 3, mask.data()), (std::vector<int64_t>{1, 2, 3, 4, 6, 7, 8, 9, 10}));
+  // Labels stop at the block's document end.
+  const std::vector<int64_t> tokens{10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
+  dflash::Anchors a{{5, 10}, {1, 1}};
+  const dflash::BlockLabels bl = dflash::block_labels(tokens.data(), mask.data(), {8, 14}, a, 3, 7.0);
+  EXPECT_EQ(bl.labels, (std::vector<int64_t>{-1, -1, 17, -1, 21, -1}));
+}
+
+// The defaults the references use: gamma by block size (DFlash paper: 7 / 5 / 4 for blocks
+// of 16 / 10 / 8) and the target layer ids of z-lab dflash's build_target_layer_ids, worked
+// out here from its formula (round(1 + i * (L - 4) / (n - 1)), Python rounding; L // 2 for
+// one layer).
+TEST(DFlashDefaults, GammaAndTargetLayersAsTheReferences) {
+  EXPECT_EQ(dflash::default_gamma(16), 7.0);
+  EXPECT_EQ(dflash::default_gamma(10), 5.0);
+  EXPECT_EQ(dflash::default_gamma(8), 4.0);
+  EXPECT_NEAR(dflash::default_gamma(12), 5.0 + 2.0 / 3.0, 1e-12);  // between the paper's values
+  EXPECT_EQ(dflash::default_gamma(2), 1.0);                         // at least 1
+  EXPECT_EQ(dflash::reference_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));  // Qwen3-8B
+  EXPECT_EQ(dflash::reference_layer_ids(36, 1), (std::vector<int64_t>{18}));
+  EXPECT_EQ(dflash::reference_layer_ids(28, 3), (std::vector<int64_t>{1, 13, 25}));
+  // 1 + i * 28 / 3 = 1, 10.33, 19.67, 29
+  EXPECT_EQ(dflash::reference_layer_ids(32, 4), (std::vector<int64_t>{1, 10, 20, 29}));
+  // 1 + i * 36 / 5 = 1, 8.2, 15.4, 22.6, 29.8, 37
+  EXPECT_EQ(dflash::reference_layer_ids(40, 6), (std::vector<int64_t>{1, 8, 15, 23, 30, 37}));
+  // 1 + i * 5 / 2 = 1, 3.5, 6: Python's round(3.5) = 4 (halves to even)
+  EXPECT_EQ(dflash::reference_layer_ids(9, 3), (std::vector<int64_t>{1, 4, 6}));
+  // 1 + i * 3 / 2 = 1, 2.5, 4: round(2.5) = 2
+  EXPECT_EQ(dflash::reference_layer_ids(7, 3), (std::vector<int64_t>{1, 2, 4}));
+}
+
 TEST(DFlashAnchors, WithoutReplacementCoversEveryCandidate) {
   // 6 candidates, 3 drawn: every 3-subset is equally likely (20 subsets); each candidate
   // appears with probability 1/2.

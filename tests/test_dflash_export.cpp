@@ -32,17 +32,24 @@ void write(hid_t file, const std::string& name, const at::Tensor& t) {
   H5Pclose(lcpl);
 }
 
-TEST(DFlashExport, WritesOneStepForThePythonCrossCheck) {
-  const char* env = std::getenv("FLASHDRAFT_DFLASH_EXPORT");
-  const std::string path = env ? env : std::string(FLASHDRAFT_BINARY_DIR) + "/dflash_export.h5";
-  const std::map<std::string, Value> cfg{
+// One step of a configuration, written under "<name>/": the batch, the anchors the step
+// drew, the loss, every parameter and gradient, and the keys the reference needs.
+void write_case(hid_t file, const std::string& name, const std::map<std::string, Value>& extra, bool packed) {
+  std::map<std::string, Value> cfg{
       {"layers", int64_t{2}},     {"hidden", int64_t{32}},   {"heads", int64_t{4}},  {"kv_heads", int64_t{2}},
       {"ffn", int64_t{48}},       {"block_size", int64_t{4}}, {"anchors", int64_t{3}}, {"mask_token", int64_t{39}},
       {"target_layer_ids", std::vector<int64_t>{2, 0}},       {"gamma", 3.0},          {"init_std", 0.2},
       {"rope_theta", 500.0},      {"rms_eps", 1e-5}};
+  for (const auto& [k, v] : extra) cfg[k] = v;
   auto d = dflash_test::make_drafter(cfg);
   auto p = dflash_test::random_problem(40, 32, {0, 1, 2}, 2, 16, at::kFloat, 2024);
-  p.batch.lengths[1] = 6;  // 2 anchor candidates (1, 2) for 3 anchors: one padding block
+  p.batch.lengths[1] = 6;  // row 1: few anchor candidates for 3 anchors (padding blocks)
+  // Responses after short prompts; packed: row 0 holds documents of 7 and 9 positions (the
+  // first with unlabelled positions at its end).
+  p.batch.loss_mask.fill_(true);
+  for (int64_t t : {0, 1, 5, 6}) p.batch.loss_mask[0][t] = false;
+  for (int64_t t : {0, 1}) p.batch.loss_mask[1][t] = false;
+  if (packed) p.batch.documents = {{7, 9}, {}};
   RunContext ctx;
   ctx.seed = 17;
   d->bind(p.target, ctx, 2, 16);
@@ -50,47 +57,69 @@ TEST(DFlashExport, WritesOneStepForThePythonCrossCheck) {
   at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(5);
   StepResult r = d->step(p.batch, attn, rng, true);
   r.loss.backward();
-  ASSERT_EQ(attn.input_.block_valid[1], (std::vector<uint8_t>{1, 1, 0}));
-
-  hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  ASSERT_GE(file, 0) << path;
-  write(file, "batch/tokens", p.batch.tokens);
-  write(file, "batch/hidden", p.batch.hidden);
-  write(file, "batch/loss_mask", p.batch.loss_mask);
-  write(file, "batch/lengths", p.batch.lengths);
-  write(file, "target/embedding", p.target.embedding);
-  write(file, "target/lm_head", p.target.lm_head);
-  write(file, "target/exported_layers", at::tensor(p.target.exported_layers));
+  const std::string g = name + "/";
+  write(file, g + "batch/tokens", p.batch.tokens);
+  write(file, g + "batch/hidden", p.batch.hidden);
+  write(file, g + "batch/loss_mask", p.batch.loss_mask);
+  write(file, g + "batch/lengths", p.batch.lengths);
+  // [B, 2] document lengths per row (0: none): a row without documents is one of its length.
+  write(file, g + "batch/documents", packed ? at::tensor(std::vector<int64_t>{7, 9, 6, 0}).view({2, 2})
+                                            : at::tensor(std::vector<int64_t>{16, 0, 6, 0}).view({2, 2}));
+  write(file, g + "target/embedding", p.target.embedding);
+  write(file, g + "target/lm_head", p.target.lm_head);
+  write(file, g + "target/exported_layers", at::tensor(p.target.exported_layers));
   std::vector<int64_t> anchors, valid;
   for (size_t b = 0; b < attn.input_.anchors.size(); ++b)
     for (size_t n = 0; n < attn.input_.anchors[b].size(); ++n) {
       anchors.push_back(attn.input_.anchors[b][n]);
       valid.push_back(attn.input_.block_valid[b][n]);
     }
-  write(file, "step/anchors", at::tensor(anchors).view({2, 3}));
-  write(file, "step/block_valid", at::tensor(valid).view({2, 3}));
-  write(file, "step/loss", r.loss.detach());
-  write(file, "step/position_accuracy", at::tensor(r.position_accuracy, at::kDouble));
-  write(file, "config/layers", at::scalar_tensor(int64_t{2}, at::kLong));
-  write(file, "config/heads", at::scalar_tensor(int64_t{4}, at::kLong));
-  write(file, "config/kv_heads", at::scalar_tensor(int64_t{2}, at::kLong));
-  write(file, "config/head_dim", at::scalar_tensor(int64_t{8}, at::kLong));
-  write(file, "config/block_size", at::scalar_tensor(int64_t{4}, at::kLong));
-  write(file, "config/mask_token", at::scalar_tensor(int64_t{39}, at::kLong));
-  write(file, "config/target_layer_ids", at::tensor(std::vector<int64_t>{2, 0}));
-  write(file, "config/gamma", at::scalar_tensor(3.0, at::kDouble));
-  write(file, "config/rope_theta", at::scalar_tensor(500.0, at::kDouble));
-  write(file, "config/rms_eps", at::scalar_tensor(1e-5, at::kDouble));
+  write(file, g + "step/anchors", at::tensor(anchors).view({2, 3}));
+  write(file, g + "step/block_valid", at::tensor(valid).view({2, 3}));
+  write(file, g + "step/loss", r.loss.detach());
+  write(file, g + "step/position_accuracy", at::tensor(r.position_accuracy, at::kDouble));
+  for (const char* k : {"layers", "heads", "kv_heads", "block_size", "mask_token"})
+    write(file, g + "config/" + k, at::scalar_tensor(std::get<int64_t>(cfg.at(k)), at::kLong));
+  write(file, g + "config/head_dim", at::scalar_tensor(int64_t{8}, at::kLong));
+  write(file, g + "config/target_layer_ids", at::tensor(std::vector<int64_t>{2, 0}));
+  for (const char* k : {"gamma", "rope_theta", "rms_eps"})
+    write(file, g + "config/" + k, at::scalar_tensor(std::get<double>(cfg.at(k)), at::kDouble));
+  auto text = [&](const char* key, const char* fallback) {
+    return cfg.count(key) ? std::get<std::string>(cfg.at(key)) : std::string(fallback);
+  };
+  const std::string labels = text("labels", "data"), norm = text("normalisation", "positions"),
+                    rule = text("anchor_rule", "response");
+  write(file, g + "config/labels", at::scalar_tensor(int64_t(labels == "data" ? 0 : labels == "target_argmax" ? 1 : 2)));
+  write(file, g + "config/by_positions", at::scalar_tensor(int64_t(norm == "positions")));
+  write(file, g + "config/response_anchors", at::scalar_tensor(int64_t(rule == "response")));
+  write(file, g + "config/label_temperature",
+        at::scalar_tensor(cfg.count("label_temperature") ? std::get<double>(cfg.at("label_temperature")) : 1.0,
+                          at::kDouble));
   int64_t n = 0;
-  for (auto& [name, w] : d->parameters()) {
-    ASSERT_TRUE(w.grad().defined()) << name;
-    write(file, "params/" + name, w);
-    write(file, "grads/" + name, w.grad());
+  for (auto& [pname, w] : d->parameters()) {
+    ASSERT_TRUE(w.grad().defined()) << name << " " << pname;
+    write(file, g + "params/" + pname, w);
+    write(file, g + "grads/" + pname, w.grad());
     ++n;
   }
+  EXPECT_EQ(n, 2 + 2 * 11 + 1) << name;
+  EXPECT_TRUE(std::isfinite(r.loss.item<double>())) << name;
+}
+
+TEST(DFlashExport, WritesOneStepForThePythonCrossCheck) {
+  const char* env = std::getenv("FLASHDRAFT_DFLASH_EXPORT");
+  const std::string path = env ? env : std::string(FLASHDRAFT_BINARY_DIR) + "/dflash_export.h5";
+  hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(file, 0) << path;
+  // flashdraft before 2026-12 (data labels, sum-of-weights normalisation, anchors before a
+  // response token), today's defaults, packed rows, and the two target label modes.
+  write_case(file, "old", {{"normalisation", std::string("weights")}, {"anchor_rule", std::string("next_token")}},
+             false);
+  write_case(file, "defaults", {}, false);
+  write_case(file, "packed", {}, true);
+  write_case(file, "target_argmax", {{"labels", std::string("target_argmax")}}, true);
+  write_case(file, "target_kl", {{"labels", std::string("target_kl")}, {"label_temperature", 0.7}}, true);
   ASSERT_GE(H5Fclose(file), 0);
-  EXPECT_EQ(n, 2 + 2 * 11 + 1);
-  EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
 }
 
 }  // namespace

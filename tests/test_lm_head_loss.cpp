@@ -36,7 +36,13 @@ Problem random_problem(int64_t rows, int64_t hidden, int64_t vocab, at::ScalarTy
 }
 
 LmHeadLossInput input_of(const Problem& p, const at::Tensor& hidden) {
-  return LmHeadLossInput{hidden, p.weight, p.labels, p.row_weights, p.weight_sum};
+  LmHeadLossInput in;
+  in.hidden = hidden;
+  in.weight = p.weight;
+  in.labels = p.labels;
+  in.row_weights = p.row_weights;
+  in.weight_sum = p.weight_sum;
+  return in;
 }
 
 struct Result {
@@ -72,6 +78,96 @@ void compare(const Problem& p, int64_t chunk, double loss_tol, double grad_tol, 
 }
 
 }  // namespace
+
+// Labels from a target (DFlash labels = "target_argmax" / "target_kl"): every variant against
+// the definition written here in float64 on fresh random inputs: target logits = th W^T;
+// hard: CE against their argmax; soft: KL(softmax(target / T) || softmax(h W^T)); the
+// weighted mean over weight_sum; the gradient with respect to h by autograd.
+namespace {
+
+struct TargetResult {
+  double loss;
+  at::Tensor grad, argmax, target_argmax;
+};
+
+TargetResult target_definition(const Problem& p, const at::Tensor& th, bool soft, double temperature) {
+  at::Tensor h = p.hidden.detach().to(at::kCPU, at::kDouble).set_requires_grad(true);
+  const at::Tensor W = p.weight.to(at::kCPU, at::kDouble), t = th.to(at::kCPU, at::kDouble).mm(W.t());
+  const at::Tensor logq = at::log_softmax(h.mm(W.t()), -1);
+  at::Tensor per_row;
+  if (soft) {
+    const at::Tensor logp = at::log_softmax(t / temperature, -1);
+    per_row = (logp.exp() * (logp - logq)).sum(-1);
+  } else {
+    per_row = -logq.gather(1, t.argmax(-1).unsqueeze(1)).squeeze(1);
+  }
+  const at::Tensor loss = (per_row * p.row_weights.to(at::kCPU, at::kDouble)).sum() / p.weight_sum;
+  loss.backward();
+  return {loss.item<double>(), h.grad().to(at::kFloat), logq.argmax(-1), t.argmax(-1)};
+}
+
+template <class F>
+TargetResult run_target(const Problem& p, const at::Tensor& th, bool soft, double temperature, F&& variant) {
+  at::Tensor h = p.hidden.detach().clone().set_requires_grad(true);
+  LmHeadLossInput in = input_of(p, h);
+  in.labels = at::Tensor();  // the target gives them
+  in.target_hidden = th;
+  in.target_soft = soft;
+  in.target_temperature = temperature;
+  LmHeadLossOutput out = variant(in);
+  out.loss.backward();
+  return {out.loss.item<double>(), h.grad().to(at::kCPU, at::kFloat), out.argmax.to(at::kCPU),
+          out.target_argmax.to(at::kCPU)};
+}
+
+// exact: float32 inputs (the target's argmax must be the definition's); bf16 logits may flip
+// near-ties.
+void compare_target(const Problem& p, const at::Tensor& th, double loss_tol, double grad_tol, bool fused,
+                    bool exact = true) {
+  for (const bool soft : {false, true})
+    for (const double temperature : {1.0, 0.7}) {
+      if (!soft && temperature != 1.0) continue;
+      const TargetResult def = target_definition(p, th, soft, temperature);
+      const auto chunked = [fused](const LmHeadLossInput& in) {
+        return fused ? lm_head_loss_fused(in, 40) : lm_head_loss_chunked(in, 40);
+      };
+      const auto reference = [](const LmHeadLossInput& in) { return lm_head_loss_reference(in); };
+      for (const TargetResult& got : {run_target(p, th, soft, temperature, chunked),
+                                      run_target(p, th, soft, temperature, reference)}) {
+        const std::string what = std::string(soft ? "soft" : "hard") + ", temperature " + std::to_string(temperature);
+        EXPECT_NEAR(got.loss, def.loss, loss_tol * std::abs(def.loss)) << what;
+        EXPECT_LE(max_rel(got.grad, def.grad), grad_tol) << what;
+        const double same = got.target_argmax.eq(def.target_argmax).to(at::kDouble).mean().item<double>();
+        EXPECT_GE(same, exact ? 1.0 : 0.99) << what;
+        EXPECT_GE(got.argmax.eq(def.argmax).to(at::kDouble).mean().item<double>(), 0.99) << what;
+      }
+      // Not vacuous: a real loss and gradient; the target's labels are not the data's.
+      EXPECT_GT(def.loss, 0.1);
+      EXPECT_GT(def.grad.abs().max().item<double>(), 0.0);
+      EXPECT_LT(def.target_argmax.eq(p.labels.to(at::kCPU)).to(at::kDouble).mean().item<double>(), 0.5);
+    }
+}
+
+}  // namespace
+
+TEST(LmHeadLoss, TargetLabelsMatchTheDefinitionCpu) {
+  const Problem p = random_problem(97, 48, 301, at::kFloat, c10::kCPU, 31);
+  const at::Tensor th = at::randn({97, 48}, at::TensorOptions().dtype(at::kFloat));
+  compare_target(p, th, 1e-5, 1e-5, /*fused=*/false);
+}
+
+TEST(LmHeadLoss, TargetLabelsMatchTheDefinitionCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_ops::cuda_ops_built()) GTEST_SKIP() << "this engine was built without its CUDA kernels";
+  const c10::Device cuda(c10::kCUDA, 0);
+  const Problem p = random_problem(300, 128, 32001, at::kFloat, cuda, 32);
+  const at::Tensor th = at::randn({300, 128}, at::TensorOptions().dtype(at::kFloat)).to(cuda);
+  compare_target(p, th, 1e-5, 1e-4, /*fused=*/true);
+  // bf16 logits (the fused kernel reads both rows in the compute dtype): looser, as the CE tests.
+  const Problem b = random_problem(300, 128, 32000, at::kBFloat16, cuda, 33);
+  compare_target(b, at::randn({300, 128}, at::TensorOptions().dtype(at::kFloat)).to(cuda, at::kBFloat16), 3e-3, 3e-2,
+                 true, /*exact=*/false);
+}
 
 TEST(LmHeadLoss, ChunkedMatchesReferenceFloat32Cpu) {
   // Uneven chunks (37 rows in 16s), one chunk, and a chunk per row.
@@ -232,7 +328,12 @@ TEST(LmHeadLoss, NoRowsGiveAZeroLossStillInTheGraph) {
     LmHeadLoss op(variant, 4, [&](bool backward, const std::string& v) { recorded.push_back(v); });
     at::Tensor h0 = p.hidden.clone().set_requires_grad(true);
     const at::Tensor none = at::empty({0}, at::TensorOptions().dtype(at::kLong));
-    LmHeadLossInput in{h0.index_select(0, none), p.weight, none, at::empty({0}), 0.0};
+    LmHeadLossInput in;
+    in.hidden = h0.index_select(0, none);
+    in.weight = p.weight;
+    in.labels = none;
+    in.row_weights = at::empty({0});
+    in.weight_sum = 0.0;
     LmHeadLossOutput out = op(in);
     EXPECT_EQ(out.loss.item<double>(), 0.0) << variant;
     EXPECT_EQ(out.argmax.numel(), 0);

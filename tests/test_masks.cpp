@@ -417,6 +417,92 @@ TEST(MaskDFlash, BlockLengthsMatchOracle) {
   }
 }
 
+// Packed rows: a block sees only the context of its anchor's document, and stays inside it.
+TEST(MaskDFlash, DocumentsMatchOracle) {
+  std::mt19937_64 rng(509);
+  auto bidirectional = make("dflash");
+  auto causal = make("dflash", {{"in_block", std::string("causal")}});
+  int draws = 0;
+  while (draws < 2 * kDraws) {
+    const bool in_block_causal = draws % 2;
+    const int64_t BS = uniform(rng, 1, 12);
+    const int64_t S = uniform(rng, 2 * BS, 180);
+    fd::MaskInput in;
+    in.batch = uniform(rng, 1, 3);
+    in.context_len = S;
+    in.block_size = BS;
+    std::vector<std::vector<int64_t>> starts_of;  // per row, the anchors a block may start at
+    int64_t N = 0;
+    for (int64_t b = 0; b < in.batch; ++b) {
+      std::vector<int64_t> docs;
+      for (int64_t used = 0; used < S;) {
+        const int64_t len = std::min<int64_t>(S - used, uniform(rng, 1, 3 * BS));
+        docs.push_back(len);
+        used += len;
+      }
+      std::vector<int64_t> ok;
+      int64_t begin = 0;
+      for (int64_t len : docs) {
+        for (int64_t a = begin; a + BS <= begin + len; ++a) ok.push_back(a);
+        begin += len;
+      }
+      in.doc_lengths.push_back(docs);
+      starts_of.push_back(ok);
+    }
+    N = uniform(rng, 1, 6);
+    bool enough = true;
+    for (const auto& ok : starts_of) enough = enough && static_cast<int64_t>(ok.size()) >= N;
+    if (!enough) continue;
+    for (int64_t b = 0; b < in.batch; ++b) {
+      std::vector<int64_t> pool = starts_of[static_cast<size_t>(b)];
+      std::shuffle(pool.begin(), pool.end(), rng);
+      std::vector<int64_t> a(pool.begin(), pool.begin() + N);
+      std::sort(a.begin(), a.end());
+      in.anchors.push_back(a);
+      in.block_valid.push_back(std::vector<uint8_t>(static_cast<size_t>(N), 1));
+    }
+    in.q_len = N * BS;
+    in.kv_len = S + N * BS;
+    // The start of the document of context position p, by walking the lengths.
+    const auto doc_start = [&in](int64_t b, int64_t p) {
+      int64_t start = 0;
+      for (int64_t len : in.doc_lengths[static_cast<size_t>(b)]) {
+        if (p < start + len) return start;
+        start += len;
+      }
+      return start;
+    };
+    const Oracle full = dflash_oracle(in, in_block_causal);
+    const Oracle oracle = [&in, full, doc_start](int64_t b, int64_t q, int64_t kv) {
+      const int64_t a = in.anchors[size_t(b)][size_t(q / in.block_size)];
+      if (kv < in.context_len && doc_start(b, kv) != doc_start(b, a)) return false;  // another document
+      return full(b, q, kv);
+    };
+    const BlockShape bs = kShapes[static_cast<size_t>(draws / 2) % kShapes.size()];
+    const fd::MaskGenerator& gen = in_block_causal ? *causal : *bidirectional;
+    const std::string problem = check_mask(gen, in, bs.q, bs.kv, oracle, in.batch);
+    ASSERT_EQ(problem, "") << "draw " << draws << ": " << describe(in, bs.q, bs.kv) << " S " << S << " BS " << BS;
+    ++draws;
+  }
+  // A block that would run past its document's end is refused with a sentence.
+  fd::MaskInput bad;
+  bad.batch = 1;
+  bad.context_len = 20;
+  bad.block_size = 4;
+  bad.q_len = 4;
+  bad.kv_len = 24;
+  bad.anchors = {{7}};
+  bad.doc_lengths = {{9, 11}};
+  try {
+    make("dflash")->build(bad, 16, 16);
+    FAIL() << "a block crossing a document end was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("runs past the end 9 of its document [0, 9)"), std::string::npos) << e.what();
+  }
+  bad.doc_lengths = {{9, 10}};
+  EXPECT_THROW(make("dflash")->build(bad, 16, 16), std::invalid_argument);  // documents must cover the context
+}
+
 // ---------------------------------------------------------------- DFlash rules (issue 3)
 
 TEST(MaskDFlash, BlocksNeverSeeOtherBlocksAndPaddingSeesNothing) {

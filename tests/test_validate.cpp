@@ -62,7 +62,7 @@ std::vector<Defect> defects(const std::string& base) {
        with(base, "^kernels = \\[\"dense_ref\"\\]", "kernels = [\"flash_cpuu\", \"dense_ref\"]")},
       {"target layer the data lacks", with(base, "^target_layer_ids = \\[1, 3\\]$", "target_layer_ids = [1, 2]")},
       {"anchors = 0", with(base, "^anchors = 8$", "anchors = 0")},
-      {"gamma = 0", with(base, "^gamma = 7.0$", "gamma = 0.0")},
+      {"gamma negative", with(base, "^gamma = 7.0$", "gamma = -1.0")},
       {"mask token outside the vocabulary", with(base, "^gamma = 7.0$", "gamma = 7.0\nmask_token = 600")},
       {"block larger than the sequence", with(base, "^block_size = 16$", "block_size = 200")},
       {"drafter hidden differs from the target's", with(base, "^gamma = 7.0$", "gamma = 7.0\nhidden = 96")},

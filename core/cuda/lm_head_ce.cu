@@ -191,6 +191,117 @@ __global__ void __launch_bounds__(kThreads, 1) ce_rows_kernel(T* __restrict__ lo
     ce_row(logits, r, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, argmax);
 }
 
+// One row of the soft-label loss (kl_rows): the draft's statistics (lse, argmax) and the
+// target's (over y = x_t / temperature: lse, argmax), then one pass computing
+// sum_v p_v (log p_v - log q_v) and (write_grad) the gradient (q_v - p_v) * coef written over
+// the draft's row in place. The target's row is read twice, the draft's twice and written once.
+template <typename T>
+__device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restrict__ target, int64_t r, int64_t vocab,
+                                       int64_t ld, int64_t ld_target, float inv_temperature,
+                                       const float* __restrict__ row_weight, float grad_scale, bool write_grad,
+                                       float* __restrict__ kl, int64_t* __restrict__ argmax,
+                                       int64_t* __restrict__ target_argmax) {
+  constexpr int E = Vec16<T>::E;
+  T* row = draft + r * ld;
+  const T* trow = target + r * ld_target;
+  const bool vec = reinterpret_cast<uintptr_t>(row) % 16 == 0 && reinterpret_cast<uintptr_t>(trow) % 16 == 0;
+  const int64_t nvec = vec ? vocab / E : 0;
+  const int tid = threadIdx.x;
+  RowStat sd{-INFINITY, 0.f, -INFINITY, INT64_MAX}, st{-INFINITY, 0.f, -INFINITY, INT64_MAX};
+  for (int64_t i = tid; i < nvec; i += kThreads) {
+    const Vec16<T> vd = load16(row + i * E), vt = load16(trow + i * E);
+    float a[E], b[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      a[k] = to_float(vd.v[k]);
+      b[k] = to_float(vt.v[k]) * inv_temperature;
+    }
+    accumulate(sd, a, i * E);
+    accumulate(st, b, i * E);
+  }
+  for (int64_t v = nvec * E + tid; v < vocab; v += kThreads) {
+    const float a0[1] = {to_float(row[v])};
+    const float b0[1] = {to_float(trow[v]) * inv_temperature};
+    accumulate(sd, a0, v);
+    accumulate(st, b0, v);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const RowStat od = shuffle_down(sd, off), ot = shuffle_down(st, off);
+    merge(sd, od);
+    merge(st, ot);
+  }
+  __shared__ RowStat warp_d[kWarps], warp_t[kWarps];
+  __shared__ float lse2_d, lse2_t;
+  __shared__ float warp_kl[kWarps];
+  const int warp = tid / 32, lane = tid % 32;
+  if (lane == 0) {
+    warp_d[warp] = sd;
+    warp_t[warp] = st;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    sd = lane < kWarps ? warp_d[lane] : RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX};
+    st = lane < kWarps ? warp_t[lane] : RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX};
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const RowStat od = shuffle_down(sd, off), ot = shuffle_down(st, off);
+      merge(sd, od);
+      merge(st, ot);
+    }
+    if (lane == 0) {
+      lse2_d = sd.m + log2f(sd.s);
+      lse2_t = st.m + log2f(st.s);
+      argmax[r] = sd.index == INT64_MAX ? 0 : sd.index;
+      target_argmax[r] = st.index == INT64_MAX ? 0 : st.index;
+    }
+  }
+  __syncthreads();
+  const float ld2 = lse2_d, lt2 = lse2_t;
+  const float coef = write_grad ? row_weight[r] * grad_scale : 0.f;
+  float acc = 0.f;  // sum p (log2 p - log2 q), in bits
+  for (int64_t i = tid; i < nvec; i += kThreads) {
+    Vec16<T> vd = load16(row + i * E);
+    const Vec16<T> vt = load16(trow + i * E);
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const float yq = fmaf(to_float(vd.v[k]), kLog2e, -ld2), yp = fmaf(to_float(vt.v[k]) * inv_temperature, kLog2e, -lt2);
+      const float p = exp2f(yp), q = exp2f(yq);
+      acc += p > 0.f ? p * (yp - yq) : 0.f;
+      if (write_grad) vd.v[k] = from_float<T>((q - p) * coef);
+    }
+    if (write_grad) store16(row + i * E, vd);
+  }
+  for (int64_t v = nvec * E + tid; v < vocab; v += kThreads) {
+    const float yq = fmaf(to_float(row[v]), kLog2e, -ld2), yp = fmaf(to_float(trow[v]) * inv_temperature, kLog2e, -lt2);
+    const float p = exp2f(yp), q = exp2f(yq);
+    acc += p > 0.f ? p * (yp - yq) : 0.f;
+    if (write_grad) row[v] = from_float<T>((q - p) * coef);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+  if (lane == 0) warp_kl[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < kWarps ? warp_kl[lane] : 0.f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (lane == 0) kl[r] = acc * kLn2;
+  }
+  __syncthreads();  // the shared values are free for the next row
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    kl_rows_kernel(T* __restrict__ draft, const T* __restrict__ target, int64_t rows, int64_t vocab, int64_t ld,
+                   int64_t ld_target, float inv_temperature, const float* __restrict__ row_weight, float grad_scale,
+                   bool write_grad, float* __restrict__ kl, int64_t* __restrict__ argmax,
+                   int64_t* __restrict__ target_argmax) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    kl_row(draft, target, r, vocab, ld, ld_target, inv_temperature, row_weight, grad_scale, write_grad, kl, argmax,
+           target_argmax);
+}
+
 // Multiprocessors of the current device (asked once per device).
 int sm_count() {
   static int counts[64] = {0};
@@ -218,6 +329,24 @@ void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
         static_cast<T*>(logits), rows, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, argmax);
   });
   check_launch("ce_rows");
+}
+
+void kl_rows(DType dtype, void* draft, const void* target, int64_t rows, int64_t vocab, int64_t ld, int64_t ld_target,
+             float temperature, const float* row_weight, float grad_scale, bool write_grad, float* kl, int64_t* argmax,
+             int64_t* target_argmax, void* stream) {
+  if (rows <= 0) return;
+  if (vocab <= 0 || ld < vocab || ld_target < vocab)
+    throw std::runtime_error("kl_rows: vocabulary and row strides must satisfy 0 < V <= ld");
+  if (!(temperature > 0.f)) throw std::runtime_error("kl_rows: the temperature must be positive");
+  if (write_grad && !row_weight) throw std::runtime_error("kl_rows: the gradient needs the row weights");
+  with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const int64_t grid = rows < sm_count() ? rows : sm_count();
+    kl_rows_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(draft), static_cast<const T*>(target), rows, vocab, ld, ld_target, 1.f / temperature,
+        row_weight, grad_scale, write_grad, kl, argmax, target_argmax);
+  });
+  check_launch("kl_rows");
 }
 
 }  // namespace flashdraft::cuda_ops

@@ -25,6 +25,13 @@ struct CeRows {
 };
 FLASHDRAFT_API CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weights,
                               double grad_scale, bool write_grad);
+// The soft-label loss's row pass (engine_ops.cuh kl_rows): per row KL(softmax(target / T) ||
+// softmax(draft)), both argmaxes, and (write_grad) the gradient written over `draft`.
+struct KlRows {
+  at::Tensor kl, argmax, target_argmax;
+};
+FLASHDRAFT_API KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, double temperature,
+                              const at::Tensor& row_weights, double grad_scale, bool write_grad);
 
 FLASHDRAFT_API at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 // Returns {d_gate, d_up}.

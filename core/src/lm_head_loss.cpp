@@ -38,50 +38,88 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
   }
 };
 
-// One chunk: the weighted NLL sum, the argmax and (grad) the gradient of
-// sum_r w_r NLL_r / weight_sum with respect to the chunk's rows.
-struct ChunkResult {
-  at::Tensor nll_sum, argmax, grad;
+// One chunk of rows: the weighted loss sum, the argmaxes and (grad) the gradient of
+// sum_r w_r loss_r / weight_sum with respect to the chunk's rows. Labels are `labels`, or
+// from the target's states `th` (defined): its argmax (hard) or its distribution at
+// `temperature` (soft: loss_r = KL(p_r || q_r)).
+struct ChunkInput {
+  at::Tensor h, weight, labels, w, th;
+  bool soft = false;
+  double temperature = 1.0, inv_sum = 0.0;
+  bool grad = false;
 };
-using ChunkFn = ChunkResult (*)(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels,
-                                const at::Tensor& w, double inv_sum, bool grad);
+struct ChunkResult {
+  at::Tensor loss_sum, argmax, target_argmax, grad;
+};
+using ChunkFn = ChunkResult (*)(const ChunkInput& c);
 
 // chunked: logits, float32 log-softmax, gather, exp, scatter and scale in ATen.
-ChunkResult chunk_loss_aten(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels,
-                            const at::Tensor& w, double inv_sum, bool grad) {
+ChunkResult chunk_loss_aten(const ChunkInput& c) {
   ChunkResult r;
-  at::Tensor logits = at::mm(h, weight.t());  // [c, V], compute dtype
+  at::Tensor logits = at::mm(c.h, c.weight.t());  // [c, V], compute dtype
   r.argmax = logits.argmax(-1);
   // float32 log-softmax of 16-bit logits (ATen converts the input; its half_to_float path
   // takes Half only).
-  const bool wide = logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kDouble;
-  at::Tensor logp = wide ? at::_log_softmax(logits, -1, false) : at::log_softmax(logits, -1, at::kFloat);
+  auto log_softmax = [](const at::Tensor& x) {
+    const bool wide = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+    return wide ? at::_log_softmax(x, -1, false) : at::log_softmax(x, -1, at::kFloat);
+  };
+  at::Tensor logp = log_softmax(logits);
   logits.reset();
-  const at::Tensor lab = labels.unsqueeze(1);
-  const at::Tensor nll = -logp.gather(1, lab).squeeze(1);
-  r.nll_sum = (nll * w.to(nll.scalar_type())).sum();
-  if (grad) {
+  at::Tensor labels = c.labels, p;
+  if (c.th.defined()) {
+    at::Tensor target = at::mm(c.th, c.weight.t());
+    r.target_argmax = target.argmax(-1);
+    if (c.soft) {
+      const at::Tensor logp_t = log_softmax(c.temperature == 1.0 ? target : target.to(logp.scalar_type()) / c.temperature);
+      p = logp_t.exp();
+      const at::Tensor kl = (p * (logp_t - logp)).sum(-1);
+      r.loss_sum = (kl * c.w.to(kl.scalar_type())).sum();
+    } else {
+      labels = r.target_argmax;
+    }
+  }
+  at::Tensor lab;
+  if (!p.defined()) {
+    lab = labels.unsqueeze(1);
+    const at::Tensor nll = -logp.gather(1, lab).squeeze(1);
+    r.loss_sum = (nll * c.w.to(nll.scalar_type())).sum();
+  }
+  if (c.grad) {
     at::Tensor g = logp.exp_();  // softmax, in place
     logp.reset();
-    g.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, g.options()));
-    g.mul_(w.to(g.scalar_type()).mul(inv_sum).unsqueeze(1));
-    r.grad = at::mm(g.to(h.scalar_type()), weight);
+    if (p.defined())
+      g.sub_(p);
+    else
+      g.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, g.options()));
+    g.mul_(c.w.to(g.scalar_type()).mul(c.inv_sum).unsqueeze(1));
+    r.grad = at::mm(g.to(c.h.scalar_type()), c.weight);
   }
   return r;
 }
 
 // fused: the logits in the compute dtype (one GEMM), then one CUDA kernel per chunk for
-// the row statistics, the NLL, the argmax and the gradient written over the logits in
-// place (cuda_ops::ce_rows); the gradient GEMM reads it from there.
-ChunkResult chunk_loss_fused(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& labels,
-                             const at::Tensor& w, double inv_sum, bool grad) {
+// the row statistics, the loss, the argmax and the gradient written over the logits in
+// place (cuda_ops::ce_rows; soft labels: cuda_ops::kl_rows over the target's logits too);
+// the gradient GEMM reads it from there.
+ChunkResult chunk_loss_fused(const ChunkInput& c) {
   ChunkResult r;
-  at::Tensor logits = at::mm(h, weight.t());
-  const at::Tensor wf = w.to(at::kFloat).contiguous();
-  const cuda_ops::CeRows rows = cuda_ops::ce_rows(logits, labels.contiguous(), wf, inv_sum, grad);
-  r.argmax = rows.argmax;
-  r.nll_sum = (rows.nll * wf).sum();
-  if (grad) r.grad = at::mm(logits, weight);
+  at::Tensor logits = at::mm(c.h, c.weight.t());
+  const at::Tensor wf = c.w.to(at::kFloat).contiguous();
+  if (c.th.defined() && c.soft) {
+    const at::Tensor target = at::mm(c.th, c.weight.t());
+    const cuda_ops::KlRows rows = cuda_ops::kl_rows(logits, target, c.temperature, wf, c.inv_sum, c.grad);
+    r.argmax = rows.argmax;
+    r.target_argmax = rows.target_argmax;
+    r.loss_sum = (rows.kl * wf).sum();
+  } else {
+    at::Tensor labels = c.labels;
+    if (c.th.defined()) labels = r.target_argmax = at::mm(c.th, c.weight.t()).argmax(-1);
+    const cuda_ops::CeRows rows = cuda_ops::ce_rows(logits, labels.contiguous(), wf, c.inv_sum, c.grad);
+    r.argmax = rows.argmax;
+    r.loss_sum = (rows.nll * wf).sum();
+  }
+  if (c.grad) r.grad = at::mm(logits, c.weight);
   return r;
 }
 
@@ -96,16 +134,29 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
   LmHeadLossOutput out;
   at::Tensor total = at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble
                                                                                                      : at::kFloat));
-  out.argmax = at::empty({R}, in.labels.options());
+  const auto long_opts = in.hidden.options().dtype(at::kLong);
+  const bool from_target = in.target_hidden.defined();
+  out.argmax = at::empty({R}, long_opts);
+  if (from_target) out.target_argmax = at::empty({R}, long_opts);
   at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
   {
     at::NoGradGuard no_grad;
     for (int64_t r0 = 0; r0 < R; r0 += c) {
       const int64_t n = std::min(c, R - r0);
-      ChunkResult cr = fn(h.narrow(0, r0, n), weight, in.labels.narrow(0, r0, n), in.row_weights.narrow(0, r0, n),
-                          inv_sum, grad);
-      total.add_(cr.nll_sum);
+      ChunkInput ci;
+      ci.h = h.narrow(0, r0, n);
+      ci.weight = weight;
+      if (!from_target) ci.labels = in.labels.narrow(0, r0, n);
+      ci.w = in.row_weights.narrow(0, r0, n);
+      if (from_target) ci.th = in.target_hidden.detach().narrow(0, r0, n);
+      ci.soft = in.target_soft;
+      ci.temperature = in.target_temperature;
+      ci.inv_sum = inv_sum;
+      ci.grad = grad;
+      ChunkResult cr = fn(ci);
+      total.add_(cr.loss_sum);
       out.argmax.narrow(0, r0, n).copy_(cr.argmax);
+      if (from_target) out.target_argmax.narrow(0, r0, n).copy_(cr.target_argmax);
       if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
     }
     total.mul_(inv_sum);
@@ -133,9 +184,16 @@ void check_lm_head_loss_input(const LmHeadLossInput& in) {
   if (!in.hidden.defined() || in.hidden.dim() != 2) fail("hidden must be [rows, H], got " + shape_of(in.hidden));
   if (!in.weight.defined() || in.weight.dim() != 2 || in.weight.size(1) != in.hidden.size(1))
     fail("the LM head must be [V, " + std::to_string(in.hidden.size(1)) + "], got " + shape_of(in.weight));
-  if (!in.labels.defined() || in.labels.dim() != 1 || in.labels.size(0) != in.hidden.size(0) ||
-      in.labels.scalar_type() != at::kLong)
+  if (in.target_hidden.defined()) {
+    if (in.target_hidden.sizes() != in.hidden.sizes() || in.target_hidden.scalar_type() != in.hidden.scalar_type())
+      fail("target_hidden must be like hidden " + shape_of(in.hidden) + " (" + c10::toString(in.hidden.scalar_type()) +
+           "), got " + shape_of(in.target_hidden) + " (" + c10::toString(in.target_hidden.scalar_type()) + ")");
+    if (in.target_soft && !(in.target_temperature > 0))
+      fail("target_temperature must be positive, got " + std::to_string(in.target_temperature));
+  } else if (!in.labels.defined() || in.labels.dim() != 1 || in.labels.size(0) != in.hidden.size(0) ||
+             in.labels.scalar_type() != at::kLong) {
     fail("labels must be int64 [" + std::to_string(in.hidden.size(0)) + "], got " + shape_of(in.labels));
+  }
   if (!in.row_weights.defined() || in.row_weights.dim() != 1 || in.row_weights.size(0) != in.hidden.size(0))
     fail("row_weights must be [" + std::to_string(in.hidden.size(0)) + "], got " + shape_of(in.row_weights));
   if (in.weight.scalar_type() != in.hidden.scalar_type())
@@ -152,10 +210,23 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   LmHeadLossOutput out;
   out.argmax = logits.detach().argmax(-1);
   if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
-  const at::Tensor nll = -at::log_softmax(logits, -1).gather(1, in.labels.unsqueeze(1)).squeeze(1);
+  const at::Tensor logq = at::log_softmax(logits, -1);
+  at::Tensor per_row;
+  if (in.target_hidden.defined()) {
+    at::Tensor target = at::linear(in.target_hidden.detach(), in.weight.detach());
+    out.target_argmax = target.argmax(-1);
+    if (in.target_soft) {
+      const at::Tensor logp = at::log_softmax(target.to(logq.scalar_type()) / in.target_temperature, -1);
+      per_row = (logp.exp() * (logp - logq)).sum(-1);  // KL(p || q)
+    } else {
+      per_row = -logq.gather(1, out.target_argmax.unsqueeze(1)).squeeze(1);
+    }
+  } else {
+    per_row = -logq.gather(1, in.labels.unsqueeze(1)).squeeze(1);
+  }
   // No row: a zero loss, still connected to hidden (every rank of a data-parallel step
   // runs the same ops, even one whose batch has no label).
-  out.loss = (nll * in.row_weights.to(nll.scalar_type())).sum() / (R > 0 ? in.weight_sum : 1.0);
+  out.loss = (per_row * in.row_weights.to(per_row.scalar_type())).sum() / (R > 0 ? in.weight_sum : 1.0);
   return out;
 }
 

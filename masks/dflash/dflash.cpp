@@ -8,6 +8,9 @@
 //   and never another block. A padding block (block_valid[b][n] = 0) sees nothing.
 //   With block_lengths (a server's shorter last block), block n has len = block_lengths[b][n]
 //   tokens: its own-block keys end at S + n*BS + len and its queries j >= len see nothing.
+//   With doc_lengths (packed rows: the documents of each row's context, summing to S), the
+//   context a block sees is only its anchor's document: start(anchor's document) <= kv <
+//   anchor; and a valid block must lie inside that document (anchor + BS <= its end).
 // Each row is two intervals (context, own block); per query block of BQ rows the
 // context KV blocks left of the smallest anchor are full, the one or two under the
 // spread of anchors get bitmaps, and the block region contributes the block-diagonal
@@ -26,6 +29,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -48,8 +52,13 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     flashdraft::BlockMaskBuilder builder(in.batch, 1, in.q_len, in.kv_len, bq, bkv);
     flashdraft::masks::RowScratch scratch;
     const bool causal = causal_in_block_;
+    std::vector<int64_t> doc_start;  // per block of the row: where its anchor's document starts
     for (int64_t b = 0; b < in.batch; ++b) {
       const int64_t* anchor = in.anchors[static_cast<size_t>(b)].data();
+      doc_start.assign(in.anchors[static_cast<size_t>(b)].size(), 0);
+      if (!in.doc_lengths.empty())
+        for (size_t n = 0; n < doc_start.size(); ++n) doc_start[n] = document_of(in, b, anchor[n]).first;
+      const int64_t* first = doc_start.data();
       const uint8_t* valid = in.block_valid.empty() ? nullptr : in.block_valid[static_cast<size_t>(b)].data();
       const int64_t* length = in.block_lengths.empty() ? nullptr : in.block_lengths[static_cast<size_t>(b)].data();
       flashdraft::masks::add_slice<2>(
@@ -60,7 +69,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
               lo[0] = hi[0] = lo[1] = hi[1] = 0;
               return;
             }
-            lo[0] = 0;  // context before the anchor
+            lo[0] = first[n];  // context before the anchor, in its document
             hi[0] = anchor[n];
             lo[1] = S + n * BS;  // own block
             hi[1] = causal ? S + n * BS + j + 1 : S + n * BS + len;
@@ -77,13 +86,26 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     const int64_t len = in.block_lengths.empty() ? in.block_size
                                                  : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
     if (q - n * in.block_size >= len) return false;  // past a short block's tokens
-    if (kv < in.context_len) return kv < in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
+    if (kv < in.context_len) {
+      const int64_t a = in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
+      return kv < a && (in.doc_lengths.empty() || kv >= document_of(in, b, a).first);
+    }
     const int64_t m = (kv - in.context_len) / in.block_size;  // block of the key
     if (m != n || kv - in.context_len - n * in.block_size >= len) return false;
     return !causal_in_block_ || kv - in.context_len <= q;
   }
 
  private:
+  // [start, end) of the document of context position p in batch element b.
+  static std::pair<int64_t, int64_t> document_of(const flashdraft::MaskInput& in, int64_t b, int64_t p) {
+    int64_t start = 0;
+    for (int64_t len : in.doc_lengths[static_cast<size_t>(b)]) {
+      if (p < start + len) return {start, start + len};
+      start += len;
+    }
+    return {start, start};
+  }
+
   static void check(const flashdraft::MaskInput& in) {
     const int64_t S = in.context_len, BS = in.block_size;
     if (BS < 1) throw std::invalid_argument("dflash: block size " + s(BS) + " is not accepted; it must be at least 1");
@@ -92,6 +114,23 @@ class DFlashMask final : public flashdraft::MaskGenerator {
       throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.anchors.size())) +
                                   " anchor lists for a batch of " + s(in.batch) + "; one list per batch element is needed");
     const int64_t N = static_cast<int64_t>(in.anchors[0].size());
+    if (!in.doc_lengths.empty()) {
+      if (static_cast<int64_t>(in.doc_lengths.size()) != in.batch)
+        throw std::invalid_argument("dflash: doc_lengths has " + s(static_cast<int64_t>(in.doc_lengths.size())) +
+                                    " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
+      for (int64_t b = 0; b < in.batch; ++b) {
+        int64_t sum = 0;
+        for (int64_t len : in.doc_lengths[static_cast<size_t>(b)]) {
+          if (len < 1)
+            throw std::invalid_argument("dflash: batch element " + s(b) + " has a document of length " + s(len) +
+                                        "; documents hold at least one position");
+          sum += len;
+        }
+        if (sum != S)
+          throw std::invalid_argument("dflash: the documents of batch element " + s(b) + " cover " + s(sum) +
+                                      " positions, the context has " + s(S) + " (they must cover it exactly)");
+      }
+    }
     if (!in.block_lengths.empty() && static_cast<int64_t>(in.block_lengths.size()) != in.batch)
       throw std::invalid_argument("dflash: block_lengths has " + s(static_cast<int64_t>(in.block_lengths.size())) +
                                   " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
@@ -136,6 +175,14 @@ class DFlashMask final : public flashdraft::MaskGenerator {
         if (x <= prev)
           throw std::invalid_argument("dflash: anchor " + s(x) + where + " is not after anchor " + s(prev) +
                                       " of block " + s(prev_n) + "; anchors must be strictly increasing");
+        if (!in.doc_lengths.empty()) {
+          const auto [d0, d1] = document_of(in, b, x);
+          const int64_t len = in.block_lengths.empty() ? BS : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+          if (x + len > d1)
+            throw std::invalid_argument("dflash: the block at anchor " + s(x) + where + " runs past the end " + s(d1) +
+                                        " of its document [" + s(d0) + ", " + s(d1) +
+                                        "); a block must stay inside its document");
+        }
         prev = x;
         prev_n = n;
       }

@@ -27,6 +27,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -59,13 +60,45 @@ class DFlashDrafter final : public Drafter {
         .at_least(-1);
     s.integers("target_layer_ids",
                "target layers whose hidden states form the context; id L = the output of decoder layer L, "
-               "transformers' hidden_states[L + 1] (empty = every layer the data exports, or 5 spread over an "
-               "online target's depth)")
+               "transformers' hidden_states[L + 1] (empty = for an online target the reference's rule, one id per "
+               "drafter layer spread from 1 to L - 3 (z-lab dflash build_target_layer_ids); for offline data every "
+               "layer the data exports)")
         .def(std::vector<int64_t>{});
     s.real("rope_theta", "RoPE base").def(10000.0).at_least(1.0);
     s.real("rms_eps", "RMSNorm epsilon").def(1e-6).range(0.0, 1.0);
     s.integer("anchors", "blocks per sequence (N)").def(int64_t{8}).at_least(0);
-    s.real("gamma", "loss weight decay: w_j = exp(-(j-1)/gamma)").def(7.0).at_least(0.0);
+    s.real("gamma", "loss weight decay: w_j = exp(-(j-1)/gamma) (0 = the DFlash paper's value for the block "
+                    "size: 7 for 16, 5 for 10, 4 for 8, linear between and beyond)")
+        .def(0.0)
+        .at_least(0.0);
+    s.string("normalisation",
+             "the loss's denominator: \"positions\" = the count of labelled block positions (vLLM speculators), "
+             "\"weights\" = the sum of their weights w_j (flashdraft before 2026-12)")
+        .def(std::string("positions"))
+        .one_of({"positions", "weights"});
+    s.string("anchor_rule",
+             "where a block may start: \"response\" = on a response token followed by another (where a server "
+             "drafts from; speculators' rule), \"next_token\" = before any loss-carrying token, the last prompt "
+             "token included (flashdraft before 2026-12)")
+        .def(std::string("response"))
+        .one_of({"response", "next_token"});
+    s.string("documents",
+             "packed rows ([dataset] pack = true): \"separate\" = a block sees only its own conversation's context, "
+             "stays inside it, and counts positions from its start, as a server decoding that conversation alone; "
+             "\"joined\" = the whole row before the anchor, blocks may run into the next conversation, positions "
+             "from the row's start (flashdraft before 2026-12: other conversations leak in; for comparisons only)")
+        .def(std::string("separate"))
+        .one_of({"separate", "joined"});
+    s.string("labels",
+             "what block position j is trained towards: \"data\" = the data's token at anchor + j; "
+             "\"target_argmax\" = the target's greedy token there (its logits at anchor + j - 1); \"target_kl\" = "
+             "the target's distribution there (KL divergence, as speculators trains). The target ones need the "
+             "target's last layer: an online target, or data exporting it")
+        .def(std::string("data"))
+        .one_of({"data", "target_argmax", "target_kl"});
+    s.real("label_temperature", "labels = \"target_kl\": the target's distribution is softmax(logits / this)")
+        .def(1.0)
+        .range(1e-3, 100.0);
     s.real("init_std", "standard deviation of the initial projection weights").def(0.02).at_least(0.0);
     s.string("init",
              "a Hugging Face DFlash drafter folder (config.json + model.safetensors, as `flashdraft export "
@@ -88,11 +121,16 @@ class DFlashDrafter final : public Drafter {
     eps_ = config.real("rms_eps");
     anchors_ = config.integer("anchors");
     gamma_ = config.real("gamma");
+    if (gamma_ == 0.0) gamma_ = dflash::default_gamma(block_size_);
     init_std_ = config.real("init_std");
+    by_positions_ = config.string("normalisation") == "positions";
+    anchor_rule_ = config.string("anchor_rule") == "response" ? dflash::AnchorRule::response
+                                                              : dflash::AnchorRule::next_token;
+    labels_ = config.string("labels");
+    separate_documents_ = config.string("documents") == "separate";
+    label_temperature_ = config.real("label_temperature");
     if (anchors_ == 0)
       config.fail("anchors", "anchors = 0 leaves no block to train on; give at least 1 anchor per sequence");
-    if (!(gamma_ > 0.0))
-      config.fail("gamma", "gamma = " + std::to_string(gamma_) + " must be positive (weights exp(-(j-1)/gamma))");
     if (heads_ % kv_heads_ != 0)
       config.fail("kv_heads", "heads = " + std::to_string(heads_) + " is not a multiple of kv_heads = " +
                                   std::to_string(kv_heads_) + " (GQA shares each kv head among heads / kv_heads query heads)");
@@ -118,7 +156,17 @@ class DFlashDrafter final : public Drafter {
     if (block_size_ > seq_len)
       config_.fail("block_size", "block_size = " + std::to_string(block_size_) + " is larger than the sequence length " +
                                      std::to_string(seq_len) + " of the data (a block must fit in a sequence)");
-    if (layer_ids_.empty()) layer_ids_ = target.exported_layers;
+    if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
+    label_index_ = -1;
+    if (labels_ != "data") {
+      for (size_t e = 0; e < target.exported_layers.size(); ++e)
+        if (target.exported_layers[e] == target.layers - 1) label_index_ = static_cast<int64_t>(e);
+      if (label_index_ < 0)
+        config_.fail("labels", "labels = \"" + labels_ + "\" needs the target's logits, from its last layer " +
+                                   std::to_string(target.layers - 1) + " (after its final norm), which the data " +
+                                   "does not export (it exports " + list_str(target.exported_layers) +
+                                   "); give an online [target], export that layer, or use labels = \"data\"");
+    }
     feature_index_.clear();
     for (int64_t id : layer_ids_) {
       int64_t found = -1;
@@ -168,17 +216,12 @@ class DFlashDrafter final : public Drafter {
   }
 
   std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }
-  // The configured ids; by default every layer the data exports or, for an online
-  // target, five layers spread over its depth as the DFlash recipe does: from layer 1 to
-  // layer L - 3, evenly (fewer when the target is shallower).
+  // The layers the context reads (the configured ids, else default_layer_ids), then, for
+  // labels from the target, its last layer (whose final-normed states give its logits).
   std::vector<int64_t> target_layers(const TargetModel& target) const override {
-    if (!layer_ids_.empty()) return layer_ids_;
-    if (!target.online) return target.exported_layers;
-    const int64_t first = std::min<int64_t>(1, target.layers - 1), last = std::max<int64_t>(first, target.layers - 3);
-    const int64_t n = std::min<int64_t>(5, last - first + 1);
-    std::vector<int64_t> ids;
-    for (int64_t i = 0; i < n; ++i)
-      ids.push_back(n == 1 ? first : first + static_cast<int64_t>(std::llround(double(i * (last - first)) / double(n - 1))));
+    std::vector<int64_t> ids = layer_ids_.empty() ? default_layer_ids(target) : layer_ids_;
+    if (labels_ != "data" && std::find(ids.begin(), ids.end(), target.layers - 1) == ids.end())
+      ids.push_back(target.layers - 1);
     return ids;
   }
   int64_t attention_layers() const override { return layers_n_; }
@@ -231,7 +274,7 @@ class DFlashDrafter final : public Drafter {
     const StepPlan plan = plan_step(batch, rng);
     attention.set_mask(plan.input);
     const at::Tensor x = decoder(batch, plan, attention);
-    return loss_and_metrics(x, plan, attention, training);
+    return loss_and_metrics(batch, x, plan, attention, training);
   }
 
  private:
@@ -360,12 +403,16 @@ class DFlashDrafter final : public Drafter {
   // and the rows that carry loss (label >= 0) with their labels, weights and positions.
   struct StepPlan {
     MaskInput input;
-    at::Tensor block_tokens, block_pos;           // [B, L] int64 (tokens on the device)
-    at::Tensor labels;                            // [B, L] int64 on the host
+    at::Tensor block_tokens, block_pos;           // [B, L] int64 (tokens on the device); positions in the document
+    at::Tensor context_pos;                       // [B, S] int64 positions in the document; undefined: 0..S-1
+    at::Tensor labels;                            // [B, L] int64 on the host (the data's tokens)
     at::Tensor rows, row_labels, row_weights;     // [R] on the device: flat index into B*L, label, weight
     at::Tensor row_position;                      // [R] int64 on the device: block position j
+    at::Tensor row_source;                        // [R] int64 on the device: flat b * S + (anchor + j - 1), the
+                                                  // position whose target logits predict the row's token
     std::vector<int64_t> position_count;          // per j in 0..BS-1: rows that carry loss
     double weight_sum = 0;
+    int64_t counted = 0;                          // rows that carry loss
   };
 
   // Host tensor -> the run's device without waiting for the device's queue.
@@ -373,11 +420,32 @@ class DFlashDrafter final : public Drafter {
     return device_.is_cuda() ? t.pin_memory().to(device_, /*non_blocking=*/true) : t;
   }
 
+  // The documents of row b of a batch within its length (packed rows: Batch::documents;
+  // else one), and the padding after them as a document of its own when `with_padding`.
+  static std::vector<dflash::Document> documents_of(const Batch& batch, int64_t b, int64_t length, int64_t S,
+                                                    bool with_padding) {
+    std::vector<dflash::Document> docs;
+    int64_t begin = 0;
+    if (static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[static_cast<size_t>(b)].empty()) {
+      for (int64_t len : batch.documents[static_cast<size_t>(b)]) {
+        const int64_t end = std::min(begin + len, length);
+        if (end > begin) docs.push_back({begin, end});
+        begin += len;
+      }
+    } else if (length > 0) {
+      docs.push_back({0, length});
+    }
+    begin = docs.empty() ? 0 : docs.back().end;
+    if (with_padding && begin < S) docs.push_back({begin, S});
+    return docs;
+  }
+
   StepPlan plan_step(const Batch& batch, at::Generator& rng) const {
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = anchors_, BS = block_size_, L = N * BS;
     const at::Tensor tokens_cpu = batch.tokens.to(at::kCPU, at::kLong).contiguous();
     const at::Tensor mask_cpu = batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous() : at::Tensor();
     const at::Tensor len_cpu = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+    const bool packed = !batch.documents.empty() && separate_documents_;
     StepPlan plan;
     plan.input.batch = B;
     plan.input.q_len = L;
@@ -387,43 +455,71 @@ class DFlashDrafter final : public Drafter {
     plan.position_count.assign(static_cast<size_t>(BS), 0);
     const auto long_opts = at::TensorOptions().dtype(at::kLong);
     at::Tensor block_tokens = at::full({B * L}, mask_token_, long_opts), positions = at::empty({B * L}, long_opts);
+    at::Tensor context_pos = packed ? at::empty({B, S}, long_opts) : at::Tensor();
     plan.labels = at::empty({B * L}, long_opts);
     int64_t* tok_out = block_tokens.data_ptr<int64_t>();
     int64_t* pos_out = positions.data_ptr<int64_t>();
     int64_t* lab_out = plan.labels.data_ptr<int64_t>();
-    std::vector<int64_t> rows, row_labels, row_position;
+    std::vector<int64_t> rows, row_labels, row_position, row_source;
     std::vector<float> row_weights;
     auto draw = [&](int64_t k) { return at::randint(k, {1}, rng, at::kLong).item<int64_t>(); };
     for (int64_t b = 0; b < B; ++b) {
       const int64_t* tok = tokens_cpu.data_ptr<int64_t>() + b * S;
       const uint8_t* lm = mask_cpu.defined() ? mask_cpu.data_ptr<uint8_t>() + b * S : nullptr;
       const int64_t length = len_cpu.defined() ? std::min(len_cpu.data_ptr<int64_t>()[b], S) : S;
-      dflash::Anchors a = dflash::draw_anchors(dflash::anchor_candidates(length, BS, lm), N, draw);
-      dflash::BlockLabels bl = dflash::block_labels(tok, lm, length, a, BS, gamma_);
+      const std::vector<dflash::Document> docs =
+          packed ? documents_of(batch, b, length, S, true) : std::vector<dflash::Document>{{0, length}};
+      // Each position's document start (packed rows: positions count from it, as a server
+      // decoding that conversation alone counts them).
+      std::vector<int64_t> start_of(static_cast<size_t>(S), 0);
+      for (const dflash::Document& d : docs)
+        for (int64_t p = d.begin; p < d.end; ++p) start_of[static_cast<size_t>(p)] = d.begin;
+      if (packed) {
+        for (int64_t p = 0; p < S; ++p) context_pos[b][p] = p - start_of[static_cast<size_t>(p)];
+        std::vector<int64_t> lengths;
+        for (const dflash::Document& d : docs) lengths.push_back(d.end - d.begin);
+        plan.input.doc_lengths.push_back(lengths);
+      }
+      std::vector<dflash::Document> real = docs;
+      if (packed && !real.empty() && real.back().begin >= length) real.pop_back();  // the padding
+      dflash::Anchors a = dflash::draw_anchors(dflash::anchor_candidates(real, BS, lm, anchor_rule_), N, draw);
+      std::vector<int64_t> ends(static_cast<size_t>(N), length);
       for (int64_t n = 0; n < N; ++n)
+        for (const dflash::Document& d : real)
+          if (a.anchors[static_cast<size_t>(n)] >= d.begin && a.anchors[static_cast<size_t>(n)] < d.end)
+            ends[static_cast<size_t>(n)] = d.end;
+      dflash::BlockLabels bl = dflash::block_labels(tok, lm, ends, a, BS, gamma_);
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t anchor = a.anchors[static_cast<size_t>(n)];
+        const int64_t origin = start_of[static_cast<size_t>(std::min(anchor, S - 1))];
         for (int64_t j = 0; j < BS; ++j) {
           const int64_t slot = b * L + n * BS + j, k = n * BS + j;
-          pos_out[slot] = a.anchors[static_cast<size_t>(n)] + j;
-          if (j == 0) tok_out[slot] = tok[std::min(a.anchors[static_cast<size_t>(n)], S - 1)];
+          pos_out[slot] = anchor - origin + j;
+          if (j == 0) tok_out[slot] = tok[std::min(anchor, S - 1)];
           lab_out[slot] = bl.labels[static_cast<size_t>(k)];
           if (lab_out[slot] < 0) continue;
           rows.push_back(slot);
           row_labels.push_back(lab_out[slot]);
           row_weights.push_back(static_cast<float>(bl.weights[static_cast<size_t>(k)]));
           row_position.push_back(j);
+          row_source.push_back(b * S + anchor + j - 1);
           plan.weight_sum += bl.weights[static_cast<size_t>(k)];
           ++plan.position_count[static_cast<size_t>(j)];
+          ++plan.counted;
         }
+      }
       plan.input.anchors.push_back(a.anchors);
       plan.input.block_valid.push_back(a.valid);
     }
     plan.block_tokens = to_device(block_tokens.view({B, L}));
     plan.block_pos = positions.view({B, L});
+    if (packed) plan.context_pos = to_device(context_pos);
     plan.labels = plan.labels.view({B, L});
     plan.rows = to_device(at::tensor(rows, long_opts));
     plan.row_labels = to_device(at::tensor(row_labels, long_opts));
     plan.row_weights = to_device(at::tensor(row_weights, at::TensorOptions().dtype(at::kFloat)));
     plan.row_position = to_device(at::tensor(row_position, long_opts));
+    if (labels_ != "data") plan.row_source = to_device(at::tensor(row_source, long_opts));
     return plan;
   }
 
@@ -436,9 +532,10 @@ class DFlashDrafter final : public Drafter {
                                  .reshape({B, S, -1})
                                  .to(device_, dtype_);
     const at::Tensor context = rms_norm(at::linear(feats, fc_), hidden_norm_);
-    const auto& [cos_c, sin_c] = context_rope(B, S);
-    const auto [cos_b, sin_b] = rope_tables(to_device(plan.block_pos));
-    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+    const std::pair<at::Tensor, at::Tensor> packed_rope =
+        plan.context_pos.defined() ? rope_tables(plan.context_pos) : std::pair<at::Tensor, at::Tensor>();
+    const auto& [cos_c, sin_c] = plan.context_pos.defined() ? packed_rope : context_rope(B, S);
+    const auto [cos_b, sin_b] = rope_tables(to_device(plan.block_pos));    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     at::Tensor x = embedding_.index_select(0, plan.block_tokens.reshape({-1})).view({B, L, hidden_});
     for (int64_t l = 0; l < layers_n_; ++l) {
       const Layer& P = layers_[static_cast<size_t>(l)];
@@ -463,8 +560,12 @@ class DFlashDrafter final : public Drafter {
   // The loss through the engine's LM-head op over the rows that carry one (position 0
   // and unlabelled rows never reach the LM head), and the metrics: per position j,
   // argmax == label over the counted rows (0 when a position has none).
-  StepResult loss_and_metrics(const at::Tensor& x, const StepPlan& plan, AttentionContext& attention,
-                              bool training) const {
+  // Labels from the target (labels = "target_argmax" / "target_kl"): row r's label comes from
+  // the target's logits at position anchor + j - 1 (its prediction of the token at anchor + j,
+  // as speculators aligns them), computed inside the loss op from the target's final-normed
+  // last-layer states at those positions, never as a [rows, vocab] tensor here.
+  StepResult loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan,
+                              AttentionContext& attention, bool training) const {
     const int64_t B = x.size(0), L = x.size(1), N = anchors_, BS = block_size_;
     const at::Tensor final_states = rms_norm(x, final_norm_).view({B * L, hidden_});
     StepResult result;
@@ -475,12 +576,22 @@ class DFlashDrafter final : public Drafter {
     in.weight = lm_head_;
     in.labels = plan.row_labels;
     in.row_weights = plan.row_weights;
-    in.weight_sum = plan.weight_sum;
+    in.weight_sum = by_positions_ ? double(plan.counted) : plan.weight_sum;
+    if (labels_ != "data") {
+      const int64_t S = batch.hidden.size(1);
+      const at::Tensor last = batch.hidden.select(2, label_index_).reshape({B * S, hidden_});
+      in.target_hidden = last.index_select(0, plan.row_source.to(last.device())).to(device_, dtype_);
+      in.target_soft = labels_ == "target_kl";
+      in.target_temperature = label_temperature_;
+    }
     const LmHeadLossOutput out = attention.lm_head_loss(in);
     result.loss = out.loss;
-    result.loss_weight = plan.weight_sum;
+    result.loss_weight = in.weight_sum;
+    // Accuracy against what the drafter is trained towards (the target's argmax when the
+    // labels come from the target).
+    const at::Tensor wanted = out.target_argmax.defined() ? out.target_argmax : plan.row_labels;
     const at::Tensor hits =
-        at::zeros({BS}, plan.rows.options()).index_add_(0, plan.row_position, out.argmax.eq(plan.row_labels).to(at::kLong));
+        at::zeros({BS}, plan.rows.options()).index_add_(0, plan.row_position, out.argmax.eq(wanted).to(at::kLong));
     if (!training) {
       // Validation: the block proposals, so the engine can measure the exact greedy
       // acceptance length (rows without a label keep -1: they end a block anyway).
@@ -514,6 +625,15 @@ class DFlashDrafter final : public Drafter {
     else
       fill(result);
     return result;
+  }
+
+  // An online target: the reference's rule (one id per drafter layer from 1 to L - 3, kept
+  // inside the target); offline data: every layer it exports.
+  std::vector<int64_t> default_layer_ids(const TargetModel& target) const {
+    if (!target.online) return target.exported_layers;
+    std::vector<int64_t> ids = dflash::reference_layer_ids(target.layers, layers_n_);
+    for (int64_t& id : ids) id = std::max<int64_t>(0, std::min(id, target.layers - 1));
+    return ids;
   }
 
   void check_hidden(int64_t hidden) const {
@@ -555,7 +675,11 @@ class DFlashDrafter final : public Drafter {
   Config config_;
   int64_t layers_n_, hidden_, heads_, kv_heads_, head_dim_, ffn_, block_size_, mask_token_, anchors_;
   std::vector<int64_t> layer_ids_, feature_index_;
-  double rope_theta_, eps_, gamma_, init_std_;
+  int64_t label_index_ = -1;  // labels from the target: the E index of its last layer
+  double rope_theta_, eps_, gamma_, init_std_, label_temperature_;
+  bool by_positions_ = true, separate_documents_ = true;
+  dflash::AnchorRule anchor_rule_ = dflash::AnchorRule::response;
+  std::string labels_;
   c10::Device device_ = c10::kCPU;
   c10::ScalarType dtype_ = c10::kFloat;
   int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;

@@ -1,11 +1,22 @@
 """Cross-implementation check of the DFlash drafter step.
 
-The C++ side (tests/test_dflash_export.cpp, run here through subprocess) writes the
-weights, a batch, the anchors its step drew, its loss and every parameter gradient to
-HDF5. This test rebuilds the step in plain PyTorch from DESIGN.md's definition -- context
-features fc + RMSNorm injected as keys/values in every Qwen3-style layer, the dense DFlash
-mask written out here, weighted block cross-entropy -- and matches the loss and every
-gradient within 1e-5 relative (fp32).
+The C++ side (tests/test_dflash_export.cpp, run here through subprocess) writes, for several
+configurations, the weights, a batch, the anchors its step drew, its loss and every
+parameter gradient to HDF5. This test rebuilds each step in plain PyTorch from DESIGN.md's
+definition -- context features fc + RMSNorm injected as keys/values in every Qwen3-style
+layer, the dense DFlash mask written out here, the weighted block loss -- and matches the
+loss and every gradient within 1e-5 relative (fp32). The configurations:
+  old            data labels, loss / sum of weights, anchors before a response token
+                 (flashdraft before 2026-12);
+  defaults       loss / count of labelled positions (vLLM speculators), anchors on a
+                 response token followed by another;
+  packed         row 0 packs two documents: a block sees its own document's context only,
+                 never runs past its document's end, and positions count from the document's
+                 start (as a server decoding the conversation alone);
+  target_argmax  labels = the target's greedy token: argmax of the target's logits at
+                 anchor + j - 1 (the final-normed last-layer state times the LM head);
+  target_kl      labels = the target's distribution at temperature 0.7: the loss is
+                 KL(p || q) per position, weighted and normalised as above.
 """
 import glob
 import math
@@ -34,8 +45,11 @@ def find_exporter():
         "); build it (cmake --build <build> --target test_dflash_export) and set FLASHDRAFT_BINARY_DIR")
 
 
+CASES = ["old", "defaults", "packed", "target_argmax", "target_kl"]
+
+
 @pytest.fixture(scope="module")
-def export(tmp_path_factory):
+def exported(tmp_path_factory):
     path = tmp_path_factory.mktemp("dflash") / "export.h5"
     env = dict(os.environ, FLASHDRAFT_DFLASH_EXPORT=str(path))
     run = subprocess.run([str(find_exporter())], env=env, capture_output=True, text=True, timeout=600)
@@ -44,6 +58,15 @@ def export(tmp_path_factory):
         data = {}
         f.visititems(lambda name, obj: data.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
     return data
+
+
+@pytest.fixture(scope="module", params=CASES)
+def export(request, exported):
+    prefix = request.param + "/"
+    case = {k[len(prefix):]: v for k, v in exported.items() if k.startswith(prefix)}
+    assert case, f"no case {request.param} in the export"
+    case["name"] = request.param
+    return case
 
 
 def rms_norm(x, w, eps):
@@ -60,13 +83,22 @@ def rope(x, pos, theta):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def documents_of(data, b):
+    """[(begin, end)] of row b: its documents, or one of its length."""
+    lengths = [int(x) for x in data["batch/documents"][b] if x > 0]
+    out, begin = [], 0
+    for n in lengths:
+        out.append((begin, begin + n))
+        begin += n
+    return out
+
+
 def reference_step(data):
     c = {k.split("/", 1)[1]: v for k, v in data.items() if k.startswith("config/")}
     params = {k.split("/", 1)[1]: torch.tensor(v, requires_grad=True) for k, v in data.items() if k.startswith("params/")}
     tokens = torch.tensor(data["batch/tokens"])
     hidden = torch.tensor(data["batch/hidden"])
     loss_mask = torch.tensor(data["batch/loss_mask"]).bool()
-    lengths = torch.tensor(data["batch/lengths"])
     emb = torch.tensor(data["target/embedding"])
     head = torch.tensor(data["target/lm_head"])
     exported = list(data["target/exported_layers"])
@@ -74,41 +106,71 @@ def reference_step(data):
     valid = torch.tensor(data["step/block_valid"]).bool()
     L, Hq, Hkv, D, BS = (int(c[k]) for k in ("layers", "heads", "kv_heads", "head_dim", "block_size"))
     mask_token, gamma, theta, eps = int(c["mask_token"]), float(c["gamma"]), float(c["rope_theta"]), float(c["rms_eps"])
+    labels_mode, temperature = int(c["labels"]), float(c["label_temperature"])
     B, S = tokens.shape
     N = anchors.shape[1]
     Lq = N * BS
 
+    # Each position's document (begin, end), and its position counted from the document's start.
+    doc = [[None] * S for _ in range(B)]
+    for b in range(B):
+        for d0, d1 in documents_of(data, b):
+            for p in range(d0, d1):
+                doc[b][p] = (d0, d1)
+    ctx_pos = torch.tensor([[p - doc[b][p][0] if doc[b][p] else p - documents_of(data, b)[-1][1]
+                             for p in range(S)] for b in range(B)])
+
+    # The anchors obey the rule: inside a document with the whole block, and (defaults) on
+    # a response token followed by another; else before a response token.
+    for b in range(B):
+        for n in range(N):
+            if not valid[b, n]:
+                continue
+            a = int(anchors[b, n])
+            assert doc[b][a] is not None and a + BS <= doc[b][a][1], (b, n, a)
+            if int(c["response_anchors"]):
+                assert loss_mask[b, a] and loss_mask[b, a + 1], (b, a)
+            else:
+                assert loss_mask[b, a + 1], (b, a)
+
     # Block tokens, positions, labels and weights, straight from the definition.
     j = torch.arange(BS)
-    pos = (anchors[:, :, None] + j).reshape(B, Lq)
+    pos = torch.stack([torch.stack([anchors[b, n] - doc[b][int(anchors[b, n])][0] + j if valid[b, n] else anchors[b, n] + j
+                                    for n in range(N)]) for b in range(B)]).reshape(B, Lq)
     block = torch.full((B, N, BS), mask_token)
     block[:, :, 0] = torch.gather(tokens, 1, anchors)
     block = block.reshape(B, Lq)
     labels = torch.full((B, Lq), -1)
+    source = torch.full((B, Lq), -1)  # the position whose target logits predict the label
     weights = torch.zeros(B, Lq, dtype=torch.float64)
     for b in range(B):
         for n in range(N):
+            if not valid[b, n]:
+                continue
+            end = doc[b][int(anchors[b, n])][1]
             for jj in range(1, BS):
                 p = int(anchors[b, n]) + jj
-                if valid[b, n] and p < int(lengths[b]) and loss_mask[b, p]:
+                if p < end and loss_mask[b, p]:
                     labels[b, n * BS + jj] = tokens[b, p]
+                    source[b, n * BS + jj] = p - 1
                     weights[b, n * BS + jj] = math.exp(-(jj - 1) / gamma)
 
-    # Dense DFlash mask [B, 1, Lq, S + Lq].
-    qi = torch.arange(Lq)
-    kv = torch.arange(S + Lq)
-    qblock = qi // BS
-    ctx_vis = kv[None, None, :] < anchors.gather(1, qblock[None].expand(B, -1))[:, :, None]
-    ctx_vis = ctx_vis & (kv < S)[None, None, :]
-    blk_vis = ((kv - S) // BS)[None, None, :] == qblock[None, :, None]
-    blk_vis = blk_vis & (kv >= S)[None, None, :]
-    mask = (ctx_vis | blk_vis) & valid.gather(1, qblock[None].expand(B, -1))[:, :, None]
-    mask = mask[:, None]
+    # Dense DFlash mask [B, 1, Lq, S + Lq]: a block sees its anchor's document before the
+    # anchor, and its own block.
+    mask = torch.zeros(B, 1, Lq, S + Lq, dtype=torch.bool)
+    for b in range(B):
+        for q in range(Lq):
+            n = q // BS
+            if not valid[b, n]:
+                continue
+            a = int(anchors[b, n])
+            d0 = doc[b][a][0]
+            mask[b, 0, q, d0:a] = True
+            mask[b, 0, q, S + n * BS:S + (n + 1) * BS] = True
 
     ids = [exported.index(t) for t in c["target_layer_ids"]]
     feats = hidden[:, :, ids, :].reshape(B, S, -1)
     context = rms_norm(feats @ params["fc.weight"].T, params["hidden_norm.weight"], eps)
-    ctx_pos = torch.arange(S)[None].expand(B, S)
 
     def heads(t, h):
         return t.view(B, t.shape[1], h, D).transpose(1, 2)
@@ -133,11 +195,26 @@ def reference_step(data):
             @ P["mlp.down_proj.weight"].T
     logits = rms_norm(x, params["norm.weight"], eps) @ head.T
     counted = labels >= 0
-    ce = torch.nn.functional.cross_entropy(logits[counted], labels[counted], reduction="none")
-    w = weights[counted].to(ce.dtype)
-    loss = (ce * w).sum() / w.sum()
+    logq = torch.log_softmax(logits[counted], -1)
+    wanted = labels[counted]
+    if labels_mode:  # from the target: its logits at the position before each label
+        last = exported.index(max(exported))  # the target's last layer
+        rows = torch.stack([hidden[b, source[b, i], last] for b, i in counted.nonzero().tolist()])
+        target = rows @ head.T
+        wanted = target.argmax(-1)
+        if labels_mode == 2:
+            logp = torch.log_softmax(target / temperature, -1)
+            per_row = (logp.exp() * (logp - logq)).sum(-1)
+    if labels_mode != 2:
+        per_row = -logq.gather(1, wanted[:, None])[:, 0]
+    w = weights[counted].to(per_row.dtype)
+    denominator = float(counted.sum()) if int(c["by_positions"]) else w.sum()
+    loss = (per_row * w).sum() / denominator
     loss.backward()
-    return loss, params, logits.detach(), labels
+    # The labels the accuracy compares with, per block position.
+    compared = torch.full((B, Lq), -1)
+    compared[counted] = wanted
+    return loss, params, logits.detach(), compared
 
 
 def test_loss_and_every_gradient_match(export):
@@ -147,6 +224,7 @@ def test_loss_and_every_gradient_match(export):
     names = sorted(k.split("/", 1)[1] for k in export if k.startswith("grads/"))
     assert names == sorted(params), (names, sorted(params))
     assert len(names) == 2 + 2 * 11 + 1
+    print(f"{export['name']}: loss {loss.item():.6f} (C++ {cpp_loss:.6f})")
     for name in names:
         ref = params[name].grad
         got = torch.tensor(export["grads/" + name])

@@ -8,7 +8,9 @@
 //   tokens [R, S], lengths [R], anchors [R, N], predictions [R, N, BS], labels [R, N, BS]
 //   (the data's, -1 = none), block_valid [R, N] (uint8), verified [R, N, BS] (the labels of
 //   target verification; absent without an online target), loss [batches] (float64),
-//   tau, tau_data (float64 scalars); metadata tau_method.
+//   documents [R, 16] (each row's document lengths, 0-padded), tau_anchor, tau_data,
+//   tau_served* (float64 scalars), the served walks per response (served_*, served_data_*);
+//   metadata tau_anchor_method, tau_served_method.
 // Errors: one line on stderr, exit status 1.
 #include "batches.hpp"
 #include "bind.hpp"
@@ -38,6 +40,16 @@ struct Blocks {
     rows["predictions"].push_back(r.predictions.to(at::kCPU, at::kLong));
     rows["labels"].push_back(r.labels.to(at::kCPU, at::kLong));
     rows["block_valid"].push_back(r.block_valid.to(at::kCPU, at::kByte));
+    // [rows, 16]: each row's document lengths (packed rows), 0-padded; a row without
+    // documents: its length.
+    at::Tensor docs = at::zeros({batch.tokens.size(0), 16}, at::kLong);
+    for (int64_t b = 0; b < batch.tokens.size(0); ++b) {
+      const bool packed = static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[size_t(b)].empty();
+      const std::vector<int64_t> lens =
+          packed ? batch.documents[size_t(b)] : std::vector<int64_t>{batch.lengths[b].item<int64_t>()};
+      for (size_t i = 0; i < lens.size() && i < 16; ++i) docs[b][int64_t(i)] = lens[i];
+    }
+    rows["documents"].push_back(docs);
     if (verified.defined()) rows["verified"].push_back(verified.to(at::kCPU, at::kLong));
     losses.push_back(r.loss.item<double>());
   }

@@ -16,7 +16,8 @@ namespace flashdraft {
 // TOML table. Who reads what:
 //   batch, q_len, kv_len   every generator
 //   context_len, block_size, anchors, block_valid, block_lengths   "dflash" only
-//   doc_lengths            "document" and "eagle3_ttt" (kv_len = unroll blocks x q_len)
+//   doc_lengths            "document", "eagle3_ttt" (kv_len = unroll blocks x q_len) and "dflash"
+//                          (the documents of the context: sum = context_len)
 //   q_offsets              "causal" (cached decoding)
 struct MaskInput {
   int64_t batch = 1;
@@ -33,7 +34,7 @@ struct MaskInput {
   // (a server's last block of a response is shorter).
   std::vector<std::vector<int64_t>> block_lengths;
   // Packed documents: per batch element, the lengths of its documents (sum = the
-  // sequence length: q_len for "document" and "eagle3_ttt").
+  // sequence length: q_len for "document" and "eagle3_ttt", context_len for "dflash").
   std::vector<std::vector<int64_t>> doc_lengths;
   // Cached decoding: per batch element, the position of query 0 among the keys (the
   // queries are positions q_offsets[b] .. q_offsets[b] + q_len - 1 of a cache of kv_len);

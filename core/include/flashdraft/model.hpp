@@ -85,10 +85,19 @@ struct LmHeadLossInput {
   at::Tensor labels;       // [R] int64 in [0, V)
   at::Tensor row_weights;  // [R] float32 loss weight of each row
   double weight_sum = 1;   // the normaliser (> 0; with R = 0 rows the loss is 0, still in the graph)
+  // Labels from a target model instead of `labels` (then ignored): target_hidden [R, H] are
+  // the target's final-normed states whose logits target_hidden W^T (the same LM head) give
+  // each row's target. target_soft: the loss is KL(softmax(target logits / target_temperature)
+  // || softmax(hidden W^T)) per row (vLLM speculators' DFlash loss); otherwise the
+  // cross-entropy against the target logits' argmax.
+  at::Tensor target_hidden;
+  bool target_soft = false;
+  double target_temperature = 1.0;
 };
 struct LmHeadLossOutput {
-  at::Tensor loss;    // float32 scalar, differentiable with respect to hidden
-  at::Tensor argmax;  // [R] int64: the LM head's greedy token of each row (no gradient)
+  at::Tensor loss;           // float32 scalar, differentiable with respect to hidden
+  at::Tensor argmax;         // [R] int64: the LM head's greedy token of each row (no gradient)
+  at::Tensor target_argmax;  // [R] int64, labels from a target only: its greedy token of each row
 };
 
 // The engine side of a drafter's step: mask building, attention and the LM-head loss

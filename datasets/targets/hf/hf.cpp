@@ -128,13 +128,20 @@ class HfTarget final : public Target {
     for (int64_t l : layers) deepest = std::max(deepest, l);
     if (deepest >= static_cast<int64_t>(layers_.size()))
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
-    attention.set_mask(document_mask(batch, B, S));
+    const MaskInput docs = document_mask(batch, B, S);
+    attention.set_mask(docs);
     const at::Tensor tokens = batch.tokens.to(device_, at::kLong);
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
-    const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
-    const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.to(device_).unsqueeze(0);  // [S, D/2], fp32
-    const at::Tensor emb = at::cat({freqs, freqs}, -1);
-    const at::Tensor cos = emb.cos().to(dtype_), sin = emb.sin().to(dtype_);
+    at::Tensor cos, sin;
+    if (batch.documents.empty()) {
+      const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
+      const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.to(device_).unsqueeze(0);  // [S, D/2], fp32
+      const at::Tensor emb = at::cat({freqs, freqs}, -1);
+      cos = emb.cos().to(dtype_), sin = emb.sin().to(dtype_);
+    } else {
+      // Packed rows: positions count from each document's start, as the conversation alone.
+      std::tie(cos, sin) = rope_tables(document_positions(docs, B, S));
+    }
     std::vector<at::Tensor> out(layers.size());
     for (int64_t l = 0; l <= deepest; ++l) {
       x = layer_forward(layers_[static_cast<size_t>(l)], x, cos, sin, l, attention);
@@ -180,8 +187,10 @@ class HfTarget final : public Target {
     const at::Tensor block_tokens = blocks.to(device_, at::kLong).reshape({B, N * BS});
     at::Tensor xc = embed_.index_select(0, batch.tokens.to(device_, at::kLong).reshape({-1})).view({B, S, cfg_.hidden});
     at::Tensor xb = embed_.index_select(0, block_tokens.reshape({-1})).view({B, N * BS, cfg_.hidden});
-    const auto [cos_c, sin_c] = rope_tables(at::arange(S, long_opts).unsqueeze(0).expand({B, S}));
-    const auto [cos_b, sin_b] = rope_tables((anchor.unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
+    const at::Tensor context_pos = document_positions(document_mask(batch, B, S), B, S);  // [B, S]
+    const auto [cos_c, sin_c] = rope_tables(context_pos);
+    const auto [cos_b, sin_b] =
+        rope_tables((context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
     const auto [mask_c, mask_b] = verify_masks(batch, anchor, S, BS);
     for (const DecoderLayer& L : layers_) {
       const DenseOut context = dense_layer(L, xc, cos_c, sin_c, {}, {}, mask_c);
@@ -451,6 +460,21 @@ class HfTarget final : public Target {
     if (static_cast<int64_t>(layers_.size()) == cfg_.layers) return;
     for (int64_t l = static_cast<int64_t>(layers_.size()); l < cfg_.layers; ++l) layers_.push_back(load_layer(l));
     if (say_) say_("target: loaded all " + std::to_string(cfg_.layers) + " decoder layers (target verification)");
+  }
+
+  // Each position's place in its document ([B, S] int64 on the device): p minus the start
+  // of p's document (0..S-1 for a row of one document).
+  at::Tensor document_positions(const MaskInput& docs, int64_t B, int64_t S) const {
+    at::Tensor pos = at::empty({B, S}, at::TensorOptions().dtype(at::kLong));
+    int64_t* p = pos.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t start = 0;
+      for (int64_t len : docs.doc_lengths[static_cast<size_t>(b)]) {
+        for (int64_t t = start; t < start + len && t < S; ++t) p[b * S + t] = t - start;
+        start += len;
+      }
+    }
+    return pos.to(device_);
   }
 
   // Causal within each document: a packed row's documents, or [length, padding].
