@@ -245,7 +245,12 @@ Layout describe(const Config& table, Drafter& drafter, const TargetModel& target
   l.target_layers = target.layers;
   l.block_size = table.integer("block_size");
   l.mask_token = table.integer("mask_token") < 0 ? target.vocab - 1 : table.integer("mask_token");
+  // The layers the context reads: the first fc-input / hidden of the drafter's target layers
+  // (labels from the target read its last layer too, after them).
   l.target_layer_ids = drafter.target_layers(target);
+  const int64_t context_layers = shape_of(params, "fc.weight")[1] / l.hidden;
+  if (context_layers > 0 && static_cast<int64_t>(l.target_layer_ids.size()) > context_layers)
+    l.target_layer_ids.resize(static_cast<size_t>(context_layers));
   l.rope_theta = table.real("rope_theta");
   l.rms_eps = table.real("rms_eps");
   l.dtype = dtype_name(dtype);

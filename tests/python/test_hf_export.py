@@ -235,7 +235,7 @@ def draft_block(w, cfg, context, block_emb, anchor):
     return rms(x, w["norm.weight"], eps)
 
 
-def reference_blocks(folder, target_dir, dump, offset=1, gamma=7.0):
+def reference_blocks(folder, target_dir, dump, offset=1, gamma=4.0):
     """Predictions [R, N, BS] (position 0 left -1) and the loss per batch of the plain drafter,
     context features = transformers' hidden_states[L + offset] for L in target_layer_ids."""
     cfg = json.loads((folder / "config.json").read_text())
@@ -262,7 +262,7 @@ def reference_blocks(folder, target_dir, dump, offset=1, gamma=7.0):
                     if valid[r, n] and labels[r, n, j] >= 0:
                         wj = math.exp(-(j - 1) / gamma)
                         num += wj * float(torch.nn.functional.cross_entropy(logits[j:j + 1], labels[r, n, j:j + 1]))
-                        den += wj
+                        den += 1  # the loss is over the count of labelled positions (the default)
             if (r + 1) % batch == 0:
                 losses.append(num / den)
                 num = den = 0.0
