@@ -138,6 +138,24 @@ std::vector<Case> generator_cases() {
   dflash.q_len = 11 * 16, dflash.kv_len = 230 + 11 * 16;
   fd::MaskInput eagle3 = self;  // EAGLE-3's fourth unroll step: keys of steps 0..3 (Lkv 1204)
   eagle3.kv_len = 4 * self.q_len;
+  // Packed DFlash rows: documents 40 + 100 + 90 and 1 + 229; each block sees its own
+  // document's context and stays inside it.
+  fd::MaskInput dflash_packed = dflash;
+  dflash_packed.anchors = {{3, 20, 41, 60, 74, 100, 120, 150, 151, 200, 210},
+                           {10, 30, 50, 70, 74, 130, 140, 199, 205, 210, 0}};
+  dflash_packed.block_valid = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}};
+  dflash_packed.doc_lengths = {{40, 100, 90}, {1, 229}};
+  // Served decoding: one block of 16 per row after a cache of 230 positions (shorter blocks).
+  fd::MaskInput dflash_served;
+  dflash_served.batch = 2, dflash_served.context_len = 230, dflash_served.block_size = 16;
+  dflash_served.anchors = {{140}, {201}};
+  dflash_served.block_valid = {{1}, {1}};
+  dflash_served.block_lengths = {{16}, {7}};
+  dflash_served.q_len = 16, dflash_served.kv_len = 230 + 16;
+  // The target's cached decoding: 16 queries per row at positions 0.. and 201.. of 246 keys.
+  fd::MaskInput decode;
+  decode.batch = 2, decode.q_len = 16, decode.kv_len = 246;
+  decode.q_offsets = {0, 201};
 
   struct Gen {
     std::string label, plugin;
@@ -152,6 +170,9 @@ std::vector<Case> generator_cases() {
       {"prefix_lm", "prefix_lm", {{"prefix", int64_t{45}}}, &self, false},
       {"dflash", "dflash", {{"in_block", std::string("bidirectional")}}, &dflash, true},
       {"dflash_causal", "dflash", {{"in_block", std::string("causal")}}, &dflash, true},
+      {"dflash_packed", "dflash", {{"in_block", std::string("bidirectional")}}, &dflash_packed, true},
+      {"dflash_served", "dflash", {{"in_block", std::string("bidirectional")}}, &dflash_served, true},
+      {"causal_decode", "causal", {{"bottom_right", false}}, &decode, false},
       {"eagle3_ttt", "eagle3_ttt", {}, &eagle3, false},
   };
   std::vector<Case> cases;

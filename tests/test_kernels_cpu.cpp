@@ -231,6 +231,21 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
   dflash.q_len = 6 * 16, dflash.kv_len = 90 + 6 * 16;
   fd::MaskInput eagle3 = self;  // the third unroll step of EAGLE-3: keys of steps 0..2
   eagle3.kv_len = 3 * self.q_len;
+  // Packed DFlash rows: each block sees its own document's context (documents 30 + 60 and 90).
+  fd::MaskInput dflash_packed = dflash;
+  dflash_packed.anchors = {{3, 10, 31, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
+  dflash_packed.doc_lengths = {{30, 60}, {90}};
+  // Served decoding: one block per row after a cache of 90 positions, the second shorter.
+  fd::MaskInput dflash_served;
+  dflash_served.batch = 2, dflash_served.context_len = 90, dflash_served.block_size = 16;
+  dflash_served.anchors = {{61}, {17}};
+  dflash_served.block_valid = {{1}, {1}};
+  dflash_served.block_lengths = {{16}, {5}};
+  dflash_served.q_len = 16, dflash_served.kv_len = 90 + 16;
+  // The target's cached decoding: 16 queries per row at positions 0.. and 70.. of 100 keys.
+  fd::MaskInput decode;
+  decode.batch = 2, decode.q_len = 16, decode.kv_len = 100;
+  decode.q_offsets = {0, 70};
   const std::map<std::string, std::map<std::string, fd::Value>> overrides = {
       {"prefix_lm", {{"prefix", int64_t{33}}}}, {"sliding_window", {{"window", int64_t{29}}}}};
 
@@ -255,20 +270,26 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
       continue;
     }
     std::shared_ptr<fd::MaskGenerator> gen = fd::create_as<fd::MaskGenerator>(test::plugins(), *plugin, config);
-    const fd::MaskInput input = plugin->name == "dflash" ? dflash : plugin->name == "eagle3_ttt" ? eagle3 : self;
-    try {
-      gen->build(input, 64, 64);
-    } catch (const std::invalid_argument& e) {
-      ADD_FAILURE() << "mask generator " << plugin->name << " refused this test's input: " << e.what();
-      continue;
-    }
-    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-      // mask batch = B here only routes b unchanged to the generator's predicate (the
-      // generator's BlockMask may still be shared: batch 1).
-      Case c{"gen_" + plugin->name, input.batch, 4, 2, input.q_len, input.kv_len, 64, input.batch, 1,
-             [gen, input](int64_t b, int64_t h, int64_t q, int64_t k) { return gen->visible(input, b, h, q, k); }};
-      c.build = [gen, input](int64_t bq, int64_t bkv) { return gen->build(input, bq, bkv); };
-      compare_with_dense(*flash_, *dense_, c, dtype, seed++);
+    const std::vector<fd::MaskInput> inputs =
+        plugin->name == "dflash"       ? std::vector<fd::MaskInput>{dflash, dflash_packed, dflash_served}
+        : plugin->name == "eagle3_ttt" ? std::vector<fd::MaskInput>{eagle3}
+        : plugin->name == "causal"     ? std::vector<fd::MaskInput>{self, decode}
+                                       : std::vector<fd::MaskInput>{self};
+    for (const fd::MaskInput& input : inputs) {
+      try {
+        gen->build(input, 64, 64);
+      } catch (const std::invalid_argument& e) {
+        ADD_FAILURE() << "mask generator " << plugin->name << " refused this test's input: " << e.what();
+        continue;
+      }
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        // mask batch = B here only routes b unchanged to the generator's predicate (the
+        // generator's BlockMask may still be shared: batch 1).
+        Case c{"gen_" + plugin->name, input.batch, 4, 2, input.q_len, input.kv_len, 64, input.batch, 1,
+               [gen, input](int64_t b, int64_t h, int64_t q, int64_t k) { return gen->visible(input, b, h, q, k); }};
+        c.build = [gen, input](int64_t bq, int64_t bkv) { return gen->build(input, bq, bkv); };
+        compare_with_dense(*flash_, *dense_, c, dtype, seed++);
+      }
     }
     ++tested;
   }

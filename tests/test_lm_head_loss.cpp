@@ -136,10 +136,14 @@ void compare_target(const Problem& p, const at::Tensor& th, double loss_tol, dou
                                       run_target(p, th, soft, temperature, reference)}) {
         const std::string what = std::string(soft ? "soft" : "hard") + ", temperature " + std::to_string(temperature);
         EXPECT_NEAR(got.loss, def.loss, loss_tol * std::abs(def.loss)) << what;
-        EXPECT_LE(max_rel(got.grad, def.grad), grad_tol) << what;
-        const double same = got.target_argmax.eq(def.target_argmax).to(at::kDouble).mean().item<double>();
-        EXPECT_GE(same, exact ? 1.0 : 0.99) << what;
-        EXPECT_GE(got.argmax.eq(def.argmax).to(at::kDouble).mean().item<double>(), 0.99) << what;
+        const at::Tensor agree = got.target_argmax.eq(def.target_argmax);
+        // 16-bit target logits may round a near-tie to another argmax: a hard label then
+        // differs on that row by design, so hard gradients compare on the rows that agree.
+        const at::Tensor rows = soft || exact ? at::ones_like(agree) : agree;
+        EXPECT_LE(max_rel(got.grad.index({rows}), def.grad.index({rows})), grad_tol) << what;
+        const double same = agree.to(at::kDouble).mean().item<double>();
+        EXPECT_GE(same, exact ? 1.0 : 0.97) << what;
+        EXPECT_GE(got.argmax.eq(def.argmax).to(at::kDouble).mean().item<double>(), exact ? 0.99 : 0.97) << what;
       }
       // Not vacuous: a real loss and gradient; the target's labels are not the data's.
       EXPECT_GT(def.loss, 0.1);
@@ -154,6 +158,30 @@ TEST(LmHeadLoss, TargetLabelsMatchTheDefinitionCpu) {
   const Problem p = random_problem(97, 48, 301, at::kFloat, c10::kCPU, 31);
   const at::Tensor th = at::randn({97, 48}, at::TensorOptions().dtype(at::kFloat));
   compare_target(p, th, 1e-5, 1e-5, /*fused=*/false);
+}
+
+// Rows that share a target position (DFlash's overlapping blocks) pass its state once, with an
+// index: the same loss and gradient as the states repeated per row.
+TEST(LmHeadLoss, TargetIndexEqualsRepeatedStates) {
+  const Problem p = random_problem(60, 32, 211, at::kFloat, c10::kCPU, 34);
+  const at::Tensor unique = at::randn({17, 32}, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor index = at::randint(17, {60}, at::TensorOptions().dtype(at::kLong));
+  for (const bool soft : {false, true}) {
+    const auto chunked = [](const LmHeadLossInput& in) { return lm_head_loss_chunked(in, 16); };
+    const TargetResult repeated = run_target(p, unique.index_select(0, index), soft, 0.8, chunked);
+    at::Tensor h = p.hidden.detach().clone().set_requires_grad(true);
+    LmHeadLossInput in = input_of(p, h);
+    in.labels = at::Tensor();
+    in.target_hidden = unique;
+    in.target_index = index;
+    in.target_soft = soft;
+    in.target_temperature = 0.8;
+    LmHeadLossOutput out = lm_head_loss_chunked(in, 16);
+    out.loss.backward();
+    EXPECT_NEAR(out.loss.item<double>(), repeated.loss, 1e-6 * std::abs(repeated.loss)) << soft;
+    EXPECT_LE(max_rel(h.grad(), repeated.grad), 1e-6) << soft;
+    EXPECT_TRUE(out.target_argmax.equal(repeated.target_argmax)) << soft;
+  }
 }
 
 TEST(LmHeadLoss, TargetLabelsMatchTheDefinitionCuda) {

@@ -31,16 +31,17 @@ void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
              const float* row_weight, float grad_scale, bool write_grad, float* nll, int64_t* argmax, void* stream);
 
 // ---- The soft-label loss (labels from a target's distribution), one pass per row pair ----
-// For each row r of draft logits [rows, vocab] (stride ld) and target logits (stride
-// ld_target), p = softmax(target / temperature), q = softmax(draft):
+// For each row r of draft logits [rows, vocab] (stride ld) and its target logits (row
+// target_rows[r] of `target`, stride ld_target; target_rows null: row r),
+// p = softmax(target / temperature), q = softmax(draft):
 //   kl_r            = sum_v p_v (log p_v - log q_v)          (float32, nats)
 //   argmax_r        = the first v with the largest draft logit
 //   target_argmax_r = the first v with the largest target logit
 // and, when `write_grad`, overwrites the DRAFT row in place with the gradient of
 // sum_r w_r kl_r * grad_scale with respect to the draft logits: (q_v - p_v) w_r grad_scale.
-void kl_rows(DType dtype, void* draft, const void* target, int64_t rows, int64_t vocab, int64_t ld, int64_t ld_target,
-             float temperature, const float* row_weight, float grad_scale, bool write_grad, float* kl, int64_t* argmax,
-             int64_t* target_argmax, void* stream);
+void kl_rows(DType dtype, void* draft, const void* target, const int64_t* target_rows, int64_t rows, int64_t vocab,
+             int64_t ld, int64_t ld_target, float temperature, const float* row_weight, float grad_scale,
+             bool write_grad, float* kl, int64_t* argmax, int64_t* target_argmax, void* stream);
 
 // ---- SwiGLU: y = silu(g) * u, elementwise over n values (contiguous), in float32 math ----
 void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);

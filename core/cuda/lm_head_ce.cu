@@ -196,14 +196,15 @@ __global__ void __launch_bounds__(kThreads, 1) ce_rows_kernel(T* __restrict__ lo
 // sum_v p_v (log p_v - log q_v) and (write_grad) the gradient (q_v - p_v) * coef written over
 // the draft's row in place. The target's row is read twice, the draft's twice and written once.
 template <typename T>
-__device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restrict__ target, int64_t r, int64_t vocab,
+__device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restrict__ target,
+                                       const int64_t* __restrict__ target_rows, int64_t r, int64_t vocab,
                                        int64_t ld, int64_t ld_target, float inv_temperature,
                                        const float* __restrict__ row_weight, float grad_scale, bool write_grad,
                                        float* __restrict__ kl, int64_t* __restrict__ argmax,
                                        int64_t* __restrict__ target_argmax) {
   constexpr int E = Vec16<T>::E;
   T* row = draft + r * ld;
-  const T* trow = target + r * ld_target;
+  const T* trow = target + (target_rows ? target_rows[r] : r) * ld_target;
   const bool vec = reinterpret_cast<uintptr_t>(row) % 16 == 0 && reinterpret_cast<uintptr_t>(trow) % 16 == 0;
   const int64_t nvec = vec ? vocab / E : 0;
   const int tid = threadIdx.x;
@@ -293,13 +294,14 @@ __device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restric
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-    kl_rows_kernel(T* __restrict__ draft, const T* __restrict__ target, int64_t rows, int64_t vocab, int64_t ld,
+    kl_rows_kernel(T* __restrict__ draft, const T* __restrict__ target, const int64_t* __restrict__ target_rows,
+                   int64_t rows, int64_t vocab, int64_t ld,
                    int64_t ld_target, float inv_temperature, const float* __restrict__ row_weight, float grad_scale,
                    bool write_grad, float* __restrict__ kl, int64_t* __restrict__ argmax,
                    int64_t* __restrict__ target_argmax) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
-    kl_row(draft, target, r, vocab, ld, ld_target, inv_temperature, row_weight, grad_scale, write_grad, kl, argmax,
-           target_argmax);
+    kl_row(draft, target, target_rows, r, vocab, ld, ld_target, inv_temperature, row_weight, grad_scale, write_grad, kl,
+           argmax, target_argmax);
 }
 
 // Multiprocessors of the current device (asked once per device).
@@ -331,9 +333,9 @@ void ce_rows(DType dtype, void* logits, int64_t rows, int64_t vocab, int64_t ld,
   check_launch("ce_rows");
 }
 
-void kl_rows(DType dtype, void* draft, const void* target, int64_t rows, int64_t vocab, int64_t ld, int64_t ld_target,
-             float temperature, const float* row_weight, float grad_scale, bool write_grad, float* kl, int64_t* argmax,
-             int64_t* target_argmax, void* stream) {
+void kl_rows(DType dtype, void* draft, const void* target, const int64_t* target_rows, int64_t rows, int64_t vocab,
+             int64_t ld, int64_t ld_target, float temperature, const float* row_weight, float grad_scale,
+             bool write_grad, float* kl, int64_t* argmax, int64_t* target_argmax, void* stream) {
   if (rows <= 0) return;
   if (vocab <= 0 || ld < vocab || ld_target < vocab)
     throw std::runtime_error("kl_rows: vocabulary and row strides must satisfy 0 < V <= ld");
@@ -343,7 +345,7 @@ void kl_rows(DType dtype, void* draft, const void* target, int64_t rows, int64_t
     using T = std::remove_pointer_t<decltype(tag)>;
     const int64_t grid = rows < sm_count() ? rows : sm_count();
     kl_rows_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(draft), static_cast<const T*>(target), rows, vocab, ld, ld_target, 1.f / temperature,
+        static_cast<T*>(draft), static_cast<const T*>(target), target_rows, rows, vocab, ld, ld_target, 1.f / temperature,
         row_weight, grad_scale, write_grad, kl, argmax, target_argmax);
   });
   check_launch("kl_rows");

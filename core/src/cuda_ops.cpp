@@ -73,16 +73,22 @@ CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& r
   return out;
 }
 
-KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, double temperature, const at::Tensor& row_weights,
-               double grad_scale, bool write_grad) {
+KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& target_rows, double temperature,
+               const at::Tensor& row_weights, double grad_scale, bool write_grad) {
   require(draft.is_cuda() && draft.dim() == 2 && draft.stride(1) == 1,
           "kl_rows: draft logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(draft.sizes()));
-  require(target.dim() == 2 && target.sizes() == draft.sizes() && target.stride(1) == 1 &&
-              target.scalar_type() == draft.scalar_type(),
-          "kl_rows: target logits must be like the draft's " + c10::str(draft.sizes()) + ", got " +
+  const int64_t rows = draft.size(0), vocab = draft.size(1);
+  require(target.dim() == 2 && target.size(1) == vocab && target.stride(1) == 1 &&
+              target.scalar_type() == draft.scalar_type() && (target_rows.defined() || target.size(0) == rows),
+          "kl_rows: target logits must be [rows or indexed, " + std::to_string(vocab) + "] in the draft's dtype, got " +
               c10::str(target.sizes()));
   same_device(draft, target, "the draft logits", "the target logits");
-  const int64_t rows = draft.size(0), vocab = draft.size(1);
+  if (target_rows.defined()) {
+    require(target_rows.dim() == 1 && target_rows.size(0) == rows && target_rows.scalar_type() == at::kLong &&
+                target_rows.is_contiguous(),
+            "kl_rows: target_rows must be contiguous int64 [" + std::to_string(rows) + "]");
+    same_device(draft, target_rows, "the draft logits", "target_rows");
+  }
   if (write_grad) {
     require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
                 row_weights.is_contiguous(),
@@ -92,7 +98,8 @@ KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, double temperature, 
   const c10::cuda::CUDAGuard guard(draft.device());
   const auto l = draft.options().dtype(at::kLong);
   KlRows out{at::empty({rows}, draft.options().dtype(at::kFloat)), at::empty({rows}, l), at::empty({rows}, l)};
-  cuda_ops::kl_rows(dtype_of(draft, "the draft logits"), draft.data_ptr(), target.data_ptr(), rows, vocab,
+  cuda_ops::kl_rows(dtype_of(draft, "the draft logits"), draft.data_ptr(), target.data_ptr(),
+                    target_rows.defined() ? target_rows.data_ptr<int64_t>() : nullptr, rows, vocab,
                     draft.stride(0), target.stride(0), static_cast<float>(temperature),
                     write_grad ? row_weights.data_ptr<float>() : nullptr, static_cast<float>(grad_scale), write_grad,
                     out.kl.data_ptr<float>(), out.argmax.data_ptr<int64_t>(), out.target_argmax.data_ptr<int64_t>(),
@@ -184,7 +191,7 @@ namespace {
 bool cuda_ops_built() { return false; }
 bool runs_on(const at::Tensor&) { return false; }
 CeRows ce_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
-KlRows kl_rows(at::Tensor&, const at::Tensor&, double, const at::Tensor&, double, bool) { absent(); }
+KlRows kl_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&, double, bool) { absent(); }
 at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { absent(); }
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
 bool rope_runs(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }

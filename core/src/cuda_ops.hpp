@@ -30,8 +30,9 @@ FLASHDRAFT_API CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, cons
 struct KlRows {
   at::Tensor kl, argmax, target_argmax;
 };
-FLASHDRAFT_API KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, double temperature,
-                              const at::Tensor& row_weights, double grad_scale, bool write_grad);
+// target_rows (optional [rows] int64): row r's target logits are target[target_rows[r]].
+FLASHDRAFT_API KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& target_rows,
+                              double temperature, const at::Tensor& row_weights, double grad_scale, bool write_grad);
 
 FLASHDRAFT_API at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 // Returns {d_gate, d_up}.

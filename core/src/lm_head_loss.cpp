@@ -39,12 +39,11 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
 };
 
 // One chunk of rows: the weighted loss sum, the argmaxes and (grad) the gradient of
-// sum_r w_r loss_r / weight_sum with respect to the chunk's rows. Labels are `labels`, or
-// from the target's states `th` (defined): its argmax (hard) or its distribution at
-// `temperature` (soft: loss_r = KL(p_r || q_r)).
+// sum_r w_r loss_r / weight_sum with respect to the chunk's rows. Labels are `labels`, or the
+// soft targets softmax(target logits / temperature) with the target's logits rows
+// `target.index_select(0, target_rows)` (loss_r = KL(p_r || q_r)).
 struct ChunkInput {
-  at::Tensor h, weight, labels, w, th;
-  bool soft = false;
+  at::Tensor h, weight, labels, w, target, target_rows;
   double temperature = 1.0, inv_sum = 0.0;
   bool grad = false;
 };
@@ -53,35 +52,31 @@ struct ChunkResult {
 };
 using ChunkFn = ChunkResult (*)(const ChunkInput& c);
 
+// float32 log-softmax of 16-bit logits (ATen converts the input; its half_to_float path takes
+// Half only).
+at::Tensor log_softmax32(const at::Tensor& x) {
+  const bool wide = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+  return wide ? at::_log_softmax(x, -1, false) : at::log_softmax(x, -1, at::kFloat);
+}
+
 // chunked: logits, float32 log-softmax, gather, exp, scatter and scale in ATen.
 ChunkResult chunk_loss_aten(const ChunkInput& c) {
   ChunkResult r;
   at::Tensor logits = at::mm(c.h, c.weight.t());  // [c, V], compute dtype
   r.argmax = logits.argmax(-1);
-  // float32 log-softmax of 16-bit logits (ATen converts the input; its half_to_float path
-  // takes Half only).
-  auto log_softmax = [](const at::Tensor& x) {
-    const bool wide = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-    return wide ? at::_log_softmax(x, -1, false) : at::log_softmax(x, -1, at::kFloat);
-  };
-  at::Tensor logp = log_softmax(logits);
+  at::Tensor logp = log_softmax32(logits);
   logits.reset();
-  at::Tensor labels = c.labels, p;
-  if (c.th.defined()) {
-    at::Tensor target = at::mm(c.th, c.weight.t());
+  at::Tensor p, lab;
+  if (c.target.defined()) {
+    const at::Tensor target = c.target.index_select(0, c.target_rows);
     r.target_argmax = target.argmax(-1);
-    if (c.soft) {
-      const at::Tensor logp_t = log_softmax(c.temperature == 1.0 ? target : target.to(logp.scalar_type()) / c.temperature);
-      p = logp_t.exp();
-      const at::Tensor kl = (p * (logp_t - logp)).sum(-1);
-      r.loss_sum = (kl * c.w.to(kl.scalar_type())).sum();
-    } else {
-      labels = r.target_argmax;
-    }
-  }
-  at::Tensor lab;
-  if (!p.defined()) {
-    lab = labels.unsqueeze(1);
+    const at::Tensor logp_t =
+        log_softmax32(c.temperature == 1.0 ? target : target.to(logp.scalar_type()) / c.temperature);
+    p = logp_t.exp();
+    const at::Tensor kl = (p * (logp_t - logp)).sum(-1);
+    r.loss_sum = (kl * c.w.to(kl.scalar_type())).sum();
+  } else {
+    lab = c.labels.unsqueeze(1);
     const at::Tensor nll = -logp.gather(1, lab).squeeze(1);
     r.loss_sum = (nll * c.w.to(nll.scalar_type())).sum();
   }
@@ -100,27 +95,47 @@ ChunkResult chunk_loss_aten(const ChunkInput& c) {
 
 // fused: the logits in the compute dtype (one GEMM), then one CUDA kernel per chunk for
 // the row statistics, the loss, the argmax and the gradient written over the logits in
-// place (cuda_ops::ce_rows; soft labels: cuda_ops::kl_rows over the target's logits too);
-// the gradient GEMM reads it from there.
+// place (cuda_ops::ce_rows; soft targets: cuda_ops::kl_rows, reading each row's target
+// logits where they are); the gradient GEMM reads it from there.
 ChunkResult chunk_loss_fused(const ChunkInput& c) {
   ChunkResult r;
   at::Tensor logits = at::mm(c.h, c.weight.t());
   const at::Tensor wf = c.w.to(at::kFloat).contiguous();
-  if (c.th.defined() && c.soft) {
-    const at::Tensor target = at::mm(c.th, c.weight.t());
-    const cuda_ops::KlRows rows = cuda_ops::kl_rows(logits, target, c.temperature, wf, c.inv_sum, c.grad);
+  if (c.target.defined()) {
+    const cuda_ops::KlRows rows =
+        cuda_ops::kl_rows(logits, c.target, c.target_rows.contiguous(), c.temperature, wf, c.inv_sum, c.grad);
     r.argmax = rows.argmax;
     r.target_argmax = rows.target_argmax;
     r.loss_sum = (rows.kl * wf).sum();
   } else {
-    at::Tensor labels = c.labels;
-    if (c.th.defined()) labels = r.target_argmax = at::mm(c.th, c.weight.t()).argmax(-1);
-    const cuda_ops::CeRows rows = cuda_ops::ce_rows(logits, labels.contiguous(), wf, c.inv_sum, c.grad);
+    const cuda_ops::CeRows rows = cuda_ops::ce_rows(logits, c.labels.contiguous(), wf, c.inv_sum, c.grad);
     r.argmax = rows.argmax;
     r.loss_sum = (rows.nll * wf).sum();
   }
   if (c.grad) r.grad = at::mm(logits, c.weight);
   return r;
+}
+
+// The target's logits of every row of target_hidden, at most `chunk` rows at a time: their
+// argmax (hard labels), or (soft) the logits themselves in the compute dtype when they fit
+// in `budget` bytes (undefined otherwise: the chunks then compute their own rows').
+struct TargetLogits {
+  at::Tensor argmax;  // [U] int64
+  at::Tensor logits;  // [U, V] or undefined
+};
+TargetLogits target_logits(const at::Tensor& th, const at::Tensor& weight, bool soft, int64_t chunk, int64_t budget) {
+  TargetLogits t;
+  const int64_t U = th.size(0), V = weight.size(0);
+  t.argmax = at::empty({U}, th.options().dtype(at::kLong));
+  const bool keep = soft && U * V * th.element_size() <= budget;
+  if (keep) t.logits = at::empty({U, V}, th.options());
+  for (int64_t u0 = 0; u0 < U; u0 += chunk) {
+    const int64_t n = std::min(chunk, U - u0);
+    const at::Tensor l = at::mm(th.narrow(0, u0, n), weight.t());
+    t.argmax.narrow(0, u0, n).copy_(l.argmax(-1));
+    if (keep) t.logits.narrow(0, u0, n).copy_(l);
+  }
+  return t;
 }
 
 // The rows in chunks of c: per chunk `fn`, the chunk's logits freed before the next; the
@@ -137,26 +152,43 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
   const auto long_opts = in.hidden.options().dtype(at::kLong);
   const bool from_target = in.target_hidden.defined();
   out.argmax = at::empty({R}, long_opts);
-  if (from_target) out.target_argmax = at::empty({R}, long_opts);
   at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
   {
     at::NoGradGuard no_grad;
+    // Labels from the target: its logits once per target state (the hard labels and, when
+    // they fit in about 2 GiB, the soft targets' logits), then gathered per row.
+    at::Tensor labels = in.labels, index, target_all;
+    TargetLogits t;
+    if (from_target) {
+      const at::Tensor th = in.target_hidden.detach();
+      index = in.target_index.defined() ? in.target_index : at::arange(R, long_opts);
+      t = target_logits(th, weight, in.target_soft, c, int64_t(1) << 31);
+      out.target_argmax = t.argmax.index_select(0, index);
+      if (!in.target_soft) labels = out.target_argmax;
+    }
     for (int64_t r0 = 0; r0 < R; r0 += c) {
       const int64_t n = std::min(c, R - r0);
       ChunkInput ci;
       ci.h = h.narrow(0, r0, n);
       ci.weight = weight;
-      if (!from_target) ci.labels = in.labels.narrow(0, r0, n);
       ci.w = in.row_weights.narrow(0, r0, n);
-      if (from_target) ci.th = in.target_hidden.detach().narrow(0, r0, n);
-      ci.soft = in.target_soft;
       ci.temperature = in.target_temperature;
       ci.inv_sum = inv_sum;
       ci.grad = grad;
+      if (from_target && in.target_soft) {
+        if (t.logits.defined()) {
+          ci.target = t.logits;
+          ci.target_rows = index.narrow(0, r0, n);
+        } else {  // too large to keep: this chunk's target rows only
+          ci.target = at::mm(in.target_hidden.detach().index_select(0, index.narrow(0, r0, n)), weight.t());
+          ci.target_rows = at::arange(n, long_opts);
+        }
+      } else {
+        ci.labels = labels.narrow(0, r0, n);
+      }
       ChunkResult cr = fn(ci);
       total.add_(cr.loss_sum);
       out.argmax.narrow(0, r0, n).copy_(cr.argmax);
-      if (from_target) out.target_argmax.narrow(0, r0, n).copy_(cr.target_argmax);
       if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
     }
     total.mul_(inv_sum);
@@ -185,9 +217,16 @@ void check_lm_head_loss_input(const LmHeadLossInput& in) {
   if (!in.weight.defined() || in.weight.dim() != 2 || in.weight.size(1) != in.hidden.size(1))
     fail("the LM head must be [V, " + std::to_string(in.hidden.size(1)) + "], got " + shape_of(in.weight));
   if (in.target_hidden.defined()) {
-    if (in.target_hidden.sizes() != in.hidden.sizes() || in.target_hidden.scalar_type() != in.hidden.scalar_type())
-      fail("target_hidden must be like hidden " + shape_of(in.hidden) + " (" + c10::toString(in.hidden.scalar_type()) +
-           "), got " + shape_of(in.target_hidden) + " (" + c10::toString(in.target_hidden.scalar_type()) + ")");
+    const int64_t R = in.hidden.size(0);
+    if (in.target_hidden.dim() != 2 || in.target_hidden.size(1) != in.hidden.size(1) ||
+        in.target_hidden.scalar_type() != in.hidden.scalar_type() ||
+        (!in.target_index.defined() && in.target_hidden.size(0) != R))
+      fail("target_hidden must be [" + (in.target_index.defined() ? std::string("U") : std::to_string(R)) + ", " +
+           std::to_string(in.hidden.size(1)) + "] in hidden's dtype " + c10::toString(in.hidden.scalar_type()) +
+           ", got " + shape_of(in.target_hidden) + " (" + c10::toString(in.target_hidden.scalar_type()) + ")");
+    if (in.target_index.defined() &&
+        (in.target_index.dim() != 1 || in.target_index.size(0) != R || in.target_index.scalar_type() != at::kLong))
+      fail("target_index must be int64 [" + std::to_string(R) + "], got " + shape_of(in.target_index));
     if (in.target_soft && !(in.target_temperature > 0))
       fail("target_temperature must be positive, got " + std::to_string(in.target_temperature));
   } else if (!in.labels.defined() || in.labels.dim() != 1 || in.labels.size(0) != in.hidden.size(0) ||
@@ -214,6 +253,7 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   at::Tensor per_row;
   if (in.target_hidden.defined()) {
     at::Tensor target = at::linear(in.target_hidden.detach(), in.weight.detach());
+    if (in.target_index.defined()) target = target.index_select(0, in.target_index);
     out.target_argmax = target.argmax(-1);
     if (in.target_soft) {
       const at::Tensor logp = at::log_softmax(target.to(logq.scalar_type()) / in.target_temperature, -1);

@@ -408,8 +408,9 @@ class DFlashDrafter final : public Drafter {
     at::Tensor labels;                            // [B, L] int64 on the host (the data's tokens)
     at::Tensor rows, row_labels, row_weights;     // [R] on the device: flat index into B*L, label, weight
     at::Tensor row_position;                      // [R] int64 on the device: block position j
-    at::Tensor row_source;                        // [R] int64 on the device: flat b * S + (anchor + j - 1), the
-                                                  // position whose target logits predict the row's token
+    at::Tensor target_positions;                  // [U] int64 on the device: flat b * S + p of every position whose
+                                                  // target logits predict a row's token (p = anchor + j - 1), once
+    at::Tensor row_target;                        // [R] int64 on the device: row r's entry in target_positions
     std::vector<int64_t> position_count;          // per j in 0..BS-1: rows that carry loss
     double weight_sum = 0;
     int64_t counted = 0;                          // rows that carry loss
@@ -519,7 +520,17 @@ class DFlashDrafter final : public Drafter {
     plan.row_labels = to_device(at::tensor(row_labels, long_opts));
     plan.row_weights = to_device(at::tensor(row_weights, at::TensorOptions().dtype(at::kFloat)));
     plan.row_position = to_device(at::tensor(row_position, long_opts));
-    if (labels_ != "data") plan.row_source = to_device(at::tensor(row_source, long_opts));
+    if (labels_ != "data") {
+      // Blocks overlap: the target's logits are needed once per position, not once per row.
+      std::vector<int64_t> unique = row_source;
+      std::sort(unique.begin(), unique.end());
+      unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+      std::vector<int64_t> entry(row_source.size());
+      for (size_t r = 0; r < row_source.size(); ++r)
+        entry[r] = std::lower_bound(unique.begin(), unique.end(), row_source[r]) - unique.begin();
+      plan.target_positions = to_device(at::tensor(unique, long_opts));
+      plan.row_target = to_device(at::tensor(entry, long_opts));
+    }
     return plan;
   }
 
@@ -580,7 +591,8 @@ class DFlashDrafter final : public Drafter {
     if (labels_ != "data") {
       const int64_t S = batch.hidden.size(1);
       const at::Tensor last = batch.hidden.select(2, label_index_).reshape({B * S, hidden_});
-      in.target_hidden = last.index_select(0, plan.row_source.to(last.device())).to(device_, dtype_);
+      in.target_hidden = last.index_select(0, plan.target_positions.to(last.device())).to(device_, dtype_);
+      in.target_index = plan.row_target;
       in.target_soft = labels_ == "target_kl";
       in.target_temperature = label_temperature_;
     }

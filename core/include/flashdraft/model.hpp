@@ -91,6 +91,10 @@ struct LmHeadLossInput {
   // || softmax(hidden W^T)) per row (vLLM speculators' DFlash loss); otherwise the
   // cross-entropy against the target logits' argmax.
   at::Tensor target_hidden;
+  // Optional [R] int64: row r's target state is target_hidden[target_index[r]] (rows that
+  // share a target position share its state: the target's logits are computed once per
+  // position). Undefined: target_hidden is [R, H], one state per row.
+  at::Tensor target_index;
   bool target_soft = false;
   double target_temperature = 1.0;
 };
