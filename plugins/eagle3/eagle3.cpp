@@ -17,7 +17,8 @@
 //   step i:  h_i[t] = the midlayer output of step i-1 at t; e_i[t] = embed(x_{t+1+i}) when
 //            training (teacher forcing), the drafter's own greedy token of step i-1 (as a
 //            target id) in validation (chain drafting, as served).
-//   Step i at column t predicts x_{t+2+i}. RoPE position of every state of column t is t.
+//   Step i at column t predicts x_{t+2+i}. RoPE position of step i's state of column t is t + i
+//   (a drafted token's position advances by one per step, as vLLM, SGLang and speculators do).
 //   Attention of step i: queries = the S states of step i, keys/values = the K/V of steps
 //   0..i (computed once per step, reused), mask "eagle3_ttt": step-0 keys causally within
 //   t's document, later steps' keys of column t only. set_mask() before each step's call,
@@ -250,7 +251,6 @@ class Eagle3Drafter final : public Drafter {
     const at::Tensor F = at::linear(states.narrow(2, 0, 3).reshape({B, S, 3 * H}).to(dtype_), fc_);
     const TargetSide target = target_side(states.select(2, 3).reshape({B * S, H}).to(dtype_));
 
-    const auto [cos, sin] = rope_tables(S);
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     at::Tensor h = F, tokens = plan.next_tokens.select(0, 0);  // [B, S] target ids fed at step 0
     std::vector<at::Tensor> keys, values;
@@ -259,6 +259,7 @@ class Eagle3Drafter final : public Drafter {
     for (int64_t i = 0; i < n; ++i) {
       const at::Tensor e = embedding_.index_select(0, tokens.reshape({-1})).view({B, S, H});
       const at::Tensor x = at::cat({rms_norm(e, input_norm_), rms_norm(h, hidden_norm_)}, -1);
+      const auto [cos, sin] = rope_tables(S, i);  // step i of column t sits at position t + i
       const at::Tensor q = rope(heads_of(at::linear(x, q_proj_), heads_), cos, sin);
       keys.push_back(rope(heads_of(at::linear(x, k_proj_), kv_heads_), cos, sin));
       values.push_back(heads_of(at::linear(x, v_proj_), kv_heads_));
@@ -396,7 +397,6 @@ class Eagle3Drafter final : public Drafter {
       }
       attention_.set_mask(mask);
       const at::Tensor col = at::tensor(column, at::TensorOptions().dtype(at::kLong)).to(d_.device_).view({B, 1});
-      const auto [cos, sin] = tables(col);
       at::Tensor h = fused_.gather(1, col.unsqueeze(-1).expand({B, 1, H}));  // [B, 1, H]
       at::Tensor token = r.last.to(d_.device_, at::kLong).view({B, 1});
       const double scale = 1.0 / std::sqrt(static_cast<double>(d_.head_dim_));
@@ -404,6 +404,7 @@ class Eagle3Drafter final : public Drafter {
       for (int64_t i = 0; i < K; ++i) {
         const at::Tensor e = d_.embedding_.index_select(0, token.reshape({-1})).view({B, 1, H});
         const at::Tensor x = at::cat({d_.rms_norm(e, d_.input_norm_), d_.rms_norm(h, d_.hidden_norm_)}, -1);
+        const auto [cos, sin] = tables(col + i);  // chain step i at position c + i, as in training
         const at::Tensor q = rope(d_.heads_of(at::linear(x, d_.q_proj_), d_.heads_), cos, sin);
         k_.narrow(2, capacity_ + i, 1).copy_(rope(d_.heads_of(at::linear(x, d_.k_proj_), d_.kv_heads_), cos, sin));
         v_.narrow(2, capacity_ + i, 1).copy_(d_.heads_of(at::linear(x, d_.v_proj_), d_.kv_heads_));
@@ -653,9 +654,11 @@ class Eagle3Drafter final : public Drafter {
   at::Tensor heads_of(const at::Tensor& x, int64_t heads) const {
     return x.view({x.size(0), x.size(1), heads, head_dim_}).transpose(1, 2);
   }
-  // cos/sin of angles t * theta^(-2k/D) for positions 0..S-1, rotate-half layout: [1, 1, S, D].
-  std::pair<at::Tensor, at::Tensor> rope_tables(int64_t S) const {
-    const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_));
+  // cos/sin of angles p * theta^(-2k/D) for positions p = step .. step + S - 1 (the states of
+  // unroll step `step`: column t at t + step, as vLLM, SGLang and speculators advance a drafted
+  // token's position by one per step), rotate-half layout: [1, 1, S, D].
+  std::pair<at::Tensor, at::Tensor> rope_tables(int64_t S, int64_t step) const {
+    const at::Tensor pos = at::arange(step, step + S, at::TensorOptions().dtype(at::kLong).device(device_));
     auto [cos, sin] = flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_);
     return {cos.view({1, 1, S, head_dim_}), sin.view({1, 1, S, head_dim_})};
   }

@@ -55,10 +55,11 @@ def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope(x, theta):
+def rope(x, theta, offset=0):
+    """RoPE at positions offset .. offset + S - 1 (unroll step i: offset i)."""
     S, d = x.shape[-2], x.shape[-1]
     inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv
+    ang = torch.arange(offset, offset + S, dtype=torch.float64)[:, None] * inv
     ang = torch.cat([ang, ang], -1)
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -126,8 +127,8 @@ class Problem:
             x = torch.cat([rms_norm(self.emb[tok_in], P["midlayer.input_layernorm.weight"], self.eps),
                            rms_norm(h, P["midlayer.hidden_norm.weight"], self.eps)], -1)
             heads = lambda w, k: (x @ w.T).view(B, S, k, D).transpose(1, 2)
-            q = rope(heads(P["midlayer.self_attn.q_proj.weight"], self.Hq), self.theta)
-            ks.append(rope(heads(P["midlayer.self_attn.k_proj.weight"], self.Hkv), self.theta))
+            q = rope(heads(P["midlayer.self_attn.q_proj.weight"], self.Hq), self.theta, i)
+            ks.append(rope(heads(P["midlayer.self_attn.k_proj.weight"], self.Hkv), self.theta, i))
             vs.append(heads(P["midlayer.self_attn.v_proj.weight"], self.Hkv))
             k = torch.cat(ks, 2).repeat_interleave(self.Hq // self.Hkv, 1)
             v = torch.cat(vs, 2).repeat_interleave(self.Hq // self.Hkv, 1)

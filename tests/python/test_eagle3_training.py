@@ -246,8 +246,8 @@ def chain_draft(w, cfg, hs, tokens, prompt_len):
         x = torch.cat([rms_norm(TARGET["emb"][tok_in], w["midlayer.input_layernorm.weight"], eps),
                        rms_norm(h, w["midlayer.hidden_norm.weight"], eps)], -1)
         proj = lambda name, k: (x @ w[f"midlayer.self_attn.{name}.weight"].T).view(S, k, D).transpose(0, 1)
-        q = rope(proj("q_proj", Hq), theta)
-        ks.append(rope(proj("k_proj", Hkv), theta))
+        q = rope(proj("q_proj", Hq), theta, i)  # step i of column t at position t + i
+        ks.append(rope(proj("k_proj", Hkv), theta, i))
         vs.append(proj("v_proj", Hkv))
         k = torch.cat(ks, 1).repeat_interleave(Hq // Hkv, 0)
         v = torch.cat(vs, 1).repeat_interleave(Hq // Hkv, 0)
