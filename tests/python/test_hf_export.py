@@ -420,3 +420,72 @@ def test_mismatched_imports_are_refused_with_a_sentence(trained, tmp_path, how):
     assert "[drafter] init: cannot initialise the drafter from " + str(folder) in line, line
     assert REFUSALS[how] in line, line
     print(f"{how}: {line}")
+
+
+# --- labels from the target -----------------------------------------------------------------
+
+def reference_target_labels(folder, target_dir, dump, mode, temperature, gamma=4.0):
+    """The validation loss per batch of the plain drafter with labels from the target:
+    transformers' logits at position anchor + j - 1 (its prediction of the token at anchor + j):
+    the cross-entropy against their argmax ("target_argmax") or KL(softmax(logits / T) || q)
+    ("target_kl"); and, per labelled position, whether the target's greedy token is the data's."""
+    cfg = json.loads((folder / "config.json").read_text())
+    w = load_file(str(folder / "model.safetensors"))
+    target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    emb, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    ids, mask_id = cfg["dflash_config"]["target_layer_ids"], cfg["dflash_config"]["mask_token_id"]
+    tokens, anchors, valid, labels = dump["tokens"], dump["anchors"], dump["block_valid"], dump["labels"]
+    R, N, bs = dump["predictions"].shape
+    losses, batch, num, den, same, counted = [], R // len(dump["loss"]), 0.0, 0.0, 0, 0
+    with torch.no_grad():
+        for r in range(R):
+            out = target(input_ids=tokens[r:r + 1], output_hidden_states=True)
+            feats = torch.cat([out.hidden_states[L + 1][0] for L in ids], -1)
+            t_logits = out.logits[0]
+            for n in range(N):
+                a = int(anchors[r, n])
+                block = torch.full((bs,), mask_id)
+                block[0] = tokens[r, a]
+                logq = torch.log_softmax(draft_block(w, cfg, feats[:a], emb[block], a) @ head.T, -1)
+                for j in range(1, bs):
+                    if not (valid[r, n] and labels[r, n, j] >= 0):
+                        continue
+                    t = t_logits[a + j - 1]
+                    if mode == "target_kl":
+                        logp = torch.log_softmax(t / temperature, -1)
+                        loss = float((logp.exp() * (logp - logq[j])).sum())
+                    else:
+                        loss = float(-logq[j, t.argmax()])
+                    num += math.exp(-(j - 1) / gamma) * loss
+                    den += 1
+                    same += int(t.argmax()) == int(labels[r, n, j])
+                    counted += 1
+            if (r + 1) % batch == 0:
+                losses.append(num / den)
+                num = den = 0.0
+    return torch.tensor(losses, dtype=torch.float64), same / counted
+
+
+@pytest.mark.parametrize("mode,temperature", [("target_argmax", 1.0), ("target_kl", 0.7)])
+def test_labels_from_the_target_equal_a_plain_formulation(trained, tmp_path, mode, temperature):
+    """On data another target wrote, labels from the trained drafter's target differ from the
+    data's tokens where that target would have said something else; on its own data they are
+    the data's tokens. The engine's loss with them equals the plain formulation (transformers'
+    logits at anchor + j - 1) to 1e-5."""
+    fractions = {}
+    for data_seed in (99, 1234):
+        exp = experiment(tmp_path, f"{mode}_{data_seed}", trained["out"], init=trained["folder"],
+                         target=trained["target"], data_seed=data_seed)
+        exp.write_text(exp.read_text().replace(f'init = "{trained["folder"]}"',
+                                               f'init = "{trained["folder"]}"\nlabels = "{mode}"\n'
+                                               f'label_temperature = {temperature}'))
+        dump, _ = eval_blocks(exp, tmp_path / f"{mode}_{data_seed}.safetensors")
+        loss, fractions[data_seed] = reference_target_labels(trained["folder"], trained["target"], dump, mode,
+                                                             temperature)
+        err = ((loss - dump["loss"]).abs() / dump["loss"].abs()).max().item()
+        print(f"{mode} (T {temperature}), data seed {data_seed}: engine loss {dump['loss'].tolist()}, plain "
+              f"{loss.tolist()}, max rel err {err:.1e}; the target's greedy token is the data's at "
+              f"{fractions[data_seed]:.1%} of labelled positions")
+        assert err <= 1e-5
+    assert fractions[1234] == 1.0  # the embedded data is its target's greedy text
+    assert fractions[99] < 0.7     # another target's text: the labels differ from the data often
