@@ -185,6 +185,36 @@ const toml::table* section(const toml::table& root, const std::string& name, con
 
 }  // namespace
 
+namespace {
+
+// [eval]: when validation runs and how served validation decodes.
+Schema eval_schema() {
+  Schema eval("eval");
+  eval.integer("every", "validate before step 0, every N steps and at the end (0 = before and at the end); "
+               "rows in /eval of the log").def(int64_t(0)).at_least(0);
+  eval.boolean("enabled", "run validation on the held-out sequences").def(false);
+  eval.integer("batches", "held-out batches per validation (0 = all the dataset has)").def(int64_t(0)).at_least(0);
+  eval.boolean("served",
+               "decode the held-out responses speculatively as a server does and report the served acceptance "
+               "length eval/tau_served (the headline); off: only the anchor and simulated figures")
+      .def(true);
+  eval.integer("served_batch", "responses decoded at once in served validation (rows of the decoders' caches)")
+      .def(int64_t(64))
+      .range(1, 1 << 16);
+  eval.integer("served_responses", "held-out responses decoded per served validation (0 = every assistant turn of "
+               "the held-out batches)")
+      .def(int64_t(0))
+      .at_least(0);
+  eval.real("temperature", "served validation's sampling temperature (0 = greedy; > 0: rejection sampling as the "
+            "reference loop does it, needs an online target)")
+      .def(0.0)
+      .range(0.0, 100.0);
+  eval.real("top_p", "served validation's nucleus cut at temperature > 0").def(1.0).range(1e-6, 1.0);
+  return eval;
+}
+
+}  // namespace
+
 std::vector<Schema> Experiment::engine_schemas() {
   std::vector<Schema> out;
   Schema run("run");
@@ -254,28 +284,7 @@ std::vector<Schema> Experiment::engine_schemas() {
   ckpt.boolean("enabled", "write checkpoints at all").def(false);
   out.push_back(ckpt);
 
-  Schema eval("eval");
-  eval.integer("every", "validate before step 0, every N steps and at the end (0 = before and at the end); "
-               "rows in /eval of the log").def(int64_t(0)).at_least(0);
-  eval.boolean("enabled", "run validation on the held-out sequences").def(false);
-  eval.integer("batches", "held-out batches per validation (0 = all the dataset has)").def(int64_t(0)).at_least(0);
-  eval.boolean("served",
-               "decode the held-out responses speculatively as a server does and report the served acceptance "
-               "length eval/tau_served (the headline); off: only the anchor and simulated figures")
-      .def(true);
-  eval.integer("served_batch", "responses decoded at once in served validation (rows of the decoders' caches)")
-      .def(int64_t(64))
-      .range(1, 1 << 16);
-  eval.integer("served_responses", "held-out responses decoded per served validation (0 = every assistant turn of "
-               "the held-out batches)")
-      .def(int64_t(0))
-      .at_least(0);
-  eval.real("temperature", "served validation's sampling temperature (0 = greedy; > 0: rejection sampling as the "
-            "reference loop does it, needs an online target)")
-      .def(0.0)
-      .range(0.0, 100.0);
-  eval.real("top_p", "served validation's nucleus cut at temperature > 0").def(1.0).range(1e-6, 1.0);
-  out.push_back(eval);
+  out.push_back(eval_schema());
 
   Schema dist("distributed");
   dist.string("backend", "collectives of a run launched by torchrun (WORLD_SIZE > 1): nccl on CUDA, gloo on CPU "

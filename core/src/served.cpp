@@ -250,75 +250,97 @@ class ServedBatch {
     request.count = count;
     request.sampling = sampling_;
     const DraftProposal proposal = drafter_->propose(request);
-    const int64_t K = proposal.tokens.size(1);
-    std::vector<int64_t> accepted(static_cast<size_t>(B_), 0), bonus(static_cast<size_t>(B_), 0);
-    at::Tensor drafts_host = proposal.tokens.to(at::kCPU, at::kLong).contiguous();
+    const at::Tensor drafts = proposal.tokens.to(at::kCPU, at::kLong).contiguous();
     TargetDecoder::Output out;
     at::Tensor block;
-    if (by_target_) {
-      // The block the target verifies: this token and K_ proposals (padding past a row's count).
-      block = at::zeros({B_, K_ + 1}, at::TensorOptions().dtype(at::kLong).device(c_.device));
-      block.select(1, 0).copy_(request.last);
-      block.narrow(1, 1, K).copy_(proposal.tokens);
-      const at::Tensor last_states = target_forward(block, start_, &out);
-      const at::Tensor logits = at::linear(last_states, c_.target_model.lm_head);  // [B, K_ + 1, V]
-      const at::Tensor counts = at::tensor(count, at::TensorOptions().dtype(at::kLong)).to(c_.device);
-      at::Tensor acc, next;
-      if (sampling_.greedy()) {
-        const at::Tensor posterior = logits.argmax(-1);  // [B, K_ + 1]
-        const at::Tensor j = at::arange(K, counts.options());
-        const at::Tensor match = proposal.tokens.eq(posterior.narrow(1, 0, K)) & j.unsqueeze(0).lt(counts.unsqueeze(1));
-        acc = match.to(at::kLong).cumprod(1).sum(1);
-        next = posterior.gather(1, acc.unsqueeze(1)).squeeze(1);
-      } else {
-        std::tie(acc, next) = rejection_sample(logits, proposal, counts);
-      }
-      const at::Tensor both = at::stack({acc, next}, 0).to(at::kCPU).contiguous();
-      for (int64_t b = 0; b < B_; ++b) {
-        accepted[static_cast<size_t>(b)] = both[0][b].item<int64_t>();
-        bonus[static_cast<size_t>(b)] = both[1][b].item<int64_t>();
-      }
-    } else {
-      const int64_t* d = drafts_host.data_ptr<int64_t>();
-      for (int64_t b = 0; b < B_; ++b) {
-        const size_t i = static_cast<size_t>(b);
-        if (!count[i]) continue;
-        int64_t a = 0;
-        while (a < count[i] && d[b * K + a] == tokens_[i][static_cast<size_t>(start_[i] + 1 + a)]) ++a;
-        accepted[i] = a;
-        // the data's next token (none when every remaining position was accepted)
-        const int64_t at = start_[i] + 1 + a;
-        bonus[i] = at < rows_[i]->end ? tokens_[i][static_cast<size_t>(at)] : -1;
-      }
-    }
-    // What each row produced: its accepted proposals and the target's own next token, up to
-    // the response's end, cut after a stop token.
-    std::vector<int64_t> produced(static_cast<size_t>(B_), 0);
-    const int64_t* d = drafts_host.data_ptr<int64_t>();
-    for (int64_t b = 0; b < B_; ++b) {
-      const size_t i = static_cast<size_t>(b);
-      if (!count[i]) continue;
-      const int64_t end = rows_[i]->end;
-      int64_t n = std::min(accepted[i] + 1, end - start_[i] - 1);
-      std::vector<int64_t> fresh;  // the tokens at start + 1 .. start + n
-      for (int64_t k = 0; k < n; ++k) fresh.push_back(k < accepted[i] ? d[b * K + k] : bonus[i]);
-      for (int64_t k = 0; k < n; ++k)
-        if (is_stop(fresh[static_cast<size_t>(k)], c_.stop_tokens)) {
-          n = k + 1;
-          stopped_[i] = 1;
-          break;
-        }
-      for (int64_t k = 0; k < n; ++k)
-        tokens_[i][static_cast<size_t>(start_[i] + 1 + k)] = fresh[static_cast<size_t>(k)];
-      produced[i] = n;
-      acceptance_[i].push_back(n);
-    }
+    const Verdict verdict =
+        by_target_ ? verify_by_target(request, proposal, count, &block, &out) : verify_on_data(drafts, count);
+    const std::vector<int64_t> produced = produce(verdict, drafts, count);
     // By the target: the verified positions start .. start + n - 1 join the drafter's
     // context, with the target's hidden states from this forward (the data's way put every
     // position in the cache at the start).
     if (by_target_) drafter_->extend(block, out.features, start_, produced);
     for (int64_t b = 0; b < B_; ++b) start_[static_cast<size_t>(b)] += produced[static_cast<size_t>(b)];
     return true;
+  }
+
+  // Per row: the proposals accepted and the token that follows them.
+  struct Verdict {
+    std::vector<int64_t> accepted, next;
+  };
+
+  // The target reads this token and the proposals (one block per row, padding past a row's
+  // count) and accepts the leading ones equal to its greedy choices (or by rejection
+  // sampling); `next` is its own token after them.
+  Verdict verify_by_target(const DraftRequest& request, const DraftProposal& proposal, const std::vector<int64_t>& count,
+                           at::Tensor* block, TargetDecoder::Output* out) {
+    const int64_t K = proposal.tokens.size(1);
+    *block = at::zeros({B_, K_ + 1}, at::TensorOptions().dtype(at::kLong).device(c_.device));
+    block->select(1, 0).copy_(request.last);
+    block->narrow(1, 1, K).copy_(proposal.tokens);
+    const at::Tensor last_states = target_forward(*block, start_, out);
+    const at::Tensor logits = at::linear(last_states, c_.target_model.lm_head);  // [B, K_ + 1, V]
+    const at::Tensor counts = at::tensor(count, at::TensorOptions().dtype(at::kLong)).to(c_.device);
+    at::Tensor acc, next;
+    if (sampling_.greedy()) {
+      const at::Tensor posterior = logits.argmax(-1);  // [B, K_ + 1]
+      const at::Tensor j = at::arange(K, counts.options());
+      const at::Tensor match = proposal.tokens.eq(posterior.narrow(1, 0, K)) & j.unsqueeze(0).lt(counts.unsqueeze(1));
+      acc = match.to(at::kLong).cumprod(1).sum(1);
+      next = posterior.gather(1, acc.unsqueeze(1)).squeeze(1);
+    } else {
+      std::tie(acc, next) = rejection_sample(logits, proposal, counts);
+    }
+    const at::Tensor both = at::stack({acc, next}, 0).to(at::kCPU).contiguous();
+    Verdict v;
+    v.accepted.assign(both.data_ptr<int64_t>(), both.data_ptr<int64_t>() + B_);
+    v.next.assign(both.data_ptr<int64_t>() + B_, both.data_ptr<int64_t>() + 2 * B_);
+    return v;
+  }
+
+  // The data's response stands for the target's greedy text: the leading proposals equal to
+  // it, then the data's next token (none when every remaining position was accepted).
+  Verdict verify_on_data(const at::Tensor& drafts, const std::vector<int64_t>& count) const {
+    const int64_t K = drafts.size(1);
+    const int64_t* d = drafts.data_ptr<int64_t>();
+    Verdict v;
+    v.accepted.assign(static_cast<size_t>(B_), 0);
+    v.next.assign(static_cast<size_t>(B_), -1);
+    for (int64_t b = 0; b < B_; ++b) {
+      const size_t i = static_cast<size_t>(b);
+      if (!count[i]) continue;
+      int64_t a = 0;
+      while (a < count[i] && d[b * K + a] == tokens_[i][static_cast<size_t>(start_[i] + 1 + a)]) ++a;
+      v.accepted[i] = a;
+      const int64_t at = start_[i] + 1 + a;
+      if (at < rows_[i]->end) v.next[i] = tokens_[i][static_cast<size_t>(at)];
+    }
+    return v;
+  }
+
+  // What each row produced: its accepted proposals and the token after them, up to the
+  // response's end, cut after a stop token; written into the rows' tokens and counted.
+  std::vector<int64_t> produce(const Verdict& v, const at::Tensor& drafts, const std::vector<int64_t>& count) {
+    const int64_t K = drafts.size(1);
+    const int64_t* d = drafts.data_ptr<int64_t>();
+    std::vector<int64_t> produced(static_cast<size_t>(B_), 0);
+    for (int64_t b = 0; b < B_; ++b) {
+      const size_t i = static_cast<size_t>(b);
+      if (!count[i]) continue;
+      int64_t n = std::min(v.accepted[i] + 1, rows_[i]->end - start_[i] - 1);
+      std::vector<int64_t> fresh;  // the tokens at start + 1 .. start + n
+      for (int64_t k = 0; k < n; ++k) fresh.push_back(k < v.accepted[i] ? d[b * K + k] : v.next[i]);
+      for (int64_t k = 0; k < n; ++k)
+        if (is_stop(fresh[static_cast<size_t>(k)], c_.stop_tokens)) {
+          n = k + 1;
+          stopped_[i] = 1;
+          break;
+        }
+      for (int64_t k = 0; k < n; ++k) tokens_[i][static_cast<size_t>(start_[i] + 1 + k)] = fresh[static_cast<size_t>(k)];
+      produced[i] = n;
+      acceptance_[i].push_back(n);
+    }
+    return produced;
   }
 
   // Rejection sampling of every row at once (the reference's _rejection_sample): proposal j
