@@ -21,17 +21,23 @@ ckpt=$!
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=ON \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||
   { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
-cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_lm_head_loss test_flash_cuda \
-  test_cuda_ops bench_served > "$OUT/build.log" 2>&1
+# KERNEL_TESTS=0 skips building and running the attention kernel's tests (the loss op's run).
+KERNEL_TESTS=${KERNEL_TESTS:-1}
+targets="flashdraft_cli flashdraft_all_plugins test_lm_head_loss"
+[ "$KERNEL_TESTS" = 1 ] && targets="$targets test_flash_cuda test_cuda_ops"
+cmake --build "$BUILD" -j16 --target $targets > "$OUT/build.log" 2>&1
 rc=$?
 echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
 [ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
 echo "=== test_lm_head_loss"
 "$BUILD/bin/test_lm_head_loss" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[ +OK|Failure|Expected|Which is" | head -40
-echo "=== test_cuda_ops"
-"$BUILD/bin/test_cuda_ops" 2>&1 | tail -3
-echo "=== test_flash_cuda (generator cases)"
-"$BUILD/bin/test_flash_cuda" --gtest_filter='*EveryMaskGenerator*:*Generator*' 2>&1 | grep -E "^\[  (PASSED|FAILED) |Failure|dflash_packed|dflash_served|causal_decode" | head -20
+if [ "$KERNEL_TESTS" = 1 ]; then
+  echo "=== test_cuda_ops"
+  "$BUILD/bin/test_cuda_ops" 2>&1 | tail -3
+  echo "=== test_flash_cuda (generator cases)"
+  "$BUILD/bin/test_flash_cuda" --gtest_filter='*EveryMaskGenerator*:*Generator*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED) |Failure|dflash_packed|dflash_served|causal_decode" | head -20
+fi
 wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 "$OUT/checkpoint.log"
 for labels in data target_argmax target_kl; do
   sed "s/^target_layer_ids = \(.*\)$/target_layer_ids = \1\nlabels = \"$labels\"/" bench/qwen3_8b_hf_target.toml \
