@@ -26,6 +26,8 @@ Prints a markdown table: mean and sample standard deviation of tau_served over t
 """
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,10 +121,13 @@ def run_arm(out: Path, target: Path, data: Path, arm: str, seed: int, steps: int
     keys = dict(OLD, **ARMS[arm])
     drafter = "\n".join(f"{k} = {v}" for k, v in keys.items())
     name = f"{arm.replace('+', 'p_')}_{seed}"
+    shutil.rmtree(out / name, ignore_errors=True)  # a fresh run (a rerun would log to <name>-1.h5)
     exp = out / f"{name}.toml"
     exp.write_text(BASE.format(name=name, seed=seed, steps=steps, out=out / name, target=target, data=data,
                                drafter=drafter))
-    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=3600)
+    # One thread per run: the runs are small, and threads only contend on a shared machine.
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=3600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
     if p.returncode != 0:
         raise RuntimeError(f"{exp}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     with h5py.File(out / name / f"{name}.h5", "r") as f:
@@ -137,19 +142,28 @@ def main():
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = make_model(out / "target", "qwen3", seed=3, embedding_std=1.0, initializer_range=0.2)
-    other = make_model(out / "other", "qwen3", seed=11, embedding_std=1.0, initializer_range=0.2)
-    write_data(out / "data_target", target, np.random.default_rng(0))
-    write_data(out / "data_other", other, np.random.default_rng(0))
+    if not (out / "data_other" / "shard-00000.h5").exists():
+        target = make_model(out / "target", "qwen3", seed=3, embedding_std=1.0, initializer_range=0.2)
+        other = make_model(out / "other", "qwen3", seed=11, embedding_std=1.0, initializer_range=0.2)
+        write_data(out / "data_target", target, np.random.default_rng(0))
+        write_data(out / "data_other", other, np.random.default_rng(0))
+    # Arms already measured in this folder (results.json, written after every arm) are kept:
+    # an interrupted comparison continues where it stopped.
+    saved = out / "results.json"
     results = {}
+    if saved.exists():
+        results = {tuple(k.split("|")): v for k, v in json.loads(saved.read_text()).items()}
     t0 = time.time()
     for kind in ("target", "other"):
         for arm in ARMS:
+            if (kind, arm) in results and len(results[(kind, arm)]) == args.seeds:
+                print(f"data {kind:6s} {arm:11s} tau_served {results[(kind, arm)]} (measured before)", flush=True)
+                continue
             taus = [run_arm(out, out / "target", out / f"data_{kind}", arm, seed, args.steps)
                     for seed in range(args.seeds)]
             results[(kind, arm)] = taus
+            saved.write_text(json.dumps({f"{k}|{a}": v for (k, a), v in results.items()}, indent=1))
             print(f"[{time.time() - t0:6.0f} s] data {kind:6s} {arm:11s} tau_served {taus}", flush=True)
-    (out / "results.json").write_text(json.dumps({f"{k}|{a}": v for (k, a), v in results.items()}, indent=1))
     print(f"\n{args.seeds} seeds, {args.steps} steps each; tau_served by the target, greedy, on 40 held-out "
           "conversations (mean +- sample sd over seeds; change against old in parentheses)\n")
     print("| arm | data the target wrote | data it did not write |")

@@ -66,6 +66,8 @@ class OracleAttention : public AttentionContext {
   // a target: the engine's reference definition; the Python cross-check is their oracle).
   LmHeadLossOutput lm_head_loss(const LmHeadLossInput& in) override {
     ++loss_calls;
+    labels_from_target = in.target_hidden.defined();
+    soft_labels = in.target_soft;
     if (in.target_hidden.defined()) return lm_head_loss_reference(in);
     at::Tensor logits = at::matmul(in.hidden, in.weight.t());
     if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);  // float64 checks stay float64
@@ -81,6 +83,7 @@ class OracleAttention : public AttentionContext {
 
   MaskInput input_;
   int64_t masks_set = 0, loss_calls = 0;
+  bool labels_from_target = false, soft_labels = false;  // what the last loss call was given
   std::vector<int64_t> calls;
   std::vector<int64_t> last_q_shape, last_k_shape;
 };

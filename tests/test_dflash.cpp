@@ -155,6 +155,30 @@ TEST(DFlashDefaults, GammaAndTargetLayersAsTheReferences) {
   EXPECT_EQ(dflash::reference_layer_ids(7, 3), (std::vector<int64_t>{1, 2, 4}));
 }
 
+// labels = "auto" (the default): the target's greedy tokens where the target's last layer is
+// there (an online target computes it; offline data may export it), else the data's tokens.
+TEST(DFlashLabels, AutoIsTheTargetsGreedyTokenWhereItsLastLayerIsThere) {
+  for (const bool exported : {true, false}) {
+    auto d = make_drafter({{"layers", int64_t{1}}, {"hidden", int64_t{32}}, {"heads", int64_t{4}},
+                           {"kv_heads", int64_t{2}}, {"block_size", int64_t{4}}, {"anchors", int64_t{2}},
+                           {"target_layer_ids", std::vector<int64_t>{0, 1}}});
+    auto p = dflash_test::random_problem(40, 32, {0, 1, 2}, 2, 16, at::kFloat, 7);
+    if (!exported) p.target.layers = 5;  // the last layer, 4, is not among the exported {0, 1, 2}
+    std::vector<std::string> said;
+    RunContext ctx;
+    ctx.say = [&said](const std::string& line) { said.push_back(line); };
+    d->bind(p.target, ctx, 2, 16);
+    OracleAttention attn;
+    at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(3);
+    d->step(p.batch, attn, rng, true);
+    EXPECT_EQ(attn.labels_from_target, exported);
+    EXPECT_FALSE(attn.soft_labels);
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find(exported ? "labels = \"target_argmax\" (auto" : "labels = \"data\" (auto"), std::string::npos)
+        << said[0];
+  }
+}
+
 TEST(DFlashAnchors, WithoutReplacementCoversEveryCandidate) {
   // 6 candidates, 3 drawn: every 3-subset is equally likely (20 subsets); each candidate
   // appears with probability 1/2.

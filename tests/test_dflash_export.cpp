@@ -112,11 +112,14 @@ TEST(DFlashExport, WritesOneStepForThePythonCrossCheck) {
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(file, 0) << path;
   // flashdraft before 2026-12 (data labels, sum-of-weights normalisation, anchors before a
-  // response token), today's defaults, packed rows, and the two target label modes.
-  write_case(file, "old", {{"normalisation", std::string("weights")}, {"anchor_rule", std::string("next_token")}},
+  // response token), today's defaults with data labels, packed rows, and the two target label
+  // modes ("auto" picks target_argmax here: the problem exports the target's last layer).
+  const Value data = std::string("data");
+  write_case(file, "old",
+             {{"normalisation", std::string("weights")}, {"anchor_rule", std::string("next_token")}, {"labels", data}},
              false);
-  write_case(file, "defaults", {}, false);
-  write_case(file, "packed", {}, true);
+  write_case(file, "defaults", {{"labels", data}}, false);
+  write_case(file, "packed", {{"labels", data}}, true);
   write_case(file, "target_argmax", {{"labels", std::string("target_argmax")}}, true);
   write_case(file, "target_kl", {{"labels", std::string("target_kl")}, {"label_temperature", 0.7}}, true);
   ASSERT_GE(H5Fclose(file), 0);

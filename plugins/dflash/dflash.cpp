@@ -93,9 +93,10 @@ class DFlashDrafter final : public Drafter {
              "what block position j is trained towards: \"data\" = the data's token at anchor + j; "
              "\"target_argmax\" = the target's greedy token there (its logits at anchor + j - 1); \"target_kl\" = "
              "the target's distribution there (KL divergence, as speculators trains). The target ones need the "
-             "target's last layer: an online target, or data exporting it")
-        .def(std::string("data"))
-        .one_of({"data", "target_argmax", "target_kl"});
+             "target's last layer: an online target, or data exporting it. \"auto\" = target_argmax where the "
+             "target's last layer is there (what greedy verification accepts), else data (the console says which)")
+        .def(std::string("auto"))
+        .one_of({"auto", "data", "target_argmax", "target_kl"});
     s.real("label_temperature", "labels = \"target_kl\": the target's distribution is softmax(logits / this)")
         .def(1.0)
         .range(1e-3, 100.0);
@@ -126,7 +127,7 @@ class DFlashDrafter final : public Drafter {
     by_positions_ = config.string("normalisation") == "positions";
     anchor_rule_ = config.string("anchor_rule") == "response" ? dflash::AnchorRule::response
                                                               : dflash::AnchorRule::next_token;
-    labels_ = config.string("labels");
+    labels_config_ = labels_ = config.string("labels");
     separate_documents_ = config.string("documents") == "separate";
     label_temperature_ = config.real("label_temperature");
     if (anchors_ == 0)
@@ -158,10 +159,21 @@ class DFlashDrafter final : public Drafter {
                                      std::to_string(seq_len) + " of the data (a block must fit in a sequence)");
     if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
     label_index_ = -1;
+    labels_ = labels_config_;
     if (labels_ != "data") {
       for (size_t e = 0; e < target.exported_layers.size(); ++e)
         if (target.exported_layers[e] == target.layers - 1) label_index_ = static_cast<int64_t>(e);
-      if (label_index_ < 0)
+      if (labels_ == "auto") {
+        labels_ = label_index_ >= 0 ? "target_argmax" : "data";
+        if (ctx.say)
+          ctx.say("dflash: labels = \"" + labels_ + "\" (auto: " +
+                  (label_index_ >= 0 ? "the target's last layer " + std::to_string(target.layers - 1) +
+                                           " is there, so blocks learn the target's own greedy tokens"
+                                     : "the data does not export the target's last layer " +
+                                           std::to_string(target.layers - 1) + ", so blocks learn the data's tokens") +
+                  ")");
+      }
+      if (labels_ != "data" && label_index_ < 0)
         config_.fail("labels", "labels = \"" + labels_ + "\" needs the target's logits, from its last layer " +
                                    std::to_string(target.layers - 1) + " (after its final norm), which the data " +
                                    "does not export (it exports " + list_str(target.exported_layers) +
@@ -220,8 +232,9 @@ class DFlashDrafter final : public Drafter {
   // labels from the target, its last layer (whose final-normed states give its logits).
   std::vector<int64_t> target_layers(const TargetModel& target) const override {
     std::vector<int64_t> ids = layer_ids_.empty() ? default_layer_ids(target) : layer_ids_;
-    if (labels_ != "data" && std::find(ids.begin(), ids.end(), target.layers - 1) == ids.end())
-      ids.push_back(target.layers - 1);
+    // An online target computes any layer: labels from it (or "auto") ask for its last one too.
+    const bool wants = labels_config_ != "data" && (labels_config_ != "auto" || target.online);
+    if (wants && std::find(ids.begin(), ids.end(), target.layers - 1) == ids.end()) ids.push_back(target.layers - 1);
     return ids;
   }
   int64_t attention_layers() const override { return layers_n_; }
@@ -691,7 +704,7 @@ class DFlashDrafter final : public Drafter {
   double rope_theta_, eps_, gamma_, init_std_, label_temperature_;
   bool by_positions_ = true, separate_documents_ = true;
   dflash::AnchorRule anchor_rule_ = dflash::AnchorRule::response;
-  std::string labels_;
+  std::string labels_, labels_config_;  // resolved at bind ("auto" -> target_kl or data); as configured
   c10::Device device_ = c10::kCPU;
   c10::ScalarType dtype_ = c10::kFloat;
   int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;

@@ -58,6 +58,7 @@ block_size = {bs}
 anchors = {anchors}
 target_layer_ids = {ids}
 init = "{init}"
+labels = "data"
 [dataset]
 plugin = "embedded"
 vocab = 128
@@ -476,9 +477,8 @@ def test_labels_from_the_target_equal_a_plain_formulation(trained, tmp_path, mod
     for data_seed in (99, 1234):
         exp = experiment(tmp_path, f"{mode}_{data_seed}", trained["out"], init=trained["folder"],
                          target=trained["target"], data_seed=data_seed)
-        exp.write_text(exp.read_text().replace(f'init = "{trained["folder"]}"',
-                                               f'init = "{trained["folder"]}"\nlabels = "{mode}"\n'
-                                               f'label_temperature = {temperature}'))
+        exp.write_text(exp.read_text().replace('labels = "data"',
+                                               f'labels = "{mode}"\nlabel_temperature = {temperature}'))
         dump, _ = eval_blocks(exp, tmp_path / f"{mode}_{data_seed}.safetensors")
         loss, fractions[data_seed] = reference_target_labels(trained["folder"], trained["target"], dump, mode,
                                                              temperature)
