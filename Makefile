@@ -31,7 +31,7 @@ run: build
 	$(BUILD)/bin/flashdraft run experiments/quickstart.toml --out runs/quickstart $(RUN_ARGS)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 900
+	cd $(BUILD) && ctest --output-on-failure --timeout 1200 -j $(JOBS)
 
 clean:
 	rm -rf $(BUILD)
