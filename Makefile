@@ -1,6 +1,7 @@
 # flashdraft: the README's two commands.
 #   make run   installs what is missing, builds, runs experiments/quickstart.toml
 #   make test  installs what is missing, builds, runs every test
+#   make check AREA=masks  the tests of one area (seconds)
 # Variables: BUILD (build folder), BUILD_TYPE, JOBS, TORCH_PREFIX (another LibTorch),
 # EXTRA_PREFIX (more CMake prefixes, e.g. an unpacked TOML++), RUN_ARGS.
 BUILD ?= build
@@ -10,7 +11,7 @@ EXTRA_PREFIX ?=
 RUN_ARGS ?=
 export TORCH_PREFIX
 
-.PHONY: all deps configure build run test clean
+.PHONY: all deps configure build run test check clean
 
 all: build
 
@@ -32,6 +33,14 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 1200 -j $(JOBS)
+
+# The tests of one area (a ctest label: a C++ suite's name without test_, e.g. masks, dflash,
+# lm_head_loss; a Python file's, e.g. served_tau; or cpp / python for every one of a kind):
+#   make check AREA=masks
+AREA ?= cpp
+check: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 1200 -j $(JOBS) -L '^$(AREA)$$'
+
 
 clean:
 	rm -rf $(BUILD)

@@ -16,7 +16,10 @@ using flashdraft::LogReader;
 
 namespace {
 
-// quickstart.toml with some keys of [run] and [attention] replaced.
+// quickstart.toml with some keys of [run] and [attention] replaced, and less of everything
+// that is not the training step: 64 training sequences of the same target and drafter instead
+// of 512 (the embedded data is generated once per test process), 8 held out, no validation and
+// no checkpoint (neither is what these tests compare).
 std::string variant_of_quickstart(const std::string& dir, const std::string& name, int steps, const std::string& kernel) {
   std::ifstream in(std::string(FLASHDRAFT_SOURCE_DIR) + "/experiments/quickstart.toml");
   std::stringstream ss;
@@ -25,6 +28,9 @@ std::string variant_of_quickstart(const std::string& dir, const std::string& nam
   text = std::regex_replace(text, std::regex("\nname = \"[^\"]*\""), "\nname = \"" + name + "\"");
   text = std::regex_replace(text, std::regex("\nsteps = [0-9]+"), "\nsteps = " + std::to_string(steps));
   text = std::regex_replace(text, std::regex("\nkernels = \\[[^\\]]*\\]"), "\nkernels = [\"" + kernel + "\"]");
+  text = std::regex_replace(text, std::regex("\ntrain_sequences = [0-9]+"), "\ntrain_sequences = 64");
+  text = std::regex_replace(text, std::regex("\neval_sequences = [0-9]+"), "\neval_sequences = 8");
+  text = std::regex_replace(text, std::regex("\nenabled = true"), "\nenabled = false");
   const std::string path = dir + "/" + name + ".toml";
   test::write_file(path, text);
   return path;

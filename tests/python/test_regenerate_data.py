@@ -591,7 +591,7 @@ def test_regenerated_data_trains_a_drafter_a_server_accepts_more(target, servers
     taus = {}
     for name in ("original", "regenerated"):
         exp = tmp_path / f"train_{name}.toml"
-        exp.write_text(TRAIN.format(name=name, steps=200, out=tmp_path / name, target=target["tok"],
+        exp.write_text(TRAIN.format(name=name, steps=600, out=tmp_path / name, target=target["tok"],
                                     data=tmp_path / f"data_{name}", init="", evaluate="false"))
         p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True,
                            text=True, timeout=900)
