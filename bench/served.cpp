@@ -18,7 +18,7 @@
 #include "setup.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cstdio>
 #include <iostream>

@@ -12,7 +12,7 @@
 #include "registry.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <map>
 #include <memory>

@@ -17,7 +17,8 @@
 
 #include <flashdraft/ops.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
 
 #include <gtest/gtest.h>
 

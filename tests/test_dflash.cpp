@@ -6,6 +6,8 @@
 
 #include <flashdraft/acceptance.hpp>
 
+#include <ATen/Parallel.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>

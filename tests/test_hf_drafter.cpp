@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <unistd.h>
 

@@ -5,7 +5,8 @@
 #include "cuda_ops.hpp"
 #include "lm_head_loss.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
 
 #include <gtest/gtest.h>
 

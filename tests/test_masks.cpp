@@ -17,7 +17,7 @@
 #include "registry.hpp"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <functional>

@@ -2,7 +2,7 @@
 // and the peak resets per phase.
 #include "memory.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <gtest/gtest.h>
 

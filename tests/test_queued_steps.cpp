@@ -7,7 +7,8 @@
 
 #include "cli_runner.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <torch/cuda.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <dirent.h>
 #include <sys/stat.h>

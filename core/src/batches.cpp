@@ -1,7 +1,7 @@
 // Batches, with the online target's hidden states.
 #include "batches.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 
 namespace flashdraft {

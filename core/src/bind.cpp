@@ -6,7 +6,10 @@
 #include "hf_eagle3.hpp"
 #include "served.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <iostream>

@@ -1,7 +1,7 @@
 // BlockMask -> int32 tensors on a device, and the dense bool form.
 #include <flashdraft/attention.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <sstream>
 

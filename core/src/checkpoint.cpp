@@ -7,7 +7,8 @@
 #include <flashdraft/hdf5_attributes.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/serialize/archive.h>
 
 #include <hdf5.h>
 

@@ -6,7 +6,7 @@
 #include <flashdraft/acceptance.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #ifdef FLASHDRAFT_ENGINE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

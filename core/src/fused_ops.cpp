@@ -3,7 +3,8 @@
 
 #include "cuda_ops.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

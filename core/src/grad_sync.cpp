@@ -6,7 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <mutex>
 

@@ -6,7 +6,7 @@
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 

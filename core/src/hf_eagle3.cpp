@@ -4,7 +4,7 @@
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 

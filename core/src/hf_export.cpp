@@ -6,7 +6,7 @@
 #include "run_log.hpp"
 #include "setup.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 

@@ -3,7 +3,10 @@
 
 #include "cuda_ops.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize/archive.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <cmath>

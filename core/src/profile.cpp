@@ -2,7 +2,8 @@
 #include "profile.hpp"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>

@@ -3,7 +3,7 @@
 
 #include "dispatch.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <sstream>

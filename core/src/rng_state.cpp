@@ -2,7 +2,7 @@
 #include "rng_state.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <mutex>
 

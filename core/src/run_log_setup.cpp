@@ -3,7 +3,7 @@
 
 #include "lm_head_loss.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <ctime>
 #include <filesystem>

@@ -1,7 +1,7 @@
 // Validation by the target (see target_verify.hpp).
 #include "target_verify.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 namespace flashdraft {
 

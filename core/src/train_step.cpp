@@ -4,7 +4,9 @@
 #include "grad_sync.hpp"
 #include "memory.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/cuda.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>

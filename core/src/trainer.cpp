@@ -24,7 +24,8 @@
 #include "train_step.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <flashdraft/text.hpp>
 
 #include <atomic>

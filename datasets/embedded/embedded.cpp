@@ -39,7 +39,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <hdf5.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cstdio>
 #include <functional>

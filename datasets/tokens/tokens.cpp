@@ -29,7 +29,7 @@
 #include <flashdraft/text.hpp>
 
 #include <hdf5.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>

@@ -25,7 +25,8 @@
 #include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>

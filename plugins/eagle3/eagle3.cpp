@@ -41,7 +41,7 @@
 #include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // the block size it wants its BlockMask at, forward with lse, backward, variants.
 #include <flashdraft/attention.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace {
 

@@ -1,7 +1,8 @@
 // A test dataset: random token sequences from a fixed seed, no cache, no target.
 #include <flashdraft/model.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace {
 

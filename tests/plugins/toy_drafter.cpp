@@ -2,7 +2,8 @@
 // dispatcher -> logits; next-token loss. Small enough for tests to run in seconds.
 #include <flashdraft/model.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/nn/functional.h>
 
 namespace {
 

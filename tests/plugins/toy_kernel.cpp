@@ -6,7 +6,7 @@
 //   refuse_head_dim   head dim it refuses (to test selection)
 #include <flashdraft/attention.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <thread>

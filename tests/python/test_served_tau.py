@@ -105,12 +105,11 @@ def write_shard(folder: Path, conversations, vocab):
                        source="greedy continuations of the tiny target")
 
 
-@pytest.fixture(scope="module", params=["bidirectional", "causal"])
-def trained(request, tmp_path_factory):
-    """A drafter trained with [mask] in_block = bidirectional or causal: the exported folder
-    must make the reference attend the same way inside a block (config.json's is_causal)."""
-    tmp = tmp_path_factory.mktemp("served_" + request.param)
-    # initializer_range 0.4: at the usual 0.02 this target's greedy text repeats one token.
+@pytest.fixture(scope="module")
+def target_data(tmp_path_factory):
+    """The tiny target and its greedy continuations as token shards (both drafters train on them)."""
+    tmp = tmp_path_factory.mktemp("served_target")
+    # initializer_range 0.2: at the usual 0.02 this target's greedy text repeats one token.
     model = make_model(tmp / "target", "qwen3", seed=3, embedding_std=1.0, initializer_range=0.2, eos_token_id=EOS)
     model.generation_config.eos_token_id = EOS
     rng = np.random.default_rng(0)
@@ -121,7 +120,17 @@ def trained(request, tmp_path_factory):
     distinct = len({t for _, r in conversations for t in r})
     assert distinct > 40, f"the target's greedy text uses only {distinct} tokens: make it less degenerate"
     write_shard(tmp / "data", conversations, 160)
-    env = dict(target=tmp / "target", data=tmp / "data", held_out=HELD_OUT, temperature=0.0, in_block=request.param)
+    return dict(model=model, conversations=conversations, target=tmp / "target", data=tmp / "data")
+
+
+@pytest.fixture(scope="module", params=["bidirectional", "causal"])
+def trained(request, target_data, tmp_path_factory):
+    """A drafter trained with [mask] in_block = bidirectional or causal: the exported folder
+    must make the reference attend the same way inside a block (config.json's is_causal)."""
+    tmp = tmp_path_factory.mktemp("served_" + request.param)
+    model, conversations = target_data["model"], target_data["conversations"]
+    env = dict(target=target_data["target"], data=target_data["data"], held_out=HELD_OUT, temperature=0.0,
+               in_block=request.param)
     exp = tmp / "train.toml"
     exp.write_text(EXPERIMENT.format(name="train", steps=150, out=tmp / "run", init="", **env))
     p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)

@@ -21,7 +21,7 @@
 
 #include <flashdraft/safetensors.hpp>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <iostream>
 #include <map>

@@ -15,7 +15,7 @@
 #include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <iostream>
 #include <sstream>

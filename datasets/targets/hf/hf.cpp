@@ -22,7 +22,7 @@
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <cmath>
 #include <filesystem>

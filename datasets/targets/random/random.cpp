@@ -12,7 +12,7 @@
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <mutex>
 
