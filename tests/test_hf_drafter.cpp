@@ -1,4 +1,4 @@
-// The Hugging Face DFlash layout (core/src/hf_drafter.cpp), without plugins:
+// The Hugging Face DFlash layout (plugins/dflash/hf_format.cpp), without loading the plugin:
 //   - a drafter's tensors written by hf_drafter::write come back bit for bit through our
 //     safetensors reader, in float32 and in bfloat16 (the dtype config.json names);
 //   - config.json written and read back gives the same layout;
@@ -6,7 +6,7 @@
 //     config or tensors do not fit, with a sentence naming the value and what is accepted.
 // Tensors are fresh random values (seed printed).
 #include "checkpoint.hpp"  // remove_tree
-#include "hf_drafter.hpp"
+#include "hf_format.hpp"  // plugins/dflash
 
 #include <flashdraft/safetensors.hpp>
 

@@ -2,9 +2,10 @@
 #include "bind.hpp"
 
 #include "distributed.hpp"
-#include "hf_drafter.hpp"
-#include "hf_eagle3.hpp"
+#include "hf_export.hpp"
 #include "served.hpp"
+
+#include <flashdraft/drafter_format.hpp>
 
 #include <torch/types.h>
 #include <torch/cuda.h>
@@ -77,29 +78,24 @@ Precision precision_of(const Setup& s, c10::Device device, c10::ScalarType compu
   return p;
 }
 
-// [drafter] init: a Hugging Face DFlash folder whose weights replace the initial ones,
-// checked against the drafter just bound (hf_drafter.hpp).
+// [drafter] init: a folder in the drafter's serving format (a Hugging Face folder) whose
+// weights replace the initial ones, checked against the drafter just bound (Drafter::format()).
 void import_initial_weights(const Setup& s, BoundPlugins& b) {
   const PluginUse& drafter = s.use(PluginKind::drafter);
   if (!s.registry->schema(*drafter.plugin).find("init") || drafter.config.string("init").empty()) return;
   const std::string& folder = drafter.config.string("init");
+  const DrafterFormat* format = b.drafter->format();
+  if (!format)
+    drafter.config.fail("init", "the drafter plugin \"" + drafter.name + "\" has no serving format to import " +
+                                    folder + " from (accepted: an empty init)");
+  auto tensors = b.drafter->parameters();
+  for (auto& t : b.drafter->buffers()) tensors.push_back(t);
   try {
-    if (drafter.name == "eagle3") {
-      const hf_eagle3::Layout expected = hf_eagle3::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype,
-                                                             b.dataset->seq_len());
-      auto tensors = b.drafter->parameters();
-      for (auto& t : b.drafter->buffers()) tensors.push_back(t);
-      hf_eagle3::import(folder, expected, tensors);
-    } else {
-      const PluginUse& mask = s.use(PluginKind::mask);
-      const hf_drafter::Layout expected =
-          hf_drafter::describe(drafter.config, *b.drafter, b.target_model, b.ctx.dtype, mask.name, mask.config);
-      hf_drafter::import(folder, expected, b.drafter->parameters());
-    }
-  } catch (const hf_drafter::Error& e) {
+    format->import(folder, *b.drafter, hf_export::format_input(s, b), tensors);
+  } catch (const FormatError& e) {
     drafter.config.fail("init", std::string("cannot initialise the drafter from ") + folder + ": " + e.what());
   }
-  b.ctx.say("drafter: initial weights from " + folder);
+  b.ctx.say("drafter: initial weights from " + folder + " (" + format->name() + ")");
 }
 
 // A mask generator made by the engine (not from the experiment): its defaults and `options`.

@@ -117,7 +117,7 @@ FLASHDRAFT_API std::filesystem::path latest(const std::filesystem::path& root,
                              const std::vector<std::pair<std::string, at::Tensor>>& expected,
                              const std::function<void(const std::string&)>& say);
 
-// Drafter weights export (HDF5, documented in plugins/dflash/README.md):
+// Drafter weights export (HDF5; the README of the drafter plugins shows how to read it):
 //   root attributes (strings): format = "flashdraft-drafter-weights-v1", drafter_plugin,
 //     drafter_config (the [drafter] table as TOML, every key resolved), step,
 //     source (what it was exported from)

@@ -31,7 +31,7 @@ const char* kUsage =
     "  schema [PLUGIN] [--plugin-path DIRS]                        every key of the experiment tables\n"
     "  inspect RUN.h5                                              text summary of a run log\n"
     "  export-weights CHECKPOINT [--out FILE]                      drafter weights of a checkpoint as HDF5\n"
-    "  export RUN_OR_CHECKPOINT --format hf OUT_DIR                a DFlash drafter as a Hugging Face folder\n"
+    "  export RUN_OR_CHECKPOINT --format hf OUT_DIR [--plugin-path DIRS]  a drafter as the folder a server loads\n"
     "\n"
     "`flashdraft <command> --help` describes one command. Plugins are searched in --plugin-path,\n"
     "FLASHDRAFT_PLUGIN_PATH, the experiment's [plugins].paths, then the build's plugin folder.\n";
@@ -72,18 +72,18 @@ const char* help_for(const std::string& cmd) {
   if (cmd == "export-weights")
     return "usage: flashdraft export-weights CHECKPOINT [--out FILE]\n"
            "Writes the drafter weights of a checkpoint folder (<out>/checkpoints/step_<n>) as HDF5 (default\n"
-           "CHECKPOINT/weights.h5): the [drafter] table as TOML and every tensor by name; the layout is in\n"
-           "plugins/dflash/README.md. A finished run writes <out>/<name>.weights.h5 itself.\n";
+           "CHECKPOINT/weights.h5): the [drafter] table as TOML and every tensor by name; the drafter plugins'\n"
+           "READMEs show how to read it. A finished run writes <out>/<name>.weights.h5 itself.\n";
   if (cmd == "export")
-    return "usage: flashdraft export RUN_OR_CHECKPOINT --format hf OUT_DIR\n"
-           "Writes a trained DFlash drafter as a Hugging Face folder that serving engines load as a DFlash draft\n"
-           "model: OUT_DIR/config.json (architectures [\"DFlashDraftModel\"], sizes, block_size, num_target_layers,\n"
-           "dflash_config {mask_token_id, target_layer_ids}) and OUT_DIR/model.safetensors (fc, hidden_norm, the\n"
-           "decoder layers and norm, in the run's dtype; no embedding or LM head: the target's are used).\n"
+    return "usage: flashdraft export RUN_OR_CHECKPOINT --format hf OUT_DIR [--plugin-path DIRS]\n"
+           "Writes a trained drafter as the folder a serving engine loads, in the drafter plugin's own format\n"
+           "(a Hugging Face folder: OUT_DIR/config.json and OUT_DIR/model.safetensors in the run's dtype; each\n"
+           "drafter plugin's README lists its keys and tensors). What the weights do not carry was resolved when\n"
+           "the run bound its drafter and kept next to its log (<out>/<name>.hf-layout.json, with the plugin's\n"
+           "name, which is searched in --plugin-path as `run` does).\n"
            "  RUN_OR_CHECKPOINT  a run log RUN.h5 (the finished run's weights, else its newest checkpoint) or a\n"
            "                     checkpoint folder <out>/checkpoints/step_<n>\n"
            "  --format hf        the only format (required, so that scripts say what they expect)\n"
-           "Target layer id L is the output of target decoder layer L = transformers' hidden_states[L + 1].\n"
            "A finished run writes <out>/<name>.hf itself; [drafter] init = \"OUT_DIR\" loads one back.\n";
   if (cmd == "inspect")
     return "usage: flashdraft inspect RUN.h5 [--plot DIR]\n"
@@ -231,9 +231,9 @@ int cmd_schema(const Args& a) {
 int cmd_export(const Args& a) {
   if (a.positional.size() != 2) throw std::invalid_argument("export takes a run log or checkpoint and an output folder");
   if (a.format != "hf")
-    throw std::invalid_argument("export needs --format hf (the Hugging Face DFlash layout; found \"" + a.format + "\")");
+    throw std::invalid_argument("export needs --format hf (a Hugging Face folder; found \"" + a.format + "\")");
   try {
-    std::cout << hf_export::export_folder(a.positional[0], a.positional[1]) << "\n";
+    std::cout << hf_export::export_folder(a.positional[0], a.positional[1], make_registry(a)) << "\n";
   } catch (const std::runtime_error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -40,7 +40,7 @@ struct KernelCandidate {
 struct FLASHDRAFT_API KernelChoice {
   AttentionProblem problem;  // the first call's problem (every call's when they are equal)
   // The distinct problems of a step's calls, in call order (one for a drafter whose calls
-  // all pose the same problem, e.g. DFlash; one per unroll step for EAGLE-3), with the
+  // all pose the same problem, e.g. one per layer; one per unroll step of a chain drafter), with the
   // calls that pose each. Every one is checked; a kernel is chosen only if it supports all.
   std::vector<AttentionProblem> problems;
   std::vector<std::vector<int64_t>> problem_calls;

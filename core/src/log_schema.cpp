@@ -12,7 +12,7 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"steps/grad_norm", T::f64, 0, 0, "global gradient norm before clipping"},
       {"steps/step_time_s", T::f64, 0, 0, "wall time of the step, seconds"},
       {"steps/tokens_per_s", T::f64, 0, 0, "loss-carrying tokens per second"},
-      {"steps/position_accuracy", T::f64, shape.positions, 0, "accuracy per position (DFlash: block positions 1..BS-1; EAGLE-3: unroll steps 0..ttt_steps-1)"},
+      {"steps/position_accuracy", T::f64, shape.positions, 0, "accuracy per position (the drafter's positions: e.g. block positions 1..BS-1, or unroll steps)"},
   };
   for (const auto& n : shape.scalar_names) c.push_back({"steps/" + n, T::f64, 0, 0, "drafter metric"});
   if (shape.target)
@@ -23,7 +23,7 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"memory/optimizer", T::i64, 0, 0, "peak bytes during clipping and the optimizer step"},
       {"memory/step", T::i64, 0, 0, "peak bytes over the whole step"},
       {"kernels/forward", T::i32, shape.layers, 0,
-       "variant id per attention call (forward): the drafter's calls (DFlash: layers; EAGLE-3: unroll steps), then the online target's; -1 = no call"},
+       "variant id per attention call (forward): the drafter's calls (e.g. its layers, or its unroll steps), then the online target's; -1 = no call"},
       {"kernels/backward", T::i32, shape.layers, 0,
        "variant id per attention call (backward), columns as in forward; -1 = no call"},
       {"kernels/loss", T::i32, 2, 0, "variant id of the LM-head loss op: forward, backward; -1 = no call (also for a drafter with its own loss)"},

@@ -1,5 +1,5 @@
 // The served acceptance length: held-out responses decoded speculatively as a server does
-// it (z-lab's reference loop `dflash_generate`), so the number validation reports is the
+// it (the public reference loops), so the number validation reports is the
 // number a server then measures.
 //
 // For each held-out response (an assistant turn: a maximal run of loss-carrying positions

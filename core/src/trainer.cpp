@@ -127,8 +127,7 @@ class Trainer {
   std::unique_ptr<TrainOptimizer> optimizer_;
   at::Generator anchors_;
   RunCheckpoint checkpoint_;
-  std::optional<hf_drafter::Layout> hf_layout_;  // a DFlash drafter: exported at the end
-  std::optional<hf_eagle3::Layout> eagle3_layout_;  // an EAGLE-3 drafter: exported at the end
+  std::optional<hf_export::RunLayout> export_;  // a drafter with a serving format: exported at the end
   int64_t steps_ = 0, first_step_ = 0, current_step_ = -1, last_checkpoint_ = 0;
 };
 
@@ -240,8 +239,7 @@ void Trainer::prepare() {
   if (root()) {
     if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
     log_ = open_run_log(setup_, plugins_, resume_, shape_, events_);
-    hf_layout_ = hf_export::run_layout(setup_, plugins_, resume_.log_path);
-    eagle3_layout_ = hf_export::run_eagle3_layout(setup_, plugins_, resume_.log_path);
+    export_ = hf_export::run_layout(setup_, plugins_, resume_.log_path);
   }
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
@@ -454,8 +452,8 @@ void Trainer::save(int64_t done) {
   events_.add(current_step_, "checkpoint", "wrote " + dir.string());
 }
 
-// The end of a finished run: the event, and the trained drafter in the documented HDF5
-// layout (plugins/dflash/README.md).
+// The end of a finished run: the event, the trained drafter in the documented HDF5 layout
+// (checkpoint.hpp, export_weights) and, with a serving format, its folder.
 void Trainer::finish() {
   current_step_ = steps_;
   if (!root()) return;
@@ -468,16 +466,9 @@ void Trainer::finish() {
       (fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".weights.h5")).string();
   checkpoint::export_weights(weights_path, info, model_tensors(), "run log " + resume_.log_path);
   std::cout << "weights: " << weights_path << std::endl;
-  if (hf_layout_) {
+  if (export_) {
     const fs::path folder = fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".hf");
-    hf_drafter::write(folder.string(), *hf_layout_, plugins_.drafter->parameters());
-    std::cout << "drafter (Hugging Face DFlash layout, " << hf_layout_->dtype << "): " << folder.string() << std::endl;
-  }
-  if (eagle3_layout_) {
-    const fs::path folder = fs::path(run_table().string("out")) / (fs::path(resume_.log_path).stem().string() + ".hf");
-    hf_eagle3::write(folder.string(), *eagle3_layout_, model_tensors());
-    std::cout << "drafter (Hugging Face EAGLE-3 layout, " << eagle3_layout_->dtype << "): " << folder.string()
-              << std::endl;
+    std::cout << hf_export::write_run_folder(*export_, folder.string(), model_tensors()) << std::endl;
   }
   std::cout << "done: " << steps_ << " steps; log: " << resume_.log_path << std::endl;
 }

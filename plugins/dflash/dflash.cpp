@@ -19,6 +19,7 @@
 // The target's embedding and LM head are detached copies: never parameters, never a
 // gradient. The pure label/anchor logic lives in dflash_labels.hpp.
 #include "dflash_labels.hpp"
+#include "hf_format.hpp"
 
 #include <flashdraft/acceptance.hpp>
 #include <flashdraft/model.hpp>
@@ -262,6 +263,10 @@ class DFlashDrafter final : public Drafter {
   // training (the [mask] generator with one anchor per row, the block's keys after a cache
   // of `capacity` context positions); a row's shorter last block keeps its first
   // count + 1 tokens (MaskInput::block_lengths).
+  const DrafterFormat* format() const override {
+    static const hf_drafter::Format hf;
+    return &hf;
+  }
   int64_t max_proposals() const override { return block_size_ - 1; }
   std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override {
     AttentionProblem p = attention_problem();

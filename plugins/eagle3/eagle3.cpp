@@ -36,6 +36,8 @@
 //   counted positions; tau_sim from them. Validation returns the engine's block layout
 //   (BS = ttt_steps + 1): block n anchored at a = t+1 for up to eval_blocks positions t per
 //   sequence, block[0] = x_a, block[j] = the step j-1 greedy token at t, labels x_{a+j}.
+#include "hf_format.hpp"
+
 #include <flashdraft/acceptance.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
@@ -222,6 +224,10 @@ class Eagle3Drafter final : public Drafter {
   // training's mask, step i sees the step-0 keys of the columns before c (the context
   // cache) and the chain's steps 0..i at column c: the "dflash" mask with causal blocks,
   // one block of ttt_steps chain slots after the cache, anchored at c.
+  const DrafterFormat* format() const override {
+    static const hf_eagle3::Format hf;
+    return &hf;
+  }
   int64_t max_proposals() const override { return ttt_; }
   std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override {
     AttentionProblem p = problem(0);

@@ -156,6 +156,30 @@ def test_export_round_trip(trained, tmp_path):
     print(f"round trip: {len(tensors)} tensors bit-identical (safetensors package vs the run's weights)")
 
 
+def test_export_is_the_drafter_plugins_and_says_what_it_needs(trained, tmp_path):
+    """The layout file names the drafter plugin whose format writes the folder; export loads
+    that plugin. A layout file without it (an older flashdraft's: config.json alone) and one
+    naming a plugin not on the search path are refused with a sentence, and nothing is written."""
+    layout = json.loads((trained["out"] / "drafter.hf-layout.json").read_text())
+    assert (layout["flashdraft_layout"], layout["drafter"], layout["format"], layout["dtype"]) == \
+        (1, "dflash", "Hugging Face DFlash layout", "float32")
+    assert layout["drafter_library"].endswith("libflashdraft-drafter-dflash.so")
+    assert json.loads(layout["layout"]) == json.loads((trained["folder"] / "config.json").read_text())
+    for name, text, says in (
+            ("old", layout["layout"], "written by an older flashdraft"),
+            ("elsewhere", json.dumps({**layout, "drafter": "my_drafter", "drafter_library": "/x/libmy.so"}),
+             'the run trained the drafter plugin "my_drafter" (/x/libmy.so), which export needs')):
+        run = tmp_path / name
+        run.mkdir()
+        for f in ("drafter.h5", "drafter.weights.h5"):
+            (run / f).write_bytes((trained["out"] / f).read_bytes())
+        (run / "drafter.hf-layout.json").write_text(text)
+        p = cli("export", run / "drafter.h5", "--format", "hf", tmp_path / f"{name}.hf", check=False)
+        print(p.stderr.strip())
+        assert p.returncode == 1 and says in p.stderr, p.stdout + p.stderr
+        assert not (tmp_path / f"{name}.hf").exists()
+
+
 def test_import_gives_the_runs_last_validation_loss(trained, tmp_path):
     exp = experiment(tmp_path, "imported", tmp_path / "imported", steps=1, init=trained["folder"])
     cli("run", exp)

@@ -18,6 +18,8 @@
 
 namespace flashdraft {
 
+class DrafterFormat;
+
 // The frozen parts of the target model a drafter borrows. Layer id L is the output of
 // the target's decoder layer L (0-based), i.e. transformers' hidden_states[L + 1]
 // (hidden_states[0] is the embedding output).
@@ -259,6 +261,13 @@ class FLASHDRAFT_API Drafter : public PluginObject {
     (void)batch, (void)capacity, (void)attention;
     return nullptr;
   }
+
+  // The folder a server loads (drafter_format.hpp): the engine writes its layout next to the
+  // run's log before step 0, the folder at the end of the run and on `flashdraft export`, and
+  // imports [drafter] init folders through it. Null: the drafter is not exported. The object
+  // lives as long as the plugin (a static of the plugin library); format() must not depend on
+  // the drafter's table (`flashdraft export` asks a drafter made with its defaults).
+  virtual const DrafterFormat* format() const { return nullptr; }
 };
 
 }  // namespace flashdraft

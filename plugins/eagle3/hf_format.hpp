@@ -1,4 +1,4 @@
-// An EAGLE-3 drafter as a Hugging Face folder: config.json + model.safetensors in the layout
+// An EAGLE-3 drafter as a Hugging Face folder (the eagle3 plugin's serving format): config.json + model.safetensors in the layout
 // vLLM and SGLang load as `LlamaForCausalLMEagle3` (one Llama decoder layer, "midlayer",
 // whose attention input is [input_layernorm(embedding) | hidden_norm(hidden)], a fused
 // projection `fc` of three target hidden states, a final norm and an LM head over a reduced
@@ -23,10 +23,8 @@
 //   embedding (the target's).
 #pragma once
 
-#include "hf_drafter.hpp"
-
 #include <flashdraft/config.hpp>
-#include <flashdraft/export.hpp>
+#include <flashdraft/drafter_format.hpp>
 #include <flashdraft/model.hpp>
 
 #include <cstdint>
@@ -35,8 +33,8 @@
 
 namespace flashdraft::hf_eagle3 {
 
-using Error = hf_drafter::Error;
-using Named = hf_drafter::Named;
+using Error = FormatError;
+using Named = NamedTensors;
 inline constexpr const char* kArchitecture = "LlamaForCausalLMEagle3";
 
 struct Layout {
@@ -48,19 +46,30 @@ struct Layout {
   std::string target;
 };
 
-FLASHDRAFT_API std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
+std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
 // The layout of a bound "eagle3" drafter (sizes from its tensors and its resolved table).
-FLASHDRAFT_API Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
+Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
                                c10::ScalarType dtype, int64_t seq_len);
-FLASHDRAFT_API std::string config_json(const Layout& layout);
-FLASHDRAFT_API Layout read_config_file(const std::string& file);
-// True when the file's architectures[0] is LlamaForCausalLMEagle3 (export's dispatch).
-FLASHDRAFT_API bool is_eagle3_config(const std::string& file);
+std::string config_json(const Layout& layout);
+Layout read_config_file(const std::string& file);
+// The same from config.json's text; `file` names it in errors.
+Layout read_config_text(const std::string& text, const std::string& file);
 // config.json + model.safetensors (floats in layout.dtype, d2t int64, t2d bool), written
 // under a temporary name and renamed into place.
-FLASHDRAFT_API void write(const std::string& folder, const Layout& layout, const Named& tensors);
+void write(const std::string& folder, const Layout& layout, const Named& tensors);
 // Checks the folder against `expected` (every size, ids, tensor names, shapes, dtypes) and
 // copies its tensors into `tensors` (parameters and the d2t/t2d buffers) in place.
-FLASHDRAFT_API void import(const std::string& folder, const Layout& expected, const Named& tensors);
+void import(const std::string& folder, const Layout& expected, const Named& tensors);
+
+// The format the eagle3 plugin gives the engine (Drafter::format()); export is refused for a
+// [mask] other than "eagle3_ttt".
+class Format final : public DrafterFormat {
+ public:
+  std::string name() const override { return "Hugging Face EAGLE-3 layout"; }
+  std::string layout(Drafter& drafter, const FormatInput& run) const override;
+  void write(const std::string& folder, const std::string& layout, const NamedTensors& tensors) const override;
+  void import(const std::string& folder, Drafter& drafter, const FormatInput& run,
+              const NamedTensors& tensors) const override;
+};
 
 }  // namespace flashdraft::hf_eagle3

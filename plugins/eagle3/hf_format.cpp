@@ -1,5 +1,5 @@
 // An EAGLE-3 drafter as a Hugging Face folder (layout in hf_eagle3.hpp).
-#include "hf_eagle3.hpp"
+#include "hf_format.hpp"
 
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -157,28 +158,23 @@ std::string config_json(const Layout& l) {
   return j.dump(2) + "\n";
 }
 
-bool is_eagle3_config(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) return false;
-  try {
-    const Json j = Json::parse(in);
-    return j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
-           j["architectures"][0] == kArchitecture;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 Layout read_config_file(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw Error(file + ": cannot be read (an EAGLE-3 drafter folder has a config.json)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return read_config_text(text.str(), file);
+}
+
+Layout read_config_text(const std::string& text, const std::string& file) {
   Json j;
   try {
-    j = Json::parse(in);
+    j = Json::parse(text);
   } catch (const std::exception& e) {
     throw Error(file + ": not valid JSON (" + std::string(e.what()) + ")");
   }
-  if (!is_eagle3_config(file))
+  if (!(j.is_object() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+        j["architectures"][0] == kArchitecture))
     throw Error(file + ": architectures: not an EAGLE-3 drafter (accepted: [\"" + std::string(kArchitecture) + "\"])");
   const Reader r{j, file};
   Layout l;
@@ -232,7 +228,7 @@ void write(const std::string& folder, const Layout& layout, const Named& tensors
   if (out.size() != tensors.size())
     throw Error("cannot export: the drafter has " + std::to_string(tensors.size()) + " tensors, the EAGLE-3 layout " +
                 std::to_string(out.size()) + " (a tensor the layout does not name would be lost)");
-  hf_drafter::write_folder(folder, out, config_json(layout));
+  drafter_format::write_folder(folder, out, config_json(layout));
 }
 
 void import(const std::string& folder, const Layout& want, const Named& tensors) {
@@ -264,7 +260,7 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
     throw Error(file + ": eagle_config.eagle_aux_hidden_state_layer_ids names target layers " +
                 list_str(got.aux_layer_ids) + " (flashdraft ids, the file's minus 1), but the experiment's drafter reads " +
                 list_str(want.aux_layer_ids) + " (from [drafter] target_layers); accepted: the same ids");
-  const std::unique_ptr<safetensors::Checkpoint> ck = hf_drafter::open_checkpoint(folder);
+  const std::unique_ptr<safetensors::Checkpoint> ck = drafter_format::open_checkpoint(folder);
   const auto shapes = tensor_shapes(got);
   for (const auto& [name, shape] : shapes) {
     const safetensors::TensorInfo* info = ck->find(name);
@@ -282,7 +278,23 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
       throw Error(folder + ": holds tensor '" + name + "', which an EAGLE-3 drafter does not have (accepted: exactly the " +
                   std::to_string(shapes.size()) + " tensors of the layout)");
   }
-  hf_drafter::copy_into(folder, *ck, tensors);
+  drafter_format::copy_into(folder, *ck, tensors);
+}
+
+std::string Format::layout(Drafter& drafter, const FormatInput& run) const {
+  if (run.mask != "eagle3_ttt")
+    throw Error("[mask] plugin = \"" + run.mask + "\": an EAGLE-3 folder is served with causal attention over the " +
+                "context, the mask \"eagle3_ttt\" trains (accepted for export: \"eagle3_ttt\")");
+  return config_json(describe(run.drafter, drafter, run.target, run.dtype, run.seq_len));
+}
+
+void Format::write(const std::string& folder, const std::string& layout, const NamedTensors& tensors) const {
+  hf_eagle3::write(folder, read_config_text(layout, "the run's layout"), tensors);
+}
+
+void Format::import(const std::string& folder, Drafter& drafter, const FormatInput& run,
+                    const NamedTensors& tensors) const {
+  hf_eagle3::import(folder, describe(run.drafter, drafter, run.target, run.dtype, run.seq_len), tensors);
 }
 
 }  // namespace flashdraft::hf_eagle3

@@ -1,4 +1,4 @@
-// A DFlash drafter as a Hugging Face folder: config.json + model.safetensors in the layout
+// A DFlash drafter as a Hugging Face folder (the dflash plugin's serving format): config.json + model.safetensors in the layout
 // the public DFlash reference (z-lab/dflash, dflash/model.py: DFlashDraftModel) and the
 // serving engines that load DFlash drafters read. Export writes it; import reads one
 // back into the experiment's drafter after checking that it is the same drafter.
@@ -28,7 +28,7 @@
 #pragma once
 
 #include <flashdraft/config.hpp>
-#include <flashdraft/export.hpp>
+#include <flashdraft/drafter_format.hpp>
 #include <flashdraft/model.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -40,17 +40,10 @@
 #include <utility>
 #include <vector>
 
-namespace flashdraft::safetensors {
-class Checkpoint;
-}
-
 namespace flashdraft::hf_drafter {
 
 // A folder that cannot be written or imported; what() is a sentence.
-class FLASHDRAFT_API Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using Error = FormatError;
 
 struct Layout {
   int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
@@ -62,42 +55,43 @@ struct Layout {
   std::string target;             // what the target was (informational)
 };
 
-using Named = std::vector<std::pair<std::string, at::Tensor>>;
+using Named = NamedTensors;
 
 // Every tensor of a drafter of this layout with its shape, in file order.
-FLASHDRAFT_API std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
+std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
 
 // The layout of a bound "dflash" drafter: sizes from its tensors, the rest from its
 // resolved [drafter] table and the target it was bound to.
 // `mask` / `mask_table`: the experiment's [mask] generator and its table; a generator the
 // layout cannot express is an Error naming it.
-FLASHDRAFT_API Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
+Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
                                c10::ScalarType dtype, const std::string& mask, const Config& mask_table);
 
-FLASHDRAFT_API std::string config_json(const Layout& layout);
+std::string config_json(const Layout& layout);
 // Reads <folder>/config.json; throws Error naming the file, the key and what is accepted.
-FLASHDRAFT_API Layout read_config(const std::string& folder);
-FLASHDRAFT_API Layout read_config_file(const std::string& file);
+Layout read_config(const std::string& folder);
+Layout read_config_file(const std::string& file);
+// The same from config.json's text; `file` names it in errors.
+Layout read_config_text(const std::string& text, const std::string& file);
 
 // Writes <folder>/config.json and <folder>/model.safetensors (our writer; tensors cast to
 // layout.dtype, every name and shape checked against the layout first). The folder is
 // written under a temporary name and renamed into place.
-FLASHDRAFT_API void write(const std::string& folder, const Layout& layout, const Named& weights);
+void write(const std::string& folder, const Layout& layout, const Named& weights);
 
 // Copies the folder's tensors into `params` (in place) after checking the folder against
 // `expected` (the experiment's drafter): architecture, every size, ids and token, every
 // tensor's presence, shape and dtype. Throws Error before changing anything.
-FLASHDRAFT_API void import(const std::string& folder, const Layout& expected, const Named& params);
+void import(const std::string& folder, const Layout& expected, const Named& params);
 
-// The steps the drafter folder formats share (hf_eagle3 uses them too).
-// Writes `tensors` as <folder>/model.safetensors and `config` as <folder>/config.json through
-// a temporary folder renamed into place; refuses a folder that exists, is not empty and has
-// no config.json (it is not a drafter folder).
-FLASHDRAFT_API void write_folder(const std::string& folder, const Named& tensors, const std::string& config);
-// <folder>'s safetensors checkpoint; its errors come back as Error.
-FLASHDRAFT_API std::unique_ptr<safetensors::Checkpoint> open_checkpoint(const std::string& folder);
-// Copies every tensor of `params` from ck (to the parameter's device and dtype, without
-// autograd); a name ck lacks is an Error naming the folder and the tensor.
-FLASHDRAFT_API void copy_into(const std::string& folder, const safetensors::Checkpoint& ck, const Named& params);
+// The format the dflash plugin gives the engine (Drafter::format()).
+class Format final : public DrafterFormat {
+ public:
+  std::string name() const override { return "Hugging Face DFlash layout"; }
+  std::string layout(Drafter& drafter, const FormatInput& run) const override;
+  void write(const std::string& folder, const std::string& layout, const NamedTensors& tensors) const override;
+  void import(const std::string& folder, Drafter& drafter, const FormatInput& run,
+              const NamedTensors& tensors) const override;
+};
 
 }  // namespace flashdraft::hf_drafter

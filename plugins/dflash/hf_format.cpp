@@ -1,7 +1,5 @@
-// A DFlash drafter as a Hugging Face folder (layout in hf_drafter.hpp).
-#include "hf_drafter.hpp"
-
-#include "checkpoint.hpp"
+// A DFlash drafter as a Hugging Face folder (layout in hf_format.hpp).
+#include "hf_format.hpp"
 
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
@@ -9,8 +7,6 @@
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -299,9 +295,15 @@ Layout read_config(const std::string& folder) {
 Layout read_config_file(const std::string& file) {
   std::ifstream in(file);
   if (!in) throw Error(file + ": cannot be read (a DFlash drafter folder has a config.json)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return read_config_text(text.str(), file);
+}
+
+Layout read_config_text(const std::string& text, const std::string& file) {
   Json j;
   try {
-    j = Json::parse(in);
+    j = Json::parse(text);
   } catch (const std::exception& e) {
     throw Error(file + ": not valid JSON (" + std::string(e.what()) + ")");
   }
@@ -353,45 +355,28 @@ void write(const std::string& folder, const Layout& layout, const Named& weights
   if (out.size() != weights.size())
     throw Error("cannot export: the drafter has " + std::to_string(weights.size()) + " tensors, the DFlash layout " +
                 std::to_string(out.size()) + " (a tensor the layout does not name would be lost)");
-  write_folder(folder, out, config_json(layout));
-}
-
-void write_folder(const std::string& folder, const Named& tensors, const std::string& config) {
-  const fs::path dir(folder);
-  if (fs::exists(dir) && !fs::is_empty(dir) && !fs::exists(dir / "config.json"))
-    throw Error("cannot export to " + folder + ": the folder exists and is not a drafter folder (no config.json); " +
-                "give a new or empty folder");
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
-  checkpoint::remove_tree(tmp);
-  fs::create_directories(tmp);
-  safetensors::write((tmp / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  std::ofstream(tmp / "config.json") << config;
-  checkpoint::remove_tree(dir);
-  fs::rename(tmp, dir);
-}
-
-std::unique_ptr<safetensors::Checkpoint> open_checkpoint(const std::string& folder) {
-  try {
-    return std::make_unique<safetensors::Checkpoint>(folder);
-  } catch (const safetensors::Error& e) {
-    throw Error(e.what());
-  }
-}
-
-void copy_into(const std::string& folder, const safetensors::Checkpoint& ck, const Named& params) {
-  at::NoGradGuard no_grad;
-  for (const auto& [name, param] : params) {
-    if (!ck.find(name)) throw Error(folder + ": tensor '" + name + "' is missing (the experiment's drafter has it)");
-    param.copy_(ck.load(name, param.device(), param.scalar_type()));
-  }
+  drafter_format::write_folder(folder, out, config_json(layout));
 }
 
 void import(const std::string& folder, const Layout& expected, const Named& params) {
   const Layout got = read_config(folder);
   compare((fs::path(folder) / "config.json").string(), got, expected);
-  const std::unique_ptr<safetensors::Checkpoint> ck = open_checkpoint(folder);
+  const std::unique_ptr<safetensors::Checkpoint> ck = drafter_format::open_checkpoint(folder);
   check_tensors(*ck, got);
-  copy_into(folder, *ck, params);
+  drafter_format::copy_into(folder, *ck, params);
+}
+
+std::string Format::layout(Drafter& drafter, const FormatInput& run) const {
+  return config_json(describe(run.drafter, drafter, run.target, run.dtype, run.mask, run.mask_table));
+}
+
+void Format::write(const std::string& folder, const std::string& layout, const NamedTensors& tensors) const {
+  hf_drafter::write(folder, read_config_text(layout, "the run's layout"), tensors);
+}
+
+void Format::import(const std::string& folder, Drafter& drafter, const FormatInput& run,
+                    const NamedTensors& tensors) const {
+  hf_drafter::import(folder, describe(run.drafter, drafter, run.target, run.dtype, run.mask, run.mask_table), tensors);
 }
 
 }  // namespace flashdraft::hf_drafter
