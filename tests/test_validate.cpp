@@ -71,6 +71,8 @@ std::vector<Defect> defects(const std::string& base) {
       {"prompt as long as the sequence", with(base, "^prompt_len = 16$", "prompt_len = 128")},
       {"batch larger than the data", with(base, "^batch_size = 8$", "batch_size = 100")},
       {"unknown key in [kernels.dense_ref]", base + "\n[kernels.dense_ref]\ntile = 64\n"},
+      {"a mask generator the drafter does not pose its attention for",
+       with(base, "^\\[mask\\]\\nplugin = \"dflash\"\\nin_block = \"bidirectional\"$", "[mask]\nplugin = \"causal\"")},
   };
   // Where LibTorch sees a GPU, device = "cuda" is a valid experiment (it would train).
   if (!torch::cuda::is_available())

@@ -225,7 +225,15 @@ BoundPlugins bind_plugins(const Setup& s) {
     throw std::runtime_error("drafter '" + drafter.name + "' declares " + std::to_string(b.drafter->attention_layers()) +
                              " attention calls per step but " + std::to_string(problems.size()) +
                              " attention problems (Drafter::attention_problems() needs one per call)");
-  for (AttentionProblem& p : problems) p.mask = mask.plugin->name;
+  // A drafter poses its attention for the mask generator it builds MaskInput for (the problem's
+  // mask; empty: any generator). The experiment's [mask] must be that one.
+  for (AttentionProblem& p : problems) {
+    if (!p.mask.empty() && p.mask != mask.plugin->name)
+      mask.config.fail("plugin", "\"" + mask.plugin->name + "\" cannot mask the attention of the drafter '" +
+                                     drafter.name + "', which poses it for the mask generator \"" + p.mask +
+                                     "\" (accepted: plugin = \"" + p.mask + "\")");
+    p.mask = mask.plugin->name;
+  }
   const std::string& on_fallback = s.experiment.attention().string("on_fallback");
   if (b.target) {
     // The target's attention: forward only, the same kernel preferences and policy.
