@@ -76,8 +76,7 @@ struct Measure {
   double density = 0;  // listed tiles' area / (Lq * Lkv)
 };
 
-Measure measure(fd::AttentionKernel& kernel, const fd::AttentionProblem& problem, const Visible& visible,
-                int reps) {
+Measure measure(fd::AttentionKernel& kernel, const fd::AttentionProblem& problem, const Visible& visible, int reps) {
   const fd::BlockMask mask = build_mask(problem.q_len, problem.kv_len, kernel.block_size(problem), visible);
   const fd::BlockMaskTensors tensors = fd::to_tensors(mask, c10::kCPU);
   const double scale = 1.0 / std::sqrt(double(problem.head_dim));
@@ -154,10 +153,10 @@ int main(int argc, char** argv) {
   };
   const std::vector<Problem> problems = {{"dflash", N * BS, S + N * BS, dflash}, {"causal", 2048, 2048, causal}};
 
-  std::printf("attention_cpu: fp32, B=1, H=4, D=64, %d reps (median), %d threads\n\n", reps,
-              at::get_num_threads());
-  std::printf("| mask | Lq x Lkv | kernel | tiles | fwd ms | fwd+bwd ms | fwd GFLOP/s | fwd+bwd GFLOP/s |"
-              " peak fwd MiB | peak fwd+bwd MiB |\n");
+  std::printf("attention_cpu: fp32, B=1, H=4, D=64, %d reps (median), %d threads\n\n", reps, at::get_num_threads());
+  std::printf(
+      "| mask | Lq x Lkv | kernel | tiles | fwd ms | fwd+bwd ms | fwd GFLOP/s | fwd+bwd GFLOP/s |"
+      " peak fwd MiB | peak fwd+bwd MiB |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Problem& p : problems) {
     fd::AttentionProblem problem;
@@ -171,11 +170,10 @@ int main(int argc, char** argv) {
     const Measure f = measure(*flash, problem, p.visible, reps);
     const Measure d = measure(*dense, problem, p.visible, reps);
     auto row = [&](const char* name, const Measure& m) {
-      std::printf("| %s | %lld x %lld | %s (%s, %s) | %.0f%% | %.1f | %.1f | %.1f | %.1f | %s | %s |\n",
-                  p.name.c_str(), (long long)p.q_len, (long long)p.kv_len, name, m.fwd_variant.c_str(),
-                  m.bwd_variant.c_str(), 100.0 * m.density, 1e3 * m.fwd_s, 1e3 * m.fwd_bwd_s,
-                  flops / m.fwd_s * 1e-9, 3.5 * flops / m.fwd_bwd_s * 1e-9, mib(m.fwd_peak).c_str(),
-                  mib(m.fwd_bwd_peak).c_str());
+      std::printf("| %s | %lld x %lld | %s (%s, %s) | %.0f%% | %.1f | %.1f | %.1f | %.1f | %s | %s |\n", p.name.c_str(),
+                  (long long)p.q_len, (long long)p.kv_len, name, m.fwd_variant.c_str(), m.bwd_variant.c_str(),
+                  100.0 * m.density, 1e3 * m.fwd_s, 1e3 * m.fwd_bwd_s, flops / m.fwd_s * 1e-9,
+                  3.5 * flops / m.fwd_bwd_s * 1e-9, mib(m.fwd_peak).c_str(), mib(m.fwd_bwd_peak).c_str());
     };
     row("flash_cpu", f);
     row("dense_ref", d);

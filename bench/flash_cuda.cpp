@@ -123,7 +123,8 @@ std::string fmt(const char* f, double x) {
 
 int table(const std::string& rows_path, const std::string& xdir) {
   if (const char* env = std::getenv("FLASHDRAFT_FLASH_CUDA_CONFIG")) {
-    std::printf("bench_flash_cuda: FLASHDRAFT_FLASH_CUDA_CONFIG=%s unset: each row forces its own configuration\n", env);
+    std::printf("bench_flash_cuda: FLASHDRAFT_FLASH_CUDA_CONFIG=%s unset: each row forces its own configuration\n",
+                env);
     unsetenv("FLASHDRAFT_FLASH_CUDA_CONFIG");
   }
   // [kernels.flash_cuda].schedule of every row: FLASHDRAFT_BENCH_SCHEDULE, else the default
@@ -138,8 +139,7 @@ int table(const std::string& rows_path, const std::string& xdir) {
     const double pairs = double(m.visible_pairs()) * (B / m.batch) * (H / m.heads);
     std::ofstream a(xdir + "/dflash_anchors.txt");
     for (int64_t x : in.anchors[0]) a << x << "\n";
-    shapes.push_back({"DFlash S=4096, 512x16 (Lq 8192, Lkv 12288)", std::move(m), B, H, in.q_len, in.kv_len, D,
-                      pairs});
+    shapes.push_back({"DFlash S=4096, 512x16 (Lq 8192, Lkv 12288)", std::move(m), B, H, in.q_len, in.kv_len, D, pairs});
   }
   {
     auto gen = load<fd::MaskGenerator>(fd::PluginKind::mask, "causal", "mask");
@@ -183,8 +183,7 @@ int table(const std::string& rows_path, const std::string& xdir) {
       torch::cuda::synchronize();
       // peak: one forward + backward
       c10::cuda::CUDACachingAllocator::emptyCache();
-      const int64_t before =
-          c10::cuda::CUDACachingAllocator::getDeviceStats(dev).allocated_bytes[0].current;
+      const int64_t before = c10::cuda::CUDACachingAllocator::getDeviceStats(dev).allocated_bytes[0].current;
       c10::cuda::CUDACachingAllocator::resetPeakStats(dev);
       std::string vf, vb;
       {
@@ -202,8 +201,7 @@ int table(const std::string& rows_path, const std::string& xdir) {
       const double bwd_tf = 2.5 * 4.0 * sh.pairs * sh.D / (bwd * 1e-3) / 1e12;
       const std::string row = "| " + sh.name + " | flash_cuda " + cfg + " (" + vf + ", " + vb + ") | " +
                               fmt("%.3f", fwd) + " | " + fmt("%.3f", bwd) + " | " + fmt("%.3f", fwd + bwd) + " | " +
-                              fmt("%.0f", fwd_tf) + " | " + fmt("%.0f", bwd_tf) + " | " + fmt("%.3f", peak_gib) +
-                              " |";
+                              fmt("%.0f", fwd_tf) + " | " + fmt("%.0f", bwd_tf) + " | " + fmt("%.3f", peak_gib) + " |";
       std::printf("%s\n", row.c_str());
       std::fflush(stdout);
       rows << row << "\n";
@@ -241,9 +239,15 @@ int dump(const std::string& xdir, const std::string& config) {
   const fd::AttentionForward f = flash->forward(q, k, v, t, scale);
   const fd::AttentionBackward g = flash->backward(dout, q, k, v, f.out, f.lse, t, scale);
   torch::cuda::synchronize();
-  for (const auto& [name, x] : std::vector<std::pair<std::string, at::Tensor>>{
-           {"q", q}, {"k", k}, {"v", v}, {"dout", dout}, {"out", f.out}, {"lse", f.lse}, {"dq", g.dq},
-           {"dk", g.dk}, {"dv", g.dv}})
+  for (const auto& [name, x] : std::vector<std::pair<std::string, at::Tensor>>{{"q", q},
+                                                                               {"k", k},
+                                                                               {"v", v},
+                                                                               {"dout", dout},
+                                                                               {"out", f.out},
+                                                                               {"lse", f.lse},
+                                                                               {"dq", g.dq},
+                                                                               {"dk", g.dk},
+                                                                               {"dv", g.dv}})
     write_raw(xdir + "/" + name + ".bin", x);
   std::ofstream m(xdir + "/meta.json");
   m << "{\"B\": " << B << ", \"Hq\": " << Hq << ", \"Hkv\": " << Hkv << ", \"Lq\": " << in.q_len

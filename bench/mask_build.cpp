@@ -49,8 +49,10 @@ std::unique_ptr<fd::MaskGenerator> make(const fd::Registry& reg, const std::stri
   fd::Config cfg("mask", fd::SourcePosition{"bench_mask_build", 0, 0});
   for (const fd::KeySpec& spec : schema.keys()) {
     auto it = keys.find(spec.name);
-    if (it != keys.end()) cfg.set(spec.name, it->second, std::nullopt);
-    else if (spec.fallback) cfg.set(spec.name, *spec.fallback, std::nullopt);
+    if (it != keys.end())
+      cfg.set(spec.name, it->second, std::nullopt);
+    else if (spec.fallback)
+      cfg.set(spec.name, *spec.fallback, std::nullopt);
   }
   return fd::create_as<fd::MaskGenerator>(reg, p, cfg);
 }
@@ -166,8 +168,10 @@ int main(int argc, char** argv) {
   std::filesystem::path results = std::filesystem::path(__FILE__).parent_path() / "RESULTS.md";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--no-append") append = false;
-    else if (a == "--results" && i + 1 < argc) results = argv[++i];
+    if (a == "--no-append")
+      append = false;
+    else if (a == "--results" && i + 1 < argc)
+      results = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--no-append] [--results PATH]\n", argv[0]);
       return 2;
@@ -211,9 +215,10 @@ int main(int argc, char** argv) {
   fd::MaskInput square;
   square.q_len = square.kv_len = 8192;
   cases.push_back(Case{"causal", "8192 x 12288 (bottom-right)", make(reg, "causal", {}), {wide}});
-  cases.push_back(Case{"sliding_window", "8192 x 12288, w=1024",
-                       make(reg, "sliding_window", {{"window", int64_t{1024}}}), {wide}});
-  cases.push_back(Case{"prefix_lm", "8192 x 8192, p=2048", make(reg, "prefix_lm", {{"prefix", int64_t{2048}}}), {square}});
+  cases.push_back(
+      Case{"sliding_window", "8192 x 12288, w=1024", make(reg, "sliding_window", {{"window", int64_t{1024}}}), {wide}});
+  cases.push_back(
+      Case{"prefix_lm", "8192 x 8192, p=2048", make(reg, "prefix_lm", {{"prefix", int64_t{2048}}}), {square}});
   {
     fd::MaskInput docs = square;
     std::vector<int64_t> lens;
@@ -224,8 +229,8 @@ int main(int argc, char** argv) {
       left -= len;
     }
     docs.doc_lengths = {lens};
-    cases.push_back(Case{"document", "8192 x 8192, " + std::to_string(lens.size()) + " docs", make(reg, "document", {}),
-                         {docs}});
+    cases.push_back(
+        Case{"document", "8192 x 8192, " + std::to_string(lens.size()) + " docs", make(reg, "document", {}), {docs}});
   }
 
   // One build of everything first, so the first measured case does not pay for the
@@ -233,7 +238,8 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) c.gen->build(c.inputs[0], 64, 64), c.gen->build(c.inputs[0], 128, 128);
 
   std::ostringstream table;
-  table << "| mask | Lq x Lkv | tile | full | partial | mask bytes | median ms | min ms | ns/tile | GB/s written | builds |\n"
+  table << "| mask | Lq x Lkv | tile | full | partial | mask bytes | median ms | min ms | ns/tile | GB/s written | "
+           "builds |\n"
         << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& [bq, bkv] : std::vector<std::pair<int64_t, int64_t>>{{128, 128}, {64, 64}})
     for (const Case& c : cases) {
@@ -259,18 +265,20 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < nq; ++i) {
       builder.begin_row();
       for (int64_t j = 0; j < nk; ++j)
-        builder.add_tile(static_cast<int32_t>(j), [&](int64_t q, int64_t kv) { return c.gen->visible(in, 0, 0, q, kv); });
+        builder.add_tile(static_cast<int32_t>(j),
+                         [&](int64_t q, int64_t kv) { return c.gen->visible(in, 0, 0, q, kv); });
     }
     const fd::BlockMask scan = builder.finish();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const fd::BlockMask fast = c.gen->build(in, 128, 128);
-    const bool same = scan.full_index == fast.full_index && scan.part_index == fast.part_index && scan.bits == fast.bits;
+    const bool same =
+        scan.full_index == fast.full_index && scan.part_index == fast.part_index && scan.bits == fast.bits;
     table << "\nFor scale: the DFlash 128x128 mask classified element by element (predicate on all "
           << in.q_len * in.kv_len << " pairs, BlockMaskBuilder::add_tile) took " << static_cast<int64_t>(ms)
           << " ms for one build; " << (same ? "identical" : "DIFFERENT (bug!)") << " lists.\n";
   }
-  const std::string header = "### " + utc_now() + " — `bench_mask_build` (Release), " + machine() +
-                             " (single thread, B = 1)\n\n";
+  const std::string header =
+      "### " + utc_now() + " — `bench_mask_build` (Release), " + machine() + " (single thread, B = 1)\n\n";
   std::printf("\n%s%s", header.c_str(), table.str().c_str());
   std::printf("\nDFlash 128x128 target: <= 2 ms on one core.\n");
   if (append) {

@@ -12,13 +12,13 @@
 // --warmup responses (untimed), then the timed walk over all of them, whose target forwards
 // are recorded and replayed alone, back to back, on a fresh cache: the floor.
 // Prints one table row (markdown) and the kernels that ran.
+#include "served.hpp"
 #include "bind.hpp"
 #include "eval.hpp"
-#include "served.hpp"
 #include "setup.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <cstdio>
 #include <iostream>

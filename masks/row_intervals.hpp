@@ -31,7 +31,7 @@ namespace flashdraft::masks {
 // Sets bits [a, b) (0 <= a < b <= 32 * words) of one bitmap row.
 inline void set_bit_range(uint32_t* row, int64_t a, int64_t b) {
   const int64_t wa = a >> 5, wb = (b - 1) >> 5;
-  const uint32_t head = ~0u << (a & 31);            // bits a%32 .. 31 of word wa
+  const uint32_t head = ~0u << (a & 31);               // bits a%32 .. 31 of word wa
   const uint32_t tail = ~0u >> (31 - ((b - 1) & 31));  // bits 0 .. (b-1)%32 of word wb
   if (wa == wb) {
     row[wa] |= head & tail;
@@ -63,8 +63,8 @@ struct RowScratch {
 //   row_fn(q, lo, hi) writes K intervals for query row q (empty ones as lo >= hi; values
 //   may lie outside [0, kv_len), they are clipped here).
 template <int K, class RowFn>
-void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t bq, int64_t bkv,
-               RowFn&& row_fn, RowScratch& s) {
+void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t bq, int64_t bkv, RowFn&& row_fn,
+               RowScratch& s) {
   static_assert(K == 1 || K == 2, "rows are unions of one or two intervals");
   const int64_t nq = (q_len + bq - 1) / bq, nk = (kv_len + bkv - 1) / bkv;
   const int64_t wpr = (bkv + 31) / 32;
@@ -112,8 +112,8 @@ void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t
       c1[nc] = (max_hi[k] - 1) / bkv;
       ++nc;
       if (all[k]) {
-        f0[k] = (max_lo[k] + bkv - 1) / bkv;                    // first block with k0 >= max lo
-        f1[k] = min_hi[k] == kv_len ? nk : min_hi[k] / bkv;      // blocks with k1 <= min hi
+        f0[k] = (max_lo[k] + bkv - 1) / bkv;                 // first block with k0 >= max lo
+        f1[k] = min_hi[k] == kv_len ? nk : min_hi[k] / bkv;  // blocks with k1 <= min hi
       }
     }
     // Visit candidates once each, ascending (K <= 2: order the two ranges by start).

@@ -23,8 +23,8 @@ inline uint64_t base_seed() {
     if (const char* env = std::getenv("FLASHDRAFT_TEST_SEED")) return uint64_t(std::strtoull(env, nullptr, 10));
     std::random_device rd;
     const uint64_t s = (uint64_t(rd()) << 20 ^ rd()) % 1000000000ull;
-    std::printf("random inputs: base seed %llu (FLASHDRAFT_TEST_SEED=%llu repeats this run)\n",
-                (unsigned long long)s, (unsigned long long)s);
+    std::printf("random inputs: base seed %llu (FLASHDRAFT_TEST_SEED=%llu repeats this run)\n", (unsigned long long)s,
+                (unsigned long long)s);
     return s;
   }();
   return seed;

@@ -11,8 +11,8 @@
 #include "lm_head_loss.hpp"
 #include "registry.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <map>
 #include <memory>
@@ -50,8 +50,7 @@ class OracleAttention : public AttentionContext {
             start += len;
           }
         }
-        for (int64_t kv = 0; kv < Lkv; ++kv)
-          acc[b][0][i][kv] = kv < S ? kv < a && kv >= doc0 : (kv - S) / BS == n;
+        for (int64_t kv = 0; kv < Lkv; ++kv) acc[b][0][i][kv] = kv < S ? kv < a && kv >= doc0 : (kv - S) / BS == n;
       }
     mask = mask.to(q.device());
     const at::Tensor kr = k.repeat_interleave(Hq / Hkv, 1), vr = v.repeat_interleave(Hq / Hkv, 1);

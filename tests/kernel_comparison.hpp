@@ -60,11 +60,14 @@ inline void expect_matches_reference(const KernelResults& got, const KernelResul
   ASSERT_EQ(got.dq.sizes(), q.sizes());
   ASSERT_EQ(got.dk.sizes(), k.sizes());
   ASSERT_EQ(got.dv.sizes(), k.sizes());
-  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"out", got.out}, {"lse", got.lse},
-                                {"dq", got.dq}, {"dk", got.dk}, {"dv", got.dv}})
+  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"out", got.out},
+                                {"lse", got.lse},
+                                {"dq", got.dq},
+                                {"dk", got.dk},
+                                {"dv", got.dv}})
     EXPECT_FALSE(has_nan(t)) << name << " has NaN (an element left unwritten, or a 0/0)";
-  for (const auto& [name, t] : {std::pair<const char*, at::Tensor>{"out", got.out}, {"dq", got.dq},
-                                {"dk", got.dk}, {"dv", got.dv}})
+  for (const auto& [name, t] :
+       {std::pair<const char*, at::Tensor>{"out", got.out}, {"dq", got.dq}, {"dk", got.dk}, {"dv", got.dv}})
     EXPECT_FALSE(at::isinf(t).any().item<bool>()) << name << " has inf";
 
   const double e_out = relative_error(got.out, want.out), e_lse = lse_relative_error(got.lse, want.lse),
@@ -105,7 +108,8 @@ inline int64_t expect_unseen_exactly_zero(const KernelResults& got, int64_t head
           }
         if (any) continue;
         ++empty_rows;
-        EXPECT_EQ(L[b][h][qi], -std::numeric_limits<float>::infinity()) << "lse of row b" << b << " h" << h << " q" << qi;
+        EXPECT_EQ(L[b][h][qi], -std::numeric_limits<float>::infinity())
+            << "lse of row b" << b << " h" << h << " q" << qi;
         EXPECT_EQ(O[b][h][qi], 0.f) << "out of row b" << b << " h" << h << " q" << qi << ", which sees no key";
         EXPECT_EQ(dQ[b][h][qi], 0.f) << "dq of row b" << b << " h" << h << " q" << qi << ", which sees no key";
       }

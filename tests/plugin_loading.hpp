@@ -30,8 +30,10 @@ std::shared_ptr<T> load(flashdraft::PluginKind kind, const std::string& name, co
   flashdraft::Config config(table, flashdraft::SourcePosition{});
   for (const flashdraft::KeySpec& key : schema.keys()) {
     const auto o = overrides.find(key.name);
-    if (o != overrides.end()) config.set(key.name, o->second, std::nullopt);
-    else if (key.fallback) config.set(key.name, *key.fallback, std::nullopt);
+    if (o != overrides.end())
+      config.set(key.name, o->second, std::nullopt);
+    else if (key.fallback)
+      config.set(key.name, *key.fallback, std::nullopt);
   }
   return flashdraft::create_as<T>(plugins(), plugin, config);
 }

@@ -4,9 +4,9 @@
 #include "distributed.hpp"
 #include "grad_sync.hpp"
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <ATen/ATen.h>
 
 #include <cmath>
 #include <cstdint>

@@ -29,9 +29,9 @@ using flashdraft::LogReader;
 
 namespace {
 
-constexpr int kSteps = 16;       // 2N
-constexpr int kEvery = 8;        // N
-constexpr int kKillAfter = 11;   // N + k
+constexpr int kSteps = 16;      // 2N
+constexpr int kEvery = 8;       // N
+constexpr int kKillAfter = 11;  // N + k
 
 // The quickstart's plugins at toy sizes. `extra_drafter` lands in [drafter].
 std::string experiment(const std::string& dir, int steps, int sleep_ms, const std::string& extra_drafter = "",
@@ -41,15 +41,19 @@ std::string experiment(const std::string& dir, int steps, int sleep_ms, const st
                              "\nthreads = 1\nprint_every = 100\nout = \"" + dir +
                              "\"\n"
                              "[attention]\nkernels = [\"toy_kernel\"]\n"
-                             "[kernels.toy_kernel]\nsleep_ms = " + std::to_string(sleep_ms) +
+                             "[kernels.toy_kernel]\nsleep_ms = " +
+                             std::to_string(sleep_ms) +
                              "\n"
                              "[optimizer]\nlr = 1e-2\nwarmup_steps = 2\n"
-                             "[checkpoint]\nenabled = true\nevery = " + std::to_string(ckpt_every) +
+                             "[checkpoint]\nenabled = true\nevery = " +
+                             std::to_string(ckpt_every) +
                              "\nkeep = 3\n"
-                             "[eval]\nenabled = true\nevery = " + std::to_string(eval_every) +
+                             "[eval]\nenabled = true\nevery = " +
+                             std::to_string(eval_every) +
                              "\n"
                              "[drafter]\nplugin = \"dflash\"\nlayers = 1\nheads = 2\nkv_heads = 1\nblock_size = 8\n"
-                             "anchors = 2\n" + extra_drafter +
+                             "anchors = 2\n" +
+                             extra_drafter +
                              "[dataset]\nplugin = \"embedded\"\nvocab = 64\nhidden = 32\nlayers = 2\nheads = 2\n"
                              "seq_len = 32\nprompt_len = 4\ntrain_sequences = 32\neval_sequences = 32\n"
                              "exported_layers = [0, 1]\nbatch_size = 4\ngenerate_batch = 64\n"
@@ -292,7 +296,8 @@ TEST(Checkpoint, CheckpointOfAnotherDrafterShapeIsRefused) {
     test::write_file(deeper, text);
   }
   EXPECT_EQ(test::run_cli(run_args(deeper, {"--resume", step8}), &out), 1) << out;
-  EXPECT_TRUE(contains(out, "checkpoint file " + step8 + "/weights.pt has no tensor 'layers.1.input_layernorm.weight' [32]"))
+  EXPECT_TRUE(
+      contains(out, "checkpoint file " + step8 + "/weights.pt has no tensor 'layers.1.input_layernorm.weight' [32]"))
       << out;
   // Another MLP width: shape mismatch, both shapes named.
   const std::string wider = experiment(dir, kSteps, 0, "ffn = 48\n");
@@ -321,7 +326,8 @@ TEST(Checkpoint, KeepsTheLastKAndExportsWeights) {
   const auto attrs = a.attributes("/");
   EXPECT_EQ(attrs.at("format"), "flashdraft-drafter-weights-v1");
   EXPECT_EQ(attrs.at("drafter_plugin"), "dflash");
-  EXPECT_TRUE(contains(attrs.at("drafter_config"), "[drafter]\nplugin = \"dflash\"\nlayers = 1\n")) << attrs.at("drafter_config");
+  EXPECT_TRUE(contains(attrs.at("drafter_config"), "[drafter]\nplugin = \"dflash\"\nlayers = 1\n"))
+      << attrs.at("drafter_config");
   EXPECT_TRUE(contains(attrs.at("drafter_config"), "block_size = 8\n"));
   EXPECT_EQ(a.members("/weights"), b.members("/weights"));
   EXPECT_EQ(a.shape("weights/fc.weight"), (std::vector<int64_t>{32, 64}));  // hidden x (2 layers x 32)

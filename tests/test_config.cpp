@@ -51,18 +51,17 @@ TEST(ExperimentFile, ValidFileParsesWithDefaults) {
   EXPECT_EQ(e.choice("drafter").where.line, 5);
 }
 
-TEST(ExperimentFile, SyntaxError) {
-  expect_has(error_of("[run\nsteps = 3\n"), {"bad.toml:1:", "TOML syntax error"});
-}
+TEST(ExperimentFile, SyntaxError) { expect_has(error_of("[run\nsteps = 3\n"), {"bad.toml:1:", "TOML syntax error"}); }
 
 TEST(ExperimentFile, UnknownKeySuggestsClosest) {
-  expect_has(error_of("[run]\nstepz = 3\n" + kValid.substr(6)), {"bad.toml:2:1", "[run]", "unknown key 'stepz'",
-                                                                 "did you mean 'steps'?", "accepted keys:"});
+  expect_has(error_of("[run]\nstepz = 3\n" + kValid.substr(6)),
+             {"bad.toml:2:1", "[run]", "unknown key 'stepz'", "did you mean 'steps'?", "accepted keys:"});
 }
 
 TEST(ExperimentFile, WrongType) {
-  expect_has(error_of("[run]\nsteps = \"ten\"\n[drafter]\nplugin=\"a\"\n[dataset]\nplugin=\"b\"\n[mask]\nplugin=\"c\"\n"),
-             {"bad.toml:2:9", "[run] steps", "expected an integer in [1, 1000000000]", "found string \"ten\""});
+  expect_has(
+      error_of("[run]\nsteps = \"ten\"\n[drafter]\nplugin=\"a\"\n[dataset]\nplugin=\"b\"\n[mask]\nplugin=\"c\"\n"),
+      {"bad.toml:2:9", "[run] steps", "expected an integer in [1, 1000000000]", "found string \"ten\""});
 }
 
 TEST(ExperimentFile, FloatForInteger) {
@@ -107,11 +106,13 @@ TEST(ExperimentFile, PluginNameNotAString) {
 }
 
 TEST(ExperimentFile, MisspeltTable) {
-  expect_has(error_of(kValid + "[optimiser]\nlr = 0.1\n"), {"bad.toml:10:2", "unknown table [optimiser]", "did you mean [optimizer]?"});
+  expect_has(error_of(kValid + "[optimiser]\nlr = 0.1\n"),
+             {"bad.toml:10:2", "unknown table [optimiser]", "did you mean [optimizer]?"});
 }
 
 TEST(ExperimentFile, TableGivenAsValue) {
-  expect_has(error_of("run = 3\n" + kValid.substr(kValid.find("[drafter]"))), {"bad.toml:1:7", "'run' must be a table", "integer 3"});
+  expect_has(error_of("run = 3\n" + kValid.substr(kValid.find("[drafter]"))),
+             {"bad.toml:1:7", "'run' must be a table", "integer 3"});
 }
 
 TEST(ExperimentFile, EmptyFile) {
@@ -120,7 +121,10 @@ TEST(ExperimentFile, EmptyFile) {
 }
 
 TEST(ExperimentFile, BinaryGarbageWithNul) {
-  std::string garbage("\x7f" "ELF\x02\x01\x01\0\0\0\0", 12);
+  std::string garbage(
+      "\x7f"
+      "ELF\x02\x01\x01\0\0\0\0",
+      12);
   expect_has(error_of(garbage), {"bad.toml:1:", "not a TOML text file"});
 }
 
@@ -140,11 +144,13 @@ TEST(ExperimentFile, ListItemOfWrongType) {
 }
 
 TEST(ExperimentFile, EmptyKernelList) {
-  expect_has(error_of(kValid + "[attention]\nkernels = []\n"), {"bad.toml:11:11", "array has 0 items", "1 to 16 items"});
+  expect_has(error_of(kValid + "[attention]\nkernels = []\n"),
+             {"bad.toml:11:11", "array has 0 items", "1 to 16 items"});
 }
 
 TEST(ExperimentFile, KernelTableNotATable) {
-  expect_has(error_of(kValid + "[kernels]\nflash_cpu = 3\n"), {"bad.toml:11:13", "[kernels] flash_cpu", "expected a table"});
+  expect_has(error_of(kValid + "[kernels]\nflash_cpu = 3\n"),
+             {"bad.toml:11:13", "[kernels] flash_cpu", "expected a table"});
 }
 
 TEST(ExperimentFile, MissingFile) {
@@ -173,7 +179,8 @@ layrs = 4
 plugin = "toy_data"
 [mask]
 plugin = "causal"
-)", "ok.toml");
+)",
+                                    "ok.toml");
   try {
     e2.plugin_config("drafter", s);
     FAIL() << "no error";
@@ -187,7 +194,8 @@ layers = 65
 plugin = "toy_data"
 [mask]
 plugin = "causal"
-)", "ok.toml");
+)",
+                                    "ok.toml");
   try {
     e3.plugin_config("drafter", s);
     FAIL() << "no error";
@@ -207,8 +215,12 @@ TEST(ExperimentFile, RandomBytesNeverCrash) {
       const size_t pos = rng() % (text.size() + 1);
       switch (rng() % 3) {
         case 0: text.insert(text.begin() + static_cast<long>(pos), static_cast<char>(rng() % 256)); break;
-        case 1: if (pos < text.size()) text.erase(pos, 1); break;
-        default: if (pos < text.size()) text[pos] = static_cast<char>(rng() % 256); break;
+        case 1:
+          if (pos < text.size()) text.erase(pos, 1);
+          break;
+        default:
+          if (pos < text.size()) text[pos] = static_cast<char>(rng() % 256);
+          break;
       }
     }
     try {

@@ -17,8 +17,8 @@
 
 #include <flashdraft/ops.hpp>
 
-#include <torch/types.h>
 #include <torch/cuda.h>
+#include <torch/types.h>
 
 #include <gtest/gtest.h>
 
@@ -30,12 +30,13 @@ using namespace flashdraft;
 namespace {
 
 bool cuda_here() { return torch::cuda::is_available() && cuda_ops::cuda_ops_built(); }
-#define REQUIRE_CUDA_OPS()                                                                              \
-  do {                                                                                                 \
-    if (!cuda_here()) {                                                                                \
-      GTEST_SKIP() << (torch::cuda::is_available() ? "this engine was built without its CUDA kernels"  \
-                                                    : "no CUDA device here: the engine's CUDA kernels run only on a GPU"); \
-    }                                                                                                  \
+#define REQUIRE_CUDA_OPS()                                                                        \
+  do {                                                                                            \
+    if (!cuda_here()) {                                                                           \
+      GTEST_SKIP() << (torch::cuda::is_available()                                                \
+                           ? "this engine was built without its CUDA kernels"                     \
+                           : "no CUDA device here: the engine's CUDA kernels run only on a GPU"); \
+    }                                                                                             \
   } while (0)
 
 double rel_err(const at::Tensor& got, const at::Tensor& ref) {
@@ -45,9 +46,7 @@ double rel_err(const at::Tensor& got, const at::Tensor& ref) {
 
 // The bound on ||got - ref|| / ||ref|| for values rounded once to `dtype` after float32
 // arithmetic (METHOD: float32 far under 1e-3; bf16 between 1e-3 and 1e-2).
-double tolerance(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? 6e-3 : dtype == at::kHalf ? 8e-4 : 2e-6;
-}
+double tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 6e-3 : dtype == at::kHalf ? 8e-4 : 2e-6; }
 
 const c10::Device kCuda(c10::kCUDA, 0);
 
@@ -81,7 +80,8 @@ TEST(Ops, RopeAndTablesMatchTheDefinitionCpu) {
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t t = 0; t < T; t += 7)
       for (int64_t j = 0; j < D; ++j) {
-        const double ang = double(pos[b][t].item<int64_t>()) * std::pow(10000.0, -2.0 * double(j % (D / 2)) / double(D));
+        const double ang =
+            double(pos[b][t].item<int64_t>()) * std::pow(10000.0, -2.0 * double(j % (D / 2)) / double(D));
         EXPECT_NEAR(cos[b][t][j].item<double>(), std::cos(ang), 1e-12);
         EXPECT_NEAR(sin[b][t][j].item<double>(), std::sin(ang), 1e-12);
       }
@@ -268,8 +268,8 @@ void check_ce(const CeCase& c, uint64_t seed) {
   EXPECT_TRUE(am.equal(first_max)) << what << ": argmax must be the first index of the row's maximum";
   // The gradient, written over the logits.
   const at::Tensor in_range = labels.lt(c.vocab);
-  const at::Tensor onehot = at::zeros_like(x).scatter_(1, labels.clamp_max(c.vocab - 1).unsqueeze(1),
-                                                       in_range.to(at::kDouble).unsqueeze(1));
+  const at::Tensor onehot =
+      at::zeros_like(x).scatter_(1, labels.clamp_max(c.vocab - 1).unsqueeze(1), in_range.to(at::kDouble).unsqueeze(1));
   const at::Tensor ref_grad = (logp.exp() - onehot) * (w.to(at::kDouble) * scale).unsqueeze(1);
   const at::Tensor got = logits.to(at::kCPU, at::kDouble);
   const at::Tensor keep = in_range.nonzero().squeeze(1);
@@ -365,7 +365,8 @@ TEST(CudaOps, MixedAdamWOptimizerFollowsTheFloat32Run) {
     EXPECT_LE(((a - b).abs() / b.abs().clamp_min(1e-3)).max().item<double>(), 1.0 / 128) << i;
   }
   EXPECT_LE(differ, total / 200) << differ << " of " << total << " weights differ after rounding";
-  const at::Tensor moved = w16[0].detach().to(at::kFloat) - params_on(kCuda, at::kBFloat16, 5)[0].detach().to(at::kFloat);
+  const at::Tensor moved =
+      w16[0].detach().to(at::kFloat) - params_on(kCuda, at::kBFloat16, 5)[0].detach().to(at::kFloat);
   EXPECT_GT(moved.abs().max().item<double>(), 1e-3);  // the weights moved
 }
 

@@ -1,8 +1,8 @@
 // DFlash drafter: labels, weights and anchors (pure logic, hand-worked numbers), a
 // float64 finite-difference gradient check of a one-layer drafter against autograd,
 // frozen target parts, the step's attention calls, and the bad-input errors.
-#include "dflash_oracle.hpp"
 #include "../plugins/dflash/dflash_labels.hpp"
+#include "dflash_oracle.hpp"
 
 #include <flashdraft/acceptance.hpp>
 
@@ -15,8 +15,8 @@
 #include <set>
 
 using namespace flashdraft;
-using flashdraft::dflash_test::OracleAttention;
 using flashdraft::dflash_test::make_drafter;
+using flashdraft::dflash_test::OracleAttention;
 
 namespace {
 
@@ -33,9 +33,8 @@ TEST(DFlashLabels, HandWorkedExample) {
   dflash::Anchors a{{1, 5, 5}, {1, 1, 0}};
   const dflash::BlockLabels bl = dflash::block_labels(tokens.data(), mask.data(), 10, a, 4, 2.0);
   const std::vector<int64_t> want_labels{-1, 102, 103, 104, -1, 106, -1, 108, -1, -1, -1, -1};
-  const std::vector<double> want_w{0, 1, 0.6065306597126334, 0.36787944117144233,
-                                   0, 1, 0,                  0.36787944117144233,
-                                   0, 0, 0,                  0};
+  const std::vector<double> want_w{0, 1, 0.6065306597126334, 0.36787944117144233, 0, 1, 0, 0.36787944117144233, 0, 0,
+                                   0, 0};
   EXPECT_EQ(bl.labels, want_labels);
   ASSERT_EQ(bl.weights.size(), want_w.size());
   for (size_t i = 0; i < want_w.size(); ++i) EXPECT_NEAR(bl.weights[i], want_w[i], 1e-15) << "slot " << i;
@@ -143,7 +142,7 @@ TEST(DFlashDefaults, GammaAndTargetLayersAsTheReferences) {
   EXPECT_EQ(dflash::default_gamma(10), 5.0);
   EXPECT_EQ(dflash::default_gamma(8), 4.0);
   EXPECT_NEAR(dflash::default_gamma(12), 5.0 + 2.0 / 3.0, 1e-12);  // between the paper's values
-  EXPECT_EQ(dflash::default_gamma(2), 1.0);                         // at least 1
+  EXPECT_EQ(dflash::default_gamma(2), 1.0);                        // at least 1
   EXPECT_EQ(dflash::reference_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));  // Qwen3-8B
   EXPECT_EQ(dflash::reference_layer_ids(36, 1), (std::vector<int64_t>{18}));
   EXPECT_EQ(dflash::reference_layer_ids(28, 3), (std::vector<int64_t>{1, 13, 25}));
@@ -161,8 +160,12 @@ TEST(DFlashDefaults, GammaAndTargetLayersAsTheReferences) {
 // there (an online target computes it; offline data may export it), else the data's tokens.
 TEST(DFlashLabels, AutoIsTheTargetsGreedyTokenWhereItsLastLayerIsThere) {
   for (const bool exported : {true, false}) {
-    auto d = make_drafter({{"layers", int64_t{1}}, {"hidden", int64_t{32}}, {"heads", int64_t{4}},
-                           {"kv_heads", int64_t{2}}, {"block_size", int64_t{4}}, {"anchors", int64_t{2}},
+    auto d = make_drafter({{"layers", int64_t{1}},
+                           {"hidden", int64_t{32}},
+                           {"heads", int64_t{4}},
+                           {"kv_heads", int64_t{2}},
+                           {"block_size", int64_t{4}},
+                           {"anchors", int64_t{2}},
                            {"target_layer_ids", std::vector<int64_t>{0, 1}}});
     auto p = dflash_test::random_problem(40, 32, {0, 1, 2}, 2, 16, at::kFloat, 7);
     if (!exported) p.target.layers = 5;  // the last layer, 4, is not among the exported {0, 1, 2}
@@ -176,7 +179,8 @@ TEST(DFlashLabels, AutoIsTheTargetsGreedyTokenWhereItsLastLayerIsThere) {
     EXPECT_EQ(attn.labels_from_target, exported);
     EXPECT_FALSE(attn.soft_labels);
     ASSERT_EQ(said.size(), 1u);
-    EXPECT_NE(said[0].find(exported ? "labels = \"target_argmax\" (auto" : "labels = \"data\" (auto"), std::string::npos)
+    EXPECT_NE(said[0].find(exported ? "labels = \"target_argmax\" (auto" : "labels = \"data\" (auto"),
+              std::string::npos)
         << said[0];
   }
 }
@@ -197,10 +201,17 @@ TEST(DFlashAnchors, WithoutReplacementCoversEveryCandidate) {
 
 // --- the drafter ----------------------------------------------------------------------------
 std::map<std::string, Value> small_drafter() {
-  return {{"layers", int64_t{1}},      {"hidden", int64_t{16}},   {"heads", int64_t{4}},
-          {"kv_heads", int64_t{2}},    {"ffn", int64_t{24}},      {"block_size", int64_t{4}},
-          {"anchors", int64_t{3}},     {"target_layer_ids", std::vector<int64_t>{0, 2}},
-          {"gamma", 2.0},              {"init_std", 0.3},         {"mask_token", int64_t{19}}};
+  return {{"layers", int64_t{1}},
+          {"hidden", int64_t{16}},
+          {"heads", int64_t{4}},
+          {"kv_heads", int64_t{2}},
+          {"ffn", int64_t{24}},
+          {"block_size", int64_t{4}},
+          {"anchors", int64_t{3}},
+          {"target_layer_ids", std::vector<int64_t>{0, 2}},
+          {"gamma", 2.0},
+          {"init_std", 0.3},
+          {"mask_token", int64_t{19}}};
 }
 
 RunContext context(c10::ScalarType dtype, uint64_t seed) {

@@ -16,10 +16,15 @@ namespace {
 void write(hid_t file, const std::string& name, const at::Tensor& t) {
   at::Tensor c = t.detach().contiguous();
   hid_t type = H5T_NATIVE_FLOAT;
-  if (c.scalar_type() == at::kLong) type = H5T_NATIVE_INT64;
-  else if (c.scalar_type() == at::kByte || c.scalar_type() == at::kBool) { c = c.to(at::kLong); type = H5T_NATIVE_INT64; }
-  else if (c.scalar_type() == at::kDouble) type = H5T_NATIVE_DOUBLE;
-  else c = c.to(at::kFloat);
+  if (c.scalar_type() == at::kLong)
+    type = H5T_NATIVE_INT64;
+  else if (c.scalar_type() == at::kByte || c.scalar_type() == at::kBool) {
+    c = c.to(at::kLong);
+    type = H5T_NATIVE_INT64;
+  } else if (c.scalar_type() == at::kDouble)
+    type = H5T_NATIVE_DOUBLE;
+  else
+    c = c.to(at::kFloat);
   std::vector<hsize_t> dims(c.sizes().begin(), c.sizes().end());
   hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
   H5Pset_create_intermediate_group(lcpl, 1);
@@ -36,10 +41,11 @@ void write(hid_t file, const std::string& name, const at::Tensor& t) {
 // drew, the loss, every parameter and gradient, and the keys the reference needs.
 void write_case(hid_t file, const std::string& name, const std::map<std::string, Value>& extra, bool packed) {
   std::map<std::string, Value> cfg{
-      {"layers", int64_t{2}},     {"hidden", int64_t{32}},   {"heads", int64_t{4}},  {"kv_heads", int64_t{2}},
-      {"ffn", int64_t{48}},       {"block_size", int64_t{4}}, {"anchors", int64_t{3}}, {"mask_token", int64_t{39}},
-      {"target_layer_ids", std::vector<int64_t>{2, 0}},       {"gamma", 3.0},          {"init_std", 0.2},
-      {"rope_theta", 500.0},      {"rms_eps", 1e-5}};
+      {"layers", int64_t{2}},   {"hidden", int64_t{32}},     {"heads", int64_t{4}},
+      {"kv_heads", int64_t{2}}, {"ffn", int64_t{48}},        {"block_size", int64_t{4}},
+      {"anchors", int64_t{3}},  {"mask_token", int64_t{39}}, {"target_layer_ids", std::vector<int64_t>{2, 0}},
+      {"gamma", 3.0},           {"init_std", 0.2},           {"rope_theta", 500.0},
+      {"rms_eps", 1e-5}};
   for (const auto& [k, v] : extra) cfg[k] = v;
   auto d = dflash_test::make_drafter(cfg);
   auto p = dflash_test::random_problem(40, 32, {0, 1, 2}, 2, 16, at::kFloat, 2024);
@@ -63,8 +69,9 @@ void write_case(hid_t file, const std::string& name, const std::map<std::string,
   write(file, g + "batch/loss_mask", p.batch.loss_mask);
   write(file, g + "batch/lengths", p.batch.lengths);
   // [B, 2] document lengths per row (0: none): a row without documents is one of its length.
-  write(file, g + "batch/documents", packed ? at::tensor(std::vector<int64_t>{7, 9, 6, 0}).view({2, 2})
-                                            : at::tensor(std::vector<int64_t>{16, 0, 6, 0}).view({2, 2}));
+  write(file, g + "batch/documents",
+        packed ? at::tensor(std::vector<int64_t>{7, 9, 6, 0}).view({2, 2})
+               : at::tensor(std::vector<int64_t>{16, 0, 6, 0}).view({2, 2}));
   write(file, g + "target/embedding", p.target.embedding);
   write(file, g + "target/lm_head", p.target.lm_head);
   write(file, g + "target/exported_layers", at::tensor(p.target.exported_layers));
@@ -89,7 +96,10 @@ void write_case(hid_t file, const std::string& name, const std::map<std::string,
   };
   const std::string labels = text("labels", "data"), norm = text("normalisation", "positions"),
                     rule = text("anchor_rule", "response");
-  write(file, g + "config/labels", at::scalar_tensor(int64_t(labels == "data" ? 0 : labels == "target_argmax" ? 1 : 2)));
+  write(file, g + "config/labels",
+        at::scalar_tensor(int64_t(labels == "data"            ? 0
+                                  : labels == "target_argmax" ? 1
+                                                              : 2)));
   write(file, g + "config/by_positions", at::scalar_tensor(int64_t(norm == "positions")));
   write(file, g + "config/response_anchors", at::scalar_tensor(int64_t(rule == "response")));
   write(file, g + "config/label_temperature",

@@ -15,9 +15,9 @@
 #include <flashdraft/attention.hpp>
 #include <flashdraft/mask_generator.hpp>
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <ATen/ATen.h>
 
 #include <limits>
 

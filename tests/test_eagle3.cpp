@@ -25,11 +25,16 @@ std::unique_ptr<Drafter> make_eagle3(const std::map<std::string, Value>& overrid
   return create_as<Drafter>(registry, p, dflash_test::make_config(registry.schema(p), overrides));
 }
 
-const std::map<std::string, Value> kSmall{{"heads", int64_t{4}},       {"kv_heads", int64_t{2}},
-                                          {"intermediate_size", int64_t{48}}, {"ttt_steps", int64_t{3}},
-                                          {"draft_vocab", int64_t{24}},  {"init_std", 0.2},
-                                          {"rope_theta", 500.0},         {"rms_eps", 1e-5},
-                                          {"step_decay", 0.7},           {"eval_blocks", int64_t{4}}};
+const std::map<std::string, Value> kSmall{{"heads", int64_t{4}},
+                                          {"kv_heads", int64_t{2}},
+                                          {"intermediate_size", int64_t{48}},
+                                          {"ttt_steps", int64_t{3}},
+                                          {"draft_vocab", int64_t{24}},
+                                          {"init_std", 0.2},
+                                          {"rope_theta", 500.0},
+                                          {"rms_eps", 1e-5},
+                                          {"step_decay", 0.7},
+                                          {"eval_blocks", int64_t{4}}};
 
 // A random problem: 4 target layers (ids 0..3 exported; the last one after the final norm),
 // two rows of 12 tokens, the second shorter (length 10) and packed from two documents.
@@ -54,8 +59,8 @@ struct Engine {
     c[0].kernel = kernel.get();
     std::vector<AttentionProblem> named = problems;
     for (auto& p : named) p.mask = "eagle3_ttt";
-    dispatcher = std::make_unique<AttentionDispatcher>(choose_kernel(named, c, "error"), mask.get(), "error", &ledger,
-                                                       nullptr);
+    dispatcher =
+        std::make_unique<AttentionDispatcher>(choose_kernel(named, c, "error"), mask.get(), "error", &ledger, nullptr);
     ledger.begin_step(0, static_cast<int64_t>(problems.size()));
   }
 };
@@ -63,10 +68,15 @@ struct Engine {
 void write(hid_t file, const std::string& name, const at::Tensor& t) {
   at::Tensor c = t.detach().contiguous();
   hid_t type = H5T_NATIVE_FLOAT;
-  if (c.scalar_type() == at::kLong) type = H5T_NATIVE_INT64;
-  else if (c.scalar_type() == at::kByte || c.scalar_type() == at::kBool) { c = c.to(at::kLong); type = H5T_NATIVE_INT64; }
-  else if (c.scalar_type() == at::kDouble) type = H5T_NATIVE_DOUBLE;
-  else c = c.to(at::kFloat);
+  if (c.scalar_type() == at::kLong)
+    type = H5T_NATIVE_INT64;
+  else if (c.scalar_type() == at::kByte || c.scalar_type() == at::kBool) {
+    c = c.to(at::kLong);
+    type = H5T_NATIVE_INT64;
+  } else if (c.scalar_type() == at::kDouble)
+    type = H5T_NATIVE_DOUBLE;
+  else
+    c = c.to(at::kFloat);
   std::vector<hsize_t> dims(c.sizes().begin(), c.sizes().end());
   hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
   H5Pset_create_intermediate_group(lcpl, 1);

@@ -27,11 +27,17 @@ std::unique_ptr<Dataset> make_dataset(const std::map<std::string, Value>& over) 
   return create_as<Dataset>(registry, p, dflash_test::make_config(registry.schema(p), over));
 }
 
-const std::map<std::string, Value> kSmall{
-    {"vocab", int64_t{48}},          {"hidden", int64_t{16}},         {"layers", int64_t{3}},
-    {"heads", int64_t{2}},           {"seq_len", int64_t{24}},        {"prompt_len", int64_t{5}},
-    {"train_sequences", int64_t{10}}, {"eval_sequences", int64_t{6}}, {"exported_layers", std::vector<int64_t>{0, 2}},
-    {"batch_size", int64_t{3}},      {"seed", int64_t{77}}};
+const std::map<std::string, Value> kSmall{{"vocab", int64_t{48}},
+                                          {"hidden", int64_t{16}},
+                                          {"layers", int64_t{3}},
+                                          {"heads", int64_t{2}},
+                                          {"seq_len", int64_t{24}},
+                                          {"prompt_len", int64_t{5}},
+                                          {"train_sequences", int64_t{10}},
+                                          {"eval_sequences", int64_t{6}},
+                                          {"exported_layers", std::vector<int64_t>{0, 2}},
+                                          {"batch_size", int64_t{3}},
+                                          {"seed", int64_t{77}}};
 
 TEST(EmbeddedData, GeneratedOnceThenReusedWithDeterministicBatches) {
   const fs::path dir = fs::temp_directory_path() / ("flashdraft_embedded_" + std::to_string(::getpid()));

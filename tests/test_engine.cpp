@@ -18,9 +18,10 @@ namespace {
 
 std::string experiment(const std::string& dir, const std::string& name, int steps, const std::string& extra) {
   const std::string path = dir + "/" + name + ".toml";
-  test::write_file(path, "[run]\nname = \"" + name + "\"\nsteps = " + std::to_string(steps) +
-                             "\nout = \"" + dir + "\"\n[drafter]\nplugin = \"toy_drafter\"\n[dataset]\nplugin = \"toy_data\"\n"
-                             "[mask]\nplugin = \"causal\"\n" + extra);
+  test::write_file(path, "[run]\nname = \"" + name + "\"\nsteps = " + std::to_string(steps) + "\nout = \"" + dir +
+                             "\"\n[drafter]\nplugin = \"toy_drafter\"\n[dataset]\nplugin = \"toy_data\"\n"
+                             "[mask]\nplugin = \"causal\"\n" +
+                             extra);
   return path;
 }
 
@@ -126,8 +127,8 @@ TEST(Engine, RefusedKernelStopsBeforeStepZeroOrFallsBackWithWarn) {
 TEST(Engine, LogIsReadableWhileWrittenAndAfterSigkill) {
   const std::string dir = test::temp_dir("engine-kill");
   // 2 layers x 60 ms per forward call: ~0.15 s per step.
-  const std::string exp = experiment(dir, "kill", 1000,
-                                     "[attention]\nkernels = [\"toy_kernel\"]\n[kernels.toy_kernel]\nsleep_ms = 60\n");
+  const std::string exp =
+      experiment(dir, "kill", 1000, "[attention]\nkernels = [\"toy_kernel\"]\n[kernels.toy_kernel]\nsleep_ms = 60\n");
   test::Child child = test::start_cli(run_args(exp), dir + "/out.txt");
   const std::string log = dir + "/kill.h5";
   // A second process (this one) reads the log while it is written (SWMR).
@@ -181,8 +182,11 @@ TEST(Engine, LogIsReadableWhileWrittenAndAfterSigkill) {
     return;
   }
   std::string out;
-  const std::string py = std::string(FLASHDRAFT_PYTHON) + " -c \"import h5py,sys; f=h5py.File(sys.argv[1],'r',swmr=True);"
-                         " n=len(f['steps/step']); assert list(f['steps/step'][:])==list(range(n)); print('h5py steps', n)\" " + log;
+  const std::string py =
+      std::string(FLASHDRAFT_PYTHON) +
+      " -c \"import h5py,sys; f=h5py.File(sys.argv[1],'r',swmr=True);"
+      " n=len(f['steps/step']); assert list(f['steps/step'][:])==list(range(n)); print('h5py steps', n)\" " +
+      log;
   FILE* p = popen(py.c_str(), "r");
   char buf[256] = {0};
   std::string got;

@@ -82,12 +82,16 @@ class ConfigEnv {
     const char* old = std::getenv(kConfigEnv);
     had_ = old != nullptr;
     if (had_) old_ = old;
-    if (value.empty()) unsetenv(kConfigEnv);
-    else setenv(kConfigEnv, value.c_str(), 1);
+    if (value.empty())
+      unsetenv(kConfigEnv);
+    else
+      setenv(kConfigEnv, value.c_str(), 1);
   }
   ~ConfigEnv() {
-    if (had_) setenv(kConfigEnv, old_.c_str(), 1);
-    else unsetenv(kConfigEnv);
+    if (had_)
+      setenv(kConfigEnv, old_.c_str(), 1);
+    else
+      unsetenv(kConfigEnv);
   }
 
  private:
@@ -117,12 +121,13 @@ struct Case {
   std::string name;
   int64_t batch, heads_q, heads_kv, q_len, kv_len;
   std::function<fd::BlockMask()> build;  // at 128 x 64
-  Visible visible;                        // the same mask, element by element (b, h of the problem)
+  Visible visible;                       // the same mask, element by element (b, h of the problem)
   bool expect_empty_rows = false;
 };
 
 // The kernel's tile (128 x 64).
-fd::BlockMask build_from_predicate(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len, const Visible& visible) {
+fd::BlockMask build_from_predicate(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
+                                   const Visible& visible) {
   return test::build_mask(batch, heads, q_len, kv_len, 128, 64, visible);
 }
 
@@ -199,19 +204,19 @@ std::vector<Case> predicate_cases() {
     Visible vis = [bits, Lq, Lkv](int64_t, int64_t h, int64_t q, int64_t k) {
       return q % 11 != 3 && (*bits)[(h * Lq + q) * Lkv + k] != 0;
     };
-    cases.push_back({"random_per_head", 1, H, 1, Lq, Lkv, [=] { return build_from_predicate(1, H, Lq, Lkv, vis); },
-                     vis, true});
+    cases.push_back(
+        {"random_per_head", 1, H, 1, Lq, Lkv, [=] { return build_from_predicate(1, H, Lq, Lkv, vis); }, vis, true});
   }
   {  // GQA 8:1, causal bottom-right aligned, Lq < Lkv, mask batch = B with a shift per b
     const int64_t B = 2, Lq = 133, Lkv = 390;
     Visible vis = [=](int64_t b, int64_t, int64_t q, int64_t k) { return k <= q + (Lkv - Lq) - 17 * b; };
-    cases.push_back({"gqa8_causal_rect", B, 8, 1, Lq, Lkv, [=] { return build_from_predicate(B, 1, Lq, Lkv, vis); },
-                     vis, false});
+    cases.push_back(
+        {"gqa8_causal_rect", B, 8, 1, Lq, Lkv, [=] { return build_from_predicate(B, 1, Lq, Lkv, vis); }, vis, false});
   }
   {  // one query row tile, one partial key tile; nothing visible for odd rows
     Visible vis = [](int64_t, int64_t, int64_t q, int64_t k) { return q % 2 == 0 && k % 3 != 1; };
-    cases.push_back({"tiny_33x17", 1, 2, 2, 33, 17, [=] { return build_from_predicate(1, 1, 33, 17, vis); }, vis,
-                     true});
+    cases.push_back(
+        {"tiny_33x17", 1, 2, 2, 33, 17, [=] { return build_from_predicate(1, 1, 33, 17, vis); }, vis, true});
   }
   return cases;
 }
@@ -249,16 +254,19 @@ std::vector<std::string> configs_here() {
   std::vector<std::string> configs = {"auto"};
   for (const std::string config : {"sm90a", "sm90", "sm120"}) {
     const fd::Support s = flash_cuda(config)->supports(small_problem());
-    if (s.ok) configs.push_back(config);
-    else if (config == "sm90a" && std::getenv("FLASHDRAFT_EXPECT_SM90A")) ADD_FAILURE() << "sm90a refused: " << s.reason;
-    else std::printf("  configuration %s not run here: %s\n", config.c_str(), s.reason.c_str());
+    if (s.ok)
+      configs.push_back(config);
+    else if (config == "sm90a" && std::getenv("FLASHDRAFT_EXPECT_SM90A"))
+      ADD_FAILURE() << "sm90a refused: " << s.reason;
+    else
+      std::printf("  configuration %s not run here: %s\n", config.c_str(), s.reason.c_str());
   }
   return configs;
 }
 
 // One case, one dtype, one head dim, one configuration of the experiment key.
-void compare(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c, at::ScalarType dtype,
-             int64_t dim, const std::string& config, uint64_t seed) {
+void compare(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c, at::ScalarType dtype, int64_t dim,
+             const std::string& config, uint64_t seed) {
   const std::string precision = dtype == at::kBFloat16 ? "bf16" : "fp16";
   SCOPED_TRACE(c.name + " " + precision + " d" + std::to_string(dim) + " config " + config + " seed " +
                std::to_string(seed));
@@ -423,13 +431,13 @@ TEST_F(FlashCuda, EnvironmentVariableOverridesTheExperimentKeyOnEveryCall) {
   std::vector<Step> steps = {
       {"", "config sm120 (forced by [kernels.flash_cuda].config)", "sm120"},
       {"sm90", "config sm90 (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm90" + over, "sm90"},
-      {"sm120", "config sm120 (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm120, as [kernels.flash_cuda].config)",
-       "sm120"},
+      {"sm120", "config sm120 (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm120, as [kernels.flash_cuda].config)", "sm120"},
       {"auto", "", ""},  // the note and variant of auto depend on the GPU
       {"", "config sm120 (forced by [kernels.flash_cuda].config)", "sm120"},
   };
-  if (sm90a) steps.insert(steps.begin() + 2, {"sm90a", "config sm90a (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm90a" + over,
-                                              "sm90a"});
+  if (sm90a)
+    steps.insert(steps.begin() + 2,
+                 {"sm90a", "config sm90a (forced by FLASHDRAFT_FLASH_CUDA_CONFIG=sm90a" + over, "sm90a"});
   for (const Step& step : steps) {
     SCOPED_TRACE("FLASHDRAFT_FLASH_CUDA_CONFIG=" + step.env);
     const ConfigEnv env(step.env);
@@ -464,7 +472,8 @@ TEST_F(FlashCuda, EnvironmentVariableOverridesTheExperimentKeyOnEveryCall) {
 
 // An invalid value of the variable is refused before any device question (runs in CI).
 TEST(FlashCudaSupports, RefusesAnEnvironmentValueThatNamesNoConfiguration) {
-  if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
+  if (!FLASHDRAFT_FLASH_CUDA_BUILT)
+    GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
   const ConfigEnv env("sm75");
   const fd::Support s = flash_cuda("auto")->supports(small_problem());
   EXPECT_FALSE(s.ok);
@@ -488,14 +497,16 @@ void expect_choice_key(const std::string& name, const std::string& fallback, con
 
 // The key is declared in the plugin's schema: a string, default "auto", four choices.
 TEST(FlashCudaSupports, DeclaresTheConfigKey) {
-  if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
+  if (!FLASHDRAFT_FLASH_CUDA_BUILT)
+    GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
   expect_choice_key("config", "auto", {"auto", "sm90a", "sm90", "sm120"});
 }
 
 // The schedule key: a string, default "longest-first", two choices; any other value is refused
 // by the schema with the value and the choices (runs in CI).
 TEST(FlashCudaSupports, DeclaresTheScheduleKey) {
-  if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
+  if (!FLASHDRAFT_FLASH_CUDA_BUILT)
+    GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
   expect_choice_key("schedule", "longest-first", {"longest-first", "grid"});
   try {
     flash_cuda("auto", "shortest-first");
@@ -521,7 +532,7 @@ TEST(FlashCudaSchedule, GroupsOfHeadsFitTheirShareOfTheL2) {
   EXPECT_EQ(g.q_units, 32);
   EXPECT_EQ(g.kv_units, 32);
   g = fc::flash_schedule_groups(1, 32, 32, 8192, 8192, 128, 2, rtx5090, true);  // causal 8192
-  EXPECT_EQ(g.q_units, 9);   // 38 MB / 4.2 MB
+  EXPECT_EQ(g.q_units, 9);                                                      // 38 MB / 4.2 MB
   EXPECT_EQ(g.kv_units, 16);
   // GQA 4:1: a kv head's Q/dO are its 4 q heads'; a group never exceeds the problem nor falls below 1
   g = fc::flash_schedule_groups(2, 32, 8, 8192, 8192, 128, 2, h200, true);
@@ -552,8 +563,9 @@ TEST(FlashCudaConfigChoice, NotesAndRefusalsNameTheValueWhereItCameFromAndWhatIs
   EXPECT_EQ(c.note, "config sm90 (auto: compute capability 8.0, 163 KB of shared memory per block)");
   c = choose("auto", "", std::nullopt, rtx);
   EXPECT_EQ(c.config, fc::Config::sm120);
-  EXPECT_EQ(c.note, "config sm120 (auto: compute capability 12.0, 99 KB of shared memory per block, below the 160 KB "
-                    "sm90 needs)");
+  EXPECT_EQ(c.note,
+            "config sm120 (auto: compute capability 12.0, 99 KB of shared memory per block, below the 160 KB "
+            "sm90 needs)");
   c = choose("sm90a", "x.toml:22:10", std::nullopt, h200);
   EXPECT_EQ(c.config, fc::Config::sm90a);
   EXPECT_EQ(c.note, "config sm90a (forced by [kernels.flash_cuda].config)");
@@ -564,29 +576,35 @@ TEST(FlashCudaConfigChoice, NotesAndRefusalsNameTheValueWhereItCameFromAndWhatIs
             "\"auto\")");
   c = choose("sm90", "", std::string("auto"), h200);
   EXPECT_EQ(c.config, fc::Config::sm90a);
-  EXPECT_EQ(c.note, "config sm90a (auto: compute capability 9.0; FLASHDRAFT_FLASH_CUDA_CONFIG=auto, overriding "
-                    "[kernels.flash_cuda].config = \"sm90\")");
+  EXPECT_EQ(c.note,
+            "config sm90a (auto: compute capability 9.0; FLASHDRAFT_FLASH_CUDA_CONFIG=auto, overriding "
+            "[kernels.flash_cuda].config = \"sm90\")");
   // Forced configurations the device cannot run.
   c = choose("sm90a", "x.toml:22:10", std::nullopt, a100);
   EXPECT_EQ(c.note, "");
-  EXPECT_EQ(c.refusal, "[kernels.flash_cuda].config = \"sm90a\" (x.toml:22:10) cannot run on cuda:0: sm90a needs "
-                       "compute capability 9.0 (wgmma), the device has 8.0; accepted on cuda:0: \"auto\", \"sm90\", "
-                       "\"sm120\"");
+  EXPECT_EQ(c.refusal,
+            "[kernels.flash_cuda].config = \"sm90a\" (x.toml:22:10) cannot run on cuda:0: sm90a needs "
+            "compute capability 9.0 (wgmma), the device has 8.0; accepted on cuda:0: \"auto\", \"sm90\", "
+            "\"sm120\"");
   c = choose("auto", "", std::string("sm90"), rtx);
-  EXPECT_EQ(c.refusal, "FLASHDRAFT_FLASH_CUDA_CONFIG=sm90 (overriding [kernels.flash_cuda].config = \"auto\") cannot "
-                       "run on cuda:0: sm90 needs 160 KB of shared memory per block, the device allows 99 KB; accepted "
-                       "on cuda:0: auto, sm120");
+  EXPECT_EQ(c.refusal,
+            "FLASHDRAFT_FLASH_CUDA_CONFIG=sm90 (overriding [kernels.flash_cuda].config = \"auto\") cannot "
+            "run on cuda:0: sm90 needs 160 KB of shared memory per block, the device allows 99 KB; accepted "
+            "on cuda:0: auto, sm120");
   c = choose("sm120", "", std::string("sm90a"), rtx);
-  EXPECT_EQ(c.refusal, "FLASHDRAFT_FLASH_CUDA_CONFIG=sm90a (overriding [kernels.flash_cuda].config = \"sm120\") "
-                       "cannot run on cuda:0: sm90a needs compute capability 9.0 (wgmma), the device has 12.0; "
-                       "accepted on cuda:0: auto, sm120");
+  EXPECT_EQ(c.refusal,
+            "FLASHDRAFT_FLASH_CUDA_CONFIG=sm90a (overriding [kernels.flash_cuda].config = \"sm120\") "
+            "cannot run on cuda:0: sm90a needs compute capability 9.0 (wgmma), the device has 12.0; "
+            "accepted on cuda:0: auto, sm120");
   // Values that name no configuration (a file value only reaches here past the schema in tests).
   c = choose("auto", "", std::string("SM90"), h200);
-  EXPECT_EQ(c.refusal, "FLASHDRAFT_FLASH_CUDA_CONFIG is 'SM90', not a configuration; accepted values: auto, sm90a, "
-                       "sm90, sm120 (or unset it to use [kernels.flash_cuda].config = \"auto\")");
+  EXPECT_EQ(c.refusal,
+            "FLASHDRAFT_FLASH_CUDA_CONFIG is 'SM90', not a configuration; accepted values: auto, sm90a, "
+            "sm90, sm120 (or unset it to use [kernels.flash_cuda].config = \"auto\")");
   c = choose("sm80", "x.toml:3:1", std::nullopt, h200);
-  EXPECT_EQ(c.refusal, "[kernels.flash_cuda].config is \"sm80\" at x.toml:3:1, not a configuration; accepted values: "
-                       "\"auto\", \"sm90a\", \"sm90\", \"sm120\"");
+  EXPECT_EQ(c.refusal,
+            "[kernels.flash_cuda].config is \"sm80\" at x.toml:3:1, not a configuration; accepted values: "
+            "\"auto\", \"sm90a\", \"sm90\", \"sm120\"");
 }
 
 // Inputs that are not contiguous (a transposed [B, L, H, D] layout) give the same result.
@@ -641,7 +659,8 @@ TEST(FlashCudaCases, MasksBuildAndMatchTheirPredicates) {
 
 // Refusals that need no GPU: they run in CI too.
 TEST(FlashCudaSupports, RefusesWithReasonsNamingFoundAndSupportedValues) {
-  if (!FLASHDRAFT_FLASH_CUDA_BUILT) GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
+  if (!FLASHDRAFT_FLASH_CUDA_BUILT)
+    GTEST_SKIP() << "flash_cuda is not built in this build (no CUDA, or FLASHDRAFT_BUILD_CUDA=OFF)";
   const ConfigEnv env("");
   std::shared_ptr<fd::AttentionKernel> flash = flash_cuda("auto");
   fd::AttentionProblem p;

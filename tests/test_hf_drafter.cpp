@@ -6,7 +6,7 @@
 //     config or tensors do not fit, with a sentence naming the value and what is accepted.
 // Tensors are fresh random values (seed printed).
 #include "checkpoint.hpp"  // remove_tree
-#include "hf_format.hpp"  // plugins/dflash
+#include "hf_format.hpp"   // plugins/dflash
 
 #include <flashdraft/safetensors.hpp>
 

@@ -63,7 +63,7 @@ struct Case {
   int64_t batch, heads_q, heads_kv, q_len, kv_len, dim;
   int64_t mask_batch, mask_heads;
   Visible visible;
-  double scale = 0.0;  // 0: 1/sqrt(dim)
+  double scale = 0.0;                 // 0: 1/sqrt(dim)
   int64_t block_q = 0, block_kv = 0;  // 0: the kernel's block_size()
   // When set, the BlockMask comes from here (a mask generator plugin) instead of
   // add_tile over `visible`; `visible` is then the generator's own definition.
@@ -74,8 +74,8 @@ std::vector<Case> mask_cases() {
   std::vector<Case> cases;
   std::mt19937_64 rng(20261129);
   // causal, shared mask, GQA 4:2
-  cases.push_back({"causal", 2, 4, 2, 131, 131, 64, 1, 1,
-                   [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; }});
+  cases.push_back(
+      {"causal", 2, 4, 2, 131, 131, 64, 1, 1, [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; }});
   // causal aligned bottom-right, Lq < Lkv, no GQA, small head dim, odd scale
   cases.push_back({"causal_rect", 1, 3, 3, 77, 150, 16, 1, 1,
                    [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q + 73; }, 0.7});
@@ -118,14 +118,14 @@ std::vector<Case> mask_cases() {
     std::vector<uint8_t> bits(H * Lq * Lkv);
     std::bernoulli_distribution on(0.3);
     for (auto& x : bits) x = on(rng);
-    cases.push_back({"random_per_head", 1, H, 2, Lq, Lkv, 16, 1, H,
-                     [bits, Lq, Lkv](int64_t, int64_t h, int64_t q, int64_t k) {
-                       return q % 11 != 3 && bits[(h * Lq + q) * Lkv + k] != 0;
-                     }});
+    cases.push_back(
+        {"random_per_head", 1, H, 2, Lq, Lkv, 16, 1, H, [bits, Lq, Lkv](int64_t, int64_t h, int64_t q, int64_t k) {
+           return q % 11 != 3 && bits[(h * Lq + q) * Lkv + k] != 0;
+         }});
   }
   // degenerate: nothing visible anywhere, and no keys at all
-  cases.push_back({"nothing_visible", 1, 2, 1, 50, 40, 16, 1, 1,
-                   [](int64_t, int64_t, int64_t, int64_t) { return false; }});
+  cases.push_back(
+      {"nothing_visible", 1, 2, 1, 50, 40, 16, 1, 1, [](int64_t, int64_t, int64_t, int64_t) { return false; }});
   cases.push_back({"no_keys", 1, 2, 2, 33, 0, 16, 1, 1, [](int64_t, int64_t, int64_t, int64_t) { return true; }});
   return cases;
 }
@@ -151,8 +151,8 @@ TEST_F(KernelsCpu, PoisonFillsEmptyTensorsWithNaN) {
   EXPECT_TRUE(at::isnan(at::empty({1000}, at::kBFloat16)).all().item<bool>());
 }
 
-void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c,
-                        at::ScalarType dtype, uint64_t seed) {
+void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, const Case& c, at::ScalarType dtype,
+                        uint64_t seed) {
   SCOPED_TRACE(c.name + (dtype == at::kBFloat16 ? " bf16" : " fp32") + " seed " + std::to_string(seed));
   fd::AttentionProblem problem;
   problem.dtype = dtype;
@@ -161,9 +161,9 @@ void compare_with_dense(fd::AttentionKernel& flash, fd::AttentionKernel& dense, 
   ASSERT_TRUE(flash.supports(problem).ok) << flash.supports(problem).reason;
   const fd::BlockSize bs = flash.block_size(problem);
   const int64_t block_q = c.block_q ? c.block_q : bs.q, block_kv = c.block_kv ? c.block_kv : bs.kv;
-  const fd::BlockMask mask = c.build ? c.build(block_q, block_kv)
-                                     : build_mask(c.mask_batch, c.mask_heads, c.q_len, c.kv_len, block_q, block_kv,
-                                                  c.visible);
+  const fd::BlockMask mask =
+      c.build ? c.build(block_q, block_kv)
+              : build_mask(c.mask_batch, c.mask_heads, c.q_len, c.kv_len, block_q, block_kv, c.visible);
   if (!c.build) {
     ASSERT_EQ(mask.batch, c.mask_batch);
     ASSERT_EQ(mask.heads, c.mask_heads);
@@ -270,11 +270,11 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
       continue;
     }
     std::shared_ptr<fd::MaskGenerator> gen = fd::create_as<fd::MaskGenerator>(test::plugins(), *plugin, config);
-    const std::vector<fd::MaskInput> inputs =
-        plugin->name == "dflash"       ? std::vector<fd::MaskInput>{dflash, dflash_packed, dflash_served}
-        : plugin->name == "eagle3_ttt" ? std::vector<fd::MaskInput>{eagle3}
-        : plugin->name == "causal"     ? std::vector<fd::MaskInput>{self, decode}
-                                       : std::vector<fd::MaskInput>{self};
+    const std::vector<fd::MaskInput> inputs = plugin->name == "dflash"
+                                                  ? std::vector<fd::MaskInput>{dflash, dflash_packed, dflash_served}
+                                              : plugin->name == "eagle3_ttt" ? std::vector<fd::MaskInput>{eagle3}
+                                              : plugin->name == "causal"     ? std::vector<fd::MaskInput>{self, decode}
+                                                                             : std::vector<fd::MaskInput>{self};
     for (const fd::MaskInput& input : inputs) {
       try {
         gen->build(input, 64, 64);
@@ -285,7 +285,15 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
       for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
         // mask batch = B here only routes b unchanged to the generator's predicate (the
         // generator's BlockMask may still be shared: batch 1).
-        Case c{"gen_" + plugin->name, input.batch, 4, 2, input.q_len, input.kv_len, 64, input.batch, 1,
+        Case c{"gen_" + plugin->name,
+               input.batch,
+               4,
+               2,
+               input.q_len,
+               input.kv_len,
+               64,
+               input.batch,
+               1,
                [gen, input](int64_t b, int64_t h, int64_t q, int64_t k) { return gen->visible(input, b, h, q, k); }};
         c.build = [gen, input](int64_t bq, int64_t bkv) { return gen->build(input, bq, bkv); };
         compare_with_dense(*flash_, *dense_, c, dtype, seed++);
@@ -300,8 +308,9 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
 TEST_F(KernelsCpu, FlashHeadDims) {
   uint64_t seed = base_seed() + 2000;
   for (int64_t dim : {1, 5, 128, 256}) {
-    Case c{"causal_d" + std::to_string(dim), 1, 2, 1, 70, 70, dim, 1, 1,
-           [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; }};
+    Case c{"causal_d" + std::to_string(dim), 1, 2, 1, 70, 70, dim, 1, 1, [](int64_t, int64_t, int64_t q, int64_t k) {
+             return k <= q;
+           }};
     compare_with_dense(*flash_, *dense_, c, at::kFloat, seed++);
   }
 }
@@ -343,8 +352,8 @@ TEST_F(KernelsCpu, DenseRefMatchesLoop) {
   };
   const fd::BlockMask mask = build_mask(B, 1, Lq, Lkv, 4, 4, vis);
   at::manual_seed(base_seed() + 3000);
-  const at::Tensor q = at::randn({B, Hq, Lq, D}), k = at::randn({B, Hkv, Lkv, D}),
-                   v = at::randn({B, Hkv, Lkv, D}), dout = at::randn({B, Hq, Lq, D});
+  const at::Tensor q = at::randn({B, Hq, Lq, D}), k = at::randn({B, Hkv, Lkv, D}), v = at::randn({B, Hkv, Lkv, D}),
+                   dout = at::randn({B, Hq, Lq, D});
   const KernelResults r = run_kernel(*dense_, q, k, v, dout, mask, scale);
 
   auto Q = q.accessor<float, 4>();
@@ -413,7 +422,7 @@ TEST_F(KernelsCpu, DenseRefMatchesLoop) {
 
   // bf16 inputs: math in fp32, results in bf16, close to the fp32 results.
   const KernelResults rb = run_kernel(*dense_, q.to(at::kBFloat16), k.to(at::kBFloat16), v.to(at::kBFloat16),
-                                     dout.to(at::kBFloat16), mask, scale);
+                                      dout.to(at::kBFloat16), mask, scale);
   EXPECT_EQ(rb.out.scalar_type(), at::kBFloat16);
   EXPECT_EQ(rb.dk.scalar_type(), at::kBFloat16);
   EXPECT_EQ(rb.lse.scalar_type(), at::kFloat);

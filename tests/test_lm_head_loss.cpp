@@ -1,12 +1,12 @@
 // The LM-head loss variants: chunked against the reference (loss, gradient with respect
 // to the hidden rows, argmax) on fresh random inputs, CPU and (where there is one) CUDA;
 // input checks; and the dispatcher's ledger entries and fallback policy for the op.
-#include "dispatch.hpp"
 #include "cuda_ops.hpp"
+#include "dispatch.hpp"
 #include "lm_head_loss.hpp"
 
-#include <torch/types.h>
 #include <torch/cuda.h>
+#include <torch/types.h>
 
 #include <gtest/gtest.h>
 
@@ -133,8 +133,8 @@ void compare_target(const Problem& p, const at::Tensor& th, double loss_tol, dou
         return fused ? lm_head_loss_fused(in, 40) : lm_head_loss_chunked(in, 40);
       };
       const auto reference = [](const LmHeadLossInput& in) { return lm_head_loss_reference(in); };
-      for (const TargetResult& got : {run_target(p, th, soft, temperature, chunked),
-                                      run_target(p, th, soft, temperature, reference)}) {
+      for (const TargetResult& got :
+           {run_target(p, th, soft, temperature, chunked), run_target(p, th, soft, temperature, reference)}) {
         const std::string what = std::string(soft ? "soft" : "hard") + ", temperature " + std::to_string(temperature);
         EXPECT_NEAR(got.loss, def.loss, loss_tol * std::abs(def.loss)) << what;
         const at::Tensor agree = got.target_argmax.eq(def.target_argmax);
@@ -239,7 +239,8 @@ TEST(LmHeadLoss, FusedMatchesReferenceCuda) {
 TEST(LmHeadLoss, FusedAgreesWithChunkedOnTheSameLogits) {
   // Same logits (one GEMM of the same chunk): the two variants differ by the float32
   // softmax's summation order only, so the argmax is identical and the loss agrees closely.
-  if (!torch::cuda::is_available() || !cuda_ops::cuda_ops_built()) GTEST_SKIP() << "needs CUDA and the engine's kernels";
+  if (!torch::cuda::is_available() || !cuda_ops::cuda_ops_built())
+    GTEST_SKIP() << "needs CUDA and the engine's kernels";
   const Problem b = random_problem(777, 192, 151936, at::kBFloat16, c10::Device(c10::kCUDA, 0), 26);
   const Result chunked = run(b, [](const LmHeadLossInput& in) { return lm_head_loss_chunked(in, 256); });
   const Result fused = run(b, [](const LmHeadLossInput& in) { return lm_head_loss_fused(in, 256); });
@@ -332,9 +333,8 @@ TEST(LmHeadLoss, SecondBackwardSaysWhy) {
 TEST(LmHeadLoss, LedgerRecordsEachVariantForwardAndBackward) {
   for (const std::string variant : {"chunked", "reference"}) {
     std::vector<std::string> recorded;
-    LmHeadLoss op(variant, 4, [&](bool backward, const std::string& v) {
-      recorded.push_back((backward ? "bwd " : "fwd ") + v);
-    });
+    LmHeadLoss op(variant, 4,
+                  [&](bool backward, const std::string& v) { recorded.push_back((backward ? "bwd " : "fwd ") + v); });
     const Problem p = random_problem(10, 16, 40, at::kFloat, c10::kCPU, 18);
     at::Tensor h0 = p.hidden.clone().set_requires_grad(true);
     at::Tensor h = h0 * 1.0;  // a non-leaf, as in a drafter

@@ -16,8 +16,8 @@
 
 #include "registry.hpp"
 
-#include <gtest/gtest.h>
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
@@ -112,8 +112,10 @@ std::string check_mask(const fd::MaskGenerator& gen, const fd::MaskInput& in, in
         int64_t seen = 0;
         for (int64_t q = q0; q < q1; ++q)
           for (int64_t kv = k0; kv < k1; ++kv) seen += oracle(mb, q, kv);
-        if (seen == (q1 - q0) * (k1 - k0)) want_full.push_back(static_cast<int32_t>(j));
-        else if (seen > 0) want_part.push_back(static_cast<int32_t>(j));
+        if (seen == (q1 - q0) * (k1 - k0))
+          want_full.push_back(static_cast<int32_t>(j));
+        else if (seen > 0)
+          want_part.push_back(static_cast<int32_t>(j));
       }
       const std::vector<int32_t> full(m.full_index.begin() + m.full_offset[row],
                                       m.full_index.begin() + m.full_offset[row + 1]);
@@ -292,7 +294,8 @@ TEST(MaskDocument, MatchesOracleOverRandomDraws) {
         for (int64_t t = 0; t < lens[doc]; ++t) id[static_cast<size_t>(b)].push_back(static_cast<int64_t>(doc));
     }
     const Oracle oracle = [&id](int64_t b, int64_t q, int64_t kv) {
-      return kv <= q && id[static_cast<size_t>(b)][static_cast<size_t>(q)] == id[static_cast<size_t>(b)][static_cast<size_t>(kv)];
+      return kv <= q &&
+             id[static_cast<size_t>(b)][static_cast<size_t>(q)] == id[static_cast<size_t>(b)][static_cast<size_t>(kv)];
     };
     const std::string problem = check_mask(*gen, in, bs.q, bs.kv, oracle, source == 0 ? in.batch : 1);
     ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " source " << source;
@@ -309,9 +312,7 @@ TEST(MaskPrefixLm, MatchesOracleOverRandomDraws) {
     const BlockShape bs = kShapes[static_cast<size_t>(draw) % kShapes.size()];
     auto gen = make("prefix_lm", {{"prefix", prefix}});
     const int64_t Lq = in.q_len, Lkv = in.kv_len;
-    const Oracle oracle = [=](int64_t, int64_t q, int64_t kv) {
-      return kv < prefix || (Lkv - 1 - kv) >= (Lq - 1 - q);
-    };
+    const Oracle oracle = [=](int64_t, int64_t q, int64_t kv) { return kv < prefix || (Lkv - 1 - kv) >= (Lq - 1 - q); };
     const std::string problem = check_mask(*gen, in, bs.q, bs.kv, oracle, 1);
     ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " prefix " << prefix;
   }
@@ -397,7 +398,7 @@ TEST(MaskDFlash, BlockLengthsMatchOracle) {
     const Oracle full = dflash_oracle(in, in_block_causal);
     const Oracle oracle = [&in, full](int64_t b, int64_t q, int64_t kv) {
       const int64_t BS = in.block_size, len = in.block_lengths[size_t(b)][size_t(q / BS)];
-      if (q % BS >= len) return false;                                         // a query past the block's tokens
+      if (q % BS >= len) return false;                                              // a query past the block's tokens
       if (kv >= in.context_len && (kv - in.context_len) % BS >= len) return false;  // a key past them
       return full(b, q, kv);
     };
@@ -529,8 +530,10 @@ TEST(MaskDFlash, BlocksNeverSeeOtherBlocksAndPaddingSeesNothing) {
           if (kv >= S && (kv - S) / BS != n) {
             ASSERT_FALSE(on) << "block " << n << " sees block " << (kv - S) / BS;
           }
-          if (kv < S) seen_ctx += on;
-          else seen_own += on;
+          if (kv < S)
+            seen_ctx += on;
+          else
+            seen_own += on;
         }
         if (valid) {
           // exactly the anchor's prefix of the context and the whole own block
@@ -695,13 +698,19 @@ fd::MaskInput dflash_input(std::vector<int64_t> anchors, int64_t S, int64_t BS) 
 
 TEST(MaskBadInput, DFlashAnchorsAndBlockSize) {
   auto gen = make("dflash");
-  expect_invalid([&] { gen->build(dflash_input({3, 100, 40}, 200, 8), 64, 64); },
-                 {"anchor 40", "anchor 100", "strictly increasing"});
+  expect_invalid(
+      [&] {
+        gen->build(dflash_input({3, 100, 40}, 200, 8), 64, 64);
+      },
+      {"anchor 40", "anchor 100", "strictly increasing"});
   expect_invalid([&] { gen->build(dflash_input({3, 7, 7}, 200, 8), 64, 64); }, {"anchor 7", "strictly increasing"});
   expect_invalid([&] { gen->build(dflash_input({3, 250}, 200, 8), 64, 64); }, {"anchor 250", "outside the context"});
   expect_invalid([&] { gen->build(dflash_input({-2, 10}, 200, 8), 64, 64); }, {"anchor -2"});
-  expect_invalid([&] { gen->build(dflash_input({3, 193}, 200, 8), 64, 64); },
-                 {"anchor 193", "no room for the 7 tokens", "<= 192"});
+  expect_invalid(
+      [&] {
+        gen->build(dflash_input({3, 193}, 200, 8), 64, 64);
+      },
+      {"anchor 193", "no room for the 7 tokens", "<= 192"});
   fd::MaskInput zero = dflash_input({3, 9}, 200, 8);
   zero.block_size = 0;
   zero.q_len = 0;
@@ -723,8 +732,7 @@ TEST(MaskBadInput, DFlashAnchorsAndBlockSize) {
 TEST(MaskBadInput, WindowPrefixAndDocuments) {
   fd::MaskInput in;
   in.q_len = in.kv_len = 300;
-  expect_invalid([&] { make("sliding_window", {{"window", int64_t{301}}})->build(in, 64, 64); },
-                 {"window 301", "300"});
+  expect_invalid([&] { make("sliding_window", {{"window", int64_t{301}}})->build(in, 64, 64); }, {"window 301", "300"});
   EXPECT_NO_THROW(make("sliding_window", {{"window", int64_t{300}}})->build(in, 64, 64));
   expect_invalid([&] { make("prefix_lm", {{"prefix", int64_t{512}}})->build(in, 64, 64); }, {"prefix 512", "300"});
 
@@ -740,8 +748,11 @@ TEST(MaskBadInput, WindowPrefixAndDocuments) {
   d = in;
   d.doc_lengths.clear();
   expect_invalid([&] { doc->build(d, 64, 64); }, {"no document lengths"});
-  expect_invalid([&] { make("document", {{"lengths", std::vector<int64_t>{200, 50}}})->build(in, 64, 64); },
-                 {"sum to 250", "[mask] key lengths"});
+  expect_invalid(
+      [&] {
+        make("document", {{"lengths", std::vector<int64_t>{200, 50}}})->build(in, 64, 64);
+      },
+      {"sum to 250", "[mask] key lengths"});
 }
 
 }  // namespace
@@ -793,8 +804,8 @@ TEST(MaskEagle3Ttt, MatchesOracleOverRandomDraws) {
     const BlockShape bs = kShapes[static_cast<size_t>(draw) % kShapes.size()];
     const int64_t want_batch = kind == 2 && in.batch > 1 ? in.batch : 1;
     const std::string problem = check_mask(*gen, in, bs.q, bs.kv, eagle3_oracle(in), want_batch);
-    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " steps "
-                           << in.kv_len / in.q_len << " documents kind " << kind;
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " steps " << in.kv_len / in.q_len
+                           << " documents kind " << kind;
   }
 }
 

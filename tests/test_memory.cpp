@@ -35,9 +35,7 @@ TEST(MemoryTracker, PeakResetsPerPhase) {
   EXPECT_EQ(MemoryTracker::peak_bytes() - base, 1 << 20);
   MemoryTracker::reset_peak();  // next phase: the peak starts at what is live now
   EXPECT_EQ(MemoryTracker::peak_bytes() - base, 1 << 18);
-  {
-    at::Tensor mid = torch::empty({1 << 19}, torch::kByte);
-  }
+  { at::Tensor mid = torch::empty({1 << 19}, torch::kByte); }
   EXPECT_EQ(MemoryTracker::peak_bytes() - base, (1 << 18) + (1 << 19));
 }
 

@@ -4,9 +4,9 @@
 // gradients; and the state's save/load round trip and refusals.
 #include "optimizer.hpp"
 
-#include <torch/types.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize/archive.h>
+#include <torch/types.h>
 
 #include <gtest/gtest.h>
 

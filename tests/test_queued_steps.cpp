@@ -7,13 +7,12 @@
 
 #include "cli_runner.hpp"
 
-#include <torch/types.h>
 #include <torch/cuda.h>
+#include <torch/types.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 
 using flashdraft::LogReader;
 
@@ -95,7 +94,8 @@ TEST(QueuedSteps, KeyIsAcceptedAndChangesNothingOnCpu) {
   const std::string dir = test::temp_dir("queued-cpu");
   for (const std::string flag : {"true", "false"}) {
     const std::string exp = dir + "/cpu_" + flag + ".toml";
-    test::write_file(exp, "[run]\nname = \"cpu_" + flag + "\"\nout = \"" + dir + "\"\nsteps = 4\nqueue_ahead = " + flag +
+    test::write_file(exp, "[run]\nname = \"cpu_" + flag + "\"\nout = \"" + dir +
+                              "\"\nsteps = 4\nqueue_ahead = " + flag +
                               "\n[attention]\nkernels = [\"dense_ref\"]\n[drafter]\nplugin = \"dflash\"\nlayers = 1\n"
                               "heads = 2\nkv_heads = 1\nblock_size = 4\nanchors = 4\ntarget_layer_ids = [1]\n"
                               "[dataset]\nplugin = \"embedded\"\nvocab = 64\nhidden = 32\nlayers = 2\nheads = 2\n"

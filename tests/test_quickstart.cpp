@@ -20,7 +20,8 @@ namespace {
 // that is not the training step: 64 training sequences of the same target and drafter instead
 // of 512 (the embedded data is generated once per test process), 8 held out, no validation and
 // no checkpoint (neither is what these tests compare).
-std::string variant_of_quickstart(const std::string& dir, const std::string& name, int steps, const std::string& kernel) {
+std::string variant_of_quickstart(const std::string& dir, const std::string& name, int steps,
+                                  const std::string& kernel) {
   std::ifstream in(std::string(FLASHDRAFT_SOURCE_DIR) + "/experiments/quickstart.toml");
   std::stringstream ss;
   ss << in.rdbuf();

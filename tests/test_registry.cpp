@@ -49,7 +49,9 @@ TEST(Registry, RefusesAnotherApiVersionWithASentence) {
   ASSERT_EQ(reg.rejected().size(), 1u);
   const auto& r = reg.rejected()[0];
   EXPECT_NE(r.path.find("api_mismatch"), std::string::npos) << r.path;
-  EXPECT_NE(r.reason.find("plugin API version 99, engine expects " + std::to_string(flashdraft::kPluginApiVersion)), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("plugin API version 99, engine expects " + std::to_string(flashdraft::kPluginApiVersion)),
+            std::string::npos)
+      << r.reason;
 }
 
 TEST(Registry, RefusesFilesThatAreNotPlugins) {
@@ -93,11 +95,14 @@ TEST(Registry, SearchPathOrderAndFirstWins) {
 
 TEST(Registry, PluginsCommandShowsFoundAndRejected) {
   std::string out;
-  const int rc = test::run_cli({"plugins", "--plugin-path",
-                                std::string(FLASHDRAFT_TEST_PLUGIN_DIR) + ":" + FLASHDRAFT_TEST_PLUGIN_DIR + "/api_mismatch"},
-                               &out);
+  const int rc =
+      test::run_cli({"plugins", "--plugin-path",
+                     std::string(FLASHDRAFT_TEST_PLUGIN_DIR) + ":" + FLASHDRAFT_TEST_PLUGIN_DIR + "/api_mismatch"},
+                    &out);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("toy_kernel"), std::string::npos) << out;
   EXPECT_NE(out.find("rejected files"), std::string::npos) << out;
-  EXPECT_NE(out.find("plugin API version 99, engine expects " + std::to_string(flashdraft::kPluginApiVersion)), std::string::npos) << out;
+  EXPECT_NE(out.find("plugin API version 99, engine expects " + std::to_string(flashdraft::kPluginApiVersion)),
+            std::string::npos)
+      << out;
 }

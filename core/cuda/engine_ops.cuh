@@ -46,8 +46,8 @@ void kl_rows(DType dtype, void* draft, const void* target, const int64_t* target
 // ---- SwiGLU: y = silu(g) * u, elementwise over n values (contiguous), in float32 math ----
 void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
 // d_gate = dy * u * sig * (1 + g * (1 - sig)),  d_up = dy * g * sig,  sig = sigmoid(g).
-void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* d_gate, void* d_up,
-                     int64_t n, void* stream);
+void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* d_gate, void* d_up, int64_t n,
+                     void* stream);
 
 // ---- RoPE (rotate-half layout) over x [B, H, T, D] (contiguous), tables [Bt, T, D] with
 // Bt = 1 (shared by the batch) or B, in x's dtype; float32 math, one rounding per value:

@@ -182,11 +182,10 @@ __device__ __forceinline__ void ce_row(T* __restrict__ logits, int64_t r, int64_
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) ce_rows_kernel(T* __restrict__ logits, int64_t rows, int64_t vocab,
-                                                              int64_t ld, const int64_t* __restrict__ labels,
-                                                              const float* __restrict__ row_weight, float grad_scale,
-                                                              bool write_grad, float* __restrict__ nll,
-                                                              int64_t* __restrict__ argmax) {
+__global__ void __launch_bounds__(kThreads, 1)
+    ce_rows_kernel(T* __restrict__ logits, int64_t rows, int64_t vocab, int64_t ld, const int64_t* __restrict__ labels,
+                   const float* __restrict__ row_weight, float grad_scale, bool write_grad, float* __restrict__ nll,
+                   int64_t* __restrict__ argmax) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     ce_row(logits, r, vocab, ld, labels, row_weight, grad_scale, write_grad, nll, argmax);
 }
@@ -197,11 +196,10 @@ __global__ void __launch_bounds__(kThreads, 1) ce_rows_kernel(T* __restrict__ lo
 // the draft's row in place. The target's row is read twice, the draft's twice and written once.
 template <typename T>
 __device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restrict__ target,
-                                       const int64_t* __restrict__ target_rows, int64_t r, int64_t vocab,
-                                       int64_t ld, int64_t ld_target, float inv_temperature,
-                                       const float* __restrict__ row_weight, float grad_scale, bool write_grad,
-                                       float* __restrict__ kl, int64_t* __restrict__ argmax,
-                                       int64_t* __restrict__ target_argmax) {
+                                       const int64_t* __restrict__ target_rows, int64_t r, int64_t vocab, int64_t ld,
+                                       int64_t ld_target, float inv_temperature, const float* __restrict__ row_weight,
+                                       float grad_scale, bool write_grad, float* __restrict__ kl,
+                                       int64_t* __restrict__ argmax, int64_t* __restrict__ target_argmax) {
   constexpr int E = Vec16<T>::E;
   T* row = draft + r * ld;
   const T* trow = target + (target_rows ? target_rows[r] : r) * ld_target;
@@ -266,7 +264,8 @@ __device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restric
     const Vec16<T> vt = load16(trow + i * E);
 #pragma unroll
     for (int k = 0; k < E; ++k) {
-      const float yq = fmaf(to_float(vd.v[k]), kLog2e, -ld2), yp = fmaf(to_float(vt.v[k]) * inv_temperature, kLog2e, -lt2);
+      const float yq = fmaf(to_float(vd.v[k]), kLog2e, -ld2),
+                  yp = fmaf(to_float(vt.v[k]) * inv_temperature, kLog2e, -lt2);
       const float p = exp2f(yp), q = exp2f(yq);
       acc += p > 0.f ? p * (yp - yq) : 0.f;
       if (write_grad) vd.v[k] = from_float<T>((q - p) * coef);
@@ -295,10 +294,9 @@ __device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restric
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     kl_rows_kernel(T* __restrict__ draft, const T* __restrict__ target, const int64_t* __restrict__ target_rows,
-                   int64_t rows, int64_t vocab, int64_t ld,
-                   int64_t ld_target, float inv_temperature, const float* __restrict__ row_weight, float grad_scale,
-                   bool write_grad, float* __restrict__ kl, int64_t* __restrict__ argmax,
-                   int64_t* __restrict__ target_argmax) {
+                   int64_t rows, int64_t vocab, int64_t ld, int64_t ld_target, float inv_temperature,
+                   const float* __restrict__ row_weight, float grad_scale, bool write_grad, float* __restrict__ kl,
+                   int64_t* __restrict__ argmax, int64_t* __restrict__ target_argmax) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
     kl_row(draft, target, target_rows, r, vocab, ld, ld_target, inv_temperature, row_weight, grad_scale, write_grad, kl,
            argmax, target_argmax);
@@ -345,8 +343,8 @@ void kl_rows(DType dtype, void* draft, const void* target, const int64_t* target
     using T = std::remove_pointer_t<decltype(tag)>;
     const int64_t grid = rows < sm_count() ? rows : sm_count();
     kl_rows_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(draft), static_cast<const T*>(target), target_rows, rows, vocab, ld, ld_target, 1.f / temperature,
-        row_weight, grad_scale, write_grad, kl, argmax, target_argmax);
+        static_cast<T*>(draft), static_cast<const T*>(target), target_rows, rows, vocab, ld, ld_target,
+        1.f / temperature, row_weight, grad_scale, write_grad, kl, argmax, target_argmax);
   });
   check_launch("kl_rows");
 }

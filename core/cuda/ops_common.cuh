@@ -22,11 +22,17 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // E = 16 / sizeof(T) values of T in one 16-byte load or store.
 template <typename T>
@@ -54,8 +60,8 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 inline void check_launch(const char* kernel) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
-    throw std::runtime_error(std::string("flashdraft CUDA kernel ") + kernel + " failed to launch: " +
-                             cudaGetErrorString(e));
+    throw std::runtime_error(std::string("flashdraft CUDA kernel ") + kernel +
+                             " failed to launch: " + cudaGetErrorString(e));
 }
 
 // Calls f with a null pointer of the element type of `dtype` (the kernels' template argument).

@@ -80,8 +80,8 @@ void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, in
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* d_gate, void* d_up,
-                     int64_t n, void* stream) {
+void swiglu_backward(DType dtype, const void* gate, const void* up, const void* dy, void* d_gate, void* d_up, int64_t n,
+                     void* stream) {
   if (n <= 0) return;
   const bool vec = aligned16(gate) && aligned16(up) && aligned16(dy) && aligned16(d_gate) && aligned16(d_up);
   with_type(dtype, [&](auto* tag) {

@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 
-
 namespace flashdraft {
 
 BatchSource::BatchSource(Dataset& dataset, Target* target, std::vector<int64_t> layers,

@@ -7,9 +7,9 @@
 
 #include <flashdraft/drafter_format.hpp>
 
-#include <torch/types.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
+#include <torch/types.h>
 #include <torch/utils.h>
 
 #include <filesystem>
@@ -70,10 +70,13 @@ Precision precision_of(const Setup& s, c10::Device device, c10::ScalarType compu
   p.master = run.string("master_weights") == "compute" ? compute : c10::kFloat;
   const std::string impl = opt.string("implementation");
   if (impl == "torch" && p.master != compute)
-    opt.fail("implementation", "\"torch\" (torch::optim::AdamW) updates the weights in their own dtype, but the run "
-                               "computes in " + dtype_name(compute) + " with float32 master weights; use \"fused\" "
-                               "(or \"auto\"), or [run] master_weights = \"compute\" for pure " + dtype_name(compute) +
-                               " training");
+    opt.fail("implementation",
+             "\"torch\" (torch::optim::AdamW) updates the weights in their own dtype, but the run "
+             "computes in " +
+                 dtype_name(compute) +
+                 " with float32 master weights; use \"fused\" "
+                 "(or \"auto\"), or [run] master_weights = \"compute\" for pure " +
+                 dtype_name(compute) + " training");
   p.fused = impl == "fused" || (impl == "auto" && (device.is_cuda() || p.master != compute));
   return p;
 }
@@ -141,11 +144,12 @@ void bind_served(const Setup& s, BoundPlugins& b, const std::vector<KernelCandid
   b.served_by_target = b.target && b.target->decodes();
   if (b.served_by_target) {
     // One verification block per call, and prompts of up to a whole sequence (prefill).
-    std::vector<AttentionProblem> tp = {b.target->decoder_problem(b.served_batch, b.served_capacity, K + 1),
-                                        b.target->decoder_problem(b.served_batch, b.served_capacity, b.dataset->seq_len())};
+    std::vector<AttentionProblem> tp = {
+        b.target->decoder_problem(b.served_batch, b.served_capacity, K + 1),
+        b.target->decoder_problem(b.served_batch, b.served_capacity, b.dataset->seq_len())};
     for (AttentionProblem& p : tp) p.mask = "causal";
-    b.served_target_mask =
-        engine_mask(s, "causal", "the target's decoder", {{"bottom_right", Value(false)}, {"offset", Value(int64_t{0})}});
+    b.served_target_mask = engine_mask(s, "causal", "the target's decoder",
+                                       {{"bottom_right", Value(false)}, {"offset", Value(int64_t{0})}});
     b.served_target_choice = choose_kernel(tp, candidates, on_fallback);
   }
   if (temperature > 0 && !b.served_by_target)
@@ -222,8 +226,9 @@ BoundPlugins bind_plugins(const Setup& s) {
   import_initial_weights(s, b);
   std::vector<AttentionProblem> problems = b.drafter->attention_problems();
   if (static_cast<int64_t>(problems.size()) != b.drafter->attention_layers())
-    throw std::runtime_error("drafter '" + drafter.name + "' declares " + std::to_string(b.drafter->attention_layers()) +
-                             " attention calls per step but " + std::to_string(problems.size()) +
+    throw std::runtime_error("drafter '" + drafter.name + "' declares " +
+                             std::to_string(b.drafter->attention_layers()) + " attention calls per step but " +
+                             std::to_string(problems.size()) +
                              " attention problems (Drafter::attention_problems() needs one per call)");
   // A drafter poses its attention for the mask generator it builds MaskInput for (the problem's
   // mask; empty: any generator). The experiment's [mask] must be that one.

@@ -50,18 +50,22 @@ int64_t BlockMask::visible_pairs() const {
 }
 
 void BlockMask::validate() const {
-  if (batch < 1 || heads < 1) bad("batch " + std::to_string(batch) + " and heads " + std::to_string(heads) + " must be >= 1");
-  if (q_len < 0 || kv_len < 0) bad("negative length (q_len " + std::to_string(q_len) + ", kv_len " + std::to_string(kv_len) + ")");
+  if (batch < 1 || heads < 1)
+    bad("batch " + std::to_string(batch) + " and heads " + std::to_string(heads) + " must be >= 1");
+  if (q_len < 0 || kv_len < 0)
+    bad("negative length (q_len " + std::to_string(q_len) + ", kv_len " + std::to_string(kv_len) + ")");
   if (block_q < 1 || block_kv < 1)
     bad("block size " + std::to_string(block_q) + "x" + std::to_string(block_kv) + " must be at least 1x1");
   const int64_t nq = q_blocks(), nk = kv_blocks(), rows = batch * heads * nq, cols = batch * heads * nk;
-  auto check_csr = [&](const std::vector<int32_t>& off, const std::vector<int32_t>& idx, int64_t nrows,
-                       int64_t limit, const char* name) {
+  auto check_csr = [&](const std::vector<int32_t>& off, const std::vector<int32_t>& idx, int64_t nrows, int64_t limit,
+                       const char* name) {
     if (static_cast<int64_t>(off.size()) != nrows + 1)
-      bad(std::string(name) + " offsets have " + std::to_string(off.size()) + " entries, expected " + std::to_string(nrows + 1));
+      bad(std::string(name) + " offsets have " + std::to_string(off.size()) + " entries, expected " +
+          std::to_string(nrows + 1));
     if (off[0] != 0) bad(std::string(name) + " offsets start at " + std::to_string(off[0]) + ", expected 0");
     if (static_cast<int64_t>(idx.size()) != off[nrows])
-      bad(std::string(name) + " has " + std::to_string(idx.size()) + " indices but offsets end at " + std::to_string(off[nrows]));
+      bad(std::string(name) + " has " + std::to_string(idx.size()) + " indices but offsets end at " +
+          std::to_string(off[nrows]));
     for (int64_t r = 0; r < nrows; ++r)
       if (off[r + 1] < off[r]) bad(std::string(name) + " offsets decrease at row " + std::to_string(r));
     for (int64_t r = 0; r < nrows; ++r) {
@@ -112,7 +116,8 @@ void BlockMask::validate() const {
       for (int64_t r = 0; r < block_q; ++r)
         for (int64_t c = block_kv; c < wpr * 32; ++c)
           if ((w[r * wpr + c / 32] >> (c % 32)) & 1u) bad(tile(b, h, i, j) + " has padding bits set");
-      if (set == 0) bad(tile(b, h, i, j) + " is listed as partial but has no visible element (empty tiles are not listed)");
+      if (set == 0)
+        bad(tile(b, h, i, j) + " is listed as partial but has no visible element (empty tiles are not listed)");
       if (set == qn * kn) bad(tile(b, h, i, j) + " is listed as partial but all its elements are visible (it is full)");
       ++transposed_part[bh * nk + j + 1];
     }
@@ -130,8 +135,9 @@ void BlockMask::validate() const {
       const int64_t row = bh * nq + t_full_index[e];
       bool found = false;
       for (int32_t f = full_offset[row]; f < full_offset[row + 1] && !found; ++f) found = full_index[f] == j;
-      if (!found) bad("transposed full list of kv block " + std::to_string(j) + " names q block " +
-                      std::to_string(t_full_index[e]) + ", which does not list it as full");
+      if (!found)
+        bad("transposed full list of kv block " + std::to_string(j) + " names q block " +
+            std::to_string(t_full_index[e]) + ", which does not list it as full");
     }
     for (int32_t e = t_part_offset[col]; e < t_part_offset[col + 1]; ++e) {
       const int64_t row = bh * nq + t_part_index[e];
@@ -199,8 +205,10 @@ BlockMask BlockMaskBuilder::finish() {
   m.t_part_offset.assign(cols + 1, 0);
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t bh = row / std::max<int64_t>(nq, 1);
-    for (int32_t e = m.full_offset[row]; e < m.full_offset[row + 1]; ++e) ++m.t_full_offset[bh * nk + m.full_index[e] + 1];
-    for (int32_t e = m.part_offset[row]; e < m.part_offset[row + 1]; ++e) ++m.t_part_offset[bh * nk + m.part_index[e] + 1];
+    for (int32_t e = m.full_offset[row]; e < m.full_offset[row + 1]; ++e)
+      ++m.t_full_offset[bh * nk + m.full_index[e] + 1];
+    for (int32_t e = m.part_offset[row]; e < m.part_offset[row + 1]; ++e)
+      ++m.t_part_offset[bh * nk + m.part_index[e] + 1];
   }
   for (int64_t c = 0; c < cols; ++c) {
     m.t_full_offset[c + 1] += m.t_full_offset[c];

@@ -7,8 +7,8 @@
 #include <flashdraft/hdf5_attributes.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/types.h>
 #include <torch/serialize/archive.h>
+#include <torch/types.h>
 
 #include <hdf5.h>
 
@@ -109,8 +109,8 @@ void open_archive(const fs::path& dir, const Manifest& m, const std::string& nam
   if (!entry) throw Error("checkpoint " + dir.string() + ": the manifest does not list " + name);
   const std::string bytes = read_bytes(path);
   if (static_cast<int64_t>(bytes.size()) != entry->bytes)
-    throw Error("checkpoint file " + path.string() + " has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                std::to_string(entry->bytes) + " (truncated or overwritten)");
+    throw Error("checkpoint file " + path.string() + " has " + std::to_string(bytes.size()) +
+                " bytes, the manifest says " + std::to_string(entry->bytes) + " (truncated or overwritten)");
   const uint64_t sum = fnv1a64(bytes.data(), bytes.size());
   if (sum != entry->checksum)
     throw Error("checkpoint file " + path.string() + " has checksum " + hex(sum) + ", the manifest says " +
@@ -118,7 +118,8 @@ void open_archive(const fs::path& dir, const Manifest& m, const std::string& nam
   try {
     archive.load_from(bytes.data(), bytes.size());
   } catch (const std::exception& e) {
-    throw Error("checkpoint file " + path.string() + " is not a readable LibTorch archive (" + first_line(e.what()) + ")");
+    throw Error("checkpoint file " + path.string() + " is not a readable LibTorch archive (" + first_line(e.what()) +
+                ")");
   }
 }
 
@@ -138,7 +139,8 @@ void check_tensors(const fs::path& dir, const Manifest& m,
                   " tensors; was it written with another [drafter] table?)");
     if (have->shape != want)
       throw Error("checkpoint file " + file + ": tensor '" + name + "' has shape " + shape_str(have->shape) +
-                  ", the experiment's drafter expects " + shape_str(want) + " (was it written with another [drafter] table?)");
+                  ", the experiment's drafter expects " + shape_str(want) +
+                  " (was it written with another [drafter] table?)");
   }
   for (const auto& t : m.tensors) {
     bool found = false;
@@ -198,10 +200,8 @@ void remove_tree(const fs::path& path) {
         ::remove(p);  // keep going: remove what can be removed
         return 0;
       },
-      16,
-      FTW_DEPTH | FTW_PHYS);
+      16, FTW_DEPTH | FTW_PHYS);
 }
-
 
 fs::path write(const fs::path& root, Manifest m, const State& state, int64_t keep) {
   fs::create_directories(root);
@@ -400,7 +400,8 @@ Manifest load(const fs::path& dir, State& state) {
   open_archive(dir, m, kRng, rng);
   at::Tensor anchor, cpu;
   if (!rng.try_read("anchor", anchor, true) || !rng.try_read("cpu_default", cpu, true))
-    throw Error("checkpoint file " + (dir / kRng).string() + " lacks a generator state (\"anchor\" or \"cpu_default\")");
+    throw Error("checkpoint file " + (dir / kRng).string() +
+                " lacks a generator state (\"anchor\" or \"cpu_default\")");
   // Everything checked: now change the run's state.
   {
     at::NoGradGuard no_grad;
@@ -437,9 +438,7 @@ fs::path latest(const fs::path& root, const std::vector<std::pair<std::string, a
 }
 
 // --- weights export (HDF5) -------------------------------------------------------------
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 void export_weights(const std::string& path, const Manifest& info,
                     const std::vector<std::pair<std::string, at::Tensor>>& weights, const std::string& source) {
@@ -457,10 +456,11 @@ void export_weights(const std::string& path, const Manifest& info,
     for (const auto& [name, tensor] : weights) {
       const at::Tensor t = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
-      hid_t space = dims.empty() ? H5Screate(H5S_SCALAR)
-                                 : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+      hid_t space =
+          dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
       hid_t ds = H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-      const herr_t st = ds >= 0 ? H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr<float>()) : -1;
+      const herr_t st =
+          ds >= 0 ? H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr<float>()) : -1;
       if (ds >= 0) H5Dclose(ds);
       H5Sclose(space);
       if (st < 0) throw std::runtime_error("HDF5: writing weights/" + name + " failed");

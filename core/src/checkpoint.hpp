@@ -67,9 +67,9 @@ struct TensorEntry {
 };
 
 struct Manifest {
-  int64_t step = 0;           // optimizer steps completed; the run continues with this step
-  int64_t data_position = 0;  // index of the next training batch
-  std::string log_file;       // the run log's file name, in the run's out folder
+  int64_t step = 0;                         // optimizer steps completed; the run continues with this step
+  int64_t data_position = 0;                // index of the next training batch
+  std::string log_file;                     // the run log's file name, in the run's out folder
   std::map<std::string, int64_t> log_rows;  // rows of each log dataset at this step
   std::string drafter_plugin;               // name of the drafter plugin
   std::string drafter_toml;                 // the [drafter] table, every key resolved
@@ -81,7 +81,7 @@ struct Manifest {
 struct State {
   std::vector<std::pair<std::string, at::Tensor>> weights;
   TrainOptimizer* optimizer = nullptr;
-  at::Tensor anchor_rng;   // at::Generator::get_state()
+  at::Tensor anchor_rng;  // at::Generator::get_state()
   at::Tensor cpu_default_rng;
   at::Tensor cuda_default_rng;  // undefined: not a CUDA run (or not in the checkpoint)
 };
@@ -92,7 +92,8 @@ FLASHDRAFT_API void remove_tree(const std::filesystem::path& path);
 
 // Writes <root>/step_<manifest.step> atomically (see above) and deletes all but the
 // newest `keep` step_* folders under root. Returns the folder written.
-FLASHDRAFT_API std::filesystem::path write(const std::filesystem::path& root, Manifest manifest, const State& state, int64_t keep);
+FLASHDRAFT_API std::filesystem::path write(const std::filesystem::path& root, Manifest manifest, const State& state,
+                                           int64_t keep);
 
 // step_* folders under root, newest (largest step) first. Other names are ignored.
 FLASHDRAFT_API std::vector<std::filesystem::path> list(const std::filesystem::path& root);
@@ -109,13 +110,14 @@ FLASHDRAFT_API Manifest load(const std::filesystem::path& dir, State& state);
 
 // Checks a checkpoint as load() would, without changing anything: "" if usable, else
 // the reason (a sentence naming the file and the problem).
-FLASHDRAFT_API std::string check(const std::filesystem::path& dir, const std::vector<std::pair<std::string, at::Tensor>>& expected);
+FLASHDRAFT_API std::string check(const std::filesystem::path& dir,
+                                 const std::vector<std::pair<std::string, at::Tensor>>& expected);
 
 // The newest usable checkpoint under root; every skipped one is reported through
 // `say` with its reason. Throws Error when none is usable.
 FLASHDRAFT_API std::filesystem::path latest(const std::filesystem::path& root,
-                             const std::vector<std::pair<std::string, at::Tensor>>& expected,
-                             const std::function<void(const std::string&)>& say);
+                                            const std::vector<std::pair<std::string, at::Tensor>>& expected,
+                                            const std::function<void(const std::string&)>& say);
 
 // Drafter weights export (HDF5; the README of the drafter plugins shows how to read it):
 //   root attributes (strings): format = "flashdraft-drafter-weights-v1", drafter_plugin,
@@ -124,7 +126,8 @@ FLASHDRAFT_API std::filesystem::path latest(const std::filesystem::path& root,
 //   /weights/<name>: float32 dataset per trainable tensor, the tensor's shape, named as
 //     Drafter::parameters() names it (e.g. "layers.0.self_attn.q_proj.weight")
 FLASHDRAFT_API void export_weights(const std::string& path, const Manifest& info,
-                    const std::vector<std::pair<std::string, at::Tensor>>& weights, const std::string& source);
+                                   const std::vector<std::pair<std::string, at::Tensor>>& weights,
+                                   const std::string& source);
 // The drafter weights of a checkpoint folder, by name, in the manifest's order (checked
 // as load() checks them). Throws Error.
 FLASHDRAFT_API std::vector<std::pair<std::string, at::Tensor>> weights(const std::filesystem::path& dir);

@@ -29,8 +29,7 @@ std::string table_toml(const std::string& table, const std::string& plugin, cons
 
 std::filesystem::path save_checkpoint(const RunCheckpoint& what, int64_t done, const RunLog& log,
                                       const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                                      TrainOptimizer& optimizer, const at::Generator& anchors,
-                                      c10::Device device) {
+                                      TrainOptimizer& optimizer, const at::Generator& anchors, c10::Device device) {
   checkpoint::Manifest m;
   m.step = done;
   m.data_position = done;  // train_batch(i) is a function of (seed, i): the position is the step

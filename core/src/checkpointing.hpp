@@ -34,7 +34,6 @@ struct RunCheckpoint {
 // Writes <root>/step_<done> (atomic; older ones beyond `keep` removed) and returns it.
 std::filesystem::path save_checkpoint(const RunCheckpoint& what, int64_t done, const RunLog& log,
                                       const std::vector<std::pair<std::string, at::Tensor>>& weights,
-                                      TrainOptimizer& optimizer, const at::Generator& anchors,
-                                      c10::Device device);
+                                      TrainOptimizer& optimizer, const at::Generator& anchors, c10::Device device);
 
 }  // namespace flashdraft

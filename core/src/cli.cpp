@@ -10,8 +10,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -38,7 +38,8 @@ const char* kUsage =
 
 const char* help_for(const std::string& cmd) {
   if (cmd == "run")
-    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS] [--resume [CHECKPOINT|latest]] [--profile A:B]\n"
+    return "usage: flashdraft run EXP.toml [--out DIR] [--steps N] [--plugin-path DIRS] [--resume [CHECKPOINT|latest]] "
+           "[--profile A:B]\n"
            "Trains as EXP.toml says and writes one HDF5 log per run, <out>/<name>.h5 (a new name if it exists).\n"
            "  --resume [CHECKPOINT|latest]  continue from a checkpoint folder (<out>/checkpoints/step_<n>) or\n"
            "                     from the newest usable one under <out>/checkpoints (latest, the default):\n"
@@ -115,26 +116,33 @@ Args parse(int argc, char** argv, int first) {
       if (i + 1 >= argc) throw std::invalid_argument(std::string(name) + " needs a value");
       return argv[++i];
     };
-    if (s == "--help" || s == "-h") a.help = true;
-    else if (s == "--out") a.out = value("--out");
-    else if (s == "--plot") a.plot = value("--plot");
-    else if (s == "--profile") a.profile = value("--profile");
-    else if (s == "--format") a.format = value("--format");
-    else if (s == "--plugin-path") a.plugin_paths.push_back(value("--plugin-path"));
+    if (s == "--help" || s == "-h")
+      a.help = true;
+    else if (s == "--out")
+      a.out = value("--out");
+    else if (s == "--plot")
+      a.plot = value("--plot");
+    else if (s == "--profile")
+      a.profile = value("--profile");
+    else if (s == "--format")
+      a.format = value("--format");
+    else if (s == "--plugin-path")
+      a.plugin_paths.push_back(value("--plugin-path"));
     else if (s == "--resume") {
       // The value is optional: the next word, unless it is an option or the experiment file.
       const std::string next = i + 1 < argc ? argv[i + 1] : "";
       const bool toml = next.size() > 5 && next.compare(next.size() - 5, 5, ".toml") == 0;
       a.resume = !next.empty() && next.rfind("--", 0) != 0 && !toml ? argv[++i] : "latest";
-    }
-    else if (s == "--steps") {
+    } else if (s == "--steps") {
       const std::string v = value("--steps");
       char* end = nullptr;
       const long long n = std::strtoll(v.c_str(), &end, 10);
       if (!end || *end || n < 1) throw std::invalid_argument("--steps " + v + ": expected a positive integer");
       a.steps = n;
-    } else if (s.rfind("--", 0) == 0) throw std::invalid_argument("unknown option " + s);
-    else a.positional.push_back(s);
+    } else if (s.rfind("--", 0) == 0)
+      throw std::invalid_argument("unknown option " + s);
+    else
+      a.positional.push_back(s);
   }
   return a;
 }
@@ -150,7 +158,10 @@ int plot_log(const std::string& log, const std::string& dir) {
   scripts.push_back(fs::path(FLASHDRAFT_SOURCE_DIR) / "analysis" / "plot_run.py");
   fs::path script;
   for (const auto& p : scripts)
-    if (fs::exists(p)) { script = p; break; }
+    if (fs::exists(p)) {
+      script = p;
+      break;
+    }
   if (script.empty()) {
     std::cerr << "error: --plot needs analysis/plot_run.py; looked in:";
     for (const auto& p : scripts) std::cerr << " " << p.string();
@@ -158,7 +169,8 @@ int plot_log(const std::string& log, const std::string& dir) {
     return 2;
   }
   std::string python = "python3";
-  if (const char* env = std::getenv("FLASHDRAFT_PYTHON")) python = env;
+  if (const char* env = std::getenv("FLASHDRAFT_PYTHON"))
+    python = env;
   else if (fs::exists(fs::path(FLASHDRAFT_SOURCE_DIR) / ".venv" / "bin" / "python"))
     python = (fs::path(FLASHDRAFT_SOURCE_DIR) / ".venv" / "bin" / "python").string();
   auto quote = [](const std::string& x) {
@@ -167,7 +179,8 @@ int plot_log(const std::string& log, const std::string& dir) {
     return q + "'";
   };
   std::cout << "figures (" << script.string() << "):" << std::endl;
-  const int rc = std::system((quote(python) + " " + quote(script.string()) + " " + quote(log) + " " + quote(dir)).c_str());
+  const int rc =
+      std::system((quote(python) + " " + quote(script.string()) + " " + quote(log) + " " + quote(dir)).c_str());
   return rc == 0 ? 0 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : 1);
 }
 
@@ -179,8 +192,9 @@ int cmd_plugins(const Args& a) {
   for (const auto& d : reg.folders()) std::cout << "  " << d << "\n";
   std::cout << "plugins (" << reg.found().size() << "):\n";
   for (const auto& p : reg.found())
-    std::cout << "  " << std::string(to_string(p.kind)) << std::string(9 - std::strlen(to_string(p.kind)), ' ') << p.name
-              << std::string(p.name.size() < 16 ? 16 - p.name.size() : 1, ' ') << p.version << "  " << p.path << "\n"
+    std::cout << "  " << std::string(to_string(p.kind)) << std::string(9 - std::strlen(to_string(p.kind)), ' ')
+              << p.name << std::string(p.name.size() < 16 ? 16 - p.name.size() : 1, ' ') << p.version << "  " << p.path
+              << "\n"
               << "           " << p.summary << "\n";
   if (!reg.rejected().empty()) {
     std::cout << "rejected files (" << reg.rejected().size() << "):\n";
@@ -198,8 +212,10 @@ int cmd_schema(const Args& a) {
     for (const auto& s : Experiment::engine_schemas()) std::cout << s.describe() << "\n";
     std::string one, listed;
     for (const auto& k : plugin_kinds()) {
-      if (k.listed) listed += std::string(listed.empty() ? "" : ", ") + "[" + k.table + ".<name>]";
-      else one += std::string(one.empty() ? "" : ", ") + "[" + k.table + "]";
+      if (k.listed)
+        listed += std::string(listed.empty() ? "" : ", ") + "[" + k.table + ".<name>]";
+      else
+        one += std::string(one.empty() ? "" : ", ") + "[" + k.table + "]";
     }
     std::cout << "# plugin tables: " << one << " take `plugin = \"<name>\"` and that plugin's keys;\n"
               << "# kernels take their keys in " << listed << ".\n\n";
@@ -229,7 +245,8 @@ int cmd_schema(const Args& a) {
 }
 
 int cmd_export(const Args& a) {
-  if (a.positional.size() != 2) throw std::invalid_argument("export takes a run log or checkpoint and an output folder");
+  if (a.positional.size() != 2)
+    throw std::invalid_argument("export takes a run log or checkpoint and an output folder");
   if (a.format != "hf")
     throw std::invalid_argument("export needs --format hf (a Hugging Face folder; found \"" + a.format + "\")");
   try {

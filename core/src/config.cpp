@@ -67,8 +67,7 @@ std::string SourcePosition::str() const {
 
 std::string KeySpec::accepted() const {
   std::ostringstream os;
-  const bool list = type == ValueType::integer_list || type == ValueType::real_list ||
-                    type == ValueType::string_list;
+  const bool list = type == ValueType::integer_list || type == ValueType::real_list || type == ValueType::string_list;
   os << (list ? "an " : (type == ValueType::integer ? "an " : "a ")) << to_string(type);
   if (list && (min_items || max_items)) {
     if (min_items && max_items && *min_items == *max_items)
@@ -139,12 +138,12 @@ std::string Schema::closest(const std::string& name) const {
     }
   }
   // Close means: at most a third of the longer name changed (and at most 3 edits).
-  const int64_t limit = std::min<int64_t>(3, std::max<int64_t>(1, static_cast<int64_t>(std::max(name.size(), best.size())) / 3));
+  const int64_t limit =
+      std::min<int64_t>(3, std::max<int64_t>(1, static_cast<int64_t>(std::max(name.size(), best.size())) / 3));
   if (!best.empty() && best_d <= limit) return best;
   // A truncated or extended spelling ("warn" for "warning", and back) is close too.
   for (const auto& k : keys_)
-    if (name.size() >= 3 && k.name.size() >= 3 &&
-        (k.name.rfind(name, 0) == 0 || name.rfind(k.name, 0) == 0))
+    if (name.size() >= 3 && k.name.size() >= 3 && (k.name.rfind(name, 0) == 0 || name.rfind(k.name, 0) == 0))
       return k.name;
   return std::string();
 }
@@ -186,7 +185,8 @@ void Config::fail(const std::string& key, const std::string& message) const {
 const Value& Config::get(const std::string& key, ValueType type) const {
   auto it = entries_.find(key);
   if (it == entries_.end())
-    throw std::logic_error("[" + table_ + "] has no declared key '" + key + "' (a plugin read a key its schema does not declare)");
+    throw std::logic_error("[" + table_ + "] has no declared key '" + key +
+                           "' (a plugin read a key its schema does not declare)");
   const size_t want = static_cast<size_t>(type);
   if (it->second.value.index() != want)
     throw std::logic_error("[" + table_ + "] key '" + key + "' read as " + to_string(type) + " but declared otherwise");
@@ -196,7 +196,9 @@ const Value& Config::get(const std::string& key, ValueType type) const {
 int64_t Config::integer(const std::string& k) const { return std::get<int64_t>(get(k, ValueType::integer)); }
 double Config::real(const std::string& k) const { return std::get<double>(get(k, ValueType::real)); }
 bool Config::boolean(const std::string& k) const { return std::get<bool>(get(k, ValueType::boolean)); }
-const std::string& Config::string(const std::string& k) const { return std::get<std::string>(get(k, ValueType::string)); }
+const std::string& Config::string(const std::string& k) const {
+  return std::get<std::string>(get(k, ValueType::string));
+}
 const std::vector<int64_t>& Config::integers(const std::string& k) const {
   return std::get<std::vector<int64_t>>(get(k, ValueType::integer_list));
 }

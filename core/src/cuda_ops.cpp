@@ -36,8 +36,8 @@ void require(bool ok, const std::string& what) {
 }
 
 void same_device(const at::Tensor& a, const at::Tensor& b, const char* an, const char* bn) {
-  require(b.device() == a.device(), std::string(bn) + " is on " + b.device().str() + " but " + an + " is on " +
-                                        a.device().str());
+  require(b.device() == a.device(),
+          std::string(bn) + " is on " + b.device().str() + " but " + an + " is on " + a.device().str());
 }
 
 }  // namespace
@@ -99,8 +99,8 @@ KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& ta
   const auto l = draft.options().dtype(at::kLong);
   KlRows out{at::empty({rows}, draft.options().dtype(at::kFloat)), at::empty({rows}, l), at::empty({rows}, l)};
   cuda_ops::kl_rows(dtype_of(draft, "the draft logits"), draft.data_ptr(), target.data_ptr(),
-                    target_rows.defined() ? target_rows.data_ptr<int64_t>() : nullptr, rows, vocab,
-                    draft.stride(0), target.stride(0), static_cast<float>(temperature),
+                    target_rows.defined() ? target_rows.data_ptr<int64_t>() : nullptr, rows, vocab, draft.stride(0),
+                    target.stride(0), static_cast<float>(temperature),
                     write_grad ? row_weights.data_ptr<float>() : nullptr, static_cast<float>(grad_scale), write_grad,
                     out.kl.data_ptr<float>(), out.argmax.data_ptr<int64_t>(), out.target_argmax.data_ptr<int64_t>(),
                     stream_of(draft));
@@ -108,8 +108,9 @@ KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& ta
 }
 
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
-  require(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
-          "swiglu: gate " + c10::str(gate.sizes()) + " and up " + c10::str(up.sizes()) + " must match in shape and dtype");
+  require(
+      gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+      "swiglu: gate " + c10::str(gate.sizes()) + " and up " + c10::str(up.sizes()) + " must match in shape and dtype");
   same_device(gate, up, "gate", "up");
   const at::Tensor g = gate.contiguous(), u = up.contiguous();
   const c10::cuda::CUDAGuard guard(g.device());
@@ -124,8 +125,8 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const 
   const at::Tensor g = gate.contiguous(), u = up.contiguous(), d = dy.to(gate.scalar_type()).contiguous();
   const c10::cuda::CUDAGuard guard(g.device());
   at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
-  cuda_ops::swiglu_backward(dtype_of(g, "gate"), g.data_ptr(), u.data_ptr(), d.data_ptr(), dg.data_ptr(),
-                            du.data_ptr(), g.numel(), stream_of(g));
+  cuda_ops::swiglu_backward(dtype_of(g, "gate"), g.data_ptr(), u.data_ptr(), d.data_ptr(), dg.data_ptr(), du.data_ptr(),
+                            g.numel(), stream_of(g));
   return {dg, du};
 }
 

@@ -3,8 +3,8 @@
 
 #include "c10d_backends.hpp"
 
-#include <torch/types.h>
 #include <torch/cuda.h>
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 

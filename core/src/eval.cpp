@@ -5,8 +5,8 @@
 
 #include <flashdraft/acceptance.hpp>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #ifdef FLASHDRAFT_ENGINE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -80,10 +80,9 @@ ServedValidation::ServedValidation(BoundPlugins& b, const Config& eval, uint64_t
     target_offset_ = std::make_unique<OffsetAttention>(*target_, draft_calls);
     columns_ += b.target_model.layers;
   }
-  context_ = std::make_unique<ServedContext>(ServedContext{*b.drafter, *draft_, by_target_ ? b.target.get() : nullptr,
-                                                           target_offset_.get(), b.target_model, b.target_layers,
-                                                           b.target ? b.target->stop_tokens() : std::vector<int64_t>{},
-                                                           b.served_batch, b.ctx.device});
+  context_ = std::make_unique<ServedContext>(ServedContext{
+      *b.drafter, *draft_, by_target_ ? b.target.get() : nullptr, target_offset_.get(), b.target_model, b.target_layers,
+      b.target ? b.target->stop_tokens() : std::vector<int64_t>{}, b.served_batch, b.ctx.device});
 }
 
 namespace {
@@ -113,10 +112,9 @@ std::string served_method(const ServedTally& t, double temperature, double top_p
 }  // namespace
 
 void ServedValidation::run(const std::vector<ServedSequence>& all, int64_t step, EvalResult& out) {
-  std::vector<ServedSequence> sequences(all.begin(),
-                                        responses_ > 0 && static_cast<int64_t>(all.size()) > responses_
-                                            ? all.begin() + responses_
-                                            : all.end());
+  std::vector<ServedSequence> sequences(all.begin(), responses_ > 0 && static_cast<int64_t>(all.size()) > responses_
+                                                         ? all.begin() + responses_
+                                                         : all.end());
   if (sequences.empty()) {
     out.served_method = "none (no held-out response: no run of loss-carrying tokens after a prompt)";
     return;
@@ -201,7 +199,8 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
   if (c.served)
     c.served->run(responses, done, out);
   else
-    out.served_method = "none (" + (c.served_off.empty() ? std::string("served validation is off") : c.served_off) + ")";
+    out.served_method =
+        "none (" + (c.served_off.empty() ? std::string("served validation is off") : c.served_off) + ")";
   return out;
 }
 

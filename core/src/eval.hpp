@@ -25,8 +25,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>

@@ -99,8 +99,7 @@ std::string scalar<std::string>(const toml::node& node, const KeySpec& spec, con
   if (!node.is_string())
     fail_at(where, table, spec.name, "expected " + spec.accepted() + ", found " + what + describe(node));
   std::string v = *node.value<std::string>();
-  if (!spec.choices.empty() &&
-      std::find(spec.choices.begin(), spec.choices.end(), v) == spec.choices.end()) {
+  if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), v) == spec.choices.end()) {
     std::string msg = "value \"" + v + "\" is not accepted; expected " + spec.accepted();
     Schema tmp;
     for (const auto& c : spec.choices) tmp.string(c, "");
@@ -112,7 +111,8 @@ std::string scalar<std::string>(const toml::node& node, const KeySpec& spec, con
 }
 
 template <class T>
-std::vector<T> list(const toml::node& node, const KeySpec& spec, const SourcePosition& where, const std::string& table) {
+std::vector<T> list(const toml::node& node, const KeySpec& spec, const SourcePosition& where,
+                    const std::string& table) {
   const toml::array* arr = node.as_array();
   if (!arr) fail_at(where, table, spec.name, "expected " + spec.accepted() + ", found " + describe(node));
   const int64_t n = static_cast<int64_t>(arr->size());
@@ -150,8 +150,8 @@ Config check(const toml::table* tbl, const Schema& schema, const std::string& fi
     const toml::node* node = tbl ? tbl->get(spec.name) : nullptr;
     if (!node) {
       if (!spec.fallback)
-        throw ConfigError(table_where.str() + ": [" + schema.table() + "] missing required key '" + spec.name +
-                          "' (" + spec.doc + "; " + spec.accepted() + ")");
+        throw ConfigError(table_where.str() + ": [" + schema.table() + "] missing required key '" + spec.name + "' (" +
+                          spec.doc + "; " + spec.accepted() + ")");
       cfg.set(spec.name, *spec.fallback, std::nullopt);
       continue;
     }
@@ -178,8 +178,8 @@ const toml::table* section(const toml::table& root, const std::string& name, con
   const toml::node* n = root.get(name);
   if (!n) return nullptr;
   if (!n->is_table())
-    throw ConfigError(position(file, n->source()).str() + ": '" + name + "' must be a table ([" + name +
-                      "]), found " + describe(*n));
+    throw ConfigError(position(file, n->source()).str() + ": '" + name + "' must be a table ([" + name + "]), found " +
+                      describe(*n));
   return n->as_table();
 }
 
@@ -190,8 +190,11 @@ namespace {
 // [eval]: when validation runs and how served validation decodes.
 Schema eval_schema() {
   Schema eval("eval");
-  eval.integer("every", "validate before step 0, every N steps and at the end (0 = before and at the end); "
-               "rows in /eval of the log").def(int64_t(0)).at_least(0);
+  eval.integer("every",
+               "validate before step 0, every N steps and at the end (0 = before and at the end); "
+               "rows in /eval of the log")
+      .def(int64_t(0))
+      .at_least(0);
   eval.boolean("enabled", "run validation on the held-out sequences").def(false);
   eval.integer("batches", "held-out batches per validation (0 = all the dataset has)").def(int64_t(0)).at_least(0);
   eval.boolean("served",
@@ -201,11 +204,13 @@ Schema eval_schema() {
   eval.integer("served_batch", "responses decoded at once in served validation (rows of the decoders' caches)")
       .def(int64_t(64))
       .range(1, 1 << 16);
-  eval.integer("served_responses", "held-out responses decoded per served validation (0 = every assistant turn of "
+  eval.integer("served_responses",
+               "held-out responses decoded per served validation (0 = every assistant turn of "
                "the held-out batches)")
       .def(int64_t(0))
       .at_least(0);
-  eval.real("temperature", "served validation's sampling temperature (0 = greedy; > 0: rejection sampling as the "
+  eval.real("temperature",
+            "served validation's sampling temperature (0 = greedy; > 0: rejection sampling as the "
             "reference loop does it, needs an online target)")
       .def(0.0)
       .range(0.0, 100.0);
@@ -223,14 +228,18 @@ std::vector<Schema> Experiment::engine_schemas() {
   run.integer("steps", "optimizer steps to train").def(int64_t(100)).range(1, 1e9);
   run.string("device", "where training runs").def(std::string("cpu")).one_of({"cpu", "cuda"});
   run.string("dtype", "compute dtype of the drafter (auto: bfloat16 on CUDA, float32 on CPU)")
-      .def(std::string("auto")).one_of({"auto", "float32", "bfloat16", "float16"});
-  run.string("master_weights", "dtype of the weights the optimizer updates and of its moments (auto: float32; "
+      .def(std::string("auto"))
+      .one_of({"auto", "float32", "bfloat16", "float16"});
+  run.string("master_weights",
+             "dtype of the weights the optimizer updates and of its moments (auto: float32; "
              "compute: the compute dtype, i.e. pure 16-bit training)")
-      .def(std::string("auto")).one_of({"auto", "float32", "compute"});
+      .def(std::string("auto"))
+      .one_of({"auto", "float32", "compute"});
   run.string("out", "output folder (log, data cache, checkpoints)").def(std::string("runs"));
   run.integer("print_every", "print a progress line every N steps").def(int64_t(1)).range(1, 1e9);
   run.integer("threads", "CPU threads for LibTorch (0 = LibTorch's default)").def(int64_t(0)).range(0, 1024);
-  run.boolean("queue_ahead", "on CUDA (one process, one micro-batch, fused AdamW): queue each step before reading "
+  run.boolean("queue_ahead",
+              "on CUDA (one process, one micro-batch, fused AdamW): queue each step before reading "
               "the previous one's loss and metrics, so the device never waits for the host between steps (the "
               "same results; false reads every step before the next starts)")
       .def(true);
@@ -238,9 +247,11 @@ std::vector<Schema> Experiment::engine_schemas() {
 
   Schema attention("attention");
   attention.strings("kernels", "attention kernels in order of preference; the first that supports the problem runs")
-      .def(std::vector<std::string>{"dense_ref"}).items(1, 16);
+      .def(std::vector<std::string>{"dense_ref"})
+      .items(1, 16);
   attention.string("on_fallback", "what a fallback does: stop the run (error) or continue and record it (warn)")
-      .def(std::string("error")).one_of({"error", "warn"});
+      .def(std::string("error"))
+      .one_of({"error", "warn"});
   out.push_back(attention);
 
   Schema opt("optimizer");
@@ -252,24 +263,32 @@ std::vector<Schema> Experiment::engine_schemas() {
   opt.real("beta2", "AdamW beta2").def(0.95).range(0, 0.999999);
   opt.real("eps", "AdamW epsilon").def(1e-8).range(1e-30, 1);
   opt.real("grad_clip", "clip the global gradient norm to this (0 = no clipping)").def(1.0).at_least(0);
-  opt.integer("accumulate", "micro-batches per optimizer step (gradient accumulation); the gradient is that of "
+  opt.integer("accumulate",
+              "micro-batches per optimizer step (gradient accumulation); the gradient is that of "
               "the union of the micro-batches (of every rank), each loss weighted by its loss-carrying positions")
-      .def(int64_t(1)).range(1, 1e6);
-  opt.string("implementation", "AdamW implementation: fused (ATen's multi-tensor fused AdamW, float32 master "
+      .def(int64_t(1))
+      .range(1, 1e6);
+  opt.string("implementation",
+             "AdamW implementation: fused (ATen's multi-tensor fused AdamW, float32 master "
              "weights for 16-bit compute, no host sync), torch (torch::optim::AdamW; compute-dtype weights only), "
              "auto (fused on CUDA or with 16-bit compute, torch otherwise)")
-      .def(std::string("auto")).one_of({"auto", "fused", "torch"});
+      .def(std::string("auto"))
+      .one_of({"auto", "fused", "torch"});
   out.push_back(opt);
 
   Schema loss("loss");
-  loss.string("kernel", "LM-head cross-entropy: fused (CUDA: rows in chunks, one kernel per chunk for the softmax "
+  loss.string("kernel",
+              "LM-head cross-entropy: fused (CUDA: rows in chunks, one kernel per chunk for the softmax "
               "statistics, argmax and the gradient written over the 16-bit logits in place), chunked (rows in "
               "chunks in plain ATen, gradient computed in the forward, never [rows, vocab] float32 logits at "
               "once), reference (full logits, plain autograd), auto (fused on CUDA, chunked elsewhere)")
-      .def(std::string("auto")).one_of({"auto", "fused", "chunked", "reference"});
-  loss.integer("chunk_rows", "rows per chunk of the chunked and fused losses (0 = auto: about 512 MiB of logits, "
+      .def(std::string("auto"))
+      .one_of({"auto", "fused", "chunked", "reference"});
+  loss.integer("chunk_rows",
+               "rows per chunk of the chunked and fused losses (0 = auto: about 512 MiB of logits, "
                "float32 for chunked, the compute dtype for fused)")
-      .def(int64_t(0)).range(0, 1 << 24);
+      .def(int64_t(0))
+      .range(0, 1 << 24);
   out.push_back(loss);
 
   Schema plugins("plugins");
@@ -279,7 +298,8 @@ std::vector<Schema> Experiment::engine_schemas() {
 
   Schema ckpt("checkpoint");
   ckpt.integer("every", "write a checkpoint to <out>/checkpoints/step_<n> every N steps (0 = only at the end)")
-      .def(int64_t(0)).at_least(0);
+      .def(int64_t(0))
+      .at_least(0);
   ckpt.integer("keep", "checkpoints kept (older ones are deleted)").def(int64_t(2)).range(1, 1000);
   ckpt.boolean("enabled", "write checkpoints at all").def(false);
   out.push_back(ckpt);
@@ -287,12 +307,21 @@ std::vector<Schema> Experiment::engine_schemas() {
   out.push_back(eval_schema());
 
   Schema dist("distributed");
-  dist.string("backend", "collectives of a run launched by torchrun (WORLD_SIZE > 1): nccl on CUDA, gloo on CPU "
-              "(auto: by [run] device)").def(std::string("auto")).one_of({"auto", "nccl", "gloo"});
-  dist.real("timeout", "seconds a rank waits for the others (rendezvous and every collective) before the run stops "
-            "naming the rank that did not answer").def(300.0).range(1, 86400);
-  dist.real("bucket_mb", "gradient all-reduce bucket size, MiB: a bucket is sent as soon as its gradients are "
-            "ready, overlapped with the rest of the backward").def(25.0).range(0.001, 65536);
+  dist.string("backend",
+              "collectives of a run launched by torchrun (WORLD_SIZE > 1): nccl on CUDA, gloo on CPU "
+              "(auto: by [run] device)")
+      .def(std::string("auto"))
+      .one_of({"auto", "nccl", "gloo"});
+  dist.real("timeout",
+            "seconds a rank waits for the others (rendezvous and every collective) before the run stops "
+            "naming the rank that did not answer")
+      .def(300.0)
+      .range(1, 86400);
+  dist.real("bucket_mb",
+            "gradient all-reduce bucket size, MiB: a bucket is sent as soon as its gradients are "
+            "ready, overlapped with the rest of the backward")
+      .def(25.0)
+      .range(0.001, 65536);
   out.push_back(dist);
   return out;
 }
@@ -312,7 +341,11 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
   if (text.find('\0') != std::string::npos) {
     size_t line = 1, col = 1;
     for (size_t i = 0; i < text.size() && text[i] != '\0'; ++i) {
-      if (text[i] == '\n') { ++line; col = 1; } else ++col;
+      if (text[i] == '\n') {
+        ++line;
+        col = 1;
+      } else
+        ++col;
     }
     throw ConfigError(path + ":" + std::to_string(line) + ":" + std::to_string(col) +
                       ": not a TOML text file (a NUL byte); an experiment file is UTF-8 TOML");
@@ -357,14 +390,22 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
   for (const auto& s : schemas) {
     const toml::table* t = section(root, s.table(), path);
     Config c = check(t, s, path, table_pos(t), {});
-    if (s.table() == "run") e.run_ = c;
-    else if (s.table() == "attention") e.attention_ = c;
-    else if (s.table() == "optimizer") e.optimizer_ = c;
-    else if (s.table() == "plugins") e.plugins_ = c;
-    else if (s.table() == "checkpoint") e.checkpoint_ = c;
-    else if (s.table() == "eval") e.eval_ = c;
-    else if (s.table() == "distributed") e.distributed_ = c;
-    else if (s.table() == "loss") e.loss_ = c;
+    if (s.table() == "run")
+      e.run_ = c;
+    else if (s.table() == "attention")
+      e.attention_ = c;
+    else if (s.table() == "optimizer")
+      e.optimizer_ = c;
+    else if (s.table() == "plugins")
+      e.plugins_ = c;
+    else if (s.table() == "checkpoint")
+      e.checkpoint_ = c;
+    else if (s.table() == "eval")
+      e.eval_ = c;
+    else if (s.table() == "distributed")
+      e.distributed_ = c;
+    else if (s.table() == "loss")
+      e.loss_ = c;
   }
   for (const auto& name : plugin_sections()) {
     const toml::table* t = section(root, name, path);
@@ -374,8 +415,8 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
                         " plugin: plugin = \"...\"; `flashdraft plugins` lists them)");
     const toml::node* p = t->get("plugin");
     if (!p)
-      throw ConfigError(table_pos(t).str() + ": [" + name + "] missing required key 'plugin' (the name of a " +
-                        name + " plugin; `flashdraft plugins` lists them)");
+      throw ConfigError(table_pos(t).str() + ": [" + name + "] missing required key 'plugin' (the name of a " + name +
+                        " plugin; `flashdraft plugins` lists them)");
     if (!p->is_string())
       throw ConfigError(position(path, p->source()).str() + ": [" + name + "] plugin: expected a string, found " +
                         describe(*p));

@@ -14,9 +14,9 @@ namespace flashdraft {
 // One of the tables that name a plugin (a kind of selection "one" in plugin_kinds.def:
 // [drafter], [dataset], [mask]).
 struct PluginChoice {
-  std::string section;  // "drafter"
-  std::string plugin;   // value of `plugin`
-  SourcePosition where; // of the `plugin` key
+  std::string section;   // "drafter"
+  std::string plugin;    // value of `plugin`
+  SourcePosition where;  // of the `plugin` key
 };
 
 class FLASHDRAFT_API Experiment {

@@ -3,8 +3,8 @@
 
 #include "cuda_ops.hpp"
 
-#include <torch/types.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -53,7 +53,8 @@ struct Rope : public torch::autograd::Function<Rope> {
     const at::Tensor& cos = saved[0];
     const at::Tensor& sin = saved[1];
     const at::Tensor& dy = grads[0];
-    if (cuda_ops::rope_runs(dy, cos, sin)) return {cuda_ops::rope(dy, cos, sin, /*transpose=*/true), at::Tensor(), at::Tensor()};
+    if (cuda_ops::rope_runs(dy, cos, sin))
+      return {cuda_ops::rope(dy, cos, sin, /*transpose=*/true), at::Tensor(), at::Tensor()};
     const at::Tensor ds = dy * sin;
     const int64_t half = ds.size(-1) / 2;
     return {dy * cos + at::cat({ds.narrow(-1, half, half), -ds.narrow(-1, 0, half)}, -1), at::Tensor(), at::Tensor()};

@@ -45,8 +45,7 @@ std::pair<NamedTensors, std::string> weights_of_run(const fs::path& log) {
     if (checkpoint::read_manifest(ckpt).log_file == log.filename().string())
       return {checkpoint::weights(ckpt), "checkpoint " + ckpt.string()};
   throw FormatError("run " + log.string() + " has no weights to export: neither " + finished.string() +
-                          " (written when a run finishes) nor a checkpoint of it under " +
-                          (dir / "checkpoints").string());
+                    " (written when a run finishes) nor a checkpoint of it under " + (dir / "checkpoints").string());
 }
 
 }  // namespace
@@ -86,8 +85,12 @@ nlohmann::json read_json(const std::string& path) {
 
 FormatInput format_input(const Setup& setup, BoundPlugins& plugins) {
   const PluginUse& mask = setup.use(PluginKind::mask);
-  return FormatInput{setup.use(PluginKind::drafter).config, plugins.target_model, plugins.ctx.dtype, mask.name,
-                     mask.config, plugins.dataset->seq_len()};
+  return FormatInput{setup.use(PluginKind::drafter).config,
+                     plugins.target_model,
+                     plugins.ctx.dtype,
+                     mask.name,
+                     mask.config,
+                     plugins.dataset->seq_len()};
 }
 
 std::optional<RunLayout> run_layout(const Setup& setup, BoundPlugins& plugins, const std::string& log_path) {

@@ -40,8 +40,7 @@ void tau_lines(const LogReader& r, std::ostream& out) {
       out << ": " << method.back();
       const auto responses = r.f64("eval/served_responses"), steps = r.f64("eval/served_steps");
       const auto seconds = r.f64("eval/served_seconds"), target = r.f64("eval/served_target_seconds");
-      if (!responses.empty() && !steps.empty() && !seconds.empty() && !target.empty())
-      {
+      if (!responses.empty() && !steps.empty() && !seconds.empty() && !target.empty()) {
         out << "; " << int64_t(responses.back()) << " responses, " << int64_t(steps.back()) << " verification steps, "
             << std::setprecision(3) << seconds.back() << " s";
         if (target.back() > 0) out << " (target forwards " << target.back() << " s)";
@@ -96,7 +95,8 @@ void inspect_ranks(const LogReader& r, std::ostream& out) {
     for (size_t k = 1; k < world; ++k)
       same = same && sum[i * world + k] == sum[i * world] && sumsq[i * world + k] == sumsq[i * world];
   const auto steps_attr = r.attributes("/steps");
-  out << "ranks     " << world << " (accumulate " << (steps_attr.count("accumulate") ? steps_attr.at("accumulate") : "?")
+  out << "ranks     " << world << " (accumulate "
+      << (steps_attr.count("accumulate") ? steps_attr.at("accumulate") : "?")
       << "); weights identical on every rank after every step: " << (same ? "yes" : "NO") << "\n";
   const auto names = r.strings("kernels/names");
   for (size_t k = 0; k < world; ++k) {
@@ -125,7 +125,10 @@ void inspect_log(const std::string& path, std::ostream& out) {
   LogReader r(path);
   if (!r.exists("steps/loss")) throw std::runtime_error(path + ": not a flashdraft run log (no /steps/loss)");
   const auto a = r.attributes("/");
-  auto attr = [&](const char* k) { auto it = a.find(k); return it == a.end() ? std::string("?") : it->second; };
+  auto attr = [&](const char* k) {
+    auto it = a.find(k);
+    return it == a.end() ? std::string("?") : it->second;
+  };
   out << "run log   " << path << "\n";
   out << "started   " << attr("start_time") << " on " << attr("device") << " (" << attr("device_name") << "), dtype "
       << attr("dtype") << "\n";
@@ -150,8 +153,8 @@ void inspect_log(const std::string& path, std::ostream& out) {
       if (m == "loss" || m == "step" || m == "position_accuracy") continue;
       const auto v = r.f64("steps/" + m);
       if (v.empty()) continue;
-      out << std::left << std::setw(14) << m << std::right << "first " << std::setprecision(4) << v.front()
-          << "  last " << v.back() << "\n";
+      out << std::left << std::setw(14) << m << std::right << "first " << std::setprecision(4) << v.front() << "  last "
+          << v.back() << "\n";
     }
     const auto shape = r.shape("steps/position_accuracy");
     if (shape.size() == 2 && shape[0] > 0) {
@@ -165,7 +168,9 @@ void inspect_log(const std::string& path, std::ostream& out) {
     for (const auto& column : log_columns("memory")) {
       const auto v = r.f64(column.name);
       const std::string phase = column.name.substr(column.name.find('/') + 1);
-      if (!v.empty()) out << "  " << std::left << std::setw(10) << phase << std::right << gib(*std::max_element(v.begin(), v.end())) << "\n";
+      if (!v.empty())
+        out << "  " << std::left << std::setw(10) << phase << std::right << gib(*std::max_element(v.begin(), v.end()))
+            << "\n";
     }
   }
   if (r.exists("ranks/tokens")) inspect_ranks(r, out);
@@ -200,7 +205,8 @@ void inspect_log(const std::string& path, std::ostream& out) {
     for (double id : ids) ++count[int64_t(id)];
     out << "  " << ph << ":";
     for (const auto& [id, c] : count)
-      out << "  " << (id < 0 || id >= int64_t(names.size()) ? std::string("(no call)") : names[size_t(id)]) << " x" << c;
+      out << "  " << (id < 0 || id >= int64_t(names.size()) ? std::string("(no call)") : names[size_t(id)]) << " x"
+          << c;
     out << "  (calls = steps x layers)\n";
   }
   const auto ev_step = r.f64("events/step");

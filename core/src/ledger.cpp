@@ -22,8 +22,8 @@ int32_t KernelLedger::id(const std::string& variant) {
 void KernelLedger::record(int64_t layer, Phase phase, const std::string& variant) {
   auto& row = phase == Phase::forward ? forward_ : backward_;
   if (layer < 0 || layer >= static_cast<int64_t>(row.size()))
-    throw std::out_of_range("kernel ledger: attention call for layer " + std::to_string(layer) + ", but the drafter declared " +
-                            std::to_string(row.size()) + " attention layers");
+    throw std::out_of_range("kernel ledger: attention call for layer " + std::to_string(layer) +
+                            ", but the drafter declared " + std::to_string(row.size()) + " attention layers");
   row[static_cast<size_t>(layer)] = id(variant);
   ++(phase == Phase::forward ? forward_calls_ : backward_calls_);
 }
@@ -37,7 +37,8 @@ std::string KernelLedger::summary(Phase phase, int64_t columns) const {
     if (std::find(seen.begin(), seen.end(), i) == seen.end()) seen.push_back(i);
   }
   std::string out;
-  for (int32_t i : seen) out += (out.empty() ? "" : ",") + (i < 0 ? std::string("none") : names_[static_cast<size_t>(i)]);
+  for (int32_t i : seen)
+    out += (out.empty() ? "" : ",") + (i < 0 ? std::string("none") : names_[static_cast<size_t>(i)]);
   return out;
 }
 

@@ -30,8 +30,9 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     if (!grad_hidden.defined())
-      throw std::runtime_error("LM-head loss: backward ran a second time after its saved gradient was freed (pass "
-                               "retain_graph = true to the first backward to run it twice)");
+      throw std::runtime_error(
+          "LM-head loss: backward ran a second time after its saved gradient was freed (pass "
+          "retain_graph = true to the first backward to run it twice)");
     if (on_backward) on_backward();
     if (!grads[0].defined()) return {at::Tensor()};
     return {grad_hidden * grads[0].to(grad_hidden.scalar_type())};
@@ -147,8 +148,8 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
   const at::Tensor h = in.hidden.detach(), weight = in.weight.detach();
   const double inv_sum = R > 0 ? 1.0 / in.weight_sum : 0.0;  // no row: a zero loss (and gradient)
   LmHeadLossOutput out;
-  at::Tensor total = at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble
-                                                                                                     : at::kFloat));
+  at::Tensor total =
+      at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
   const auto long_opts = in.hidden.options().dtype(at::kLong);
   const bool from_target = in.target_hidden.defined();
   out.argmax = at::empty({R}, long_opts);
@@ -270,20 +271,22 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   return out;
 }
 
-LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_rows, std::function<void()> on_backward) {
+LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_rows,
+                                      std::function<void()> on_backward) {
   const int64_t c = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0));
   return chunked_loss(in, c, chunk_loss_aten, std::move(on_backward));
 }
 
 LmHeadLossOutput lm_head_loss_fused(const LmHeadLossInput& in, int64_t chunk_rows, std::function<void()> on_backward) {
   if (!cuda_ops::runs_on(in.hidden))
-    throw std::invalid_argument(std::string("LM-head loss: the fused variant runs on CUDA tensors of float32, bfloat16 "
-                                            "or float16") +
-                                (cuda_ops::cuda_ops_built() ? "" : " (and this engine was built without its CUDA kernels)") +
-                                "; hidden is " + c10::toString(in.hidden.scalar_type()) + " on " +
-                                in.hidden.device().str() + " (accepted elsewhere: chunked, reference)");
-  const int64_t c = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0), int64_t(1) << 29,
-                                                                   in.weight.element_size());
+    throw std::invalid_argument(
+        std::string("LM-head loss: the fused variant runs on CUDA tensors of float32, bfloat16 "
+                    "or float16") +
+        (cuda_ops::cuda_ops_built() ? "" : " (and this engine was built without its CUDA kernels)") + "; hidden is " +
+        c10::toString(in.hidden.scalar_type()) + " on " + in.hidden.device().str() +
+        " (accepted elsewhere: chunked, reference)");
+  const int64_t c =
+      chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0), int64_t(1) << 29, in.weight.element_size());
   return chunked_loss(in, c, chunk_loss_fused, std::move(on_backward));
 }
 
@@ -296,14 +299,15 @@ const char* resolve_variant(const std::string& variant, c10::Device device, std:
   if (variant == "fused") {
     if (!fused_here)
       throw std::invalid_argument(
-          std::string("\"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") +
-          device.str() +
+          std::string("\"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") + device.str() +
           (cuda_ops::cuda_ops_built() ? "" : " and this engine was built without them (no CUDA LibTorch or no nvcc)") +
           "; accepted here: auto, chunked, reference");
     return kLossFused;
   }
   if (variant == "auto") {
-    why = fused_here ? "auto: CUDA" : device.is_cuda() ? "auto: engine built without its CUDA kernels" : "auto: " + device.str();
+    why = fused_here         ? "auto: CUDA"
+          : device.is_cuda() ? "auto: engine built without its CUDA kernels"
+                             : "auto: " + device.str();
     return fused_here ? kLossFused : kLossChunked;
   }
   throw std::invalid_argument("LM-head loss variant '" + variant + "' is not one of: auto, fused, chunked, reference");
@@ -343,11 +347,13 @@ std::string LmHeadLoss::describe(int64_t vocab) const {
   const std::string why = why_.empty() ? "" : why_ + "; ";
   if (variant_ == kLossReference) return std::string(kLossReference) + " (full logits, float32 log-softmax)";
   const bool fused = variant_ == kLossFused;
-  const int64_t c = chunk_rows_ > 0 ? chunk_rows_ : fused ? auto_chunk_rows(vocab, int64_t(1) << 29, logit_bytes_)
-                                                          : auto_chunk_rows(vocab);
+  const int64_t c = chunk_rows_ > 0 ? chunk_rows_
+                    : fused         ? auto_chunk_rows(vocab, int64_t(1) << 29, logit_bytes_)
+                                    : auto_chunk_rows(vocab);
   const std::string rows = std::to_string(c) + " rows per chunk" + (chunk_rows_ > 0 ? "" : ", auto");
   if (fused)
-    return variant_ + " (" + why + rows + "; one CUDA kernel per chunk: softmax statistics, NLL, argmax and the "
+    return variant_ + " (" + why + rows +
+           "; one CUDA kernel per chunk: softmax statistics, NLL, argmax and the "
            "gradient written over the logits in place; no float32 [rows, vocab] tensor)";
   return variant_ + " (" + why + rows + "; gradient in the forward, no [rows, vocab] float32 tensor)";
 }

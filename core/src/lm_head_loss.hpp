@@ -67,7 +67,7 @@ class FLASHDRAFT_API LmHeadLoss {
              at::ScalarType dtype = at::kFloat);
   LmHeadLossOutput operator()(const LmHeadLossInput& in);
   const std::string& variant() const { return variant_; }  // "lm_head_ce/..."
-  std::string describe(int64_t vocab) const;                // for the selection report
+  std::string describe(int64_t vocab) const;               // for the selection report
 
  private:
   std::string variant_;

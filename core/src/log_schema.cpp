@@ -12,7 +12,8 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"steps/grad_norm", T::f64, 0, 0, "global gradient norm before clipping"},
       {"steps/step_time_s", T::f64, 0, 0, "wall time of the step, seconds"},
       {"steps/tokens_per_s", T::f64, 0, 0, "loss-carrying tokens per second"},
-      {"steps/position_accuracy", T::f64, shape.positions, 0, "accuracy per position (the drafter's positions: e.g. block positions 1..BS-1, or unroll steps)"},
+      {"steps/position_accuracy", T::f64, shape.positions, 0,
+       "accuracy per position (the drafter's positions: e.g. block positions 1..BS-1, or unroll steps)"},
   };
   for (const auto& n : shape.scalar_names) c.push_back({"steps/" + n, T::f64, 0, 0, "drafter metric"});
   if (shape.target)
@@ -23,10 +24,12 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"memory/optimizer", T::i64, 0, 0, "peak bytes during clipping and the optimizer step"},
       {"memory/step", T::i64, 0, 0, "peak bytes over the whole step"},
       {"kernels/forward", T::i32, shape.layers, 0,
-       "variant id per attention call (forward): the drafter's calls (e.g. its layers, or its unroll steps), then the online target's; -1 = no call"},
+       "variant id per attention call (forward): the drafter's calls (e.g. its layers, or its unroll steps), then the "
+       "online target's; -1 = no call"},
       {"kernels/backward", T::i32, shape.layers, 0,
        "variant id per attention call (backward), columns as in forward; -1 = no call"},
-      {"kernels/loss", T::i32, 2, 0, "variant id of the LM-head loss op: forward, backward; -1 = no call (also for a drafter with its own loss)"},
+      {"kernels/loss", T::i32, 2, 0,
+       "variant id of the LM-head loss op: forward, backward; -1 = no call (also for a drafter with its own loss)"},
       {"kernels/names", T::str, 0, 256, "variant names; ids index this list"},
       {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
       {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},
@@ -63,7 +66,8 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
        "block) or \"data tokens (...)\" (then eval/tau_anchor = eval/tau_data)"},
       {"eval/tau_sim", T::f64, 0, 0, "1 + sum_k prod_{j<=k} acc_j from eval/position_accuracy"},
       {"eval/blocks", T::i64, 0, 0, "blocks (anchors) the acceptance length averages over"},
-      {"eval/position_accuracy", T::f64, shape.positions, 0, "held-out accuracy per position, as in steps/position_accuracy"},
+      {"eval/position_accuracy", T::f64, shape.positions, 0,
+       "held-out accuracy per position, as in steps/position_accuracy"},
   };
   c.insert(c.end(), rest.begin(), rest.end());
   if (shape.served_width > 0)

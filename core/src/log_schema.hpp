@@ -24,9 +24,9 @@ struct LogShape {
   int64_t layers = 0;
   int64_t positions = 0;
   std::vector<std::string> scalar_names;
-  bool target = false;  // an online target: its forward time per step
-  int64_t ranks = 1;     // processes of a data-parallel run: ranks/* columns when > 1
-  int64_t accumulate = 1;  // micro-batches per step (with ranks: where each batch comes from)
+  bool target = false;       // an online target: its forward time per step
+  int64_t ranks = 1;         // processes of a data-parallel run: ranks/* columns when > 1
+  int64_t accumulate = 1;    // micro-batches per step (with ranks: where each batch comes from)
   int64_t served_width = 0;  // served validation: max_proposals + 2 (its histogram), 0 = off
 };
 

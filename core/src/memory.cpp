@@ -11,8 +11,8 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace flashdraft {
 
@@ -45,8 +45,9 @@ class TrackingAllocator final : public c10::Allocator {
       return c10::DataPtr(data, data, inner_deleter, c10::Device(c10::kCPU));
     if (context != data) {  // the base allocator is not simple; give the memory back
       inner_deleter(context);
-      throw std::runtime_error("memory tracking: LibTorch's CPU allocator returned a DataPtr whose context is not its "
-                               "data; the tracking allocator cannot wrap it");
+      throw std::runtime_error(
+          "memory tracking: LibTorch's CPU allocator returned a DataPtr whose context is not its "
+          "data; the tracking allocator cannot wrap it");
     }
     {
       std::lock_guard<std::mutex> lock(mutex());

@@ -3,10 +3,10 @@
 
 #include "cuda_ops.hpp"
 
-#include <torch/types.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize/archive.h>
-#include <torch/nn/utils/clip_grad.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
@@ -82,8 +82,8 @@ class FusedAdamW final : public TrainOptimizer {
     if (guard.defined()) {
       // Sticky on the device: once set, no later update runs (skip_ is 0 or exactly 1, as
       // the fused kernel's found_inf must be).
-      const at::Tensor bad = at::logical_or(at::logical_not(at::isfinite(guard.to(at::kFloat))),
-                                            at::logical_not(at::isfinite(norm)));
+      const at::Tensor bad =
+          at::logical_or(at::logical_not(at::isfinite(guard.to(at::kFloat))), at::logical_not(at::isfinite(norm)));
       skip_.copy_(at::maximum(skip_, bad.to(at::kFloat)));
       skip = skip_;
       step_.sub_(skip_ - 1);  // + 1 unless skipped
@@ -94,7 +94,8 @@ class FusedAdamW final : public TrainOptimizer {
       const cuda_ops::AdamWHyper h{lr, s_.beta1, s_.beta2, s_.eps, s_.weight_decay};
       for (size_t j = 0; j < with_grad.size(); ++j) {
         const size_t i = with_grad[j];
-        at::Tensor g = grads[j].scalar_type() == params_[i].scalar_type() ? grads[j] : grads[j].to(params_[i].scalar_type());
+        at::Tensor g =
+            grads[j].scalar_type() == params_[i].scalar_type() ? grads[j] : grads[j].to(params_[i].scalar_type());
         cuda_ops::adamw_mixed(params_[i].detach(), g.contiguous(), master_[i], exp_avg_[i], exp_avg_sq_[i], h, step_,
                               scale ? *scale : at::Tensor(), skip ? *skip : at::Tensor());
         // Written through a raw pointer: tell autograd the weight changed (as copy_ would),
@@ -108,7 +109,8 @@ class FusedAdamW final : public TrainOptimizer {
     for (size_t g0 = 0; g0 < with_grad.size();) {
       size_t g1 = g0;
       int64_t n = 0;
-      do n += grads[g1++].numel(); while (g1 < with_grad.size() && n + grads[g1].numel() <= budget);
+      do n += grads[g1++].numel();
+      while (g1 < with_grad.size() && n + grads[g1].numel() <= budget);
       update(with_grad, grads, g0, g1, lr, scale, skip);
       g0 = g1;
     }
@@ -132,8 +134,9 @@ class FusedAdamW final : public TrainOptimizer {
   void load(torch::serialize::InputArchive& archive) override {
     at::Tensor step;
     if (!archive.try_read("fused_adamw/step", step, true))
-      throw std::runtime_error("it holds no fused AdamW state (written by another optimizer implementation; set "
-                               "[optimizer] implementation to the one the run was started with)");
+      throw std::runtime_error(
+          "it holds no fused AdamW state (written by another optimizer implementation; set "
+          "[optimizer] implementation to the one the run was started with)");
     std::vector<at::Tensor> m, v, w;
     for (size_t i = 0; i < params_.size(); ++i) {
       const std::string k = std::to_string(i);
@@ -154,7 +157,8 @@ class FusedAdamW final : public TrainOptimizer {
   }
 
   std::string name() const override {
-    if (mixed_kernel_) return "fused AdamW, float32 master weights (flashdraft CUDA kernel: 16-bit gradients read directly)";
+    if (mixed_kernel_)
+      return "fused AdamW, float32 master weights (flashdraft CUDA kernel: 16-bit gradients read directly)";
     return copies_ ? "fused AdamW, float32 master weights" : "fused AdamW";
   }
 
@@ -171,7 +175,8 @@ class FusedAdamW final : public TrainOptimizer {
     for (size_t j = g0; j < g1; ++j) {
       const size_t i = idx[j];
       w.push_back(master_[i]);
-      g.push_back(grads[j].scalar_type() == master_[i].scalar_type() ? grads[j] : grads[j].to(master_[i].scalar_type()));
+      g.push_back(grads[j].scalar_type() == master_[i].scalar_type() ? grads[j]
+                                                                     : grads[j].to(master_[i].scalar_type()));
       m.push_back(exp_avg_[i]);
       v.push_back(exp_avg_sq_[i]);
       steps.push_back(step_);
@@ -193,7 +198,8 @@ class TorchAdamW final : public TrainOptimizer {
  public:
   TorchAdamW(std::vector<at::Tensor> params, AdamWSettings s)
       : params_(params),
-        opt_(params, torch::optim::AdamWOptions(1e-3).betas({s.beta1, s.beta2}).eps(s.eps).weight_decay(s.weight_decay)) {}
+        opt_(params,
+             torch::optim::AdamWOptions(1e-3).betas({s.beta1, s.beta2}).eps(s.eps).weight_decay(s.weight_decay)) {}
 
   at::Tensor step(double lr, double clip, const at::Tensor&) override {
     for (auto& group : opt_.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -209,8 +215,9 @@ class TorchAdamW final : public TrainOptimizer {
   void load(torch::serialize::InputArchive& archive) override {
     at::Tensor probe;
     if (archive.try_read("fused_adamw/step", probe, true))
-      throw std::runtime_error("it holds a fused AdamW state, the run uses torch::optim::AdamW (set [optimizer] "
-                               "implementation to the one the run was started with)");
+      throw std::runtime_error(
+          "it holds a fused AdamW state, the run uses torch::optim::AdamW (set [optimizer] "
+          "implementation to the one the run was started with)");
     opt_.load(archive);
     // The optimizer matched its state to the parameters by position: check the moments'
     // shapes so that a reordered drafter cannot silently pair the wrong state.

@@ -71,10 +71,12 @@ class FLASHDRAFT_API TrainOptimizer {
 
 // `master`: the dtype the update runs in (a float32 master copy is kept when it differs
 // from the weights' dtype); `fused`: the fused implementation.
-FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_optimizer(const std::vector<at::Tensor>& params, const Config& optimizer,
-                                               c10::ScalarType master, bool fused);
-FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_fused_adamw(const std::vector<at::Tensor>& params, AdamWSettings settings,
-                                                 c10::ScalarType master);
-FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_torch_adamw(const std::vector<at::Tensor>& params, AdamWSettings settings);
+FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_optimizer(const std::vector<at::Tensor>& params,
+                                                              const Config& optimizer, c10::ScalarType master,
+                                                              bool fused);
+FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_fused_adamw(const std::vector<at::Tensor>& params,
+                                                                AdamWSettings settings, c10::ScalarType master);
+FLASHDRAFT_API std::unique_ptr<TrainOptimizer> make_torch_adamw(const std::vector<at::Tensor>& params,
+                                                                AdamWSettings settings);
 
 }  // namespace flashdraft

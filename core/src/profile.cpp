@@ -2,8 +2,8 @@
 #include "profile.hpp"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
-#include <torch/types.h>
 #include <torch/cuda.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,9 +33,11 @@ std::string family_of(const std::string& name) {
       {std::regex("cuda_ops::.*adamw_kernel"), "optimizer (fused AdamW, norms)"},
       {std::regex("cuda_ops::.*ce_rows_kernel"), "LM-head loss (softmax, gather, argmax)"},
       {std::regex("cuda_ops::.*swiglu"), "elementwise (RoPE, SiLU, adds, casts)"},
-      {std::regex("fused_adam|FusedAdam|multi_tensor_apply|foreach", std::regex::icase), "optimizer (fused AdamW, norms)"},
+      {std::regex("fused_adam|FusedAdam|multi_tensor_apply|foreach", std::regex::icase),
+       "optimizer (fused AdamW, norms)"},
       {std::regex("gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_", std::regex::icase), "matrix products (cuBLAS)"},
-      {std::regex("softmax|nll|cross_entropy|argmax|scatter|gather", std::regex::icase), "LM-head loss (softmax, gather, argmax)"},
+      {std::regex("softmax|nll|cross_entropy|argmax|scatter|gather", std::regex::icase),
+       "LM-head loss (softmax, gather, argmax)"},
       {std::regex("rms_norm|RmsNorm|rmsnorm|layer_norm", std::regex::icase), "RMSNorm"},
       {std::regex("memcpy|memset|copy|cat|index|Indexing", std::regex::icase), "copies, cat, index"},
       {std::regex("reduce", std::regex::icase), "reductions"},
@@ -69,7 +71,8 @@ ProfileWindow parse_profile_window(const std::string& text) {
     w.last = colon == std::string::npos ? w.first + 1 : std::stoll(text.substr(colon + 1), &used);
     if (colon != std::string::npos && used != text.substr(colon + 1).size()) throw std::invalid_argument("");
   } catch (const std::exception&) {
-    throw std::invalid_argument("--profile " + text + ": expected A:B (0-based steps A..B-1) or A, e.g. --profile 5:10");
+    throw std::invalid_argument("--profile " + text +
+                                ": expected A:B (0-based steps A..B-1) or A, e.g. --profile 5:10");
   }
   if (w.first < 0 || w.last <= w.first)
     throw std::invalid_argument("--profile " + text + ": expected 0 <= A < B, e.g. --profile 5:10");
@@ -85,10 +88,9 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::before_step(int64_t step) {
   if (!window_.on() || step != window_.first) return;
-  const std::set<prof::ActivityType> activities = torch::cuda::is_available()
-                                                      ? std::set<prof::ActivityType>{prof::ActivityType::CPU,
-                                                                                     prof::ActivityType::CUDA}
-                                                      : std::set<prof::ActivityType>{prof::ActivityType::CPU};
+  const std::set<prof::ActivityType> activities =
+      torch::cuda::is_available() ? std::set<prof::ActivityType>{prof::ActivityType::CPU, prof::ActivityType::CUDA}
+                                  : std::set<prof::ActivityType>{prof::ActivityType::CPU};
   const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
   torch::autograd::profiler::prepareProfiler(config, activities);
   torch::autograd::profiler::enableProfiler(config, activities);
@@ -114,7 +116,7 @@ void StepProfiler::after_step(int64_t step) {
   active_ = false;
   const double steps = double(window_.last - window_.first);
   std::map<std::string, double> ms;
-  std::map<std::string, std::pair<double, int64_t>> kernels;  // name -> (ms, calls)
+  std::map<std::string, std::pair<double, int64_t>> kernels;   // name -> (ms, calls)
   std::map<std::string, std::pair<double, int64_t>> host_ops;  // CPU-side ops, inclusive ms
   double busy = 0;
   for (const auto& e : result->events()) {

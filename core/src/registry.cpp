@@ -106,8 +106,9 @@ void Registry::load_file(const std::string& path) {
     return;
   }
   if (!lib.has("flashdraft_plugin")) {
-    rejected_.push_back({path, "not a flashdraft plugin (no 'flashdraft_plugin' entry point; "
-                               "plugins define one with FLASHDRAFT_PLUGIN(...))"});
+    rejected_.push_back({path,
+                         "not a flashdraft plugin (no 'flashdraft_plugin' entry point; "
+                         "plugins define one with FLASHDRAFT_PLUGIN(...))"});
     return;
   }
   const PluginDescriptor* d = lib.get_alias<const PluginDescriptor*()>("flashdraft_plugin")();

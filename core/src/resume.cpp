@@ -58,8 +58,8 @@ void check_same_world(const ResumePoint& resume, int64_t world, int64_t accumula
   const int64_t was_world = value("world_size"), was_accumulate = value("accumulate");
   if (was_world == world && was_accumulate == accumulate) return;
   throw checkpoint::Error(
-      "cannot resume from " + resume.dir.string() + ": it was trained by " + std::to_string(was_world) +
-      " process" + (was_world == 1 ? "" : "es") + " with [optimizer] accumulate = " + std::to_string(was_accumulate) +
+      "cannot resume from " + resume.dir.string() + ": it was trained by " + std::to_string(was_world) + " process" +
+      (was_world == 1 ? "" : "es") + " with [optimizer] accumulate = " + std::to_string(was_accumulate) +
       ", this run has " + std::to_string(world) + " with accumulate = " + std::to_string(accumulate) +
       " (resuming with another world size is not supported: launch " +
       (was_world == 1 ? std::string("a single process") : "torchrun --nproc-per-node " + std::to_string(was_world)) +

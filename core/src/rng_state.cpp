@@ -1,8 +1,8 @@
 // Generator states in and out of checkpoints.
 #include "rng_state.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <mutex>
 

@@ -63,7 +63,8 @@ std::unique_ptr<RunLog> RunLog::reopen(const std::string& path) {
   // writing" flags set and HDF5 refuses to open the file for writing again; h5clear's
   // file-access property clears them. The log itself is consistent at every flushed step.
   hbool_t clear_flags = 1;
-  H5E_BEGIN_TRY { H5Pset(fapl, "clear_status_flags", &clear_flags); } H5E_END_TRY;
+  H5E_BEGIN_TRY { H5Pset(fapl, "clear_status_flags", &clear_flags); }
+  H5E_END_TRY;
   log->file_ = H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl);
   H5Pclose(fapl);
   if (log->file_ < 0) throw std::runtime_error("cannot open the run log " + path + " to append to it");
@@ -112,8 +113,9 @@ RunLog::~RunLog() {
 int64_t RunLog::group(const std::string& name) {
   auto it = groups_.find(name);
   if (it != groups_.end()) return it->second;
-  hid_t g = H5Lexists(file_, name.c_str(), H5P_DEFAULT) > 0 ? H5Gopen2(file_, name.c_str(), H5P_DEFAULT)
-                                                           : H5Gcreate2(file_, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t g = H5Lexists(file_, name.c_str(), H5P_DEFAULT) > 0
+                ? H5Gopen2(file_, name.c_str(), H5P_DEFAULT)
+                : H5Gcreate2(file_, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
   groups_[name] = check_id(g, "group " + name);
   return g;
 }
@@ -136,10 +138,22 @@ void RunLog::declare(const std::string& name, Type type, int64_t width, int64_t 
   H5Pset_chunk(dcpl, rank, chunk);
   hid_t ftype = -1;
   switch (type) {
-    case Type::f64: ftype = H5Tcopy(H5T_IEEE_F64LE); ds->mem_type = H5T_NATIVE_DOUBLE; break;
-    case Type::i64: ftype = H5Tcopy(H5T_STD_I64LE); ds->mem_type = H5T_NATIVE_INT64; break;
-    case Type::i32: ftype = H5Tcopy(H5T_STD_I32LE); ds->mem_type = H5T_NATIVE_INT32; break;
-    case Type::str: ftype = string_type(str_len); ds->mem_type = string_type(str_len); break;
+    case Type::f64:
+      ftype = H5Tcopy(H5T_IEEE_F64LE);
+      ds->mem_type = H5T_NATIVE_DOUBLE;
+      break;
+    case Type::i64:
+      ftype = H5Tcopy(H5T_STD_I64LE);
+      ds->mem_type = H5T_NATIVE_INT64;
+      break;
+    case Type::i32:
+      ftype = H5Tcopy(H5T_STD_I32LE);
+      ds->mem_type = H5T_NATIVE_INT32;
+      break;
+    case Type::str:
+      ftype = string_type(str_len);
+      ds->mem_type = string_type(str_len);
+      break;
   }
   ds->id = check_id(H5Dcreate2(file_, name.c_str(), ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), "dataset " + name);
   if (!doc.empty()) hdf5::write_string_attribute(ds->id, "doc", doc);
@@ -170,7 +184,9 @@ namespace {
 void append_row(hid_t id, hid_t mem_type, int64_t& rows, int64_t width, const void* data, int64_t count) {
   const int rank = width > 0 ? 2 : 1;
   const hsize_t w = static_cast<hsize_t>(std::max<int64_t>(width, 1));
-  if (width > 0 && count != width) throw std::logic_error("RunLog: row of " + std::to_string(count) + " values, dataset width " + std::to_string(width));
+  if (width > 0 && count != width)
+    throw std::logic_error("RunLog: row of " + std::to_string(count) + " values, dataset width " +
+                           std::to_string(width));
   hsize_t new_dims[2] = {static_cast<hsize_t>(rows + 1), w};
   check(H5Dset_extent(id, new_dims), "extending a dataset");
   hid_t fspace = H5Dget_space(id);

@@ -31,8 +31,7 @@ class FLASHDRAFT_API RunLog {
 
   // Declares a dataset "group/name" of rows of `width` values (width 0 = scalars,
   // a 1-D dataset). str rows are fixed-length strings of `str_len` bytes.
-  void declare(const std::string& name, Type type, int64_t width = 0, int64_t str_len = 0,
-               const std::string& doc = "");
+  void declare(const std::string& name, Type type, int64_t width = 0, int64_t str_len = 0, const std::string& doc = "");
   void set_group_attribute(const std::string& group, const std::string& key, const std::string& value);
   // After this, no more datasets or attributes: the file is in SWMR mode.
   void start();

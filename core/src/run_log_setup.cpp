@@ -66,11 +66,11 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   attrs["dtype"] = dtype_name(b.ctx.dtype);
   attrs["precision"] = b.precision.describe();
   // The variant [loss] resolves to on this device (what /kernels/loss records every step).
-  attrs["loss_kernel"] = b.drafter->own_loss().empty()
-                             ? LmHeadLoss(ex.loss().string("kernel"), ex.loss().integer("chunk_rows"), {}, b.ctx.device,
-                                          b.ctx.dtype)
-                                   .describe(b.target_model.vocab)
-                             : "the drafter's own: " + b.drafter->own_loss();
+  attrs["loss_kernel"] =
+      b.drafter->own_loss().empty()
+          ? LmHeadLoss(ex.loss().string("kernel"), ex.loss().integer("chunk_rows"), {}, b.ctx.device, b.ctx.dtype)
+                .describe(b.target_model.vocab)
+          : "the drafter's own: " + b.drafter->own_loss();
   attrs["data_source"] = b.dataset->source();
   if (b.target) attrs["target"] = b.target_model.source;
   std::string plugins;

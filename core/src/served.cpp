@@ -18,10 +18,10 @@ namespace flashdraft {
 std::vector<ServedSequence> served_sequences(const Batch& batch, int64_t first_source) {
   const at::Tensor tokens = batch.tokens.to(at::kCPU, at::kLong).contiguous();
   const int64_t B = tokens.size(0), S = tokens.size(1);
-  const at::Tensor mask = batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous()
-                                                    : at::ones({B, S}, at::kByte);
-  const at::Tensor lengths = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous()
-                                                     : at::full({B}, S, at::kLong);
+  const at::Tensor mask =
+      batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous() : at::ones({B, S}, at::kByte);
+  const at::Tensor lengths =
+      batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::full({B}, S, at::kLong);
   std::vector<ServedSequence> out;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t length = std::min(lengths.data_ptr<int64_t>()[b], S);
@@ -166,8 +166,7 @@ class ServedBatch {
                                 : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  at::Tensor target_forward(const at::Tensor& tokens, const std::vector<int64_t>& start,
-                            TargetDecoder::Output* out) {
+  at::Tensor target_forward(const at::Tensor& tokens, const std::vector<int64_t>& start, TargetDecoder::Output* out) {
     if (c_.replay_floor) calls_.emplace_back(tokens.clone(), start);
     DeviceMark before(c_.device);
     *out = target_->forward(tokens, start);
@@ -272,8 +271,8 @@ class ServedBatch {
   // The target reads this token and the proposals (one block per row, padding past a row's
   // count) and accepts the leading ones equal to its greedy choices (or by rejection
   // sampling); `next` is its own token after them.
-  Verdict verify_by_target(const DraftRequest& request, const DraftProposal& proposal, const std::vector<int64_t>& count,
-                           at::Tensor* block, TargetDecoder::Output* out) {
+  Verdict verify_by_target(const DraftRequest& request, const DraftProposal& proposal,
+                           const std::vector<int64_t>& count, at::Tensor* block, TargetDecoder::Output* out) {
     const int64_t K = proposal.tokens.size(1);
     *block = at::zeros({B_, K_ + 1}, at::TensorOptions().dtype(at::kLong).device(c_.device));
     block->select(1, 0).copy_(request.last);
@@ -336,7 +335,8 @@ class ServedBatch {
           stopped_[i] = 1;
           break;
         }
-      for (int64_t k = 0; k < n; ++k) tokens_[i][static_cast<size_t>(start_[i] + 1 + k)] = fresh[static_cast<size_t>(k)];
+      for (int64_t k = 0; k < n; ++k)
+        tokens_[i][static_cast<size_t>(start_[i] + 1 + k)] = fresh[static_cast<size_t>(k)];
       produced[i] = n;
       acceptance_[i].push_back(n);
     }

@@ -55,16 +55,16 @@ struct ServedSequence {
 FLASHDRAFT_API std::vector<ServedSequence> served_sequences(const Batch& batch, int64_t first_source);
 
 struct FLASHDRAFT_API ServedTally {
-  std::string method;           // "target" or "data tokens"
+  std::string method;  // "target" or "data tokens"
   int64_t sequences = 0, steps = 0, tokens = 0;
-  std::vector<int64_t> histogram;                 // [K + 2]: steps that produced n tokens
-  std::vector<std::vector<int64_t>> acceptance;   // per response, the tokens each step produced
-  std::vector<std::vector<int64_t>> generated;    // per response, its tokens from the prompt on
-  std::vector<int64_t> order;                     // index of each response in the input list
-  std::vector<int64_t> source, prompt, end;       // each response's held-out row, prompt length, end
-  double seconds = 0, target_seconds = 0;         // the whole walk; the target's forwards in it
-  int64_t target_forwards = 0, target_tokens = 0; // forwards (prefills included) and the positions they ran
-  double floor_seconds = 0;                       // ServedContext::replay_floor: those forwards alone
+  std::vector<int64_t> histogram;                  // [K + 2]: steps that produced n tokens
+  std::vector<std::vector<int64_t>> acceptance;    // per response, the tokens each step produced
+  std::vector<std::vector<int64_t>> generated;     // per response, its tokens from the prompt on
+  std::vector<int64_t> order;                      // index of each response in the input list
+  std::vector<int64_t> source, prompt, end;        // each response's held-out row, prompt length, end
+  double seconds = 0, target_seconds = 0;          // the whole walk; the target's forwards in it
+  int64_t target_forwards = 0, target_tokens = 0;  // forwards (prefills included) and the positions they ran
+  double floor_seconds = 0;                        // ServedContext::replay_floor: those forwards alone
   double tau() const { return steps > 0 ? double(tokens) / double(steps) : 0.0; }
   // Standard error of tau over responses (the ratio estimator's: responses are the
   // independent units, not steps).
@@ -77,12 +77,12 @@ struct FLASHDRAFT_API ServedTally {
 struct ServedContext {
   Drafter& drafter;
   AttentionContext& draft_attention;
-  Target* target = nullptr;                      // decodes when it can; null: data tokens only
+  Target* target = nullptr;  // decodes when it can; null: data tokens only
   AttentionContext* target_attention = nullptr;
-  const TargetModel& target_model;               // its LM head gives the target's logits
-  std::vector<int64_t> target_layers;            // the features the drafter reads (E axis)
+  const TargetModel& target_model;     // its LM head gives the target's logits
+  std::vector<int64_t> target_layers;  // the features the drafter reads (E axis)
   std::vector<int64_t> stop_tokens;
-  int64_t batch = 64;                            // responses decoded at once
+  int64_t batch = 64;  // responses decoded at once
   c10::Device device = c10::kCPU;
   // Benchmarks: after each batch's walk, run the target's forwards of that walk again, alone
   // and back to back on a fresh cache (the floor: every verified token passes through the
@@ -92,7 +92,7 @@ struct ServedContext {
 
 // Decodes `sequences` with the target (by_target) or on the data's tokens.
 FLASHDRAFT_API ServedTally serve(const ServedContext& c, const std::vector<ServedSequence>& sequences, bool by_target,
-                  const Sampling& sampling);
+                                 const Sampling& sampling);
 
 // Rows in one served batch decode up to this many positions: the longest response's end
 // plus one proposal block (its keys sit after the cache).

@@ -69,7 +69,8 @@ std::string StepRecorder::line(const StepOutcome& o, int64_t steps) const {
   os << "  lr " << std::scientific << std::setprecision(2) << o.lr << std::fixed << "  |g| " << std::setprecision(3)
      << o.grad_norm << "  " << std::setprecision(3) << o.seconds << " s"
      << "  peak fwd " << mib(o.peak_forward) << " bwd " << mib(o.peak_backward) << "  kernels fwd "
-     << o.kernels.summary(Phase::forward, shape_.layers) << " bwd " << o.kernels.summary(Phase::backward, shape_.layers);
+     << o.kernels.summary(Phase::forward, shape_.layers) << " bwd "
+     << o.kernels.summary(Phase::backward, shape_.layers);
   return os.str();
 }
 

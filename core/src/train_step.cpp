@@ -4,9 +4,9 @@
 #include "grad_sync.hpp"
 #include "memory.hpp"
 
-#include <torch/types.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,9 +21,7 @@ NonFiniteLoss::NonFiniteLoss(double loss_value, int64_t step, const std::string&
       loss(loss_value),
       quantity(what) {}
 
-bool can_queue_steps(const StepContext& c) {
-  return c.device.is_cuda() && c.grads->single() && c.optimizer.guards();
-}
+bool can_queue_steps(const StepContext& c) { return c.device.is_cuda() && c.grads->single() && c.optimizer.guards(); }
 
 namespace {
 
@@ -107,9 +105,9 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
   MemoryTracker::reset_peak(c.device);
   // The loss was finite; the guard (where the optimizer has one) keeps a non-finite norm
   // from reaching the weights.
-  const at::Tensor guard =
-      c.optimizer.guards() ? at::scalar_tensor(o.loss, at::TensorOptions().dtype(at::kFloat).device(c.device))
-                           : at::Tensor();
+  const at::Tensor guard = c.optimizer.guards()
+                               ? at::scalar_tensor(o.loss, at::TensorOptions().dtype(at::kFloat).device(c.device))
+                               : at::Tensor();
   const at::Tensor norm = c.optimizer.step(o.lr, c.grad_clip, guard);
   c.optimizer.zero_grad();
   o.peak_optimizer = MemoryTracker::peak_bytes(c.device);

@@ -65,9 +65,9 @@ struct StepOutcome {
   // Host seconds spent queueing each phase (batch, forward, backward, optimizer; and the
   // trainer's read and record), for the profiler's report.
   std::vector<std::pair<std::string, double>> host;
-  KernelLedger kernels;                    // the ledger's rows of this step (what ran)
-  std::shared_ptr<QueuedStep> queued;      // set until finish_step() has read the device
-  std::shared_ptr<const DeviceMark> end;   // a queued step's end in the device's queue
+  KernelLedger kernels;                   // the ledger's rows of this step (what ran)
+  std::shared_ptr<QueuedStep> queued;     // set until finish_step() has read the device
+  std::shared_ptr<const DeviceMark> end;  // a queued step's end in the device's queue
 };
 
 // A loss (or gradient norm) that is not finite: the step's update is not taken; the run

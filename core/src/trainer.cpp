@@ -13,8 +13,8 @@
 #include "lm_head_loss.hpp"
 #include "memory.hpp"
 #include "optimizer.hpp"
-#include "rank_stats.hpp"
 #include "profile.hpp"
+#include "rank_stats.hpp"
 #include "resume.hpp"
 #include "rng_state.hpp"
 #include "run_errors.hpp"
@@ -23,8 +23,8 @@
 #include "step_record.hpp"
 #include "train_step.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <flashdraft/text.hpp>
 
@@ -161,8 +161,8 @@ void Trainer::connect() {
   const c10::Device device = cuda ? local_cuda_device(launch_) : c10::Device(c10::kCPU);
   dist_ = Distributed::connect(launch_, setup_.experiment.distributed(), device);
   if (root())
-    std::cout << "distributed: " << dist_->world() << " ranks (" << launch_.source << "), backend "
-              << dist_->backend() << ", timeout " << dist_->timeout_s() << " s" << std::endl;
+    std::cout << "distributed: " << dist_->world() << " ranks (" << launch_.source << "), backend " << dist_->backend()
+              << ", timeout " << dist_->timeout_s() << " s" << std::endl;
 }
 
 // Rank 0's weights on every rank, checked by checksum.
@@ -224,17 +224,23 @@ void Trainer::prepare() {
     std::cout << "loss: the drafter's own, " << drafter.own_loss()
               << " (not the engine's LM-head op: [loss] does not apply, /kernels/loss stays -1)\n";
   std::cout << "precision: " << plugins_.precision.describe() << std::endl;
-  shape_ = LogShape{loss_column, drafter.positions(), drafter.scalar_names(), plugins_.target != nullptr,
-                    dist_->world(), accumulate, plugins_.served ? drafter.max_proposals() + 2 : 0};
+  shape_ = LogShape{loss_column,
+                    drafter.positions(),
+                    drafter.scalar_names(),
+                    plugins_.target != nullptr,
+                    dist_->world(),
+                    accumulate,
+                    plugins_.served ? drafter.max_proposals() + 2 : 0};
   if (plugins_.served) {
     std::cout << "served validation: drafter decoder " << plugins_.served_choice.report();
-    if (plugins_.served_by_target) std::cout << "served validation: target decoder " << plugins_.served_target_choice.report();
-    served_ = std::make_unique<ServedValidation>(
-        plugins_, setup_.experiment.eval(), static_cast<uint64_t>(run_table().integer("seed")),
-        setup_.experiment.attention().string("on_fallback"),
-        [this](const std::string& kind, const std::string& message) {
-          events_.add(current_step_, kind, "served validation: " + message);
-        });
+    if (plugins_.served_by_target)
+      std::cout << "served validation: target decoder " << plugins_.served_target_choice.report();
+    served_ = std::make_unique<ServedValidation>(plugins_, setup_.experiment.eval(),
+                                                 static_cast<uint64_t>(run_table().integer("seed")),
+                                                 setup_.experiment.attention().string("on_fallback"),
+                                                 [this](const std::string& kind, const std::string& message) {
+                                                   events_.add(current_step_, kind, "served validation: " + message);
+                                                 });
   }
   if (root()) {
     if (resume_.resumed()) check_same_world(resume_, shape_.ranks, shape_.accumulate);
@@ -243,7 +249,8 @@ void Trainer::prepare() {
   }
 
   for (auto& [name, p] : drafter.parameters()) params_.push_back(p);
-  optimizer_ = make_optimizer(params_, setup_.experiment.optimizer(), plugins_.precision.master, plugins_.precision.fused);
+  optimizer_ =
+      make_optimizer(params_, setup_.experiment.optimizer(), plugins_.precision.master, plugins_.precision.fused);
   std::cout << "optimizer: " << optimizer_->name() << std::endl;
   const uint64_t seed = static_cast<uint64_t>(run_table().integer("seed"));
   // Every micro-batch sets it to its own stream before it draws (GradientSync::seed_anchors).
@@ -302,8 +309,7 @@ int Trainer::train() {
                            grads_.get()};
   std::unique_ptr<StepRecorder> recorder;
   if (root())
-    recorder =
-        std::make_unique<StepRecorder>(*log_.log, shape_, static_cast<int64_t>(log_.kernel_names.size()));
+    recorder = std::make_unique<StepRecorder>(*log_.log, shape_, static_cast<int64_t>(log_.kernel_names.size()));
   const std::string trace = resume_.log_path.substr(0, resume_.log_path.size() - 3) + ".trace.json";
   const ProfileWindow window =
       options_.profile.empty() || !root() ? ProfileWindow{} : parse_profile_window(options_.profile);
@@ -401,7 +407,8 @@ void Trainer::read_step(StepOutcome& o, const DeviceMark* after, StepRecorder* r
   share(o, signal);
   const int64_t print_every = run_table().integer("print_every");
   if (root()) recorder->record(o);
-  if (root() && (o.step % print_every == 0 || o.step + 1 == steps_)) std::cout << recorder->line(o, steps_) << std::endl;
+  if (root() && (o.step % print_every == 0 || o.step + 1 == steps_))
+    std::cout << recorder->line(o, steps_) << std::endl;
   o.host.emplace_back("record", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   profiler.note_host(o.host);
 }
@@ -445,8 +452,8 @@ void Trainer::validate(int64_t done) {
 }
 
 void Trainer::save(int64_t done) {
-  const fs::path dir = save_checkpoint(checkpoint_, done, *log_.log, model_tensors(), *optimizer_,
-                                       anchors_, plugins_.ctx.device);
+  const fs::path dir =
+      save_checkpoint(checkpoint_, done, *log_.log, model_tensors(), *optimizer_, anchors_, plugins_.ctx.device);
   last_checkpoint_ = done;
   std::cout << "checkpoint: " << dir.string() << std::endl;
   events_.add(current_step_, "checkpoint", "wrote " + dir.string());

@@ -32,24 +32,24 @@
 //   /embedding float32 [vocab, hidden]   /lm_head float32 [vocab, hidden]
 //   attributes: exported_layers, layers, prompt_len, train_sequences, eval_sequences, key
 // The target's greedy continuation is the tokens themselves (positions >= prompt_len).
-#include <flashdraft/model.hpp>
 #include <flashdraft/hdf5_attributes.hpp>
+#include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <hdf5.h>
-#include <ATen/ATen.h>
 
+#include <unistd.h>
 #include <cstdio>
-#include <functional>
-#include <iomanip>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iomanip>
 #include <random>
 #include <set>
 #include <sstream>
-#include <unistd.h>
 
 namespace flashdraft {
 namespace {
@@ -65,11 +65,10 @@ hid_t h5check_id(hid_t id, const std::string& what) {
   if (id < 0) throw std::runtime_error("HDF5: " + what + " failed");
   return id;
 }
-void write_array(hid_t file, const std::string& name, hid_t type, const std::vector<hsize_t>& dims,
-                 const void* data) {
+void write_array(hid_t file, const std::string& name, hid_t type, const std::vector<hsize_t>& dims, const void* data) {
   hid_t space = h5check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "dataspace " + name);
-  hid_t set = h5check_id(H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                         "create " + name);
+  hid_t set =
+      h5check_id(H5Dcreate2(file, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "create " + name);
   h5check(H5Dwrite(set, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "write " + name);
   H5Dclose(set);
   H5Sclose(space);
@@ -98,8 +97,7 @@ at::Tensor rms(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).mean(-1, tru
 
 class TargetLM {
  public:
-  TargetLM(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t ffn, double branch_gain,
-           uint64_t seed)
+  TargetLM(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t ffn, double branch_gain, uint64_t seed)
       : vocab_(vocab), hidden_(hidden), heads_(heads), dim_(hidden / heads) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     auto draw = [&](int64_t out, int64_t in, double stddev) {
@@ -176,11 +174,16 @@ class TargetLM {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const TargetLayer& P = layers_[l];
-      for (const auto& [name, t] : std::vector<std::pair<std::string, at::Tensor>>{
-               {"input_layernorm.weight", ones}, {"post_attention_layernorm.weight", ones},
-               {"self_attn.q_proj.weight", P.wq}, {"self_attn.k_proj.weight", P.wk}, {"self_attn.v_proj.weight", P.wv},
-               {"self_attn.o_proj.weight", P.wo}, {"mlp.gate_proj.weight", P.wg}, {"mlp.up_proj.weight", P.wu},
-               {"mlp.down_proj.weight", P.wd}})
+      for (const auto& [name, t] :
+           std::vector<std::pair<std::string, at::Tensor>>{{"input_layernorm.weight", ones},
+                                                           {"post_attention_layernorm.weight", ones},
+                                                           {"self_attn.q_proj.weight", P.wq},
+                                                           {"self_attn.k_proj.weight", P.wk},
+                                                           {"self_attn.v_proj.weight", P.wv},
+                                                           {"self_attn.o_proj.weight", P.wo},
+                                                           {"mlp.gate_proj.weight", P.wg},
+                                                           {"mlp.up_proj.weight", P.wu},
+                                                           {"mlp.down_proj.weight", P.wd}})
         out.emplace_back(p + name, t);
     }
     out.emplace_back("model.norm.weight", ones);
@@ -236,16 +239,17 @@ class EmbeddedDataset final : public Dataset {
       c.fail("heads", "hidden = " + std::to_string(hidden_) + " split over heads = " + std::to_string(heads_) +
                           " must give an even whole head width (RoPE rotates pairs)");
     if (prompt_len_ >= seq_len_)
-      c.fail("prompt_len", "prompt_len = " + std::to_string(prompt_len_) + " leaves no generated position in seq_len = " +
-                               std::to_string(seq_len_) + " (accepted: 1 .. seq_len - 1)");
+      c.fail("prompt_len", "prompt_len = " + std::to_string(prompt_len_) +
+                               " leaves no generated position in seq_len = " + std::to_string(seq_len_) +
+                               " (accepted: 1 .. seq_len - 1)");
     if (exported_.empty()) c.fail("exported_layers", "exported_layers is empty; name at least one target layer");
     for (int64_t l : exported_)
       if (l < 0 || l >= layers_)
         c.fail("exported_layers", "layer " + std::to_string(l) + " in exported_layers " + list_str(exported_) +
                                       " is outside the target's layers 0.." + std::to_string(layers_ - 1));
     if (batch_ > n_train_)
-      c.fail("batch_size", "batch_size = " + std::to_string(batch_) + " exceeds train_sequences = " +
-                               std::to_string(n_train_));
+      c.fail("batch_size",
+             "batch_size = " + std::to_string(batch_) + " exceeds train_sequences = " + std::to_string(n_train_));
     std::ostringstream key;
     key << kFormat << ";vocab=" << vocab_ << ";hidden=" << hidden_ << ";layers=" << layers_ << ";heads=" << heads_
         << ";ffn=" << ffn_ << ";seq_len=" << seq_len_ << ";prompt_len=" << prompt_len_ << ";train=" << n_train_
@@ -317,7 +321,8 @@ class EmbeddedDataset final : public Dataset {
     Batch b;
     b.tokens = tokens_.index_select(0, idx);
     b.hidden = hidden_states_.index_select(0, idx);
-    b.loss_mask = at::arange(seq_len_, at::kLong).ge(prompt_len_).unsqueeze(0).expand({idx.size(0), seq_len_}).contiguous();
+    b.loss_mask =
+        at::arange(seq_len_, at::kLong).ge(prompt_len_).unsqueeze(0).expand({idx.size(0), seq_len_}).contiguous();
     b.lengths = at::full({idx.size(0)}, seq_len_, at::TensorOptions().dtype(at::kLong));
     b.index = index;
     return b;
@@ -378,8 +383,8 @@ class EmbeddedDataset final : public Dataset {
   void generate() {
     const int64_t n = n_train_ + n_eval_, E = static_cast<int64_t>(exported_.size());
     say_("data: generating " + path_ + " (" + std::to_string(n) + " sequences of " + std::to_string(seq_len_) +
-         " tokens from a " + std::to_string(layers_) + "-layer target, hidden " + std::to_string(hidden_) +
-         ", vocab " + std::to_string(vocab_) + ")");
+         " tokens from a " + std::to_string(layers_) + "-layer target, hidden " + std::to_string(hidden_) + ", vocab " +
+         std::to_string(vocab_) + ")");
     at::NoGradGuard no_grad;
     TargetLM lm(vocab_, hidden_, layers_, heads_, ffn_, branch_gain_, seed_);
     at::Generator prompts = at::make_generator<at::CPUGeneratorImpl>(seed_ + 1);
@@ -412,10 +417,14 @@ class EmbeddedDataset final : public Dataset {
     // Diversity check of the continuations (not the random prompts).
     const at::Tensor cont = tokens_.narrow(1, prompt_len_, seq_len_ - prompt_len_);
     const int64_t distinct = std::get<0>(at::_unique(cont)).numel();
-    const double repeat = cont.narrow(1, 1, cont.size(1) - 1).eq(cont.narrow(1, 0, cont.size(1) - 1)).to(at::kDouble).mean().item<double>();
+    const double repeat = cont.narrow(1, 1, cont.size(1) - 1)
+                              .eq(cont.narrow(1, 0, cont.size(1) - 1))
+                              .to(at::kDouble)
+                              .mean()
+                              .item<double>();
     std::ostringstream os;
-    os << "data: " << distinct << " distinct tokens in the generated positions; " << std::fixed
-       << std::setprecision(1) << 100.0 * repeat << "% repeat the previous token";
+    os << "data: " << distinct << " distinct tokens in the generated positions; " << std::fixed << std::setprecision(1)
+       << 100.0 * repeat << "% repeat the previous token";
     say_(os.str());
 
     // Write to a temporary name in the same folder, then rename (atomic on POSIX).

@@ -28,8 +28,8 @@
 #include <flashdraft/model.hpp>
 #include <flashdraft/text.hpp>
 
-#include <hdf5.h>
 #include <ATen/ATen.h>
+#include <hdf5.h>
 
 #include <algorithm>
 #include <cmath>

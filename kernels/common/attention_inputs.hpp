@@ -25,11 +25,11 @@
 namespace flashdraft::kernel_inputs {
 
 struct Accepted {
-  std::string kernel;                      // the plugin's name: every message starts "<kernel>: "
-  std::optional<c10::DeviceType> device;   // none: any device
-  std::vector<at::ScalarType> dtypes;      // empty: any dtype, and q, k, v may differ
-  std::function<bool(int64_t)> head_dim;   // empty: any head dim
-  std::string head_dims;                   // the accepted head dims as text: "64, 128"
+  std::string kernel;                     // the plugin's name: every message starts "<kernel>: "
+  std::optional<c10::DeviceType> device;  // none: any device
+  std::vector<at::ScalarType> dtypes;     // empty: any dtype, and q, k, v may differ
+  std::function<bool(int64_t)> head_dim;  // empty: any head dim
+  std::string head_dims;                  // the accepted head dims as text: "64, 128"
 };
 
 inline std::string dtype_names(const std::vector<at::ScalarType>& dtypes) {
@@ -90,8 +90,8 @@ inline Refusals problem_refusals(const Accepted& a, const AttentionProblem& p) {
 inline void check_inputs(const Accepted& a, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const BlockMaskTensors& mask) {
   auto fail = [&](const std::string& why) { throw std::invalid_argument(a.kernel + ": " + why); };
-  const std::string found = "; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " +
-                            c10::str(v.sizes());
+  const std::string found =
+      "; found q " + c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + ", v " + c10::str(v.sizes());
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) fail("q, k, v must be 4-D [B, H, L, D]" + found);
   if (k.sizes() != v.sizes() || k.size(0) != q.size(0) || k.size(3) != q.size(3) || k.size(1) < 1 ||
       q.size(1) % k.size(1) != 0)

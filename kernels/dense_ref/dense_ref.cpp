@@ -82,21 +82,22 @@ class DenseRef : public flashdraft::AttentionKernel {
   Support supports(const AttentionProblem&) const override { return Support::yes(); }
   BlockSize block_size(const AttentionProblem&) const override { return {128, 128}; }
 
-  AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const BlockMaskTensors& mask, double scale) override {
+  AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask,
+                           double scale) override {
     check_inputs(kAccepted, q, k, v, mask);
     if (k.size(2) == 0)  // no keys at all: every row is empty (a row max over nothing is undefined)
-      return {at::zeros_like(q), at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<float>::infinity(),
-                                          q.options().dtype(at::kFloat)),
+      return {at::zeros_like(q),
+              at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<float>::infinity(),
+                       q.options().dtype(at::kFloat)),
               "dense_ref"};
     at::NoGradGuard no_grad;
     DenseResult r = dense_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), *mask.host, scale);
     return {r.out.to(q.scalar_type()).contiguous(), r.lse.contiguous(), "dense_ref"};
   }
 
-  AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                             const BlockMaskTensors& mask, double scale) override {
+  AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& out, const at::Tensor& lse, const BlockMaskTensors& mask,
+                             double scale) override {
     check_inputs(kAccepted, q, k, v, mask);
     check_backward_inputs(kAccepted, dout, out, lse, q);  // out and lse are checked, not read
     if (k.size(2) == 0) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), "dense_ref"};
@@ -106,8 +107,7 @@ class DenseRef : public flashdraft::AttentionKernel {
     const at::Tensor kf = k.detach().to(at::kFloat).requires_grad_(true);
     const at::Tensor vf = v.detach().to(at::kFloat).requires_grad_(true);
     DenseResult r = dense_attention(qf, kf, vf, *mask.host, scale);
-    const std::vector<at::Tensor> g =
-        torch::autograd::grad({r.out}, {qf, kf, vf}, {dout.detach().to(at::kFloat)});
+    const std::vector<at::Tensor> g = torch::autograd::grad({r.out}, {qf, kf, vf}, {dout.detach().to(at::kFloat)});
     return {g[0].to(q.scalar_type()).contiguous(), g[1].to(k.scalar_type()).contiguous(),
             g[2].to(v.scalar_type()).contiguous(), "dense_ref"};
   }

@@ -84,10 +84,22 @@ struct Geometry {
   double scale;
 
   Geometry(const at::Tensor& q, const at::Tensor& k, const BlockMask& m, double s)
-      : batch(q.size(0)), heads_q(q.size(1)), heads_kv(k.size(1)), group(q.size(1) / k.size(1)),
-        q_len(q.size(2)), kv_len(k.size(2)), dim(q.size(3)), mask_batch(m.batch), mask_heads(m.heads),
-        bq(m.block_q), bkv(m.block_kv), q_blocks(m.q_blocks()), kv_blocks(m.kv_blocks()),
-        words_per_row(m.words_per_row()), words_per_tile(m.words_per_tile()), scale(s) {}
+      : batch(q.size(0)),
+        heads_q(q.size(1)),
+        heads_kv(k.size(1)),
+        group(q.size(1) / k.size(1)),
+        q_len(q.size(2)),
+        kv_len(k.size(2)),
+        dim(q.size(3)),
+        mask_batch(m.batch),
+        mask_heads(m.heads),
+        bq(m.block_q),
+        bkv(m.block_kv),
+        q_blocks(m.q_blocks()),
+        kv_blocks(m.kv_blocks()),
+        words_per_row(m.words_per_row()),
+        words_per_tile(m.words_per_tile()),
+        scale(s) {}
   // CSR row of the forward lists for (b, h, query tile i); a shared mask has extent 1.
   int64_t mask_row(int64_t b, int64_t h, int64_t i) const {
     return ((mask_batch == 1 ? 0 : b) * mask_heads + (mask_heads == 1 ? 0 : h)) * q_blocks + i;
@@ -103,9 +115,11 @@ struct Geometry {
 std::string precision_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; }
 
 // What flash_cpu accepts beyond the contract; supports() and the calls' checks both read it.
-const flashdraft::kernel_inputs::Accepted kAccepted{
-    "flash_cpu", c10::DeviceType::CPU, {at::kFloat, at::kBFloat16},
-    [](int64_t d) { return d >= 1 && d <= kMaxHeadDim; }, "1 to " + std::to_string(kMaxHeadDim)};
+const flashdraft::kernel_inputs::Accepted kAccepted{"flash_cpu",
+                                                    c10::DeviceType::CPU,
+                                                    {at::kFloat, at::kBFloat16},
+                                                    [](int64_t d) { return d >= 1 && d <= kMaxHeadDim; },
+                                                    "1 to " + std::to_string(kMaxHeadDim)};
 
 // Rows [0, n) x [0, dim) of a tile as fp32: float input is used in place, bf16 input
 // is converted into `scratch`.
@@ -163,8 +177,8 @@ void for_each_q_tile(const BlockMask& m, int64_t col, F&& f) {
 }
 
 template <class T>
-void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMask& m,
-                  const Geometry& g, at::Tensor& out, at::Tensor& lse) {
+void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMask& m, const Geometry& g,
+                  at::Tensor& out, at::Tensor& lse) {
   const T* qd = q.data_ptr<T>();
   const T* kd = k.data_ptr<T>();
   const T* vd = v.data_ptr<T>();
@@ -204,7 +218,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         for (int64_t r = 0; r < qn; ++r) {
           const float m_new = std::max(mbuf[r], s.row(r).maxCoeff());
           const float shift = m_new == -kInf ? 0.0f : m_new;  // see header: no -inf - -inf
-          const float alpha = std::exp(mbuf[r] - shift);        // 0 while nothing was visible
+          const float alpha = std::exp(mbuf[r] - shift);      // 0 while nothing was visible
           exp_shifted(s.data() + r * s.cols(), s.cols(), shift);
           lbuf[r] = alpha * lbuf[r] + s.row(r).sum();
           acc.row(r) *= alpha;
@@ -232,21 +246,22 @@ inline void recompute_p(Tile& p, const ConstTile& qt, const ConstTile& kt, const
   p.noalias() = static_cast<float>(g.scale) * (qt * kt.transpose());
   if (bitmap) apply_bitmap(p, bitmap, g.words_per_row);
   for (int64_t r = 0; r < p.rows(); ++r) {
-    if (lse_rows[r] == -kInf) p.row(r).setZero();
-    else exp_shifted(p.data() + r * p.cols(), p.cols(), lse_rows[r]);
+    if (lse_rows[r] == -kInf)
+      p.row(r).setZero();
+    else
+      exp_shifted(p.data() + r * p.cols(), p.cols(), lse_rows[r]);
   }
 }
 
 // dS = P o (dP - delta), in place in dp.
 inline void softmax_backward(Tile& dp, const Tile& p, const float* delta_rows) {
-  for (int64_t r = 0; r < dp.rows(); ++r)
-    dp.row(r) = (p.row(r).array() * (dp.row(r).array() - delta_rows[r])).matrix();
+  for (int64_t r = 0; r < dp.rows(); ++r) dp.row(r) = (p.row(r).array() * (dp.row(r).array() - delta_rows[r])).matrix();
 }
 
 template <class T>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                   const at::Tensor& out, const at::Tensor& lse, const BlockMask& m, const Geometry& g,
-                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                   const at::Tensor& out, const at::Tensor& lse, const BlockMask& m, const Geometry& g, at::Tensor& dq,
+                   at::Tensor& dk, at::Tensor& dv) {
   const T* qd = q.data_ptr<T>();
   const T* kd = k.data_ptr<T>();
   const T* vd = v.data_ptr<T>();
@@ -262,8 +277,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   at::parallel_for(0, g.batch * g.heads_q * g.q_len, 1024, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       float sum = 0.0f;
-      for (int64_t d = 0; d < D; ++d)
-        sum += static_cast<float>(dod[row * D + d]) * static_cast<float>(od[row * D + d]);
+      for (int64_t d = 0; d < D; ++d) sum += static_cast<float>(dod[row * D + d]) * static_cast<float>(od[row * D + d]);
       deltad[row] = sum;
     }
   });
@@ -354,9 +368,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   });
 }
 
-std::string tile_name(const BlockMask& m) {
-  return "q" + std::to_string(m.block_q) + "k" + std::to_string(m.block_kv);
-}
+std::string tile_name(const BlockMask& m) { return "q" + std::to_string(m.block_q) + "k" + std::to_string(m.block_kv); }
 
 class FlashCpu : public flashdraft::AttentionKernel {
  public:

@@ -48,8 +48,8 @@
 #include <functional>
 #include <map>
 #include <random>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "flash_attention.cuh"
@@ -57,14 +57,13 @@
 
 using namespace flashdraft::flash_cuda;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
-                   __LINE__, #x);                                                             \
-      std::exit(2);                                                                           \
-    }                                                                                         \
+#define CK(x)                                                                                               \
+  do {                                                                                                      \
+    cudaError_t e_ = (x);                                                                                   \
+    if (e_ != cudaSuccess) {                                                                                \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
+      std::exit(2);                                                                                         \
+    }                                                                                                       \
   } while (0)
 
 // ------------------------------------------------------------------ masks on the host
@@ -307,7 +306,8 @@ __global__ void ref_forward(RefArgs a) {
   const T* Q = (const T*)a.q + b * a.qs.batch + h * a.qs.head + q * a.qs.row;
   for (int k = w; k < a.Lkv; k += nw) {
     float v = -INFINITY;
-    if (ref_vis(a, b, h, q, k)) v = a.scale * ref_dot(Q, (const T*)a.k + b * a.ks.batch + hk * a.ks.head + k * a.ks.row, a.D, lane);
+    if (ref_vis(a, b, h, q, k))
+      v = a.scale * ref_dot(Q, (const T*)a.k + b * a.ks.batch + hk * a.ks.head + k * a.ks.row, a.D, lane);
     if (lane == 0) s[k] = v;
   }
   __syncthreads();
@@ -322,7 +322,8 @@ __global__ void ref_forward(RefArgs a) {
     float o = 0.f;
     if (sum > 0.f)
       for (int k = 0; k < a.Lkv; ++k)
-        if (s[k] != -INFINITY) o += expf(s[k] - mx) * TT<T>::f(((const T*)a.v)[b * a.vs.batch + hk * a.vs.head + k * a.vs.row + d]);
+        if (s[k] != -INFINITY)
+          o += expf(s[k] - mx) * TT<T>::f(((const T*)a.v)[b * a.vs.batch + hk * a.vs.head + k * a.vs.row + d]);
     a.out[row * a.D + d] = sum > 0.f ? o / sum : 0.f;
   }
   if (threadIdx.x == 0) a.lse[row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
@@ -331,8 +332,8 @@ __global__ void ref_forward(RefArgs a) {
 template <class T>
 __global__ void ref_dq(RefArgs a) {
   extern __shared__ float sm[];
-  float* p = sm;             // [Lkv]
-  float* dp = sm + a.Lkv;    // [Lkv]
+  float* p = sm;           // [Lkv]
+  float* dp = sm + a.Lkv;  // [Lkv]
   __shared__ float red[32];
   const int q = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
@@ -355,7 +356,8 @@ __global__ void ref_dq(RefArgs a) {
   for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
     float acc = 0.f;
     for (int k = 0; k < a.Lkv; ++k)
-      if (p[k] != 0.f) acc += p[k] * (dp[k] - de) * TT<T>::f(((const T*)a.k)[b * a.ks.batch + hk * a.ks.head + k * a.ks.row + d]);
+      if (p[k] != 0.f)
+        acc += p[k] * (dp[k] - de) * TT<T>::f(((const T*)a.k)[b * a.ks.batch + hk * a.ks.head + k * a.ks.row + d]);
     a.dq[row * a.D + d] = a.scale * acc;
   }
   if (threadIdx.x == 0) a.delta[row] = de;
@@ -607,14 +609,17 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
     }
   }
   const size_t nonfinite = co.nonfinite + cq.nonfinite + ck.nonfinite + cv.nonfinite;
-  const bool ok = co.rel <= tol && cq.rel <= tol && ck.rel <= tol && cv.rel <= tol && nonfinite == 0 &&
-                  lse_bad == 0 && empty_bad == 0 && lse_err < 1e-2;
+  const bool ok = co.rel <= tol && cq.rel <= tol && ck.rel <= tol && cv.rel <= tol && nonfinite == 0 && lse_bad == 0 &&
+                  empty_bad == 0 && lse_err < 1e-2;
   const bool control = scale_error != 1.f;
   if (ok == control) ++g_failures;
-  std::printf("%s%s %-30s %-5s d%-3d %-5s %-4s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv %.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
-              control ? (ok ? "NEGATIVE CONTROL NOT CAUGHT " : "negative control caught: ") : "", ok ? "ok  " : "FAIL", pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D,
-              flash_config_name(cfg), p.schedule == Schedule::grid ? "grid" : "lpt", pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel,
-              lse_err, cq.rel, ck.rel, cv.rel, nonfinite, empty_rows, lse_bad, empty_bad);
+  std::printf(
+      "%s%s %-30s %-5s d%-3d %-5s %-4s B%d Hq%d Hkv%d Lq%d Lkv%d tiles f%d p%d | out %.2e lse %.1e dq %.2e dk %.2e dv "
+      "%.2e | nonfinite %zu empty_rows %zu bad %zu/%zu\n",
+      control ? (ok ? "NEGATIVE CONTROL NOT CAUGHT " : "negative control caught: ") : "", ok ? "ok  " : "FAIL",
+      pr.name.c_str(), dt == DType::bf16 ? "bf16" : "fp16", D, flash_config_name(cfg),
+      p.schedule == Schedule::grid ? "grid" : "lpt", pr.B, pr.Hq, pr.Hkv, Lq, Lkv, dm.nfull, dm.npart, co.rel, lse_err,
+      cq.rel, ck.rel, cv.rel, nonfinite, empty_rows, lse_bad, empty_bad);
   std::fflush(stdout);
   for (float* x : {a.out, a.dq, a.dk, a.dv, a.lse, a.delta}) cudaFree(x);
   free_buffers(bf);
@@ -682,7 +687,10 @@ void time_phases(const FlashParams& p, const char* label) {
     CK(cudaEventElapsedTime(&c, ev[2], ev[3]));
     if (r >= 5) t0.push_back(a), t1.push_back(b), t2.push_back(c);
   }
-  auto med = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  auto med = [](std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   std::printf("PHASES %-8s %-7s dQ pass %2d rows/warp %d stage(s): preprocess%s %.3f ms  dK/dV%s %.3f ms  %s %.3f ms\n",
               label, ATOMIC ? "atomic" : "2-pass", ATOMIC ? 0 : MT * 16, ATOMIC ? 0 : DQS, ATOMIC ? "+memset" : "",
               med(t0), ATOMIC ? "+dQ atomics" : "", med(t1), ATOMIC ? "dQ convert" : "dQ pass", med(t2));
@@ -749,9 +757,11 @@ void bench_problem(const Problem& pr, const char* label) {
   for (Config cfg : {Config::sm120, Config::sm90, Config::sm90a}) {
     const Timing tm = time_calls(p, cfg, 50);
     const float mf = tm.fwd, mb = tm.bwd;
-    std::printf("BENCH %-8s %-5s fwd %.3f ms (%.0f TFLOP/s)  bwd %.3f ms (%.0f TFLOP/s)  fwd+bwd %.3f ms | pairs/head %.4g tiles f%d p%d | %s %s\n",
-                label, flash_config_name(cfg), mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb,
-                pairs / pr.Hq, dm.nfull, dm.npart, tm.vf.c_str(), tm.vb.c_str());
+    std::printf(
+        "BENCH %-8s %-5s fwd %.3f ms (%.0f TFLOP/s)  bwd %.3f ms (%.0f TFLOP/s)  fwd+bwd %.3f ms | pairs/head %.4g "
+        "tiles f%d p%d | %s %s\n",
+        label, flash_config_name(cfg), mf, fl_f / mf * 1e-9, mb, fl_b / mb * 1e-9, mf + mb, pairs / pr.Hq, dm.nfull,
+        dm.npart, tm.vf.c_str(), tm.vb.c_str());
     std::printf("      workspace %.2f MiB (flash_backward_workspace_bytes); no other allocation by the kernel\n",
                 flash_backward_workspace_bytes(p) / 1048576.0);
     std::fflush(stdout);
@@ -803,8 +813,7 @@ std::vector<SweepVariant> parse_sweep(const char* spec) {
   if (vs.empty()) vs.push_back({"default", {}});
   return vs;
 }
-void sweep_problem(const Problem& pr, const char* label, const std::vector<SweepVariant>& vs, int rounds,
-                   Config cfg) {
+void sweep_problem(const Problem& pr, const char* label, const std::vector<SweepVariant>& vs, int rounds, Config cfg) {
   BenchSetup su(pr, 1234 + std::random_device{}(), workspace_bytes(pr));
   FlashParams p = su.p;  // a variant may set its own schedule
   std::vector<std::string> vars;
@@ -829,11 +838,13 @@ void sweep_problem(const Problem& pr, const char* label, const std::vector<Sweep
       std::fflush(stdout);
     }
   for (const auto& n : vars) unsetenv(n.c_str());
-  std::printf("| %s %s | variant | fwd ms (rounds) | bwd ms (rounds) | median fwd+bwd |\n| --- | --- | --- | --- | --- |\n",
-              label, flash_config_name(cfg));
+  std::printf(
+      "| %s %s | variant | fwd ms (rounds) | bwd ms (rounds) | median fwd+bwd |\n| --- | --- | --- | --- | --- |\n",
+      label, flash_config_name(cfg));
   for (size_t k = 0; k < vs.size(); ++k) {
     std::string fs, bs;
-    for (int r = 0; r < rounds; ++r) fs += fmt(r ? " / %.3f" : "%.3f", f[k][r]), bs += fmt(r ? " / %.3f" : "%.3f", b[k][r]);
+    for (int r = 0; r < rounds; ++r)
+      fs += fmt(r ? " / %.3f" : "%.3f", f[k][r]), bs += fmt(r ? " / %.3f" : "%.3f", b[k][r]);
     std::printf("| %s | %s | %s | %s | %.3f |\n", label, vs[k].name.c_str(), fs.c_str(), bs.c_str(),
                 median(f[k]) + median(b[k]));
   }
@@ -1051,10 +1062,9 @@ void tail_problem(const Problem& pr, const char* label, const std::vector<Config
         auto frow = [&](const char* kernel, const CtaFit& c, const Occupancy& o) {
           const double share = o.span_us > 0 ? (c.n * std::max(0.0, c.F) + o.gap_us) / (nsm * o.span_us) : 0;
           g_fits.push_back(std::string("| ") + label + " | " + flash_config_name(cfg) + " | " + kernel + " | " +
-                           std::to_string(c.n) + " | " + fmt("%.2f", c.F) + " | " +
-                           (c.a_fit ? fmt("%.3f", c.a) : "–") + " | " + (c.b_fit ? fmt("%.3f", c.b) : "–") + " | " +
-                           fmt("%.3f", c.r2) + " | " + fmt("%.2f", o.gaps ? o.gap_us / o.gaps : 0.0) + " | " +
-                           fmt("%.1f%%", 100.0 * share) + " |");
+                           std::to_string(c.n) + " | " + fmt("%.2f", c.F) + " | " + (c.a_fit ? fmt("%.3f", c.a) : "–") +
+                           " | " + (c.b_fit ? fmt("%.3f", c.b) : "–") + " | " + fmt("%.3f", c.r2) + " | " +
+                           fmt("%.2f", o.gaps ? o.gap_us / o.gaps : 0.0) + " | " + fmt("%.1f%%", 100.0 * share) + " |");
         };
         frow("forward", fit_ctas(tr_f, 0, q_items, qtiles), f);
         frow("dK/dV", fit_ctas(tr, 0, kv_items, ktiles), kv);
@@ -1104,7 +1114,9 @@ int main(int argc, char** argv) {
     }
   }
   if (mode == "tail") {
-    std::printf("| case | config | schedule | kernel | CTAs | ms (untraced median) | span us | SM idle | tail us | CTA us first / last 10%% | each item once |\n");
+    std::printf(
+        "| case | config | schedule | kernel | CTAs | ms (untraced median) | span us | SM idle | tail us | CTA us "
+        "first / last 10%% | each item once |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     Problem big;
     big.B = 1, big.Hq = big.Hkv = 32, big.D = 128;
@@ -1116,9 +1128,11 @@ int main(int argc, char** argv) {
     causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
     mask_causal(causal.mask, 8192, 8192);
     tail_problem(causal, "causal 8192", tc, prop.multiProcessorCount);
-    std::printf("\nCTA time fit, longest-first (time = F + a x full tiles + b x partial tiles of the item; gap: an SM's "
-                "idle time between two of the kernel's CTAs; fixed share: (CTAs x F + gaps) / (SMs x span))\n");
-    std::printf("| case | config | kernel | CTAs | F us | a us/full | b us/partial | R^2 | mean gap us | fixed share |\n");
+    std::printf(
+        "\nCTA time fit, longest-first (time = F + a x full tiles + b x partial tiles of the item; gap: an SM's "
+        "idle time between two of the kernel's CTAs; fixed share: (CTAs x F + gaps) / (SMs x span))\n");
+    std::printf(
+        "| case | config | kernel | CTAs | F us | a us/full | b us/partial | R^2 | mean gap us | fixed share |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (const auto& l : g_fits) std::printf("%s\n", l.c_str());
     std::printf("\n");

@@ -21,9 +21,8 @@ std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
   if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
     return std::string(name) + " is not 16-byte aligned (flash_cuda loads rows in 16-byte pieces)";
   if (s.batch % 8 != 0 || s.head % 8 != 0 || s.row % 8 != 0)
-    return std::string(name) + " has strides (batch " + std::to_string(s.batch) + ", head " +
-           std::to_string(s.head) + ", row " + std::to_string(s.row) +
-           ") that are not multiples of 8 elements; make it contiguous";
+    return std::string(name) + " has strides (batch " + std::to_string(s.batch) + ", head " + std::to_string(s.head) +
+           ", row " + std::to_string(s.row) + ") that are not multiples of 8 elements; make it contiguous";
   return "";
 }
 // Work items (CTAs) of the query kernels and key columns of the dK/dV kernels.
@@ -103,8 +102,8 @@ std::string flash_check(const FlashParams& p, bool backward) {
 
 std::string flash_variant(bool backward, Config c, DType dtype, int d) {
   return std::string("flash_cuda/") + (backward ? "bwd/" : "fwd/") + flash_config_name(c) + "/" +
-         (dtype == DType::bf16 ? "bf16/" : "fp16/") + "d" + std::to_string(d) + "/m" + std::to_string(kTileQ) +
-         "n" + std::to_string(kTileKV);
+         (dtype == DType::bf16 ? "bf16/" : "fp16/") + "d" + std::to_string(d) + "/m" + std::to_string(kTileQ) + "n" +
+         std::to_string(kTileKV);
 }
 
 size_t flash_forward_workspace_bytes(const FlashParams& p) { return ints16(q_items(p)); }

@@ -77,8 +77,8 @@ namespace flashdraft::flash_cuda {
 
 enum class DType : int { bf16 = 0, fp16 = 1 };
 
-constexpr int kTileQ = 128;   // query rows per mask tile (BlockMask::block_q)
-constexpr int kTileKV = 64;   // keys per mask tile (BlockMask::block_kv)
+constexpr int kTileQ = 128;  // query rows per mask tile (BlockMask::block_q)
+constexpr int kTileKV = 64;  // keys per mask tile (BlockMask::block_kv)
 
 // Strides in elements; the last (head-dim) stride must be 1.
 struct Strides {
@@ -97,7 +97,7 @@ struct FlashMask {
   const int32_t* t_part_offset = nullptr;
   const int32_t* t_part_index = nullptr;
   const int32_t* t_part_entry = nullptr;
-  int batch = 1, heads = 1;               // 1 = shared across batch / heads
+  int batch = 1, heads = 1;  // 1 = shared across batch / heads
   int block_q = kTileQ, block_kv = kTileKV;
 };
 

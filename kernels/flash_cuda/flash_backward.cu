@@ -43,8 +43,10 @@ std::string flash_backward(const FlashParams& p, Config config) {
   } else {
     for_instance(p, [&](auto i) {
       using T = typename decltype(i)::T;
-      if (c == Config::sm90) launch_bwd<T, decltype(i)::D, 2, 1>(p);
-      else launch_bwd<T, decltype(i)::D, 1, 2>(p);
+      if (c == Config::sm90)
+        launch_bwd<T, decltype(i)::D, 2, 1>(p);
+      else
+        launch_bwd<T, decltype(i)::D, 1, 2>(p);
     });
   }
   return flash_variant(true, c, p.dtype, p.D);

@@ -101,8 +101,9 @@ struct ConfigRequest {
 inline std::string flash_config_request_error(const ConfigRequest& r) {
   Config c = Config::automatic;
   if (r.env && !flash_parse_config(*r.env, &c))
-    return std::string(kConfigEnv) + " is '" + *r.env + "', not a configuration; accepted values: " +
-           flash_config_names(false) + " (or unset it to use " + kConfigKey + " = \"" + r.key_value + "\")";
+    return std::string(kConfigEnv) + " is '" + *r.env +
+           "', not a configuration; accepted values: " + flash_config_names(false) + " (or unset it to use " +
+           kConfigKey + " = \"" + r.key_value + "\")";
   if (!flash_parse_config(r.key_value, &c))
     return std::string(kConfigKey) + " is \"" + r.key_value + "\"" + (r.key_where.empty() ? "" : " at " + r.key_where) +
            ", not a configuration; accepted values: " + flash_config_names(true);

@@ -45,8 +45,11 @@ using flashdraft::Support;
 
 // What flash_cuda accepts beyond the contract; supports() and the calls' checks both read it.
 const flashdraft::kernel_inputs::Accepted kAccepted{
-    "flash_cuda", c10::DeviceType::CUDA, {at::kBFloat16, at::kHalf},
-    [](int64_t d) { return fc::flash_supports_head_dim(static_cast<int>(d)); }, fc::flash_supported_head_dims()};
+    "flash_cuda",
+    c10::DeviceType::CUDA,
+    {at::kBFloat16, at::kHalf},
+    [](int64_t d) { return fc::flash_supports_head_dim(static_cast<int>(d)); },
+    fc::flash_supported_head_dims()};
 
 // The compute capability and shared memory of CUDA device `device`, or false with the
 // reason they are unknown in *why.
@@ -93,8 +96,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const fc::TileSize tile = fc::flash_tile_size(static_cast<int>(q.size(3)));
   if (m.block_q != tile.q || m.block_kv != tile.kv)
     throw std::invalid_argument("flash_cuda: the mask is built at tiles " + std::to_string(m.block_q) + " x " +
-                                std::to_string(m.block_kv) + " but flash_cuda needs " + std::to_string(tile.q) +
-                                " x " + std::to_string(tile.kv) + " (block_size())");
+                                std::to_string(m.block_kv) + " but flash_cuda needs " + std::to_string(tile.q) + " x " +
+                                std::to_string(tile.kv) + " (block_size())");
 }
 
 // The device lists of the mask, moved to `device` if they are elsewhere; empty lists
@@ -108,10 +111,9 @@ struct DeviceMask {
 DeviceMask device_mask(const BlockMaskTensors& m, const c10::Device& device) {
   DeviceMask d;
   d.dummy = at::zeros({4}, at::TensorOptions().dtype(at::kInt).device(device));
-  const at::Tensor* src[10] = {&m.full_offset, &m.full_index, &m.part_offset, &m.part_index, &m.bits,
-                               &m.t_full_offset, &m.t_full_index, &m.t_part_offset, &m.t_part_index,
-                               &m.t_part_entry};
-  const char* names[10] = {"full_offset", "full_index", "part_offset", "part_index", "bits",
+  const at::Tensor* src[10] = {&m.full_offset,   &m.full_index,   &m.part_offset,   &m.part_index,   &m.bits,
+                               &m.t_full_offset, &m.t_full_index, &m.t_part_offset, &m.t_part_index, &m.t_part_entry};
+  const char* names[10] = {"full_offset",   "full_index",   "part_offset",   "part_index",   "bits",
                            "t_full_offset", "t_full_index", "t_part_offset", "t_part_index", "t_part_entry"};
   const int32_t* ptr[10];
   for (int i = 0; i < 10; ++i) {
@@ -153,7 +155,8 @@ class FlashCuda : public flashdraft::AttentionKernel {
     if (!fc::flash_parse_config(key_.key_value, &parsed))  // the engine's schema check already refuses it
       c.fail("config", "\"" + key_.key_value + "\" is not a configuration; accepted: " + fc::flash_config_names(true));
     const std::string schedule = c.string("schedule");
-    if (schedule == "grid") schedule_ = fc::Schedule::grid;
+    if (schedule == "grid")
+      schedule_ = fc::Schedule::grid;
     else if (schedule != "longest-first")  // the schema check already refuses it
       c.fail("schedule", "\"" + schedule + "\" is not a schedule; accepted: \"longest-first\", \"grid\"");
   }
@@ -243,8 +246,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
     const at::Tensor dout = kernel_ready(dout_in), out = kernel_ready(out_in);
     const at::Tensor lse = lse_in.contiguous();
     const fc::Config config = configuration(q.device());
-    const std::string variant =
-        fc::flash_variant(true, config, to_dtype(q.scalar_type()), static_cast<int>(q.size(3)));
+    const std::string variant = fc::flash_variant(true, config, to_dtype(q.scalar_type()), static_cast<int>(q.size(3)));
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -294,12 +296,12 @@ class FlashCuda : public flashdraft::AttentionKernel {
     return choice.config;
   }
 
-  fc::ConfigRequest key_;  // [kernels.flash_cuda].config and where it was given
+  fc::ConfigRequest key_;                                // [kernels.flash_cuda].config and where it was given
   fc::Schedule schedule_ = fc::Schedule::longest_first;  // [kernels.flash_cuda].schedule
 };
 
 }  // namespace
 
-FLASHDRAFT_PLUGIN(kernel, "flash_cuda", "0.1.0",
-                  "fused block-sparse attention on CUDA (mma.sync; wgmma on Hopper; 128x64 tiles), forward and backward",
-                  FlashCuda)
+FLASHDRAFT_PLUGIN(
+    kernel, "flash_cuda", "0.1.0",
+    "fused block-sparse attention on CUDA (mma.sync; wgmma on Hopper; 128x64 tiles), forward and backward", FlashCuda)

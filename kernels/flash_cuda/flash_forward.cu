@@ -26,8 +26,10 @@ void launch_fwd(const FlashParams& p) {
 
 std::string flash_forward(const FlashParams& p, Config config) {
   const Config c = launch_config(p, false, config);
-  if (c == Config::sm90a) flash_forward_sm90a(p);
-  else for_instance(p, [&](auto i) { launch_fwd<typename decltype(i)::T, decltype(i)::D>(p); });
+  if (c == Config::sm90a)
+    flash_forward_sm90a(p);
+  else
+    for_instance(p, [&](auto i) { launch_fwd<typename decltype(i)::T, decltype(i)::D>(p); });
   return flash_variant(false, c, p.dtype, p.D);
 }
 

@@ -43,12 +43,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // 16-byte async copy; bytes beyond src_bytes (0 or 16) are zero-filled.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -80,8 +77,7 @@ struct Ops<__nv_bfloat16> {
   __device__ static __forceinline__ float2 unpack(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
   }
-  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -97,8 +93,7 @@ struct Ops<__half> {
   __device__ static __forceinline__ float2 unpack(uint32_t u) {
     return __half22float2(*reinterpret_cast<__half2*>(&u));
   }
-  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -118,8 +113,8 @@ __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
 // multiple of 8, so the swizzle key (row & 7) is the same for every k: one destination
 // base per thread instead of ROWS * C / NT live addresses.
 template <int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* base, int64_t row_stride,
-                                          int row0, int L, int tid) {
+__device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* base, int64_t row_stride, int row0, int L,
+                                          int tid) {
   constexpr int C = D / 8, RPP = NT / C;
   static_assert(RPP % 8 == 0 && ROWS % RPP == 0, "tile copy shape");
   const int r0 = tid / C, c = tid % C;
@@ -134,15 +129,12 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* base, in
 
 // Stores a warp's 16 x D fp32 accumulator rows (already scaled) to a swizzled tile.
 template <class T, int D>
-__device__ __forceinline__ void acc_to_smem(unsigned char* tile, int row0, const float (&acc)[D / 8][4],
-                                            int lane) {
+__device__ __forceinline__ void acc_to_smem(unsigned char* tile, int row0, const float (&acc)[D / 8][4], int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
-    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g, j) + t * 4) =
-        Ops<T>::pack(acc[j][0], acc[j][1]);
-    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g + 8, j) + t * 4) =
-        Ops<T>::pack(acc[j][2], acc[j][3]);
+    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g, j) + t * 4) = Ops<T>::pack(acc[j][0], acc[j][1]);
+    *reinterpret_cast<uint32_t*>(tile + tile_off<D>(row0 + g + 8, j) + t * 4) = Ops<T>::pack(acc[j][2], acc[j][3]);
   }
 }
 // Copies `rows` rows of a swizzled tile to global memory (16-byte stores), rows >= L skipped.
@@ -161,8 +153,8 @@ __device__ __forceinline__ void smem_to_global(uint16_t* base, int64_t row_strid
 // Writes zeros to rows [row0, row0 + rows) of a [L][D] matrix (rows >= L skipped), 16 bytes
 // per store: the output of a tile that sees no key.
 template <int D>
-__device__ __forceinline__ void zero_rows(uint16_t* base, int64_t row_stride, int row0, int rows, int L,
-                                          int tid, int nt) {
+__device__ __forceinline__ void zero_rows(uint16_t* base, int64_t row_stride, int row0, int rows, int L, int tid,
+                                          int nt) {
   constexpr int C = D / 8;
   for (int i = tid; i < rows * C; i += nt) {
     const int r = i / C, c = i % C;
@@ -300,12 +292,11 @@ __device__ __forceinline__ void trace_begin(const FlashParams& p, int first, int
   }
 }
 __device__ __forceinline__ void trace_end(const FlashParams& p, int first) {
-  if (p.trace != nullptr && threadIdx.x % 32 == 0) atomicMax(p.trace + 4 * ((size_t)first + blockIdx.x) + 1, global_ns());
+  if (p.trace != nullptr && threadIdx.x % 32 == 0)
+    atomicMax(p.trace + 4 * ((size_t)first + blockIdx.x) + 1, global_ns());
 }
 // The first trace entry of the dQ kernel (flash_trace_dq_first()).
-__device__ __forceinline__ int dq_trace_first(const FlashParams& p) {
-  return p.B * p.Hkv * ((p.Lkv + BKV - 1) / BKV);
-}
+__device__ __forceinline__ int dq_trace_first(const FlashParams& p) { return p.B * p.Hkv * ((p.Lkv + BKV - 1) / BKV); }
 
 __device__ __forceinline__ RowList row_list(const FlashMask& m, int b, int h, int qb, int q_blocks) {
   const int mb = m.batch == 1 ? 0 : b, mh = m.heads == 1 ? 0 : h;
@@ -348,8 +339,8 @@ __device__ __forceinline__ void mask_kv_edge(float (&s)[8][4], int kv0, int Lkv,
         s[j][2 + x] = -INFINITY;
       }
 }
-__device__ __forceinline__ void apply_mask(float (&s)[8][4], const FlashMask& m, int entry, int kv0, int Lkv,
-                                           int qrow, int t) {
+__device__ __forceinline__ void apply_mask(float (&s)[8][4], const FlashMask& m, int entry, int kv0, int Lkv, int qrow,
+                                           int t) {
   if (entry >= 0) {
     const uint32_t* w = m.bits + (int64_t)entry * (BQ * 2);
     const uint32_t w0[2] = {__ldg(w + qrow * 2), __ldg(w + qrow * 2 + 1)};
@@ -376,8 +367,10 @@ __device__ __forceinline__ TileMask tile_mask(const FlashMask& m, int kvb, int e
   return tm;
 }
 __device__ __forceinline__ void apply_tile_mask(float (&s)[8][4], const TileMask& tm, int Lkv, int t) {
-  if (tm.entry >= 0) mask_by_bits(s, tm.w0, tm.w1, t);
-  else if (tm.kvb * BKV + BKV > Lkv) mask_kv_edge(s, tm.kvb * BKV, Lkv, t);
+  if (tm.entry >= 0)
+    mask_by_bits(s, tm.w0, tm.w1, t);
+  else if (tm.kvb * BKV + BKV > Lkv)
+    mask_kv_edge(s, tm.kvb * BKV, Lkv, t);
 }
 
 // ---------------------------------------------------------------- forward
@@ -542,8 +535,8 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
 // ws_lse2[row][q] = lse * log2(e) (+inf where lse = -inf or q >= Lq: such rows give P = 0)
 // ws_delta[row][q] = sum_d dO * O (0 for q >= Lq); row = b * Hq + h, q < Lq_pad.
 template <class T, int D>
-__global__ void __launch_bounds__(256) flash_bwd_pre_kernel(const FlashParams p, float* ws_lse2,
-                                                            float* ws_delta, int Lq_pad) {
+__global__ void __launch_bounds__(256)
+    flash_bwd_pre_kernel(const FlashParams p, float* ws_lse2, float* ws_delta, int Lq_pad) {
   constexpr int TPR = D / 8;  // threads per row, 8 elements each
   constexpr int RPB = 256 / TPR;
   const int bh = blockIdx.y, b = bh / p.Hq, h = bh % p.Hq;
@@ -553,9 +546,8 @@ __global__ void __launch_bounds__(256) flash_bwd_pre_kernel(const FlashParams p,
   if (q < p.Lq) {
     const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.out) + b * p.out_strides.batch +
                                                     h * p.out_strides.head + q * p.out_strides.row + c * 8);
-    const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.dout) +
-                                                    b * p.dout_strides.batch + h * p.dout_strides.head +
-                                                    q * p.dout_strides.row + c * 8);
+    const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch +
+                                                    h * p.dout_strides.head + q * p.dout_strides.row + c * 8);
     const uint32_t ou[4] = {o.x, o.y, o.z, o.w}, du[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -597,8 +589,7 @@ struct KvStep {
 // skips halves beyond Lq and heads with empty lists.
 struct KvCursor {
   int g = 0, idx = 0, half = 0;
-  __device__ __forceinline__ bool settle(const FlashParams& p, int b, int hk, int kvb, int kv_blocks,
-                                         KvStep& s) {
+  __device__ __forceinline__ bool settle(const FlashParams& p, int b, int hk, int kvb, int kv_blocks, KvStep& s) {
     const int group = p.Hq / p.Hkv;
     const FlashMask& m = p.mask;
     const int mb = m.batch == 1 ? 0 : b;
@@ -643,11 +634,12 @@ struct KvCursor {
 // step's q head and first row at +1028 / +1032 (read only by the atomic-dQ variant).
 // sl / meta: the same place as a shared-memory address and as a pointer; row: the
 // step's first row in the padded workspace. Threads 0..63 issue the copies.
-__device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta, const KvStep& s,
-                                               const FlashParams& p, const float* ws_lse2, const float* ws_delta,
-                                               int64_t row, int tid) {
-  if (tid < 16) cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
-  else if (tid < 32) cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
+__device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta, const KvStep& s, const FlashParams& p,
+                                               const float* ws_lse2, const float* ws_delta, int64_t row, int tid) {
+  if (tid < 16)
+    cp_async16(sl + tid * 16, ws_lse2 + row + tid * 4, true);
+  else if (tid < 32)
+    cp_async16(sl + 256 + (tid - 16) * 16, ws_delta + row + (tid - 16) * 4, true);
   else if (s.entry >= 0 && tid < 64)  // 64 rows x 2 words of this half of the tile
     cp_async16(sl + 512 + (tid - 32) * 16,
                p.mask.bits + (int64_t)s.entry * (BQ * 2) + s.half * (BQ_STEP * 2) + (tid - 32) * 4, true);
@@ -665,9 +657,9 @@ __device__ __forceinline__ void load_step_meta(uint32_t sl, unsigned char* meta,
 // No configuration launches it (no faster, NOTES.md v3): only check_flash_cuda's per-phase
 // timing does, to keep that measurement repeatable.
 template <class T, int D, int STAGES, bool DQ_ATOMIC>
-__global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
-                                                                const float* ws_delta, int Lq_pad, const int* order,
-                                                                float* dq_acc) {
+__global__ void __launch_bounds__(128, 2)
+    flash_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2, const float* ws_delta, int Lq_pad,
+                          const int* order, float* dq_acc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = KvSmem<D, STAGES>;
   const int kv_blocks = (p.Lkv + BKV - 1) / BKV;
@@ -685,8 +677,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
   auto load_step = [&](const KvStep& s, int st) {
     const int off = stage(st);
     const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + s.h * p.q_strides.head;
-    const uint16_t* dO =
-        static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
+    const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
     load_tile<D, BQ_STEP, 128>(sK + off, Q, p.q_strides.row, s.q0, p.Lq, tid);
     load_tile<D, BQ_STEP, 128>(sK + off + S::kQ, dO, p.dout_strides.row, s.q0, p.Lq, tid);
     load_step_meta(sK + off + 2 * S::kQ, smem + off + 2 * S::kQ, s, p, ws_lse2, ws_delta,
@@ -815,10 +806,11 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_dkdv_kernel(const FlashParam
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
 #if __CUDA_ARCH__ >= 900
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * j), "f"(acc[0][j][0]),
-                       "f"(acc[0][j][1]) : "memory");
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * j), "f"(acc[0][j][0]), "f"(acc[0][j][1])
+                       : "memory");
           asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * D + 8 * j), "f"(acc[0][j][2]),
-                       "f"(acc[0][j][3]) : "memory");
+                       "f"(acc[0][j][3])
+                       : "memory");
 #else
           atomicAdd(dst + 8 * j, acc[0][j][0]);
           atomicAdd(dst + 8 * j + 1, acc[0][j][1]);
@@ -862,9 +854,9 @@ struct DqSmem {
 // S and dP from being live at once (32 rows x (dq 128 + P 32 + dP 64) registers).
 // MT m-tiles of 16 rows per warp, 8 / MT warps (128 rows per CTA).
 template <class T, int D, int STAGES, int MT>
-__global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                                   const float* ws_delta, int Lq_pad,
-                                                                   const int* order) {
+__global__ void __launch_bounds__(256 / MT, MT)
+    flash_bwd_dq_kernel(const FlashParams p, const float* ws_lse2, const float* ws_delta, int Lq_pad,
+                        const int* order) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = DqSmem<D, STAGES>;
   constexpr int NT = 256 / MT, WR = MT * 16;
@@ -958,9 +950,12 @@ __global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashP
                                                            fast_exp2(fmaf(s[mt][j][2 * hx + 1], sl2, -l2[mt][hx])));
       }
     };
-    if constexpr (MT == 1) scores(std::true_type{});
-    else if (entry >= 0 || kvb * BKV + BKV > p.Lkv) scores(std::true_type{});
-    else scores(std::false_type{});
+    if constexpr (MT == 1)
+      scores(std::true_type{});
+    else if (entry >= 0 || kvb * BKV + BKV > p.Lkv)
+      scores(std::true_type{});
+    else
+      scores(std::false_type{});
     // dP = dO V^T in DP_PARTS parts of 64 / DP_PARTS keys (fewer live registers), then
     // dS = P (dP - delta) in place over P's fragments (same layout as pack_a)
     constexpr int NJ = 4 / DP_PARTS;
@@ -1005,8 +1000,8 @@ __global__ void __launch_bounds__(256 / MT, MT) flash_bwd_dq_kernel(const FlashP
 
 // dq = scale * dq_acc (fp32, padded rows) -> T, rows < Lq; one thread per 8 elements.
 template <class T, int D>
-__global__ void __launch_bounds__(256) flash_bwd_dq_convert_kernel(const FlashParams p, const float* dq_acc,
-                                                                   int Lq_pad) {
+__global__ void __launch_bounds__(256)
+    flash_bwd_dq_convert_kernel(const FlashParams p, const float* dq_acc, int Lq_pad) {
   constexpr int C = D / 8;
   const int bh = blockIdx.y, b = bh / p.Hq, h = bh % p.Hq;
   const int i = blockIdx.x * 256 + threadIdx.x, q = i / C, c = i % C;
@@ -1034,11 +1029,15 @@ struct Instance {
 template <class F>
 void for_instance(const FlashParams& p, F&& launch) {
   if (p.dtype == DType::bf16) {
-    if (p.D == 64) launch(Instance<__nv_bfloat16, 64>{});
-    else launch(Instance<__nv_bfloat16, 128>{});
+    if (p.D == 64)
+      launch(Instance<__nv_bfloat16, 64>{});
+    else
+      launch(Instance<__nv_bfloat16, 128>{});
   } else {
-    if (p.D == 64) launch(Instance<__half, 64>{});
-    else launch(Instance<__half, 128>{});
+    if (p.D == 64)
+      launch(Instance<__half, 64>{});
+    else
+      launch(Instance<__half, 128>{});
   }
 }
 
@@ -1054,14 +1053,16 @@ bool allow_smem(K kernel, int smem, const char* what) {
 }
 inline void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("flash_cuda ") + what + " launch: " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("flash_cuda ") + what + " launch: " + cudaGetErrorString(e));
 }
 
 // The configuration a launch runs: the problem checked (flash_check()) and `requested`
 // resolved on the current device; throws std::runtime_error naming the phase otherwise.
 inline Config launch_config(const FlashParams& p, bool backward, Config requested) {
   const std::string why = flash_check(p, backward);
-  if (!why.empty()) throw std::runtime_error(std::string("flash_cuda ") + (backward ? "backward: " : "forward: ") + why);
+  if (!why.empty())
+    throw std::runtime_error(std::string("flash_cuda ") + (backward ? "backward: " : "forward: ") + why);
   int device = 0;
   cudaGetDevice(&device);
   return flash_resolve_config(requested, device);

@@ -132,9 +132,9 @@ __device__ void longest_first(int i0, int i1, const Cost& cost, int* out) {
 // Groups: CTAs 0 .. q_groups - 1 order the query items (q_order), the rest the key items
 // (kv_order, when not null); a group is q_units / kv_units (batch, kv head) units.
 // Schedule::grid: CTA 0 and CTA q_groups write the grid order of all the items.
-__global__ void __launch_bounds__(kSortThreads) flash_schedule_kernel(const FlashParams p, int* q_order,
-                                                                      int* kv_order, int per_item, int q_units,
-                                                                      int kv_units, int q_groups) {
+__global__ void __launch_bounds__(kSortThreads)
+    flash_schedule_kernel(const FlashParams p, int* q_order, int* kv_order, int per_item, int q_units, int kv_units,
+                          int q_groups) {
   const int q_blocks = (p.Lq + BQ - 1) / BQ, kv_blocks = (p.Lkv + BKV - 1) / BKV;
   const int n_cols = (kv_blocks + per_item - 1) / per_item;
   const bool grid = p.schedule == Schedule::grid;
@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(kSortThreads) flash_schedule_kernel(const Flas
     const int n = p.B * p.Hq * q_blocks, per_group = q_units * (p.Hq / p.Hkv) * q_blocks;
     if (grid) {
       if (g == 0)
-        for (int i = threadIdx.x; i < n; i += kSortThreads) q_order[i] = i - i % q_blocks + (q_blocks - 1 - i % q_blocks);
+        for (int i = threadIdx.x; i < n; i += kSortThreads)
+          q_order[i] = i - i % q_blocks + (q_blocks - 1 - i % q_blocks);
     } else {
       longest_first(g * per_group, min(n, (g + 1) * per_group), QueryCost{p.mask, p.Hq, q_blocks}, q_order);
     }
@@ -192,8 +193,8 @@ void launch_schedule(const FlashParams& p, int* q_order, int* kv_order, int kv_p
   const bool grid = p.schedule == Schedule::grid;
   const int q_groups = grid ? 1 : (units + q_units - 1) / q_units;
   const int kv_groups = kv_order == nullptr ? 0 : grid ? 1 : (units + kv_units - 1) / kv_units;
-  flash_schedule_kernel<<<q_groups + kv_groups, kSortThreads, 0, p.stream>>>(p, q_order, kv_order, kv_per_item,
-                                                                               q_units, kv_units, q_groups);
+  flash_schedule_kernel<<<q_groups + kv_groups, kSortThreads, 0, p.stream>>>(p, q_order, kv_order, kv_per_item, q_units,
+                                                                             kv_units, q_groups);
   check_launch("work order");
 }
 

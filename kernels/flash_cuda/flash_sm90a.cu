@@ -128,11 +128,10 @@ __device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
   } while (!done);
 }
 __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -163,8 +162,8 @@ struct WsKvSmem {
 };
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2,
-                                                             const float* ws_delta, int Lq_pad, const int* order) {
+__global__ void __launch_bounds__(384, 1)
+    ws_bwd_dkdv_kernel(const FlashParams p, const float* ws_lse2, const float* ws_delta, int Lq_pad, const int* order) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsKvSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
@@ -210,26 +209,27 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
     const FlashMask& m = p.mask;
     const int group = p.Hq / p.Hkv, mb = m.batch == 1 ? 0 : b;
     int it = 0;
-    auto put = [&](int h, int q0, const int (&ent)[2], int half, int kind_end) {
+    auto put = [&](int h, int q0, const int(&ent)[2], int half, int kind_end) {
       const int st = it % STAGES;
       if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
       const int off = stage(st);
       unsigned char* meta = smem + off + 2 * S::kQ;
       if (!kind_end) {
         const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
-        const uint16_t* dO =
-            static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+        const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
         load_sw128<D, BQ_STEP, 128>(s0 + off, Q, p.q_strides.row, q0, p.Lq, pt);
         load_sw128<D, BQ_STEP, 128>(s0 + off + S::kQ, dO, p.dout_strides.row, q0, p.Lq, pt);
         const int64_t row = ((int64_t)b * p.Hq + h) * Lq_pad + q0;
         const uint32_t sm = s0 + off + 2 * S::kQ;
-        if (pt < 16) cp_async16(sm + pt * 16, ws_lse2 + row + pt * 4, true);
-        else if (pt < 32) cp_async16(sm + 256 + (pt - 16) * 16, ws_delta + row + (pt - 16) * 4, true);
+        if (pt < 16)
+          cp_async16(sm + pt * 16, ws_lse2 + row + pt * 4, true);
+        else if (pt < 32)
+          cp_async16(sm + 256 + (pt - 16) * 16, ws_delta + row + (pt - 16) * 4, true);
         else if (pt < 96) {
           const int c = (pt - 32) / 32, i = (pt - 32) % 32;
           if (ent[c] >= 0)
-            cp_async16(sm + 512 + c * 512 + i * 16,
-                       m.bits + (int64_t)ent[c] * (BQ * 2) + half * (BQ_STEP * 2) + i * 4, true);
+            cp_async16(sm + 512 + c * 512 + i * 16, m.bits + (int64_t)ent[c] * (BQ * 2) + half * (BQ_STEP * 2) + i * 4,
+                       true);
         }
       }
       if (pt == 0) {
@@ -400,8 +400,10 @@ __global__ void __launch_bounds__(384, 1) ws_bwd_dkdv_kernel(const FlashParams p
       wg::pin(dk);
       release(st);
     };
-    if (kind == kPart) body(std::true_type{});
-    else body(std::false_type{});
+    if (kind == kPart)
+      body(std::true_type{});
+    else
+      body(std::false_type{});
   }
 
 #pragma unroll
@@ -437,8 +439,8 @@ struct WgDqSmem {
 };
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(384, 1) wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2,
-                                                              const float* ws_delta, int Lq_pad, const int* order) {
+__global__ void __launch_bounds__(384, 1)
+    wg_bwd_dq_kernel(const FlashParams p, const float* ws_lse2, const float* ws_delta, int Lq_pad, const int* order) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WgDqSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
@@ -625,9 +627,9 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[32 * KVT], float (&m)[2
 constexpr int kFwdKVT = 2;  // mask-list entries (64-key tiles) per forward step: S is m64n128
 template <int D, int STAGES>
 struct WgFwdSmem {
-  static constexpr int kQ = BQ_STEP * D * 2;     // one warpgroup's 64 rows
+  static constexpr int kQ = BQ_STEP * D * 2;         // one warpgroup's 64 rows
   static constexpr int kKV = kFwdKVT * BKV * D * 2;  // a stage's K (or V) tile, 128 rows
-  static constexpr int kBars = 1024;             // mbarriers, then 1024-aligned tiles
+  static constexpr int kBars = 1024;                 // mbarriers, then 1024-aligned tiles
   static constexpr int bytes = 1024 + kBars + 2 * kQ + STAGES * 2 * kKV;
 };
 constexpr int kWsFwdThreads = 384;  // consumer warpgroups 0, 1; producer warpgroup 2
@@ -719,7 +721,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     if (lane == 0) mbar_arrive(empty(st));
   };
   uint32_t qa[D / 16][4];  // this warp's 16 Q rows as A fragments, read from the tile once
-  auto issue_s = [&](float (&s)[32 * KVT], int st) {
+  auto issue_s = [&](float(&s)[32 * KVT], int st) {
     const uint64_t d0 = wg::desc_k<KR>(sK(st), 0, 0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -810,8 +812,10 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
         masked = masked || kvb * BKV + BKV > p.Lkv;
       }
     }
-    if (masked) step(it, std::true_type{});
-    else step(it, std::false_type{});
+    if (masked)
+      step(it, std::true_type{});
+    else
+      step(it, std::false_type{});
   }
 
 #pragma unroll

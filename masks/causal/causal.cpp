@@ -70,5 +70,5 @@ class CausalMask final : public flashdraft::MaskGenerator {
 
 }  // namespace
 
-FLASHDRAFT_PLUGIN(mask, "causal", "0.1.0", "causal mask: query q sees kv <= q + offset (bottom-right aligned by default)",
-                  CausalMask)
+FLASHDRAFT_PLUGIN(mask, "causal", "0.1.0",
+                  "causal mask: query q sees kv <= q + offset (bottom-right aligned by default)", CausalMask)

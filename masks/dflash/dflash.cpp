@@ -83,8 +83,8 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     if (q < 0 || q >= in.q_len || kv < 0 || kv >= in.kv_len || in.block_size < 1) return false;
     const int64_t n = q / in.block_size;
     if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) return false;
-    const int64_t len = in.block_lengths.empty() ? in.block_size
-                                                 : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+    const int64_t len =
+        in.block_lengths.empty() ? in.block_size : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
     if (q - n * in.block_size >= len) return false;  // past a short block's tokens
     if (kv < in.context_len) {
       const int64_t a = in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
@@ -112,7 +112,8 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     if (S < 0) throw std::invalid_argument("dflash: context length " + s(S) + " is negative");
     if (in.batch < 1 || static_cast<int64_t>(in.anchors.size()) != in.batch)
       throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.anchors.size())) +
-                                  " anchor lists for a batch of " + s(in.batch) + "; one list per batch element is needed");
+                                  " anchor lists for a batch of " + s(in.batch) +
+                                  "; one list per batch element is needed");
     const int64_t N = static_cast<int64_t>(in.anchors[0].size());
     if (!in.doc_lengths.empty()) {
       if (static_cast<int64_t>(in.doc_lengths.size()) != in.batch)
@@ -177,7 +178,8 @@ class DFlashMask final : public flashdraft::MaskGenerator {
                                       " of block " + s(prev_n) + "; anchors must be strictly increasing");
         if (!in.doc_lengths.empty()) {
           const auto [d0, d1] = document_of(in, b, x);
-          const int64_t len = in.block_lengths.empty() ? BS : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+          const int64_t len =
+              in.block_lengths.empty() ? BS : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
           if (x + len > d1)
             throw std::invalid_argument("dflash: the block at anchor " + s(x) + where + " runs past the end " + s(d1) +
                                         " of its document [" + s(d0) + ", " + s(d1) +

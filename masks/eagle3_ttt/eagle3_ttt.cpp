@@ -130,17 +130,21 @@ class Eagle3TttMask final : public flashdraft::MaskGenerator {
       throw std::invalid_argument("eagle3_ttt: query length " + s(in.q_len) +
                                   " is not accepted; the queries are one unroll step's S >= 1 positions");
     if (in.kv_len < in.q_len || in.kv_len % in.q_len != 0)
-      throw std::invalid_argument("eagle3_ttt: key length " + s(in.kv_len) + " is not a positive multiple of the query length " +
-                                  s(in.q_len) + " (the keys are the states of unroll steps 0..i, S = " + s(in.q_len) +
+      throw std::invalid_argument("eagle3_ttt: key length " + s(in.kv_len) +
+                                  " is not a positive multiple of the query length " + s(in.q_len) +
+                                  " (the keys are the states of unroll steps 0..i, S = " + s(in.q_len) +
                                   " each: accepted " + s(in.q_len) + ", " + s(2 * in.q_len) + ", ...)");
     if (in.doc_lengths.empty()) return;
     if (in.doc_lengths.size() != 1 && static_cast<int64_t>(in.doc_lengths.size()) != in.batch)
       throw std::invalid_argument("eagle3_ttt: doc_lengths has " + s(static_cast<int64_t>(in.doc_lengths.size())) +
-                                  " lists for a batch of " + s(in.batch) + " (give one per batch element, one shared, or none)");
+                                  " lists for a batch of " + s(in.batch) +
+                                  " (give one per batch element, one shared, or none)");
     for (size_t b = 0; b < in.doc_lengths.size(); ++b) {
       int64_t sum = 0;
       for (int64_t len : in.doc_lengths[b]) {
-        if (len < 0) throw std::invalid_argument("eagle3_ttt: document length " + s(len) + " of batch element " + s(int64_t(b)) + " is negative");
+        if (len < 0)
+          throw std::invalid_argument("eagle3_ttt: document length " + s(len) + " of batch element " + s(int64_t(b)) +
+                                      " is negative");
         sum += len;
       }
       if (sum != in.q_len)
@@ -152,6 +156,7 @@ class Eagle3TttMask final : public flashdraft::MaskGenerator {
 
 }  // namespace
 
-FLASHDRAFT_PLUGIN(mask, "eagle3_ttt", "0.1.0",
-                  "EAGLE-3 training-time test: causal target context in step 0, each position's own states in later steps",
-                  Eagle3TttMask)
+FLASHDRAFT_PLUGIN(
+    mask, "eagle3_ttt", "0.1.0",
+    "EAGLE-3 training-time test: causal target context in step 0, each position's own states in later steps",
+    Eagle3TttMask)

@@ -26,8 +26,8 @@
 #include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
 
-#include <torch/types.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,8 +41,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 struct Layer {
-  at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj,
-      up_proj, down_proj;
+  at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
 };
 
 class DFlashDrafter final : public Drafter {
@@ -69,8 +68,9 @@ class DFlashDrafter final : public Drafter {
     s.real("rope_theta", "RoPE base").def(10000.0).at_least(1.0);
     s.real("rms_eps", "RMSNorm epsilon").def(1e-6).range(0.0, 1.0);
     s.integer("anchors", "blocks per sequence (N)").def(int64_t{8}).at_least(0);
-    s.real("gamma", "loss weight decay: w_j = exp(-(j-1)/gamma) (0 = the DFlash paper's value for the block "
-                    "size: 7 for 16, 5 for 10, 4 for 8, linear between and beyond)")
+    s.real("gamma",
+           "loss weight decay: w_j = exp(-(j-1)/gamma) (0 = the DFlash paper's value for the block "
+           "size: 7 for 16, 5 for 10, 4 for 8, linear between and beyond)")
         .def(0.0)
         .at_least(0.0);
     s.string("normalisation",
@@ -127,16 +127,17 @@ class DFlashDrafter final : public Drafter {
     if (gamma_ == 0.0) gamma_ = dflash::default_gamma(block_size_);
     init_std_ = config.real("init_std");
     by_positions_ = config.string("normalisation") == "positions";
-    anchor_rule_ = config.string("anchor_rule") == "response" ? dflash::AnchorRule::response
-                                                              : dflash::AnchorRule::next_token;
+    anchor_rule_ =
+        config.string("anchor_rule") == "response" ? dflash::AnchorRule::response : dflash::AnchorRule::next_token;
     labels_config_ = labels_ = config.string("labels");
     separate_documents_ = config.string("documents") == "separate";
     label_temperature_ = config.real("label_temperature");
     if (anchors_ == 0)
       config.fail("anchors", "anchors = 0 leaves no block to train on; give at least 1 anchor per sequence");
     if (heads_ % kv_heads_ != 0)
-      config.fail("kv_heads", "heads = " + std::to_string(heads_) + " is not a multiple of kv_heads = " +
-                                  std::to_string(kv_heads_) + " (GQA shares each kv head among heads / kv_heads query heads)");
+      config.fail("kv_heads", "heads = " + std::to_string(heads_) +
+                                  " is not a multiple of kv_heads = " + std::to_string(kv_heads_) +
+                                  " (GQA shares each kv head among heads / kv_heads query heads)");
     if (hidden_ > 0) check_hidden(hidden_);
   }
 
@@ -157,8 +158,9 @@ class DFlashDrafter final : public Drafter {
                                      " is outside the target vocabulary (ids 0.." + std::to_string(target.vocab - 1) +
                                      ", or -1 for the last id)");
     if (block_size_ > seq_len)
-      config_.fail("block_size", "block_size = " + std::to_string(block_size_) + " is larger than the sequence length " +
-                                     std::to_string(seq_len) + " of the data (a block must fit in a sequence)");
+      config_.fail("block_size", "block_size = " + std::to_string(block_size_) +
+                                     " is larger than the sequence length " + std::to_string(seq_len) +
+                                     " of the data (a block must fit in a sequence)");
     if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
     label_index_ = -1;
     labels_ = labels_config_;
@@ -397,8 +399,8 @@ class DFlashDrafter final : public Drafter {
    private:
     void check_rows(int64_t rows, const std::vector<int64_t>& start, int64_t T, const char* call) const {
       if (rows != batch_ || static_cast<int64_t>(start.size()) != batch_)
-        throw std::invalid_argument(std::string("dflash decoder ") + call + ": " + std::to_string(rows) +
-                                    " rows and " + std::to_string(start.size()) + " start positions for a decoder of " +
+        throw std::invalid_argument(std::string("dflash decoder ") + call + ": " + std::to_string(rows) + " rows and " +
+                                    std::to_string(start.size()) + " start positions for a decoder of " +
                                     std::to_string(batch_) + " rows");
       for (int64_t b = 0; b < batch_; ++b)
         if (start[static_cast<size_t>(b)] < 0 || start[static_cast<size_t>(b)] + T > capacity_)
@@ -422,17 +424,17 @@ class DFlashDrafter final : public Drafter {
   // and the rows that carry loss (label >= 0) with their labels, weights and positions.
   struct StepPlan {
     MaskInput input;
-    at::Tensor block_tokens, block_pos;           // [B, L] int64 (tokens on the device); positions in the document
-    at::Tensor context_pos;                       // [B, S] int64 positions in the document; undefined: 0..S-1
-    at::Tensor labels;                            // [B, L] int64 on the host (the data's tokens)
-    at::Tensor rows, row_labels, row_weights;     // [R] on the device: flat index into B*L, label, weight
-    at::Tensor row_position;                      // [R] int64 on the device: block position j
-    at::Tensor target_positions;                  // [U] int64 on the device: flat b * S + p of every position whose
-                                                  // target logits predict a row's token (p = anchor + j - 1), once
-    at::Tensor row_target;                        // [R] int64 on the device: row r's entry in target_positions
-    std::vector<int64_t> position_count;          // per j in 0..BS-1: rows that carry loss
+    at::Tensor block_tokens, block_pos;        // [B, L] int64 (tokens on the device); positions in the document
+    at::Tensor context_pos;                    // [B, S] int64 positions in the document; undefined: 0..S-1
+    at::Tensor labels;                         // [B, L] int64 on the host (the data's tokens)
+    at::Tensor rows, row_labels, row_weights;  // [R] on the device: flat index into B*L, label, weight
+    at::Tensor row_position;                   // [R] int64 on the device: block position j
+    at::Tensor target_positions;               // [U] int64 on the device: flat b * S + p of every position whose
+                                               // target logits predict a row's token (p = anchor + j - 1), once
+    at::Tensor row_target;                     // [R] int64 on the device: row r's entry in target_positions
+    std::vector<int64_t> position_count;       // per j in 0..BS-1: rows that carry loss
     double weight_sum = 0;
-    int64_t counted = 0;                          // rows that carry loss
+    int64_t counted = 0;  // rows that carry loss
   };
 
   // Host tensor -> the run's device without waiting for the device's queue.
@@ -463,8 +465,10 @@ class DFlashDrafter final : public Drafter {
   StepPlan plan_step(const Batch& batch, at::Generator& rng) const {
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = anchors_, BS = block_size_, L = N * BS;
     const at::Tensor tokens_cpu = batch.tokens.to(at::kCPU, at::kLong).contiguous();
-    const at::Tensor mask_cpu = batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous() : at::Tensor();
-    const at::Tensor len_cpu = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+    const at::Tensor mask_cpu =
+        batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous() : at::Tensor();
+    const at::Tensor len_cpu =
+        batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
     const bool packed = !batch.documents.empty() && separate_documents_;
     StepPlan plan;
     plan.input.batch = B;
@@ -565,7 +569,8 @@ class DFlashDrafter final : public Drafter {
     const std::pair<at::Tensor, at::Tensor> packed_rope =
         plan.context_pos.defined() ? rope_tables(plan.context_pos) : std::pair<at::Tensor, at::Tensor>();
     const auto& [cos_c, sin_c] = plan.context_pos.defined() ? packed_rope : context_rope(B, S);
-    const auto [cos_b, sin_b] = rope_tables(to_device(plan.block_pos));    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+    const auto [cos_b, sin_b] = rope_tables(to_device(plan.block_pos));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     at::Tensor x = embedding_.index_select(0, plan.block_tokens.reshape({-1})).view({B, L, hidden_});
     for (int64_t l = 0; l < layers_n_; ++l) {
       const Layer& P = layers_[static_cast<size_t>(l)];
@@ -573,8 +578,7 @@ class DFlashDrafter final : public Drafter {
       at::Tensor q = heads_of(at::linear(h, P.q_proj), heads_);
       q = rope(rms_norm(q, P.q_norm), cos_b, sin_b);
       const at::Tensor kb = rope(rms_norm(heads_of(at::linear(h, P.k_proj), kv_heads_), P.k_norm), cos_b, sin_b);
-      const at::Tensor kc =
-          rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
+      const at::Tensor kc = rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
       const at::Tensor vb = heads_of(at::linear(h, P.v_proj), kv_heads_);
       const at::Tensor vc = heads_of(at::linear(context, P.v_proj), kv_heads_);
       const at::Tensor k = at::cat({kc, kb}, 2);  // [B, Hkv, S + L, D]: context first
@@ -626,14 +630,17 @@ class DFlashDrafter final : public Drafter {
     if (!training) {
       // Validation: the block proposals, so the engine can measure the exact greedy
       // acceptance length (rows without a label keep -1: they end a block anyway).
-      result.predictions =
-          at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, out.argmax).view({B, N, BS}).to(at::kCPU);
+      result.predictions = at::full({B * L}, -1, plan.rows.options())
+                               .index_copy_(0, plan.rows, out.argmax)
+                               .view({B, N, BS})
+                               .to(at::kCPU);
     }
     if (!training) {
       result.labels = plan.labels.view({B, N, BS});
       std::vector<uint8_t> valid;
       for (const auto& v : plan.input.block_valid) valid.insert(valid.end(), v.begin(), v.end());
-      result.block_valid = at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
+      result.block_valid =
+          at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
       std::vector<int64_t> anchor_list;
       for (const auto& a : plan.input.anchors) anchor_list.insert(anchor_list.end(), a.begin(), a.end());
       result.anchors = at::tensor(anchor_list, at::TensorOptions().dtype(at::kLong)).view({B, N});
@@ -677,9 +684,7 @@ class DFlashDrafter final : public Drafter {
   // RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w, normalised in float32 for
   // 16-bit types, the weight applied in the compute dtype (ATen's rms_norm: one fused
   // kernel forward and backward on CUDA).
-  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const {
-    return at::rms_norm(x, {x.size(-1)}, w, eps_);
-  }
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const { return at::rms_norm(x, {x.size(-1)}, w, eps_); }
 
   // [B, T, heads * D] -> [B, heads, T, D]
   at::Tensor heads_of(const at::Tensor& x, int64_t heads) const {
@@ -723,5 +728,5 @@ class DFlashDrafter final : public Drafter {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(drafter, "dflash", "0.1.0",
-                  "DFlash block-diffusion drafter: Qwen3 layers with target KV injection", flashdraft::DFlashDrafter)
+FLASHDRAFT_PLUGIN(drafter, "dflash", "0.1.0", "DFlash block-diffusion drafter: Qwen3 layers with target KV injection",
+                  flashdraft::DFlashDrafter)

@@ -147,8 +147,8 @@ inline BlockLabels block_labels(const int64_t* tokens, const uint8_t* loss_mask,
   return out;
 }
 
-inline BlockLabels block_labels(const int64_t* tokens, const uint8_t* loss_mask, int64_t length,
-                                const Anchors& anchors, int64_t block_size, double gamma) {
+inline BlockLabels block_labels(const int64_t* tokens, const uint8_t* loss_mask, int64_t length, const Anchors& anchors,
+                                int64_t block_size, double gamma) {
   const size_t n = anchors.anchors.size();
   BlockLabels out;
   out.labels.assign(n * static_cast<size_t>(block_size), -1);

@@ -107,8 +107,8 @@ void read_unsupported(const ConfigReader& r) {
   }
   if (const Json* cap = r.find("final_logit_softcapping"))
     if (!cap->is_null() && !(cap->is_number() && cap->get<double>() <= 0))
-      r.fail("final_logit_softcapping", "value " + cap->dump() + " caps logits this drafter does not cap " +
-                                            "(accepted: absent, null or 0)");
+      r.fail("final_logit_softcapping",
+             "value " + cap->dump() + " caps logits this drafter does not cap " + "(accepted: absent, null or 0)");
   if (const Json* rope = r.find("rope_parameters"))
     if (rope->is_object() && rope->contains("rope_type") && (*rope)["rope_type"] != "default")
       r.fail("rope_parameters.rope_type", "value " + (*rope)["rope_type"].dump() +
@@ -158,9 +158,9 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
                 ", but the experiment's drafter reads target layers " + list_str(want.target_layer_ids) +
                 " (from [drafter] target_layer_ids); accepted: the same ids");
   if (got.is_causal != want.is_causal)
-    throw Error(file + ": is_causal = " + (got.is_causal ? "true" : "false") + ", but the experiment's drafter attends " +
-                (want.is_causal ? "causally" : "bidirectionally") + " inside a block (from [mask] in_block); " +
-                "accepted: a folder trained with the same in_block");
+    throw Error(file + ": is_causal = " + (got.is_causal ? "true" : "false") +
+                ", but the experiment's drafter attends " + (want.is_causal ? "causally" : "bidirectionally") +
+                " inside a block (from [mask] in_block); " + "accepted: a folder trained with the same in_block");
   if (got.rope_theta != want.rope_theta || got.rms_eps != want.rms_eps)
     throw Error(file + ": rope_theta = " + std::to_string(got.rope_theta) + ", rms_norm_eps = " +
                 std::to_string(got.rms_eps) + ", but the experiment's drafter has " + std::to_string(want.rope_theta) +

@@ -1,7 +1,7 @@
-// A DFlash drafter as a Hugging Face folder (the dflash plugin's serving format): config.json + model.safetensors in the layout
-// the public DFlash reference (z-lab/dflash, dflash/model.py: DFlashDraftModel) and the
-// serving engines that load DFlash drafters read. Export writes it; import reads one
-// back into the experiment's drafter after checking that it is the same drafter.
+// A DFlash drafter as a Hugging Face folder (the dflash plugin's serving format): config.json + model.safetensors in
+// the layout the public DFlash reference (z-lab/dflash, dflash/model.py: DFlashDraftModel) and the serving engines that
+// load DFlash drafters read. Export writes it; import reads one back into the experiment's drafter after checking that
+// it is the same drafter.
 //
 // config.json (what each key means to a reader of the layout):
 //   architectures ["DFlashDraftModel"], model_type "qwen3" (the drafter's layers are Qwen3
@@ -64,8 +64,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const La
 // resolved [drafter] table and the target it was bound to.
 // `mask` / `mask_table`: the experiment's [mask] generator and its table; a generator the
 // layout cannot express is an Error naming it.
-Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
-                               c10::ScalarType dtype, const std::string& mask, const Config& mask_table);
+Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype,
+                const std::string& mask, const Config& mask_table);
 
 std::string config_json(const Layout& layout);
 // Reads <folder>/config.json; throws Error naming the file, the key and what is accepted.

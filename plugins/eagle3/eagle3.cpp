@@ -117,7 +117,8 @@ class Eagle3Drafter final : public Drafter {
                                      " gives the drafter no token to propose (accepted: 1 or more; it is clamped to "
                                      "the target's vocabulary; EAGLE-3 uses 32000)");
     if (!layer_ids_.empty() && layer_ids_.size() != 3)
-      config.fail("target_layers", "target_layers = " + list_str(layer_ids_) + " has " + str(int64_t(layer_ids_.size())) +
+      config.fail("target_layers", "target_layers = " + list_str(layer_ids_) + " has " +
+                                       str(int64_t(layer_ids_.size())) +
                                        " ids; EAGLE-3's fc reads exactly 3 (low, mid, high), e.g. [1, 15, 28]");
     if (heads_ % kv_heads_ != 0)
       config.fail("kv_heads", "heads = " + str(heads_) + " is not a multiple of kv_heads = " + str(kv_heads_) +
@@ -144,7 +145,8 @@ class Eagle3Drafter final : public Drafter {
 
   void bind(const TargetModel& target, const RunContext& ctx, int64_t batch_size, int64_t seq_len) override {
     if (hidden_ > 0 && hidden_ != target.hidden)
-      config_.fail("hidden", "hidden = " + str(hidden_) + " differs from the target's hidden size " + str(target.hidden) +
+      config_.fail("hidden", "hidden = " + str(hidden_) + " differs from the target's hidden size " +
+                                 str(target.hidden) +
                                  " (the drafter reads the target's embedding and hidden states; use " +
                                  str(target.hidden) + " or 0)");
     hidden_ = target.hidden;
@@ -153,14 +155,16 @@ class Eagle3Drafter final : public Drafter {
                                 " (accepted: a number of heads that divides it, or an explicit head_dim)");
     if (head_dim_ == 0) head_dim_ = hidden_ / heads_;
     if (head_dim_ % 2 != 0)
-      config_.fail("head_dim", "head_dim = " + str(head_dim_) + " is odd; RoPE's rotate-half layout needs an even width");
+      config_.fail("head_dim",
+                   "head_dim = " + str(head_dim_) + " is odd; RoPE's rotate-half layout needs an even width");
     if (ffn_ == 0) ffn_ = 4 * hidden_;
     if (seq_len < 2)
       config_.fail("ttt_steps", "the data's sequences of " + str(seq_len) +
                                     " tokens leave nothing to predict (EAGLE-3 needs at least 3)");
     if (layer_ids_.empty() && target.layers < 7 && ctx.say)
-      ctx.say("eagle3: the target has " + str(target.layers) + " layers (fewer than 7): the default ids {1, L/2-1, L-4} " +
-              "would not be distinct; fc reads layers " + list_str(default_ids(target.layers)) + " (spread evenly)");
+      ctx.say("eagle3: the target has " + str(target.layers) +
+              " layers (fewer than 7): the default ids {1, L/2-1, L-4} " + "would not be distinct; fc reads layers " +
+              list_str(default_ids(target.layers)) + " (spread evenly)");
     const std::vector<int64_t> ids = target_layers(target);
     feature_index_.clear();
     for (int64_t id : ids) {
@@ -280,7 +284,8 @@ class Eagle3Drafter final : public Drafter {
 
       // The counted rows of this step and their targets (rows + 1 + i: the target position).
       const at::Tensor rows = plan.rows[static_cast<size_t>(i)], at_target = rows + (1 + i);
-      const at::Tensor logits = at::linear(rms_norm(h.reshape({B * S, H}).index_select(0, rows), final_norm_), lm_head_);
+      const at::Tensor logits =
+          at::linear(rms_norm(h.reshape({B * S, H}).index_select(0, rows), final_norm_), lm_head_);
       const at::Tensor logq = at::log_softmax(logits.to(at::kFloat), -1);
       const at::Tensor p = target.probs.index_select(0, at_target);
       const at::Tensor counted = target.in_draft.index_select(0, at_target);
@@ -358,7 +363,8 @@ class Eagle3Drafter final : public Drafter {
       // Column p - 1 pairs fc(states at p - 1) with the token at p.
       const at::Tensor column = pos - 1;
       const at::Tensor previous = fused_.gather(1, column.clamp_min(0).unsqueeze(-1).expand({B, T, H}));
-      const at::Tensor e = d_.embedding_.index_select(0, tokens.to(d_.device_, at::kLong).reshape({-1})).view({B, T, H});
+      const at::Tensor e =
+          d_.embedding_.index_select(0, tokens.to(d_.device_, at::kLong).reshape({-1})).view({B, T, H});
       const at::Tensor x = at::cat({d_.rms_norm(e, d_.input_norm_), d_.rms_norm(previous, d_.hidden_norm_)}, -1);
       const auto [cos, sin] = tables(column.clamp_min(0));
       const at::Tensor k = rope(d_.heads_of(at::linear(x, d_.k_proj_), d_.kv_heads_), cos, sin);
@@ -387,8 +393,9 @@ class Eagle3Drafter final : public Drafter {
           throw std::invalid_argument("eagle3 decoder: " + str(c) + " proposals asked of row " + str(b) +
                                       "; a chain of " + str(n) + " steps proposes 0.." + str(n));
         if (c > 0 && a < 1)
-          throw std::invalid_argument("eagle3 decoder: row " + str(b) + " proposes after position " + str(a) +
-                                      "; the chain starts at the column before it, so position 0 cannot be drafted from");
+          throw std::invalid_argument(
+              "eagle3 decoder: row " + str(b) + " proposes after position " + str(a) +
+              "; the chain starts at the column before it, so position 0 cannot be drafted from");
         K = std::max(K, c);
         column[static_cast<size_t>(b)] = std::max<int64_t>(a - 1, 0);
         mask.anchors.push_back({column[static_cast<size_t>(b)]});
@@ -468,12 +475,12 @@ class Eagle3Drafter final : public Drafter {
 
   // The host side of a step.
   struct Plan {
-    MaskInput mask;                  // q_len = S; kv_len set per step; the rows' documents
-    at::Tensor next_tokens;          // [n, B, S] on the device: x_{t+1+i} (0 past the sequence)
-    std::vector<at::Tensor> rows;    // per step: flat b * S + t of the positions that may count
-    std::vector<int64_t> doc_end;    // [B * S] end (exclusive) of t's document, within the length
+    MaskInput mask;                   // q_len = S; kv_len set per step; the rows' documents
+    at::Tensor next_tokens;           // [n, B, S] on the device: x_{t+1+i} (0 past the sequence)
+    std::vector<at::Tensor> rows;     // per step: flat b * S + t of the positions that may count
+    std::vector<int64_t> doc_end;     // [B * S] end (exclusive) of t's document, within the length
     at::Tensor tokens_cpu, mask_cpu;  // [B, S] int64 / uint8 (mask undefined: every position)
-    int64_t counted_step0 = 0;       // step-0 rows (the batch's loss weight)
+    int64_t counted_step0 = 0;        // step-0 rows (the batch's loss weight)
   };
 
   struct TargetSide {
@@ -534,7 +541,8 @@ class Eagle3Drafter final : public Drafter {
       }
     std::vector<int64_t> order(static_cast<size_t>(vocab_));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[size_t(a)] > count[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return count[size_t(a)] > count[size_t(b)]; });
     std::vector<int64_t> chosen(order.begin(), order.begin() + draft_vocab_);
     std::sort(chosen.begin(), chosen.end());
     int64_t covered = 0;
@@ -545,11 +553,12 @@ class Eagle3Drafter final : public Drafter {
     d2t_ = d2t.to(device_);
     t2d_ = t2d.to(device_);
     if (ctx.say)
-      ctx.say("eagle3: draft vocabulary of " + str(draft_vocab_) + " tokens (of " + str(vocab_) +
-              "), the most frequent at loss-carrying positions of " + str(read) + " training batches (" + str(positions) +
-              " positions; the draft vocabulary covers " +
-              (positions > 0 ? str(int64_t(std::llround(100.0 * double(covered) / double(positions)))) : std::string("-")) +
-              "% of them)" + (ctx.train_batch ? "" : " -- no data given: the lowest ids"));
+      ctx.say(
+          "eagle3: draft vocabulary of " + str(draft_vocab_) + " tokens (of " + str(vocab_) +
+          "), the most frequent at loss-carrying positions of " + str(read) + " training batches (" + str(positions) +
+          " positions; the draft vocabulary covers " +
+          (positions > 0 ? str(int64_t(std::llround(100.0 * double(covered) / double(positions)))) : std::string("-")) +
+          "% of them)" + (ctx.train_batch ? "" : " -- no data given: the lowest ids"));
   }
 
   Plan plan_step(const Batch& batch) const {
@@ -572,7 +581,8 @@ class Eagle3Drafter final : public Drafter {
         docs = {length};
       int64_t used = 0;
       for (int64_t d : docs) {
-        for (int64_t t = used; t < std::min(used + d, S); ++t) plan.doc_end[size_t(b * S + t)] = std::min(used + d, length);
+        for (int64_t t = used; t < std::min(used + d, S); ++t)
+          plan.doc_end[size_t(b * S + t)] = std::min(used + d, length);
         used += d;
       }
       if (used < S) docs.push_back(S - used);  // padding: a document of its own (no loss)
@@ -687,4 +697,5 @@ class Eagle3Drafter final : public Drafter {
 
 FLASHDRAFT_PLUGIN(drafter, "eagle3", "0.1.0",
                   "EAGLE-3 drafter: one Llama layer on the token embedding and fused target states, trained "
-                  "with the training-time-test unroll", flashdraft::Eagle3Drafter)
+                  "with the training-time-test unroll",
+                  flashdraft::Eagle3Drafter)

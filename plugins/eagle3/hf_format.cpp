@@ -65,10 +65,13 @@ std::vector<int64_t> shape_of(const Named& named, const std::string& name) {
 struct Reader {
   const Json& j;
   std::string file;
-  [[noreturn]] void fail(const std::string& key, const std::string& why) const { throw Error(file + ": " + key + ": " + why); }
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw Error(file + ": " + key + ": " + why);
+  }
   int64_t integer(const std::string& key) const {
     if (!j.contains(key) || !j[key].is_number_integer())
-      fail(key, j.contains(key) ? "value " + j[key].dump() + " is not an integer" : "missing (an EAGLE-3 drafter's config.json has it)");
+      fail(key, j.contains(key) ? "value " + j[key].dump() + " is not an integer"
+                                : "missing (an EAGLE-3 drafter's config.json has it)");
     return j[key].get<int64_t>();
   }
   double real(const std::string& key, double fallback) const {
@@ -199,7 +202,8 @@ Layout read_config_text(const std::string& text, const std::string& file) {
   if (!ids || !ids->is_array() || ids->size() != 3)
     r.fail("eagle_config.eagle_aux_hidden_state_layer_ids", "missing or not a list of 3 layer ids");
   for (const auto& x : *ids) {
-    if (!x.is_number_integer()) r.fail("eagle_config.eagle_aux_hidden_state_layer_ids", "entry " + x.dump() + " is not an integer");
+    if (!x.is_number_integer())
+      r.fail("eagle_config.eagle_aux_hidden_state_layer_ids", "entry " + x.dump() + " is not an integer");
     l.aux_layer_ids.push_back(x.get<int64_t>() - 1);  // vLLM's "input of layer l + 1" -> flashdraft's l
   }
   if (j.contains("flashdraft") && j["flashdraft"].is_object()) {
@@ -219,7 +223,8 @@ void write(const std::string& folder, const Layout& layout, const Named& tensors
     if (!found) throw Error("cannot export: the drafter has no tensor '" + name + "' " + list_str(shape));
     const std::vector<int64_t> have(found->sizes().begin(), found->sizes().end());
     if (have != shape)
-      throw Error("cannot export: tensor '" + name + "' has shape " + list_str(have) + ", the layout says " + list_str(shape));
+      throw Error("cannot export: tensor '" + name + "' has shape " + list_str(have) + ", the layout says " +
+                  list_str(shape));
     at::Tensor t = found->detach().to(at::kCPU);
     // A weights file stores every tensor as float32: the maps come back exact (ids < 2^24).
     if (name == "t2d" && t.scalar_type() != at::kBool) t = t.ne(0);
@@ -258,15 +263,19 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
                   f.key + " = " + std::to_string(f.wanted));
   if (got.aux_layer_ids != want.aux_layer_ids)
     throw Error(file + ": eagle_config.eagle_aux_hidden_state_layer_ids names target layers " +
-                list_str(got.aux_layer_ids) + " (flashdraft ids, the file's minus 1), but the experiment's drafter reads " +
+                list_str(got.aux_layer_ids) +
+                " (flashdraft ids, the file's minus 1), but the experiment's drafter reads " +
                 list_str(want.aux_layer_ids) + " (from [drafter] target_layers); accepted: the same ids");
   const std::unique_ptr<safetensors::Checkpoint> ck = drafter_format::open_checkpoint(folder);
   const auto shapes = tensor_shapes(got);
   for (const auto& [name, shape] : shapes) {
     const safetensors::TensorInfo* info = ck->find(name);
-    if (!info) throw Error(folder + ": tensor '" + name + "' " + list_str(shape) + " is missing (an EAGLE-3 drafter of this config.json has it)");
+    if (!info)
+      throw Error(folder + ": tensor '" + name + "' " + list_str(shape) +
+                  " is missing (an EAGLE-3 drafter of this config.json has it)");
     if (info->shape != shape)
-      throw Error(folder + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", config.json implies " + list_str(shape));
+      throw Error(folder + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", config.json implies " +
+                  list_str(shape));
     if (info->dtype != stored_dtype(name, got.dtype))
       throw Error(folder + ": tensor '" + name + "' is stored as " + info->dtype + " (accepted: " +
                   stored_dtype(name, got.dtype) + ", from config.json's torch_dtype " + got.dtype + ")");
@@ -275,8 +284,9 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
     bool known = false;
     for (const auto& s : shapes) known = known || s.first == name;
     if (!known)
-      throw Error(folder + ": holds tensor '" + name + "', which an EAGLE-3 drafter does not have (accepted: exactly the " +
-                  std::to_string(shapes.size()) + " tensors of the layout)");
+      throw Error(folder + ": holds tensor '" + name +
+                  "', which an EAGLE-3 drafter does not have (accepted: exactly the " + std::to_string(shapes.size()) +
+                  " tensors of the layout)");
   }
   drafter_format::copy_into(folder, *ck, tensors);
 }

@@ -1,9 +1,8 @@
-// An EAGLE-3 drafter as a Hugging Face folder (the eagle3 plugin's serving format): config.json + model.safetensors in the layout
-// vLLM and SGLang load as `LlamaForCausalLMEagle3` (one Llama decoder layer, "midlayer",
-// whose attention input is [input_layernorm(embedding) | hidden_norm(hidden)], a fused
-// projection `fc` of three target hidden states, a final norm and an LM head over a reduced
-// draft vocabulary with its maps). Export writes it; import reads one back into the
-// experiment's drafter after checking that it is the same drafter.
+// An EAGLE-3 drafter as a Hugging Face folder (the eagle3 plugin's serving format): config.json + model.safetensors in
+// the layout vLLM and SGLang load as `LlamaForCausalLMEagle3` (one Llama decoder layer, "midlayer", whose attention
+// input is [input_layernorm(embedding) | hidden_norm(hidden)], a fused projection `fc` of three target hidden states, a
+// final norm and an LM head over a reduced draft vocabulary with its maps). Export writes it; import reads one back
+// into the experiment's drafter after checking that it is the same drafter.
 //
 // config.json: architectures ["LlamaForCausalLMEagle3"], model_type "llama", hidden_size,
 //   num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
@@ -48,8 +47,8 @@ struct Layout {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
 // The layout of a bound "eagle3" drafter (sizes from its tensors and its resolved table).
-Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target,
-                               c10::ScalarType dtype, int64_t seq_len);
+Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype,
+                int64_t seq_len);
 std::string config_json(const Layout& layout);
 Layout read_config_file(const std::string& file);
 // The same from config.json's text; `file` names it in errors.

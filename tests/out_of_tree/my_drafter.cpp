@@ -6,8 +6,8 @@
 #include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
 
-#include <torch/types.h>
 #include <torch/nn/functional.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <fstream>

@@ -25,15 +25,15 @@ class MyKernel final : public AttentionKernel {
   }
   BlockSize block_size(const AttentionProblem&) const override { return {64, 64}; }
 
-  AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const BlockMaskTensors& mask, double scale) override {
+  AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask,
+                           double scale) override {
     auto [p, lse] = probabilities(q, k, mask, scale);
     return {torch::matmul(p, widen(v, q)).to(q.scalar_type()), lse, "my_kernel/dense"};
   }
 
-  AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, const at::Tensor&, const at::Tensor&,
-                             const BlockMaskTensors& mask, double scale) override {
+  AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor&, const at::Tensor&, const BlockMaskTensors& mask,
+                             double scale) override {
     auto [p, lse] = probabilities(q, k, mask, scale);
     const at::Tensor g = dout.to(torch::kFloat), dp = torch::matmul(g, widen(v, q).transpose(-1, -2));
     const at::Tensor ds = p * (dp - (dp * p).sum(-1, true)) * scale;  // softmax backward
@@ -42,8 +42,8 @@ class MyKernel final : public AttentionKernel {
       return t.view({t.size(0), k.size(1), groups, t.size(2), t.size(3)}).sum(2).to(k.scalar_type());
     };
     return {torch::matmul(ds, widen(k, q)).to(q.scalar_type()),
-            fold(torch::matmul(ds.transpose(-1, -2), q.to(torch::kFloat))),
-            fold(torch::matmul(p.transpose(-1, -2), g)), "my_kernel/dense"};
+            fold(torch::matmul(ds.transpose(-1, -2), q.to(torch::kFloat))), fold(torch::matmul(p.transpose(-1, -2), g)),
+            "my_kernel/dense"};
   }
 
  private:

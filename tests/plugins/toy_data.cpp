@@ -11,7 +11,10 @@ using namespace flashdraft;
 class ToyData final : public Dataset {
  public:
   explicit ToyData(const Config& c)
-      : vocab_(c.integer("vocab")), seq_(c.integer("seq_len")), batch_(c.integer("batch_size")), hidden_(c.integer("hidden")) {}
+      : vocab_(c.integer("vocab")),
+        seq_(c.integer("seq_len")),
+        batch_(c.integer("batch_size")),
+        hidden_(c.integer("hidden")) {}
   static void declare(Schema& s) {
     s.integer("vocab", "vocabulary size").def(int64_t(32)).range(2, 1 << 20);
     s.integer("seq_len", "tokens per sequence").def(int64_t(16)).range(2, 1 << 20);

@@ -2,8 +2,8 @@
 // dispatcher -> logits; next-token loss. Small enough for tests to run in seconds.
 #include <flashdraft/model.hpp>
 
-#include <torch/types.h>
 #include <torch/nn/functional.h>
+#include <torch/types.h>
 
 namespace {
 
@@ -25,7 +25,8 @@ class ToyDrafter final : public Drafter {
     device_ = ctx.device;
     const int64_t w = heads_ * head_dim_;
     embed_ = (torch::randn({vocab_, w}) * 0.1).requires_grad_();
-    for (int64_t l = 0; l < layers_; ++l) qkv_.push_back((torch::randn({w, 3 * w}) / std::sqrt(double(w))).requires_grad_());
+    for (int64_t l = 0; l < layers_; ++l)
+      qkv_.push_back((torch::randn({w, 3 * w}) / std::sqrt(double(w))).requires_grad_());
     out_ = (torch::randn({w, vocab_}) / std::sqrt(double(w))).requires_grad_();
   }
   std::vector<std::pair<std::string, at::Tensor>> parameters() override {
@@ -52,7 +53,9 @@ class ToyDrafter final : public Drafter {
     attention.set_mask(in);
     at::Tensor x = embed_.index_select(0, batch.tokens.reshape({-1})).view({batch_, seq_, -1});
     for (int64_t l = 0; l < layers_; ++l) {
-      auto qkv = torch::matmul(x, qkv_[static_cast<size_t>(l)]).view({batch_, seq_, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});
+      auto qkv = torch::matmul(x, qkv_[static_cast<size_t>(l)])
+                     .view({batch_, seq_, 3, heads_, head_dim_})
+                     .permute({2, 0, 3, 1, 4});
       at::Tensor o = attention.attention(l, qkv[0], qkv[1], qkv[2], 1.0 / std::sqrt(double(head_dim_)));
       x = x + o.permute({0, 2, 1, 3}).reshape({batch_, seq_, -1});
     }

@@ -58,7 +58,8 @@ class ToyKernel final : public AttentionKernel {
       return t.view({t.size(0), k.size(1), groups, t.size(2), t.size(3)}).sum(2).to(k.scalar_type());
     };
     return {dq.to(q.scalar_type()), fold(dk), fold(dv),
-            backward_variant_.empty() || backward_calls_++ < fallback_after_ ? std::string(TOY_KERNEL_NAME) + "/bwd" : backward_variant_};
+            backward_variant_.empty() || backward_calls_++ < fallback_after_ ? std::string(TOY_KERNEL_NAME) + "/bwd"
+                                                                             : backward_variant_};
   }
 
  private:

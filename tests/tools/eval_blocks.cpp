@@ -136,8 +136,8 @@ int run(int argc, char** argv) {
   };
   add_tally("served_", result->served);
   add_tally("served_data_", result->served_data);
-  fd::safetensors::write(argv[2], out,
-                         {{"tau_anchor_method", result->tau_anchor_method}, {"tau_served_method", result->served_method}});
+  fd::safetensors::write(
+      argv[2], out, {{"tau_anchor_method", result->tau_anchor_method}, {"tau_served_method", result->served_method}});
   std::cout << fd::eval_line(*result) << "\n";
   return 0;
 }

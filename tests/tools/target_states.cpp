@@ -87,7 +87,8 @@ int run(int argc, char** argv) {
   std::vector<std::pair<std::string, at::Tensor>> out = {{"hidden", hidden.contiguous()}};
   for (size_t i = 0; i < layers.size(); ++i)
     if (layers[i] == model.layers - 1)
-      out.push_back({"logits", at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)).contiguous()});
+      out.push_back(
+          {"logits", at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)).contiguous()});
   fd::safetensors::write(argv[4], out, {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
   std::cout << model.source << "\nkernels " << ledger.summary(fd::Phase::forward) << "\n";
   return 0;

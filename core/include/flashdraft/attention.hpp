@@ -65,21 +65,18 @@ class FLASHDRAFT_API AttentionKernel : public PluginObject {
   virtual Support supports(const AttentionProblem& problem) const = 0;
   // The tile size the kernel wants its BlockMask built at, for this problem.
   virtual BlockSize block_size(const AttentionProblem& problem) const = 0;
-  virtual AttentionForward forward(const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v, const BlockMaskTensors& mask,
-                                   double scale) = 0;
-  virtual AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q,
-                                     const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& out, const at::Tensor& lse,
+  virtual AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const BlockMaskTensors& mask, double scale) = 0;
+  virtual AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                      const BlockMaskTensors& mask, double scale) = 0;
 };
 
 // A variant is the kernel's own when it is the kernel's name or starts with
 // "<name>/"; anything else reported by a call is a fallback.
 inline bool variant_belongs_to(const std::string& variant, const std::string& kernel) {
-  return variant == kernel ||
-         (variant.size() > kernel.size() && variant.compare(0, kernel.size(), kernel) == 0 &&
-          variant[kernel.size()] == '/');
+  return variant == kernel || (variant.size() > kernel.size() && variant.compare(0, kernel.size(), kernel) == 0 &&
+                               variant[kernel.size()] == '/');
 }
 
 }  // namespace flashdraft

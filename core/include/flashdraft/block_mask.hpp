@@ -37,12 +37,12 @@
 namespace flashdraft {
 
 struct FLASHDRAFT_API BlockMask {
-  int64_t batch = 1;    // mask batch extent (1 = shared across the batch)
-  int64_t heads = 1;    // mask head extent (1 = shared across heads)
-  int64_t q_len = 0;    // Lq
-  int64_t kv_len = 0;   // Lkv
-  int64_t block_q = 0;  // BQ
-  int64_t block_kv = 0; // BKV
+  int64_t batch = 1;     // mask batch extent (1 = shared across the batch)
+  int64_t heads = 1;     // mask head extent (1 = shared across heads)
+  int64_t q_len = 0;     // Lq
+  int64_t kv_len = 0;    // Lkv
+  int64_t block_q = 0;   // BQ
+  int64_t block_kv = 0;  // BKV
 
   std::vector<int32_t> full_offset, full_index;
   std::vector<int32_t> part_offset, part_index;
@@ -77,8 +77,7 @@ struct FLASHDRAFT_API BlockMask {
 // indices, and finish() builds offsets and the transpose.
 class FLASHDRAFT_API BlockMaskBuilder {
  public:
-  BlockMaskBuilder(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len,
-                   int64_t block_q, int64_t block_kv);
+  BlockMaskBuilder(int64_t batch, int64_t heads, int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv);
   void begin_row();  // next (b, h, i) row in order
   void add_full(int32_t kv_block);
   // Returns the tile's bitmap words (zeroed, words_per_tile() long) to fill.

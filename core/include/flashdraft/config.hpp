@@ -19,8 +19,8 @@ namespace flashdraft {
 enum class ValueType { integer, real, boolean, string, integer_list, real_list, string_list };
 FLASHDRAFT_API const char* to_string(ValueType type);
 
-using Value = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>,
-                           std::vector<double>, std::vector<std::string>>;
+using Value = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>,
+                           std::vector<std::string>>;
 FLASHDRAFT_API std::string to_string(const Value& value);
 
 // Where a value came from: "experiments/x.toml:12:5".
@@ -40,16 +40,33 @@ struct FLASHDRAFT_API KeySpec {
   std::string name;
   ValueType type = ValueType::integer;
   std::string doc;
-  std::optional<Value> fallback;  // the default; none = required
-  std::optional<double> min, max;  // for numbers and each list element
-  std::vector<std::string> choices;  // for strings and each list element
+  std::optional<Value> fallback;                // the default; none = required
+  std::optional<double> min, max;               // for numbers and each list element
+  std::vector<std::string> choices;             // for strings and each list element
   std::optional<int64_t> min_items, max_items;  // for lists
 
-  KeySpec& def(Value v) { fallback = std::move(v); return *this; }
-  KeySpec& range(double lo, double hi) { min = lo; max = hi; return *this; }
-  KeySpec& at_least(double lo) { min = lo; return *this; }
-  KeySpec& one_of(std::vector<std::string> c) { choices = std::move(c); return *this; }
-  KeySpec& items(int64_t lo, int64_t hi) { min_items = lo; max_items = hi; return *this; }
+  KeySpec& def(Value v) {
+    fallback = std::move(v);
+    return *this;
+  }
+  KeySpec& range(double lo, double hi) {
+    min = lo;
+    max = hi;
+    return *this;
+  }
+  KeySpec& at_least(double lo) {
+    min = lo;
+    return *this;
+  }
+  KeySpec& one_of(std::vector<std::string> c) {
+    choices = std::move(c);
+    return *this;
+  }
+  KeySpec& items(int64_t lo, int64_t hi) {
+    min_items = lo;
+    max_items = hi;
+    return *this;
+  }
   std::string accepted() const;  // "an integer in [1, 64]", "one of \"a\", \"b\"", ...
 };
 

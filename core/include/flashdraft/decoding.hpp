@@ -23,8 +23,8 @@
 namespace flashdraft {
 
 struct Sampling {
-  double temperature = 0.0;  // 0: greedy (argmax; ties to the lowest token id)
-  double top_p = 1.0;        // in (0, 1]
+  double temperature = 0.0;            // 0: greedy (argmax; ties to the lowest token id)
+  double top_p = 1.0;                  // in (0, 1]
   at::Generator* generator = nullptr;  // draws of a sampled run (on the tensors' device)
   bool greedy() const { return temperature <= 0.0; }
 };

@@ -36,12 +36,12 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // What a format knows of the run besides the drafter's tensors.
 struct FormatInput {
-  const Config& drafter;       // the drafter's resolved [drafter] table
-  const TargetModel& target;   // the target it was bound to
-  c10::ScalarType dtype;       // the run's compute dtype: the folder's dtype
-  const std::string& mask;     // the [mask] generator's plugin name
-  const Config& mask_table;    // its resolved table
-  int64_t seq_len;             // the data's sequence length
+  const Config& drafter;      // the drafter's resolved [drafter] table
+  const TargetModel& target;  // the target it was bound to
+  c10::ScalarType dtype;      // the run's compute dtype: the folder's dtype
+  const std::string& mask;    // the [mask] generator's plugin name
+  const Config& mask_table;   // its resolved table
+  int64_t seq_len;            // the data's sequence length
 };
 
 class FLASHDRAFT_API DrafterFormat {

@@ -47,8 +47,7 @@ class FLASHDRAFT_API MaskGenerator : public PluginObject {
   // Throws std::invalid_argument naming the bad value when the input does not fit.
   virtual BlockMask build(const MaskInput& input, int64_t block_q, int64_t block_kv) const = 0;
   // The definition, element by element (b: batch element, h: head).
-  virtual bool visible(const MaskInput& input, int64_t b, int64_t h, int64_t q,
-                       int64_t kv) const = 0;
+  virtual bool visible(const MaskInput& input, int64_t b, int64_t h, int64_t q, int64_t kv) const = 0;
 };
 
 }  // namespace flashdraft

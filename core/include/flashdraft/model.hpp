@@ -49,7 +49,7 @@ struct Batch {
 
 // What every plugin gets to know about the run.
 struct RunContext {
-  std::string out_dir;            // the run's output folder (datasets cache here too)
+  std::string out_dir;  // the run's output folder (datasets cache here too)
   c10::Device device = c10::kCPU;
   c10::ScalarType dtype = c10::kFloat;  // compute dtype of the drafter
   uint64_t seed = 0;
@@ -116,8 +116,8 @@ class FLASHDRAFT_API AttentionContext {
   virtual void set_mask(const MaskInput& input) = 0;
   // Attention through the chosen kernel (autograd-aware; recorded in the ledger).
   // q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lkv, D].
-  virtual at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, double scale) = 0;
+  virtual at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               double scale) = 0;
   // The LM-head cross-entropy through the chosen loss variant (see LmHeadLossInput).
   virtual LmHeadLossOutput lm_head_loss(const LmHeadLossInput& input) = 0;
 };
@@ -182,10 +182,10 @@ class FLASHDRAFT_API Target : public PluginObject {
 // tokens at anchor + 1 .. anchor + BS - 1 (DFlash: one block of its mask; EAGLE-3: the
 // greedy tokens of its unroll steps 0..ttt_steps-1, BS = ttt_steps + 1).
 struct StepResult {
-  at::Tensor loss;                     // scalar, differentiable
-  std::vector<double> position_accuracy;  // per position (see above)
+  at::Tensor loss;                                      // scalar, differentiable
+  std::vector<double> position_accuracy;                // per position (see above)
   std::vector<std::pair<std::string, double>> scalars;  // extra metrics, e.g. tau_sim
-  int64_t tokens = 0;                  // tokens that carried loss
+  int64_t tokens = 0;                                   // tokens that carried loss
   // The loss's denominator (DFlash: the sum of the position weights w_j it averages
   // over): the weight of this batch when batches are joined (gradient accumulation, data
   // parallel). -1 = not given: `tokens` stands for it.
@@ -200,15 +200,14 @@ struct StepResult {
   // calls it after the backward and the optimizer step have been queued, so that reading
   // the metrics does not stall the device between the passes. Empty: they are filled.
   std::function<void(StepResult&)> deferred;
-  at::Tensor anchors;      // [B, N] int64: position of each block's first token (target verification)
+  at::Tensor anchors;  // [B, N] int64: position of each block's first token (target verification)
 };
 
 class FLASHDRAFT_API Drafter : public PluginObject {
  public:
   // Builds the modules against the target; throws ConfigError for sizes that do not
   // fit the target or the data (ids, vocabulary, sequence length).
-  virtual void bind(const TargetModel& target, const RunContext& ctx, int64_t batch_size,
-                    int64_t seq_len) = 0;
+  virtual void bind(const TargetModel& target, const RunContext& ctx, int64_t batch_size, int64_t seq_len) = 0;
   // The target layer ids the drafter reads (before bind()); for an online target the
   // engine computes exactly these. Default: every layer the target exports.
   virtual std::vector<int64_t> target_layers(const TargetModel& target) const { return target.exported_layers; }
@@ -237,8 +236,7 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   // first step (the log declares one column per name).
   virtual std::vector<std::string> scalar_names() const { return {}; }
   // One forward pass with loss and metrics. `rng` draws anchors and the like.
-  virtual StepResult step(const Batch& batch, AttentionContext& attention,
-                          at::Generator& rng, bool training) = 0;
+  virtual StepResult step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) = 0;
 
   // Serving (decoding.hpp): drafting as a server does it, for validation's served acceptance
   // length. max_proposals(): tokens one proposal call drafts at most (DFlash: block_size - 1;

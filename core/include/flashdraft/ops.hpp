@@ -41,8 +41,8 @@ FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& p
 // weights ones.
 class FLASHDRAFT_API ParamMaker {
  public:
-  ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt,
-             c10::Device device, c10::ScalarType dtype, double init_std);
+  ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt, c10::Device device,
+             c10::ScalarType dtype, double init_std);
   at::Tensor linear(const std::string& name, int64_t out, int64_t in);
   at::Tensor norm(const std::string& name, int64_t n);
 

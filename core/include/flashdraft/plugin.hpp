@@ -48,11 +48,11 @@ class PluginObject;
 // One row of plugin_kinds.def, as the engine uses it.
 struct PluginKindInfo {
   PluginKind kind;
-  const char* name;       // "drafter"
-  const char* interface;  // "flashdraft::Drafter"
-  const char* table;      // experiment table: "drafter", or "kernels" for [kernels.<name>]
-  bool listed;            // true: [attention].kernels lists several; false: `plugin = "..."`
-  bool optional;          // the table may be absent
+  const char* name;                                // "drafter"
+  const char* interface;                           // "flashdraft::Drafter"
+  const char* table;                               // experiment table: "drafter", or "kernels" for [kernels.<name>]
+  bool listed;                                     // true: [attention].kernels lists several; false: `plugin = "..."`
+  bool optional;                                   // the table may be absent
   bool (*implements)(const PluginObject* object);  // the object implements the interface
 };
 // Every kind, in the order of plugin_kinds.def.
@@ -74,10 +74,9 @@ struct BuildFingerprint {
 #else
 #define FLASHDRAFT_COMPILER_MAJOR __GNUC__
 #endif
-#define FLASHDRAFT_BUILD_FINGERPRINT                                                  \
-  ::flashdraft::BuildFingerprint {                                                    \
-    FLASHDRAFT_TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI, FLASHDRAFT_WITH_CUDA,           \
-        FLASHDRAFT_COMPILER_MAJOR                                                     \
+#define FLASHDRAFT_BUILD_FINGERPRINT                                                                  \
+  ::flashdraft::BuildFingerprint {                                                                    \
+    FLASHDRAFT_TORCH_VERSION, _GLIBCXX_USE_CXX11_ABI, FLASHDRAFT_WITH_CUDA, FLASHDRAFT_COMPILER_MAJOR \
   }
 
 // Base of every object a plugin creates. Its virtual destructor is defined in the
@@ -95,7 +94,7 @@ struct PluginDescriptor {
   const char* version;
   const char* summary;
   BuildFingerprint fingerprint;
-  void (*declare)(Schema& schema);              // keys of the plugin's table
+  void (*declare)(Schema& schema);                // keys of the plugin's table
   PluginObject* (*create)(const Config& config);  // new object of the kind's interface
 };
 
@@ -108,19 +107,18 @@ PluginObject* create_plugin(const Config& config) {
 
 }  // namespace flashdraft
 
-#define FLASHDRAFT_PLUGIN(KIND, NAME, VERSION, SUMMARY, CLASS)                           \
-  namespace {                                                                           \
-  const ::flashdraft::PluginDescriptor* flashdraft_plugin_entry() {                     \
-    static const ::flashdraft::PluginDescriptor descriptor{                             \
-        FLASHDRAFT_PLUGIN_API_VERSION,                                                  \
-        ::flashdraft::PluginKind::KIND,                                                 \
-        NAME,                                                                           \
-        VERSION,                                                                        \
-        SUMMARY,                                                                        \
-        FLASHDRAFT_BUILD_FINGERPRINT,                                                   \
-        &CLASS::declare,                                                                \
-        &::flashdraft::detail::create_plugin<CLASS>};                                   \
-    return &descriptor;                                                                 \
-  }                                                                                     \
-  }                                                                                     \
+#define FLASHDRAFT_PLUGIN(KIND, NAME, VERSION, SUMMARY, CLASS)                                           \
+  namespace {                                                                                            \
+  const ::flashdraft::PluginDescriptor* flashdraft_plugin_entry() {                                      \
+    static const ::flashdraft::PluginDescriptor descriptor{FLASHDRAFT_PLUGIN_API_VERSION,                \
+                                                           ::flashdraft::PluginKind::KIND,               \
+                                                           NAME,                                         \
+                                                           VERSION,                                      \
+                                                           SUMMARY,                                      \
+                                                           FLASHDRAFT_BUILD_FINGERPRINT,                 \
+                                                           &CLASS::declare,                              \
+                                                           &::flashdraft::detail::create_plugin<CLASS>}; \
+    return &descriptor;                                                                                  \
+  }                                                                                                      \
+  }                                                                                                      \
   BOOST_DLL_ALIAS(flashdraft_plugin_entry, flashdraft_plugin)

@@ -38,11 +38,11 @@ class FLASHDRAFT_API Error : public std::runtime_error {
 
 struct TensorInfo {
   std::string name;
-  std::string dtype;           // as in the file: "F32", "BF16", "F16", "I64", ...
-  c10::ScalarType scalar_type; // the same as a LibTorch dtype
+  std::string dtype;            // as in the file: "F32", "BF16", "F16", "I64", ...
+  c10::ScalarType scalar_type;  // the same as a LibTorch dtype
   std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0; // byte offsets in the data section
-  std::string file;            // the file it lives in
+  uint64_t begin = 0, end = 0;  // byte offsets in the data section
+  std::string file;             // the file it lives in
 };
 
 // One file, memory-mapped for the object's lifetime.
@@ -54,7 +54,7 @@ class FLASHDRAFT_API File {
   File& operator=(const File&) = delete;
 
   const std::string& path() const;
-  const std::vector<TensorInfo>& tensors() const;  // in file order
+  const std::vector<TensorInfo>& tensors() const;         // in file order
   const TensorInfo* find(const std::string& name) const;  // null: not in the file
   const std::map<std::string, std::string>& metadata() const;
   // The tensor on `device` in `dtype` (a copy; the map is not referenced afterwards).

@@ -10,9 +10,9 @@
 // meaningless; its cost is a real drafter's.
 #include <flashdraft/model.hpp>
 
-#include <ATen/detail/CUDAHooksInterface.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <mutex>
 
@@ -88,8 +88,8 @@ class RandomTarget final : public Target {
   int64_t prepare(const std::vector<int64_t>& layers) override {
     for (int64_t l : layers)
       if (l < 0 || l >= layers_)
-        throw std::invalid_argument("random target: layer " + std::to_string(l) + " requested, the target has layers 0.." +
-                                    std::to_string(layers_ - 1));
+        throw std::invalid_argument("random target: layer " + std::to_string(l) +
+                                    " requested, the target has layers 0.." + std::to_string(layers_ - 1));
     return 0;
   }
 
