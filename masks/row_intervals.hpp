@@ -58,6 +58,71 @@ struct RowScratch {
   std::vector<int64_t> lo, hi;
 };
 
+// Per family k of one query block's rows: whether any / all rows have a non-empty
+// interval k, and the range of lo and hi over the non-empty ones.
+template <int K>
+struct BlockRows {
+  bool any[K], all[K];
+  int64_t min_lo[K], max_lo[K], min_hi[K], max_hi[K];
+};
+
+// Evaluates the qn rows from q0 into s.lo / s.hi (clipped to [0, kv_len), empty ones as
+// [0, 0)) and gathers their per-family ranges into br.
+template <int K, class RowFn>
+inline void read_block_rows(RowFn& row_fn, RowScratch& s, int64_t q0, int64_t qn, int64_t kv_len, BlockRows<K>& br) {
+  for (int k = 0; k < K; ++k) {
+    br.any[k] = false;
+    br.all[k] = true;
+    br.min_lo[k] = br.min_hi[k] = kv_len;
+    br.max_lo[k] = br.max_hi[k] = 0;
+  }
+  for (int64_t r = 0; r < qn; ++r) {
+    int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
+    int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
+    row_fn(q0 + r, lo, hi);
+    for (int k = 0; k < K; ++k) {
+      lo[k] = std::max<int64_t>(lo[k], 0);
+      hi[k] = std::min<int64_t>(hi[k], kv_len);
+      if (lo[k] >= hi[k]) {
+        lo[k] = hi[k] = 0;
+        br.all[k] = false;
+        continue;
+      }
+      br.any[k] = true;
+      br.min_lo[k] = std::min(br.min_lo[k], lo[k]);
+      br.max_lo[k] = std::max(br.max_lo[k], lo[k]);
+      br.min_hi[k] = std::min(br.min_hi[k], hi[k]);
+      br.max_hi[k] = std::max(br.max_hi[k], hi[k]);
+    }
+  }
+}
+
+// Adds KV block j of the query block whose qn clipped rows are in s, classified by
+// counting: the union length of each row's intervals clipped to [k0, k1). Skips an empty
+// tile, lists a full one, and fills the bitmap of a real partial one only.
+template <int K>
+inline void add_counted_tile(BlockMaskBuilder& builder, const RowScratch& s, int64_t qn, int64_t kv_len, int64_t bkv,
+                             int64_t wpr, int64_t j) {
+  const int64_t k0 = j * bkv, k1 = std::min(k0 + bkv, kv_len);
+  int64_t set = 0;
+  for (int64_t r = 0; r < qn; ++r)
+    set += clipped_union(&s.lo[static_cast<size_t>(r * K)], &s.hi[static_cast<size_t>(r * K)], K, k0, k1);
+  if (set == 0) return;
+  if (set == qn * (k1 - k0)) {
+    builder.add_full(static_cast<int32_t>(j));
+    return;
+  }
+  uint32_t* t = builder.add_partial(static_cast<int32_t>(j));  // zeroed
+  for (int64_t r = 0; r < qn; ++r) {
+    const int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
+    const int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
+    for (int k = 0; k < K; ++k) {
+      const int64_t a = std::max(lo[k], k0), b = std::min(hi[k], k1);
+      if (a < b) set_bit_range(t + r * wpr, a - k0, b - k0);
+    }
+  }
+}
+
 // Appends the rows of one (batch, head) slice to `builder`: begin_row() for every query
 // block in order, then its tiles in ascending KV block order.
 //   row_fn(q, lo, hi) writes K intervals for query row q (empty ones as lo >= hi; values
@@ -75,45 +140,20 @@ void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t
     builder.begin_row();
     const int64_t q0 = i * bq, qn = std::min(bq, q_len - q0);
     // Rows of this block, clipped; per family: range of lo/hi over non-empty rows.
-    bool any[K], all[K];
-    int64_t min_lo[K], max_lo[K], min_hi[K], max_hi[K];
-    for (int k = 0; k < K; ++k) {
-      any[k] = false;
-      all[k] = true;
-      min_lo[k] = min_hi[k] = kv_len;
-      max_lo[k] = max_hi[k] = 0;
-    }
-    for (int64_t r = 0; r < qn; ++r) {
-      int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
-      int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
-      row_fn(q0 + r, lo, hi);
-      for (int k = 0; k < K; ++k) {
-        lo[k] = std::max<int64_t>(lo[k], 0);
-        hi[k] = std::min<int64_t>(hi[k], kv_len);
-        if (lo[k] >= hi[k]) {
-          lo[k] = hi[k] = 0;
-          all[k] = false;
-          continue;
-        }
-        any[k] = true;
-        min_lo[k] = std::min(min_lo[k], lo[k]);
-        max_lo[k] = std::max(max_lo[k], lo[k]);
-        min_hi[k] = std::min(min_hi[k], hi[k]);
-        max_hi[k] = std::max(max_hi[k], hi[k]);
-      }
-    }
+    BlockRows<K> br;
+    read_block_rows<K>(row_fn, s, q0, qn, kv_len, br);
     // Candidate KV block ranges (inclusive) and certainly-full ranges (half-open).
     int64_t c0[2], c1[2], f0[K], f1[K];
     int nc = 0;
     for (int k = 0; k < K; ++k) {
       f0[k] = f1[k] = 0;
-      if (!any[k]) continue;
-      c0[nc] = min_lo[k] / bkv;
-      c1[nc] = (max_hi[k] - 1) / bkv;
+      if (!br.any[k]) continue;
+      c0[nc] = br.min_lo[k] / bkv;
+      c1[nc] = (br.max_hi[k] - 1) / bkv;
       ++nc;
-      if (all[k]) {
-        f0[k] = (max_lo[k] + bkv - 1) / bkv;                 // first block with k0 >= max lo
-        f1[k] = min_hi[k] == kv_len ? nk : min_hi[k] / bkv;  // blocks with k1 <= min hi
+      if (br.all[k]) {
+        f0[k] = (br.max_lo[k] + bkv - 1) / bkv;                    // first block with k0 >= max lo
+        f1[k] = br.min_hi[k] == kv_len ? nk : br.min_hi[k] / bkv;  // blocks with k1 <= min hi
       }
     }
     // Visit candidates once each, ascending (K <= 2: order the two ranges by start).
@@ -130,26 +170,8 @@ void add_slice(BlockMaskBuilder& builder, int64_t q_len, int64_t kv_len, int64_t
           builder.add_full(static_cast<int32_t>(j));
           continue;
         }
-        // Count the visible elements of the tile from the intervals (union length of
-        // each row's intervals clipped to [k0, k1)), then fill only real partial tiles.
-        const int64_t k0 = j * bkv, k1 = std::min(k0 + bkv, kv_len);
-        int64_t set = 0;
-        for (int64_t r = 0; r < qn; ++r)
-          set += clipped_union(&s.lo[static_cast<size_t>(r * K)], &s.hi[static_cast<size_t>(r * K)], K, k0, k1);
-        if (set == 0) continue;
-        if (set == qn * (k1 - k0)) {
-          builder.add_full(static_cast<int32_t>(j));
-          continue;
-        }
-        uint32_t* t = builder.add_partial(static_cast<int32_t>(j));  // zeroed
-        for (int64_t r = 0; r < qn; ++r) {
-          const int64_t* lo = &s.lo[static_cast<size_t>(r * K)];
-          const int64_t* hi = &s.hi[static_cast<size_t>(r * K)];
-          for (int k = 0; k < K; ++k) {
-            const int64_t a = std::max(lo[k], k0), b = std::min(hi[k], k1);
-            if (a < b) set_bit_range(t + r * wpr, a - k0, b - k0);
-          }
-        }
+        // Otherwise count the tile's visible elements; only real partial tiles get a bitmap.
+        add_counted_tile<K>(builder, s, qn, kv_len, bkv, wpr, j);
       }
       next = std::max(next, c1[c] + 1);
     }

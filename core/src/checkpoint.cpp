@@ -188,30 +188,9 @@ int64_t step_of(const fs::path& p) {
   return v;
 }
 
-}  // namespace
-
-void remove_tree(const fs::path& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return;
-  // Depth first, links not followed: files, then the folders that held them.
-  ::nftw(
-      path.c_str(),
-      [](const char* p, const struct stat*, int, struct FTW*) {
-        ::remove(p);  // keep going: remove what can be removed
-        return 0;
-      },
-      16, FTW_DEPTH | FTW_PHYS);
-}
-
-fs::path write(const fs::path& root, Manifest m, const State& state, int64_t keep) {
-  fs::create_directories(root);
-  // Leftovers of writes that crashed are never checkpoints; clear them.
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.path().filename().string().rfind(".tmp-step_", 0) == 0) remove_tree(e.path());
-  const std::string name = "step_" + std::to_string(m.step);
-  const fs::path tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
-  fs::create_directories(tmp);
-
+// The checkpoint's archives (weights, optimizer, generators) as (file name, bytes), in
+// the order they are written; lists the weights' tensors in m.tensors.
+std::vector<std::pair<std::string, std::string>> archive_files(Manifest& m, const State& state) {
   std::vector<std::pair<std::string, std::string>> files;
   {
     torch::serialize::OutputArchive archive;
@@ -236,13 +215,11 @@ fs::path write(const fs::path& root, Manifest m, const State& state, int64_t kee
       archive.write("cuda_default", state.cuda_default_rng.to(at::kCPU).clone(), /*is_buffer=*/true);
     files.emplace_back(kRng, archive_bytes(archive));
   }
-  m.files.clear();
-  for (const auto& [fname, bytes] : files) {
-    write_durable(tmp / fname, bytes);
-    m.files.push_back({fname, static_cast<int64_t>(bytes.size()), fnv1a64(bytes.data(), bytes.size())});
-  }
+  return files;
+}
 
-  // The manifest, last; its final line "complete" marks it whole.
+// The manifest's text, ending in the line "complete".
+std::string manifest_text(const Manifest& m) {
   std::ostringstream os;
   os << kFormat << "\n";
   os << "step " << m.step << "\n";
@@ -266,7 +243,42 @@ fs::path write(const fs::path& root, Manifest m, const State& state, int64_t kee
   os << "drafter_toml " << lines.size() << "\n";
   for (const auto& l : lines) os << l << "\n";
   os << "complete\n";
-  write_durable(tmp / kManifest, os.str());
+  return os.str();
+}
+
+}  // namespace
+
+void remove_tree(const fs::path& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  // Depth first, links not followed: files, then the folders that held them.
+  ::nftw(
+      path.c_str(),
+      [](const char* p, const struct stat*, int, struct FTW*) {
+        ::remove(p);  // keep going: remove what can be removed
+        return 0;
+      },
+      16, FTW_DEPTH | FTW_PHYS);
+}
+
+fs::path write(const fs::path& root, Manifest m, const State& state, int64_t keep) {
+  fs::create_directories(root);
+  // Leftovers of writes that crashed are never checkpoints; clear them.
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind(".tmp-step_", 0) == 0) remove_tree(e.path());
+  const std::string name = "step_" + std::to_string(m.step);
+  const fs::path tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+
+  const std::vector<std::pair<std::string, std::string>> files = archive_files(m, state);
+  m.files.clear();
+  for (const auto& [fname, bytes] : files) {
+    write_durable(tmp / fname, bytes);
+    m.files.push_back({fname, static_cast<int64_t>(bytes.size()), fnv1a64(bytes.data(), bytes.size())});
+  }
+
+  // The manifest, last; its final line "complete" marks it whole.
+  write_durable(tmp / kManifest, manifest_text(m));
   fsync_dir(tmp);
 
   // Into place: rename is atomic. A folder of the same step (from an abandoned timeline)

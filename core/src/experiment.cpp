@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -218,10 +219,8 @@ Schema eval_schema() {
   return eval;
 }
 
-}  // namespace
-
-std::vector<Schema> Experiment::engine_schemas() {
-  std::vector<Schema> out;
+// [run]: what to train, where, and how the process runs.
+Schema run_schema() {
   Schema run("run");
   run.string("name", "name of the run; the log is <out>/<name>.h5").def(std::string("run"));
   run.integer("seed", "seed of every random draw (data order, anchors, initial weights)").def(int64_t(0)).at_least(0);
@@ -243,8 +242,11 @@ std::vector<Schema> Experiment::engine_schemas() {
               "the previous one's loss and metrics, so the device never waits for the host between steps (the "
               "same results; false reads every step before the next starts)")
       .def(true);
-  out.push_back(run);
+  return run;
+}
 
+// [attention]: the attention kernels in order of preference, and what a fallback does.
+Schema attention_schema() {
   Schema attention("attention");
   attention.strings("kernels", "attention kernels in order of preference; the first that supports the problem runs")
       .def(std::vector<std::string>{"dense_ref"})
@@ -252,8 +254,11 @@ std::vector<Schema> Experiment::engine_schemas() {
   attention.string("on_fallback", "what a fallback does: stop the run (error) or continue and record it (warn)")
       .def(std::string("error"))
       .one_of({"error", "warn"});
-  out.push_back(attention);
+  return attention;
+}
 
+// [optimizer]: AdamW, its schedule, clipping and gradient accumulation.
+Schema optimizer_schema() {
   Schema opt("optimizer");
   opt.real("lr", "peak learning rate (AdamW)").def(1e-3).range(0, 10);
   opt.real("min_lr_ratio", "final learning rate of the cosine schedule, as a fraction of lr").def(0.1).range(0, 1);
@@ -274,8 +279,11 @@ std::vector<Schema> Experiment::engine_schemas() {
              "auto (fused on CUDA or with 16-bit compute, torch otherwise)")
       .def(std::string("auto"))
       .one_of({"auto", "fused", "torch"});
-  out.push_back(opt);
+  return opt;
+}
 
+// [loss]: the LM-head cross-entropy kernel and its chunking.
+Schema loss_schema() {
   Schema loss("loss");
   loss.string("kernel",
               "LM-head cross-entropy: fused (CUDA: rows in chunks, one kernel per chunk for the softmax "
@@ -289,23 +297,30 @@ std::vector<Schema> Experiment::engine_schemas() {
                "float32 for chunked, the compute dtype for fused)")
       .def(int64_t(0))
       .range(0, 1 << 24);
-  out.push_back(loss);
+  return loss;
+}
 
+// [plugins]: extra folders searched for plugins.
+Schema plugins_schema() {
   Schema plugins("plugins");
   plugins.strings("paths", "extra folders searched for plugins (after --plugin-path and FLASHDRAFT_PLUGIN_PATH)")
       .def(std::vector<std::string>{});
-  out.push_back(plugins);
+  return plugins;
+}
 
+// [checkpoint]: when checkpoints are written and how many are kept.
+Schema checkpoint_schema() {
   Schema ckpt("checkpoint");
   ckpt.integer("every", "write a checkpoint to <out>/checkpoints/step_<n> every N steps (0 = only at the end)")
       .def(int64_t(0))
       .at_least(0);
   ckpt.integer("keep", "checkpoints kept (older ones are deleted)").def(int64_t(2)).range(1, 1000);
   ckpt.boolean("enabled", "write checkpoints at all").def(false);
-  out.push_back(ckpt);
+  return ckpt;
+}
 
-  out.push_back(eval_schema());
-
+// [distributed]: collectives, timeouts and gradient buckets of a torchrun launch.
+Schema distributed_schema() {
   Schema dist("distributed");
   dist.string("backend",
               "collectives of a run launched by torchrun (WORLD_SIZE > 1): nccl on CUDA, gloo on CPU "
@@ -322,7 +337,21 @@ std::vector<Schema> Experiment::engine_schemas() {
             "ready, overlapped with the rest of the backward")
       .def(25.0)
       .range(0.001, 65536);
-  out.push_back(dist);
+  return dist;
+}
+
+}  // namespace
+
+std::vector<Schema> Experiment::engine_schemas() {
+  std::vector<Schema> out;
+  out.push_back(run_schema());
+  out.push_back(attention_schema());
+  out.push_back(optimizer_schema());
+  out.push_back(loss_schema());
+  out.push_back(plugins_schema());
+  out.push_back(checkpoint_schema());
+  out.push_back(eval_schema());
+  out.push_back(distributed_schema());
   return out;
 }
 
@@ -334,34 +363,29 @@ Experiment Experiment::load(const std::string& path) {
   return parse(ss.str(), path);
 }
 
-Experiment Experiment::parse(const std::string& text, const std::string& path) {
-  Experiment e;
-  e.path_ = path;
-  e.text_ = text;
-  if (text.find('\0') != std::string::npos) {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < text.size() && text[i] != '\0'; ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        col = 1;
-      } else
-        ++col;
-    }
-    throw ConfigError(path + ":" + std::to_string(line) + ":" + std::to_string(col) +
-                      ": not a TOML text file (a NUL byte); an experiment file is UTF-8 TOML");
-  }
-  auto parsed = std::make_shared<Parsed>();
-  try {
-    parsed->root = toml::parse(text, path);
-  } catch (const toml::parse_error& err) {
-    throw ConfigError(position(path, err.source()).str() + ": TOML syntax error: " + std::string(err.description()));
-  }
-  const toml::table& root = parsed->root;
+namespace {
 
+// An experiment file with a NUL byte is not text: fails at the first one's line and column.
+void check_no_nul(const std::string& text, const std::string& path) {
+  if (text.find('\0') == std::string::npos) return;
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < text.size() && text[i] != '\0'; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else
+      ++col;
+  }
+  throw ConfigError(path + ":" + std::to_string(line) + ":" + std::to_string(col) +
+                    ": not a TOML text file (a NUL byte); an experiment file is UTF-8 TOML");
+}
+
+// Every top-level table must be one the engine or a plugin kind knows; fails at the first
+// other one, naming the closest known table and all of them.
+void check_table_names(const toml::table& root, const std::string& path, const std::vector<Schema>& schemas) {
   std::set<std::string> known;
   for (const auto& s : listed_sections()) known.insert(s);
   for (const auto& s : plugin_sections()) known.insert(s);
-  const std::vector<Schema> schemas = engine_schemas();
   for (const auto& s : schemas) known.insert(s.table());
   Schema table_names;
   for (const auto& k : known) table_names.boolean(k, "");
@@ -376,20 +400,75 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
       throw ConfigError(position(path, k.source()).str() + ": " + msg + " (tables: " + names + ")");
     }
   }
-  if (root.empty()) {
-    std::string needed;
-    const auto sections = plugin_sections(/*with_optional=*/false);
-    for (size_t i = 0; i < sections.size(); ++i)
-      needed += (i ? (i + 1 == sections.size() ? " and " : ", ") : "") + ("[" + sections[i] + "]");
-    throw ConfigError(path + ": the experiment file is empty; it needs at least " + needed +
-                      " tables (see experiments/quickstart.toml, or `flashdraft schema`)");
-  }
+}
 
-  const SourcePosition file_pos{path, 0, 0};
-  auto table_pos = [&](const toml::table* t) { return t ? position(path, t->source()) : file_pos; };
+// An empty experiment file: fails naming the plugin tables it needs at least.
+void check_not_empty(const toml::table& root, const std::string& path) {
+  if (!root.empty()) return;
+  std::string needed;
+  const auto sections = plugin_sections(/*with_optional=*/false);
+  for (size_t i = 0; i < sections.size(); ++i)
+    needed += (i ? (i + 1 == sections.size() ? " and " : ", ") : "") + ("[" + sections[i] + "]");
+  throw ConfigError(path + ": the experiment file is empty; it needs at least " + needed +
+                    " tables (see experiments/quickstart.toml, or `flashdraft schema`)");
+}
+
+// Where a table starts; the file itself for an absent table.
+SourcePosition table_position(const std::string& path, const toml::table* t) {
+  return t ? position(path, t->source()) : SourcePosition{path, 0, 0};
+}
+
+// The plugin a plugin table names (its `plugin` key); none for an absent optional table.
+std::optional<PluginChoice> plugin_choice(const toml::table& root, const std::string& name, const std::string& path) {
+  const toml::table* t = section(root, name, path);
+  if (!t && optional_section(name)) return std::nullopt;
+  if (!t)
+    throw ConfigError(path + ": missing required table [" + name + "] (it names the " + name +
+                      " plugin: plugin = \"...\"; `flashdraft plugins` lists them)");
+  const toml::node* p = t->get("plugin");
+  if (!p)
+    throw ConfigError(table_position(path, t).str() + ": [" + name + "] missing required key 'plugin' (the name of a " +
+                      name + " plugin; `flashdraft plugins` lists them)");
+  if (!p->is_string())
+    throw ConfigError(position(path, p->source()).str() + ": [" + name + "] plugin: expected a string, found " +
+                      describe(*p));
+  return PluginChoice{name, *p->value<std::string>(), position(path, p->source())};
+}
+
+// Every entry of a listed table ([kernels]) must itself be a table ([kernels.<name>]).
+void check_listed_tables(const toml::table& root, const std::string& path) {
+  for (const auto& listed : listed_sections())
+    if (const toml::table* k = section(root, listed, path)) {
+      for (const auto& [kname, node] : *k)
+        if (!node.is_table())
+          throw ConfigError(position(path, node.source()).str() + ": [" + listed + "] " + std::string(kname.str()) +
+                            ": expected a table [" + listed + "." + std::string(kname.str()) + "], found " +
+                            describe(node));
+    }
+}
+
+}  // namespace
+
+Experiment Experiment::parse(const std::string& text, const std::string& path) {
+  Experiment e;
+  e.path_ = path;
+  e.text_ = text;
+  check_no_nul(text, path);
+  auto parsed = std::make_shared<Parsed>();
+  try {
+    parsed->root = toml::parse(text, path);
+  } catch (const toml::parse_error& err) {
+    throw ConfigError(position(path, err.source()).str() + ": TOML syntax error: " + std::string(err.description()));
+  }
+  const toml::table& root = parsed->root;
+
+  const std::vector<Schema> schemas = engine_schemas();
+  check_table_names(root, path, schemas);
+  check_not_empty(root, path);
+
   for (const auto& s : schemas) {
     const toml::table* t = section(root, s.table(), path);
-    Config c = check(t, s, path, table_pos(t), {});
+    Config c = check(t, s, path, table_position(path, t), {});
     if (s.table() == "run")
       e.run_ = c;
     else if (s.table() == "attention")
@@ -407,29 +486,9 @@ Experiment Experiment::parse(const std::string& text, const std::string& path) {
     else if (s.table() == "loss")
       e.loss_ = c;
   }
-  for (const auto& name : plugin_sections()) {
-    const toml::table* t = section(root, name, path);
-    if (!t && optional_section(name)) continue;
-    if (!t)
-      throw ConfigError(path + ": missing required table [" + name + "] (it names the " + name +
-                        " plugin: plugin = \"...\"; `flashdraft plugins` lists them)");
-    const toml::node* p = t->get("plugin");
-    if (!p)
-      throw ConfigError(table_pos(t).str() + ": [" + name + "] missing required key 'plugin' (the name of a " + name +
-                        " plugin; `flashdraft plugins` lists them)");
-    if (!p->is_string())
-      throw ConfigError(position(path, p->source()).str() + ": [" + name + "] plugin: expected a string, found " +
-                        describe(*p));
-    e.choices_[name] = PluginChoice{name, *p->value<std::string>(), position(path, p->source())};
-  }
-  for (const auto& listed : listed_sections())
-    if (const toml::table* k = section(root, listed, path)) {
-      for (const auto& [kname, node] : *k)
-        if (!node.is_table())
-          throw ConfigError(position(path, node.source()).str() + ": [" + listed + "] " + std::string(kname.str()) +
-                            ": expected a table [" + listed + "." + std::string(kname.str()) + "], found " +
-                            describe(node));
-    }
+  for (const auto& name : plugin_sections())
+    if (auto chosen = plugin_choice(root, name, path)) e.choices_[name] = std::move(*chosen);
+  check_listed_tables(root, path);
   e.parsed_ = parsed;
   return e;
 }

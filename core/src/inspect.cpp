@@ -119,11 +119,8 @@ void inspect_ranks(const LogReader& r, std::ostream& out) {
   }
 }
 
-}  // namespace
-
-void inspect_log(const std::string& path, std::ostream& out) {
-  LogReader r(path);
-  if (!r.exists("steps/loss")) throw std::runtime_error(path + ": not a flashdraft run log (no /steps/loss)");
+// Where and how the run ran: its start, device, software versions, experiment and plugins.
+void run_lines(const LogReader& r, const std::string& path, std::ostream& out) {
   const auto a = r.attributes("/");
   auto attr = [&](const char* k) {
     auto it = a.find(k);
@@ -138,7 +135,35 @@ void inspect_log(const std::string& path, std::ostream& out) {
   out << "plugins\n";
   std::istringstream pl(attr("plugins"));
   for (std::string line; std::getline(pl, line);) out << "  " << line << "\n";
+}
 
+// The last step's accuracy per block position (steps/position_accuracy), if the log has it.
+void position_accuracy_line(const LogReader& r, std::ostream& out) {
+  const auto shape = r.shape("steps/position_accuracy");
+  if (shape.size() == 2 && shape[0] > 0) {
+    const auto acc = r.f64("steps/position_accuracy");
+    const int64_t w = shape[1];
+    out << "accuracy per block position (last step):";
+    for (int64_t j = 0; j < w; ++j) out << " " << std::setprecision(2) << acc[size_t((shape[0] - 1) * w + j)];
+    out << "\n";
+  }
+}
+
+// The memory/* columns: each phase's peak over the steps.
+void memory_lines(const LogReader& r, std::ostream& out) {
+  out << "memory peaks (max over steps; " << r.attributes("/memory")["device"] << ")\n";
+  for (const auto& column : log_columns("memory")) {
+    const auto v = r.f64(column.name);
+    const std::string phase = column.name.substr(column.name.find('/') + 1);
+    if (!v.empty())
+      out << "  " << std::left << std::setw(10) << phase << std::right << gib(*std::max_element(v.begin(), v.end()))
+          << "\n";
+  }
+}
+
+// The steps/* columns: how many steps, the loss and every other scalar first and last,
+// then the accuracy per position and the memory peaks.
+void steps_lines(const LogReader& r, std::ostream& out) {
   const auto loss = r.f64("steps/loss");
   const auto step = r.f64("steps/step");
   const size_t n = std::min(loss.size(), step.size());
@@ -156,45 +181,37 @@ void inspect_log(const std::string& path, std::ostream& out) {
       out << std::left << std::setw(14) << m << std::right << "first " << std::setprecision(4) << v.front() << "  last "
           << v.back() << "\n";
     }
-    const auto shape = r.shape("steps/position_accuracy");
-    if (shape.size() == 2 && shape[0] > 0) {
-      const auto acc = r.f64("steps/position_accuracy");
-      const int64_t w = shape[1];
-      out << "accuracy per block position (last step):";
-      for (int64_t j = 0; j < w; ++j) out << " " << std::setprecision(2) << acc[size_t((shape[0] - 1) * w + j)];
-      out << "\n";
-    }
-    out << "memory peaks (max over steps; " << r.attributes("/memory")["device"] << ")\n";
-    for (const auto& column : log_columns("memory")) {
-      const auto v = r.f64(column.name);
-      const std::string phase = column.name.substr(column.name.find('/') + 1);
-      if (!v.empty())
-        out << "  " << std::left << std::setw(10) << phase << std::right << gib(*std::max_element(v.begin(), v.end()))
-            << "\n";
-    }
+    position_accuracy_line(r, out);
+    memory_lines(r, out);
   }
-  if (r.exists("ranks/tokens")) inspect_ranks(r, out);
-  if (r.exists("eval/step")) {
-    const auto es = r.f64("eval/step");
-    out << "eval      " << es.size() << " validations (held-out sequences)\n";
-    std::vector<std::pair<std::string, std::vector<double>>> cols;
-    // The measures, headline first (eval/tau: the anchor figure of logs older than served validation).
-    for (const char* name : {"loss", "tau_served", "tau_served_se", "tau_anchor", "tau", "tau_data", "tau_sim"}) {
-      const std::string column = std::string("eval/") + name;
-      if (r.exists(column) && r.shape(column).size() == 1)
-        cols.push_back({std::string(name) == "tau_served_se" ? "+-" : name, r.f64(column)});
-    }
-    out << "  " << std::setw(8) << "step";
-    for (const auto& c : cols) out << std::setw(c.first == "+-" ? 7 : 11) << c.first;
+}
+
+// The eval/* columns: one row per validation, headline measures first, then the last
+// validation's acceptance lengths side by side.
+void eval_lines(const LogReader& r, std::ostream& out) {
+  const auto es = r.f64("eval/step");
+  out << "eval      " << es.size() << " validations (held-out sequences)\n";
+  std::vector<std::pair<std::string, std::vector<double>>> cols;
+  // The measures, headline first (eval/tau: the anchor figure of logs older than served validation).
+  for (const char* name : {"loss", "tau_served", "tau_served_se", "tau_anchor", "tau", "tau_data", "tau_sim"}) {
+    const std::string column = std::string("eval/") + name;
+    if (r.exists(column) && r.shape(column).size() == 1)
+      cols.push_back({std::string(name) == "tau_served_se" ? "+-" : name, r.f64(column)});
+  }
+  out << "  " << std::setw(8) << "step";
+  for (const auto& c : cols) out << std::setw(c.first == "+-" ? 7 : 11) << c.first;
+  out << "\n";
+  for (size_t i = 0; i < es.size(); ++i) {
+    out << "  " << std::setw(8) << int64_t(es[i]);
+    for (const auto& c : cols)
+      out << std::setw(c.first == "+-" ? 7 : 11) << std::setprecision(3) << (i < c.second.size() ? c.second[i] : NAN);
     out << "\n";
-    for (size_t i = 0; i < es.size(); ++i) {
-      out << "  " << std::setw(8) << int64_t(es[i]);
-      for (const auto& c : cols)
-        out << std::setw(c.first == "+-" ? 7 : 11) << std::setprecision(3) << (i < c.second.size() ? c.second[i] : NAN);
-      out << "\n";
-    }
-    tau_lines(r, out);
   }
+  tau_lines(r, out);
+}
+
+// The kernels/* columns: the selected variant, and how often each variant ran per phase.
+void kernel_lines(const LogReader& r, std::ostream& out) {
   const auto ka = r.attributes("/kernels");
   out << "kernels   selected " << (ka.count("selected") ? ka.at("selected") : "?") << " for "
       << (ka.count("problem") ? ka.at("problem") : "?") << "\n";
@@ -209,6 +226,10 @@ void inspect_log(const std::string& path, std::ostream& out) {
           << c;
     out << "  (calls = steps x layers)\n";
   }
+}
+
+// The events/* columns, one line each, and whether the run finished.
+void event_lines(const LogReader& r, std::ostream& out) {
   const auto ev_step = r.f64("events/step");
   const auto ev_kind = r.strings("events/kind");
   const auto ev_msg = r.strings("events/message");
@@ -217,6 +238,19 @@ void inspect_log(const std::string& path, std::ostream& out) {
     out << "  step " << int64_t(ev_step[i]) << "  " << ev_kind[i] << ": " << ev_msg[i] << "\n";
   const bool finished = std::find(ev_kind.begin(), ev_kind.end(), "finished") != ev_kind.end();
   out << "status    " << (finished ? "finished" : "not finished (running, interrupted or crashed)") << "\n";
+}
+
+}  // namespace
+
+void inspect_log(const std::string& path, std::ostream& out) {
+  LogReader r(path);
+  if (!r.exists("steps/loss")) throw std::runtime_error(path + ": not a flashdraft run log (no /steps/loss)");
+  run_lines(r, path, out);
+  steps_lines(r, out);
+  if (r.exists("ranks/tokens")) inspect_ranks(r, out);
+  if (r.exists("eval/step")) eval_lines(r, out);
+  kernel_lines(r, out);
+  event_lines(r, out);
 }
 
 }  // namespace flashdraft

@@ -3,7 +3,11 @@
 
 namespace flashdraft {
 
-std::vector<LogColumn> log_columns(const LogShape& shape) {
+namespace {
+
+// steps/*: one row per optimizer step, then the drafter's extra scalars and the online
+// target's forward time.
+std::vector<LogColumn> steps_columns(const LogShape& shape) {
   using T = RunLog::Type;
   std::vector<LogColumn> c = {
       {"steps/step", T::i64, 0, 0, "optimizer step (0-based)"},
@@ -18,7 +22,14 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
   for (const auto& n : shape.scalar_names) c.push_back({"steps/" + n, T::f64, 0, 0, "drafter metric"});
   if (shape.target)
     c.push_back({"steps/target_time_s", T::f64, 0, 0, "wall time of the online target's forward, seconds"});
-  const std::vector<LogColumn> rest = {
+  return c;
+}
+
+// memory/*, kernels/* and events/*: peaks per phase, the attention variants that ran,
+// and what happened during the run.
+std::vector<LogColumn> memory_kernel_event_columns(const LogShape& shape) {
+  using T = RunLog::Type;
+  return {
       {"memory/forward", T::i64, 0, 0, "peak bytes during the forward pass"},
       {"memory/backward", T::i64, 0, 0, "peak bytes during the backward pass"},
       {"memory/optimizer", T::i64, 0, 0, "peak bytes during clipping and the optimizer step"},
@@ -34,6 +45,13 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
       {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},
       {"events/message", T::str, 0, 2048, "what happened"},
+  };
+}
+
+// eval/*: one row per validation, and the served histogram when served validation is on.
+std::vector<LogColumn> eval_columns(const LogShape& shape) {
+  using T = RunLog::Type;
+  std::vector<LogColumn> c = {
       {"eval/step", T::i64, 0, 0, "optimizer steps completed when the validation ran"},
       {"eval/loss", T::f64, 0, 0, "mean loss over the held-out batches"},
       {"eval/tau_served", T::f64, 0, 0,
@@ -69,28 +87,46 @@ std::vector<LogColumn> log_columns(const LogShape& shape) {
       {"eval/position_accuracy", T::f64, shape.positions, 0,
        "held-out accuracy per position, as in steps/position_accuracy"},
   };
-  c.insert(c.end(), rest.begin(), rest.end());
   if (shape.served_width > 0)
     c.push_back({"eval/served_histogram", T::i64, shape.served_width, 0,
                  "served validation: column n = verification steps that produced n tokens"});
-  if (shape.ranks > 1) {
-    const int64_t n = shape.ranks;
-    const std::vector<LogColumn> ranks = {
-        {"ranks/step_time_s", T::f64, n, 0, "per rank: wall time of the step, seconds"},
-        {"ranks/tokens", T::f64, n, 0, "per rank: loss-carrying tokens of its micro-batches"},
-        {"ranks/loss", T::f64, n, 0, "per rank: loss of its own micro-batches (steps/loss is the union's)"},
-        {"ranks/memory_step", T::i64, n, 0, "per rank: peak bytes over the step (memory/* hold the largest)"},
-        {"ranks/weights_sum", T::f64, n, 0, "per rank: sum of every trainable value after the step (float64)"},
-        {"ranks/weights_sumsq", T::f64, n, 0, "per rank: sum of squares of every trainable value after the step"},
-        {"ranks/kernels_forward", T::i32, n * (shape.layers + 1), 0,
-         "per rank, then per attention call as in kernels/forward and last the LM-head loss: variant id "
-         "(kernels/names)"},
-        {"ranks/kernels_backward", T::i32, n * (shape.layers + 1), 0,
-         "per rank, then per attention call as in kernels/backward and last the LM-head loss: variant id "
-         "(kernels/names)"},
-    };
-    c.insert(c.end(), ranks.begin(), ranks.end());
-  }
+  return c;
+}
+
+// ranks/*: per rank of a data-parallel run (none for a single process).
+std::vector<LogColumn> rank_columns(const LogShape& shape) {
+  using T = RunLog::Type;
+  if (shape.ranks <= 1) return {};
+  const int64_t n = shape.ranks;
+  const std::vector<LogColumn> ranks = {
+      {"ranks/step_time_s", T::f64, n, 0, "per rank: wall time of the step, seconds"},
+      {"ranks/tokens", T::f64, n, 0, "per rank: loss-carrying tokens of its micro-batches"},
+      {"ranks/loss", T::f64, n, 0, "per rank: loss of its own micro-batches (steps/loss is the union's)"},
+      {"ranks/memory_step", T::i64, n, 0, "per rank: peak bytes over the step (memory/* hold the largest)"},
+      {"ranks/weights_sum", T::f64, n, 0, "per rank: sum of every trainable value after the step (float64)"},
+      {"ranks/weights_sumsq", T::f64, n, 0, "per rank: sum of squares of every trainable value after the step"},
+      {"ranks/kernels_forward", T::i32, n * (shape.layers + 1), 0,
+       "per rank, then per attention call as in kernels/forward and last the LM-head loss: variant id "
+       "(kernels/names)"},
+      {"ranks/kernels_backward", T::i32, n * (shape.layers + 1), 0,
+       "per rank, then per attention call as in kernels/backward and last the LM-head loss: variant id "
+       "(kernels/names)"},
+  };
+  return ranks;
+}
+
+// Appends the columns of one group at the end of c.
+void append(std::vector<LogColumn>& c, const std::vector<LogColumn>& group) {
+  c.insert(c.end(), group.begin(), group.end());
+}
+
+}  // namespace
+
+std::vector<LogColumn> log_columns(const LogShape& shape) {
+  std::vector<LogColumn> c = steps_columns(shape);
+  append(c, memory_kernel_event_columns(shape));
+  append(c, eval_columns(shape));
+  append(c, rank_columns(shape));
   return c;
 }
 

@@ -74,26 +74,10 @@ std::string describe_difference(int rank, const std::vector<std::vector<std::str
   return "rank " + std::to_string(rank) + " ran other kernel variants than rank 0";
 }
 
-}  // namespace
-
-std::pair<double, double> weight_checksums(const std::vector<at::Tensor>& params) {
-  at::NoGradGuard no_grad;
-  if (params.empty()) return {0.0, 0.0};
-  // Reductions accumulated in float64 on the weights' device, one read back for all.
-  std::vector<at::Tensor> parts;
-  for (const auto& p : params) {
-    parts.push_back(at::sum(p.detach(), at::kDouble));
-    parts.push_back(at::linalg_vector_norm(p.detach(), 2, std::nullopt, false, at::kDouble).square());
-  }
-  const at::Tensor all = at::stack(parts).view({-1, 2}).sum(0).to(at::kCPU);
-  return {all[0].item<double>(), all[1].item<double>()};
-}
-
-RankStep gather_step(Distributed& dist, StepOutcome& o, const GradientSync& grads, KernelLedger& ledger,
-                     const std::vector<at::Tensor>& params, int signal, const std::string& on_fallback) {
-  const std::string variants = variant_text(ledger);
-  const uint64_t hash = fnv1a(variants);
-  const auto [sum, sumsq] = weight_checksums(params);
+// This rank's row of the gathered vector: the fields, then the per-position accuracy and
+// the drafter's scalars.
+std::vector<double> local_row(const StepOutcome& o, const GradientSync& grads, uint64_t hash, double sum, double sumsq,
+                              int signal) {
   std::vector<double> mine(kFields);
   mine[kWeight] = grads.local_weight();
   mine[kLoss] = grads.local_loss();
@@ -109,10 +93,12 @@ RankStep gather_step(Distributed& dist, StepOutcome& o, const GradientSync& grad
   mine[kSignal] = signal;
   for (double a : o.position_accuracy) mine.push_back(a);
   for (const auto& s : o.scalars) mine.push_back(s.second);
-  const auto rows = dist.all_gather(mine, "the exchange of the step's metrics");
+  return mine;
+}
 
-  RankStep r;
-  const size_t world = rows.size();
+// Every rank's row into the per-rank columns of r and the global metrics of o (tokens
+// summed, accuracy and scalars token-weighted, memory peaks the largest, the first signal).
+void merge_rows(const std::vector<std::vector<double>>& rows, StepOutcome& o, RankStep& r) {
   double tokens = 0;
   std::vector<double> acc(o.position_accuracy.size(), 0.0), scal(o.scalars.size(), 0.0);
   for (const auto& row : rows) {
@@ -133,13 +119,45 @@ RankStep gather_step(Distributed& dist, StepOutcome& o, const GradientSync& grad
   o.tokens = static_cast<int64_t>(tokens);
   for (size_t j = 0; j < acc.size() && tokens > 0; ++j) o.position_accuracy[j] = acc[j] / tokens;
   for (size_t j = 0; j < scal.size() && tokens > 0; ++j) o.scalars[j].second = scal[j] / tokens;
+}
 
-  for (size_t k = 1; k < world; ++k)
+// Stops the run when a rank's weight checksums differ from rank 0's.
+void check_same_weights(const std::vector<std::vector<double>>& rows, int64_t step) {
+  for (size_t k = 1; k < rows.size(); ++k)
     if (rows[k][kSum] != rows[0][kSum] || rows[k][kSumSq] != rows[0][kSumSq])
       throw std::runtime_error("distributed: the weights of rank " + std::to_string(k) +
-                               " differ from rank 0's after step " + std::to_string(o.step) + " (checksums " +
+                               " differ from rank 0's after step " + std::to_string(step) + " (checksums " +
                                std::to_string(rows[k][kSum]) + " and " + std::to_string(rows[0][kSum]) +
                                "): the ranks no longer train one model; the run stops");
+}
+
+}  // namespace
+
+std::pair<double, double> weight_checksums(const std::vector<at::Tensor>& params) {
+  at::NoGradGuard no_grad;
+  if (params.empty()) return {0.0, 0.0};
+  // Reductions accumulated in float64 on the weights' device, one read back for all.
+  std::vector<at::Tensor> parts;
+  for (const auto& p : params) {
+    parts.push_back(at::sum(p.detach(), at::kDouble));
+    parts.push_back(at::linalg_vector_norm(p.detach(), 2, std::nullopt, false, at::kDouble).square());
+  }
+  const at::Tensor all = at::stack(parts).view({-1, 2}).sum(0).to(at::kCPU);
+  return {all[0].item<double>(), all[1].item<double>()};
+}
+
+RankStep gather_step(Distributed& dist, StepOutcome& o, const GradientSync& grads, KernelLedger& ledger,
+                     const std::vector<at::Tensor>& params, int signal, const std::string& on_fallback) {
+  const std::string variants = variant_text(ledger);
+  const uint64_t hash = fnv1a(variants);
+  const auto [sum, sumsq] = weight_checksums(params);
+  const std::vector<double> mine = local_row(o, grads, hash, sum, sumsq, signal);
+  const auto rows = dist.all_gather(mine, "the exchange of the step's metrics");
+
+  RankStep r;
+  const size_t world = rows.size();
+  merge_rows(rows, o, r);
+  check_same_weights(rows, o.step);
 
   // Kernel variants: rank 0's ids for every rank that ran the same; the names otherwise.
   bool same = true;

@@ -86,8 +86,14 @@ class Trainer {
  private:
   const Config& run_table() const { return setup_.experiment.run(); }
   void prepare();
+  void prepare_target_attention();
+  void prepare_loss(int64_t loss_column);
   void restore();
   int train();
+  void print_training_size() const;
+  StepContext make_step_context();
+  bool queue_ahead(const StepContext& context) const;
+  int stop_before(int64_t step, int signal, bool ckpt_on);
   void finish();
   void validate(int64_t done);
   StepOutcome run_step(StepContext& context, StepProfiler& profiler, int64_t step, bool queue,
@@ -193,17 +199,7 @@ void Trainer::prepare() {
       [this](const std::string& kind, const std::string& message) { events_.add(current_step_, kind, message); });
 
   Drafter& drafter = *plugins_.drafter;
-  if (plugins_.target) {
-    std::cout << "target " << plugins_.target_choice.report();
-    target_dispatcher_ = std::make_unique<AttentionDispatcher>(
-        plugins_.target_choice, plugins_.target_mask.get(), setup_.experiment.attention().string("on_fallback"),
-        &ledger_, [this](const std::string& kind, const std::string& message) {
-          events_.add(current_step_, kind, "target: " + message);
-        });
-    target_attention_ = std::make_unique<OffsetAttention>(*target_dispatcher_, drafter.attention_layers());
-    std::cout << "target: " << plugins_.target_model.source << "; layers " << list_str(plugins_.target_layers)
-              << " feed the drafter" << std::endl;
-  }
+  if (plugins_.target) prepare_target_attention();
   batches_ = std::make_unique<BatchSource>(*plugins_.dataset, plugins_.target.get(), plugins_.target_layers,
                                            target_attention_.get(), plugins_.ctx.device);
   const int64_t accumulate = setup_.experiment.optimizer().integer("accumulate");
@@ -211,18 +207,7 @@ void Trainer::prepare() {
                               plugins_.ctx.say);
   // Ledger columns: the drafter's attention calls, the target's, then the LM-head loss.
   const int64_t loss_column = drafter.attention_layers() + plugins_.target_calls;
-  const Config& loss = setup_.experiment.loss();
-  try {
-    dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column, plugins_.ctx.device,
-                          plugins_.ctx.dtype);
-  } catch (const std::invalid_argument& e) {
-    loss.fail("kernel", e.what());  // with the file, line and column of the key
-  }
-  if (drafter.own_loss().empty())
-    std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n";
-  else
-    std::cout << "loss: the drafter's own, " << drafter.own_loss()
-              << " (not the engine's LM-head op: [loss] does not apply, /kernels/loss stays -1)\n";
+  prepare_loss(loss_column);
   std::cout << "precision: " << plugins_.precision.describe() << std::endl;
   shape_ = LogShape{loss_column,
                     drafter.positions(),
@@ -265,6 +250,36 @@ void Trainer::prepare() {
                                           setup_.experiment.distributed().real("bucket_mb"), seed);
 }
 
+// The online target's attention: its own dispatcher, its calls after the drafter's.
+void Trainer::prepare_target_attention() {
+  std::cout << "target " << plugins_.target_choice.report();
+  target_dispatcher_ = std::make_unique<AttentionDispatcher>(
+      plugins_.target_choice, plugins_.target_mask.get(), setup_.experiment.attention().string("on_fallback"), &ledger_,
+      [this](const std::string& kind, const std::string& message) {
+        events_.add(current_step_, kind, "target: " + message);
+      });
+  target_attention_ = std::make_unique<OffsetAttention>(*target_dispatcher_, plugins_.drafter->attention_layers());
+  std::cout << "target: " << plugins_.target_model.source << "; layers " << list_str(plugins_.target_layers)
+            << " feed the drafter" << std::endl;
+}
+
+// The LM-head loss op of [loss] in ledger column `loss_column`, and what the loss is.
+void Trainer::prepare_loss(int64_t loss_column) {
+  const Config& loss = setup_.experiment.loss();
+  try {
+    dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column, plugins_.ctx.device,
+                          plugins_.ctx.dtype);
+  } catch (const std::invalid_argument& e) {
+    loss.fail("kernel", e.what());  // with the file, line and column of the key
+  }
+  const Drafter& drafter = *plugins_.drafter;
+  if (drafter.own_loss().empty())
+    std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n";
+  else
+    std::cout << "loss: the drafter's own, " << drafter.own_loss()
+              << " (not the engine's LM-head op: [loss] does not apply, /kernels/loss stays -1)\n";
+}
+
 // A resumed run: the checkpoint's weights, optimizer, generators and position.
 void Trainer::restore() {
   checkpoint::State state{model_tensors(), optimizer_.get(), {}, {}, {}};
@@ -283,30 +298,60 @@ void Trainer::restore() {
   std::cout << "resume: " << msg << std::endl;
 }
 
+// Prints the run's length and the drafter's trained parameters.
+void Trainer::print_training_size() const {
+  int64_t values = 0;
+  for (const auto& p : params_) values += p.numel();
+  std::cout << "training: " << steps_ << " steps, " << params_.size() << " parameter tensors (" << values << " values)"
+            << std::endl;
+}
+
+// What every training step runs with.
+StepContext Trainer::make_step_context() {
+  return StepContext{*plugins_.drafter,
+                     *batches_,
+                     *dispatcher_,
+                     ledger_,
+                     *optimizer_,
+                     params_,
+                     anchors_,
+                     make_schedule(setup_.experiment.optimizer(), steps_),
+                     setup_.experiment.optimizer().real("grad_clip"),
+                     plugins_.ctx.device,
+                     shape_.layers + 1,  // + the loss's ledger column
+                     grads_.get()};
+}
+
+// Whether steps are queued ahead ([run] queue_ahead, where can_queue_steps allows it); says so when they are.
+bool Trainer::queue_ahead(const StepContext& context) const {
+  const bool queue = run_table().boolean("queue_ahead") && can_queue_steps(context);
+  if (queue)
+    std::cout << "steps: queued ahead (the device runs step t while the host prepares step t+1; a step's loss and "
+                 "metrics are read once the next step is queued)"
+              << std::endl;
+  return queue;
+}
+
+// An interrupted run, stopped before `step`: the event, the line and (when checkpoints are
+// on and the step has none yet) a checkpoint.
+int Trainer::stop_before(int64_t step, int signal, bool ckpt_on) {
+  events_.add(step, "interrupted",
+              "signal " + std::to_string(signal) + " received; stopped before step " + std::to_string(step));
+  std::cout << "interrupted before step " << step << "; the log keeps steps 0.." << step - 1 << std::endl;
+  if (ckpt_on && step > last_checkpoint_ && root()) save(step);
+  return kInterrupted;
+}
+
 int Trainer::train() {
   const Config& eval = setup_.experiment.eval();
   const Config& ckpt = setup_.experiment.checkpoint();
   const bool eval_on = eval.boolean("enabled"), ckpt_on = ckpt.boolean("enabled");
   const int64_t eval_every = eval.integer("every"), ckpt_every = ckpt.integer("every");
   InterruptGuard interrupts;
-  int64_t values = 0;
-  for (const auto& p : params_) values += p.numel();
-  std::cout << "training: " << steps_ << " steps, " << params_.size() << " parameter tensors (" << values << " values)"
-            << std::endl;
+  print_training_size();
 
   if (eval_on && first_step_ == 0) validate(0);  // the untrained drafter: where tau starts
-  StepContext step_context{*plugins_.drafter,
-                           *batches_,
-                           *dispatcher_,
-                           ledger_,
-                           *optimizer_,
-                           params_,
-                           anchors_,
-                           make_schedule(setup_.experiment.optimizer(), steps_),
-                           setup_.experiment.optimizer().real("grad_clip"),
-                           plugins_.ctx.device,
-                           shape_.layers + 1,  // + the loss's ledger column
-                           grads_.get()};
+  StepContext step_context = make_step_context();
   std::unique_ptr<StepRecorder> recorder;
   if (root())
     recorder = std::make_unique<StepRecorder>(*log_.log, shape_, static_cast<int64_t>(log_.kernel_names.size()));
@@ -314,11 +359,7 @@ int Trainer::train() {
   const ProfileWindow window =
       options_.profile.empty() || !root() ? ProfileWindow{} : parse_profile_window(options_.profile);
   StepProfiler profiler(window, trace);
-  const bool queue = run_table().boolean("queue_ahead") && can_queue_steps(step_context);
-  if (queue)
-    std::cout << "steps: queued ahead (the device runs step t while the host prepares step t+1; a step's loss and "
-                 "metrics are read once the next step is queued)"
-              << std::endl;
+  const bool queue = queue_ahead(step_context);
 
   // A queued step not read yet, and the end of the step queued just before it (its time
   // runs from there when nothing waited in between).
@@ -338,11 +379,7 @@ int Trainer::train() {
     current_step_ = step;
     if (const int signal = agreed_signal(interrupts.pending())) {
       finish_pending();
-      events_.add(step, "interrupted",
-                  "signal " + std::to_string(signal) + " received; stopped before step " + std::to_string(step));
-      std::cout << "interrupted before step " << step << "; the log keeps steps 0.." << step - 1 << std::endl;
-      if (ckpt_on && step > last_checkpoint_ && root()) save(step);
-      return kInterrupted;
+      return stop_before(step, signal, ckpt_on);
     }
     StepOutcome outcome = run_step(step_context, profiler, step, queue, finish_pending);
     // With queued steps: read the previous step now, while the device runs this one.

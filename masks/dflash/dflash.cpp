@@ -106,6 +106,84 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     return {start, start};
   }
 
+  // Checks doc_lengths (given): one list per batch element, documents of length >= 1
+  // covering the context exactly.
+  static void check_doc_lengths(const flashdraft::MaskInput& in) {
+    const int64_t S = in.context_len;
+    if (static_cast<int64_t>(in.doc_lengths.size()) != in.batch)
+      throw std::invalid_argument("dflash: doc_lengths has " + s(static_cast<int64_t>(in.doc_lengths.size())) +
+                                  " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
+    for (int64_t b = 0; b < in.batch; ++b) {
+      int64_t sum = 0;
+      for (int64_t len : in.doc_lengths[static_cast<size_t>(b)]) {
+        if (len < 1)
+          throw std::invalid_argument("dflash: batch element " + s(b) + " has a document of length " + s(len) +
+                                      "; documents hold at least one position");
+        sum += len;
+      }
+      if (sum != S)
+        throw std::invalid_argument("dflash: the documents of batch element " + s(b) + " cover " + s(sum) +
+                                    " positions, the context has " + s(S) + " (they must cover it exactly)");
+    }
+  }
+
+  // Checks batch element b's per-block lists: N anchors, N block_valid flags and N
+  // block_lengths in 1..BS (those given).
+  static void check_block_shapes(const flashdraft::MaskInput& in, int64_t b, int64_t N) {
+    const int64_t BS = in.block_size;
+    const auto& a = in.anchors[static_cast<size_t>(b)];
+    if (static_cast<int64_t>(a.size()) != N)
+      throw std::invalid_argument("dflash: batch element " + s(b) + " has " + s(static_cast<int64_t>(a.size())) +
+                                  " anchors but element 0 has " + s(N) + "; every element needs the same count");
+    if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size()) != N)
+      throw std::invalid_argument("dflash: block_valid of batch element " + s(b) + " has " +
+                                  s(static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size())) +
+                                  " flags for " + s(N) + " anchors");
+    if (!in.block_lengths.empty()) {
+      const auto& len = in.block_lengths[static_cast<size_t>(b)];
+      if (static_cast<int64_t>(len.size()) != N)
+        throw std::invalid_argument("dflash: block_lengths of batch element " + s(b) + " has " +
+                                    s(static_cast<int64_t>(len.size())) + " lengths for " + s(N) + " anchors");
+      for (int64_t n = 0; n < N; ++n)
+        if (len[static_cast<size_t>(n)] < 1 || len[static_cast<size_t>(n)] > BS)
+          throw std::invalid_argument("dflash: block " + s(n) + " of batch element " + s(b) + " has length " +
+                                      s(len[static_cast<size_t>(n)]) + "; a block holds 1.." + s(BS) + " tokens");
+    }
+  }
+
+  // Checks the anchors of batch element b's valid blocks: inside the context with room for
+  // a block after them, strictly increasing, and (with doc_lengths) each block inside its
+  // anchor's document.
+  static void check_anchors(const flashdraft::MaskInput& in, int64_t b, int64_t N) {
+    const int64_t S = in.context_len, BS = in.block_size;
+    const auto& a = in.anchors[static_cast<size_t>(b)];
+    int64_t prev = -1, prev_n = -1;
+    for (int64_t n = 0; n < N; ++n) {
+      if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) continue;
+      const int64_t x = a[static_cast<size_t>(n)];
+      const std::string where = " of batch element " + s(b) + ", block " + s(n);
+      if (x < 0 || x >= S)
+        throw std::invalid_argument("dflash: anchor " + s(x) + where + " is outside the context [0, " + s(S) + ")");
+      if (x > S - BS)
+        throw std::invalid_argument("dflash: anchor " + s(x) + where + " leaves no room for the " + s(BS - 1) +
+                                    " tokens after it in a context of " + s(S) + "; anchors must be <= " + s(S - BS));
+      if (x <= prev)
+        throw std::invalid_argument("dflash: anchor " + s(x) + where + " is not after anchor " + s(prev) +
+                                    " of block " + s(prev_n) + "; anchors must be strictly increasing");
+      if (!in.doc_lengths.empty()) {
+        const auto [d0, d1] = document_of(in, b, x);
+        const int64_t len =
+            in.block_lengths.empty() ? BS : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+        if (x + len > d1)
+          throw std::invalid_argument("dflash: the block at anchor " + s(x) + where + " runs past the end " + s(d1) +
+                                      " of its document [" + s(d0) + ", " + s(d1) +
+                                      "); a block must stay inside its document");
+      }
+      prev = x;
+      prev_n = n;
+    }
+  }
+
   static void check(const flashdraft::MaskInput& in) {
     const int64_t S = in.context_len, BS = in.block_size;
     if (BS < 1) throw std::invalid_argument("dflash: block size " + s(BS) + " is not accepted; it must be at least 1");
@@ -115,23 +193,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
                                   " anchor lists for a batch of " + s(in.batch) +
                                   "; one list per batch element is needed");
     const int64_t N = static_cast<int64_t>(in.anchors[0].size());
-    if (!in.doc_lengths.empty()) {
-      if (static_cast<int64_t>(in.doc_lengths.size()) != in.batch)
-        throw std::invalid_argument("dflash: doc_lengths has " + s(static_cast<int64_t>(in.doc_lengths.size())) +
-                                    " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
-      for (int64_t b = 0; b < in.batch; ++b) {
-        int64_t sum = 0;
-        for (int64_t len : in.doc_lengths[static_cast<size_t>(b)]) {
-          if (len < 1)
-            throw std::invalid_argument("dflash: batch element " + s(b) + " has a document of length " + s(len) +
-                                        "; documents hold at least one position");
-          sum += len;
-        }
-        if (sum != S)
-          throw std::invalid_argument("dflash: the documents of batch element " + s(b) + " cover " + s(sum) +
-                                      " positions, the context has " + s(S) + " (they must cover it exactly)");
-      }
-    }
+    if (!in.doc_lengths.empty()) check_doc_lengths(in);
     if (!in.block_lengths.empty() && static_cast<int64_t>(in.block_lengths.size()) != in.batch)
       throw std::invalid_argument("dflash: block_lengths has " + s(static_cast<int64_t>(in.block_lengths.size())) +
                                   " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
@@ -145,49 +207,8 @@ class DFlashMask final : public flashdraft::MaskGenerator {
       throw std::invalid_argument("dflash: key length " + s(in.kv_len) + " is not context + blocks = " + s(S) + " + " +
                                   s(N * BS) + " = " + s(S + N * BS));
     for (int64_t b = 0; b < in.batch; ++b) {
-      const auto& a = in.anchors[static_cast<size_t>(b)];
-      if (static_cast<int64_t>(a.size()) != N)
-        throw std::invalid_argument("dflash: batch element " + s(b) + " has " + s(static_cast<int64_t>(a.size())) +
-                                    " anchors but element 0 has " + s(N) + "; every element needs the same count");
-      if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size()) != N)
-        throw std::invalid_argument("dflash: block_valid of batch element " + s(b) + " has " +
-                                    s(static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size())) +
-                                    " flags for " + s(N) + " anchors");
-      if (!in.block_lengths.empty()) {
-        const auto& len = in.block_lengths[static_cast<size_t>(b)];
-        if (static_cast<int64_t>(len.size()) != N)
-          throw std::invalid_argument("dflash: block_lengths of batch element " + s(b) + " has " +
-                                      s(static_cast<int64_t>(len.size())) + " lengths for " + s(N) + " anchors");
-        for (int64_t n = 0; n < N; ++n)
-          if (len[static_cast<size_t>(n)] < 1 || len[static_cast<size_t>(n)] > BS)
-            throw std::invalid_argument("dflash: block " + s(n) + " of batch element " + s(b) + " has length " +
-                                        s(len[static_cast<size_t>(n)]) + "; a block holds 1.." + s(BS) + " tokens");
-      }
-      int64_t prev = -1, prev_n = -1;
-      for (int64_t n = 0; n < N; ++n) {
-        if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) continue;
-        const int64_t x = a[static_cast<size_t>(n)];
-        const std::string where = " of batch element " + s(b) + ", block " + s(n);
-        if (x < 0 || x >= S)
-          throw std::invalid_argument("dflash: anchor " + s(x) + where + " is outside the context [0, " + s(S) + ")");
-        if (x > S - BS)
-          throw std::invalid_argument("dflash: anchor " + s(x) + where + " leaves no room for the " + s(BS - 1) +
-                                      " tokens after it in a context of " + s(S) + "; anchors must be <= " + s(S - BS));
-        if (x <= prev)
-          throw std::invalid_argument("dflash: anchor " + s(x) + where + " is not after anchor " + s(prev) +
-                                      " of block " + s(prev_n) + "; anchors must be strictly increasing");
-        if (!in.doc_lengths.empty()) {
-          const auto [d0, d1] = document_of(in, b, x);
-          const int64_t len =
-              in.block_lengths.empty() ? BS : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
-          if (x + len > d1)
-            throw std::invalid_argument("dflash: the block at anchor " + s(x) + where + " runs past the end " + s(d1) +
-                                        " of its document [" + s(d0) + ", " + s(d1) +
-                                        "); a block must stay inside its document");
-        }
-        prev = x;
-        prev_n = n;
-      }
+      check_block_shapes(in, b, N);
+      check_anchors(in, b, N);
     }
   }
   bool causal_in_block_;

@@ -162,6 +162,25 @@ class DFlashDrafter final : public Drafter {
                                      " is larger than the sequence length " + std::to_string(seq_len) +
                                      " of the data (a block must fit in a sequence)");
     if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
+    resolve_labels(target, ctx);
+    resolve_features(target);
+    device_ = ctx.device;
+    dtype_ = ctx.dtype;
+    batch_ = batch_size;
+    seq_len_ = seq_len;
+    vocab_ = target.vocab;
+    // Frozen target parts: detached copies, so no gradient can reach the target's tensors.
+    embedding_ = target.embedding.detach().to(device_, dtype_);
+    lm_head_ = target.lm_head.detach().to(device_, dtype_);
+
+    make_parameters(target, ctx);
+  }
+
+  // Parts of bind().
+ private:
+  // labels = "auto" resolved against what the target gives: its last layer (after the final
+  // norm) for labels from the target, else the data's tokens.
+  void resolve_labels(const TargetModel& target, const RunContext& ctx) {
     label_index_ = -1;
     labels_ = labels_config_;
     if (labels_ != "data") {
@@ -183,6 +202,10 @@ class DFlashDrafter final : public Drafter {
                                    "does not export (it exports " + list_str(target.exported_layers) +
                                    "); give an online [target], export that layer, or use labels = \"data\"");
     }
+  }
+
+  // The entry of each configured target layer among the layers the data exports.
+  void resolve_features(const TargetModel& target) {
     feature_index_.clear();
     for (int64_t id : layer_ids_) {
       int64_t found = -1;
@@ -195,15 +218,10 @@ class DFlashDrafter final : public Drafter {
                                              std::to_string(target.layers) + " layers)");
       feature_index_.push_back(found);
     }
-    device_ = ctx.device;
-    dtype_ = ctx.dtype;
-    batch_ = batch_size;
-    seq_len_ = seq_len;
-    vocab_ = target.vocab;
-    // Frozen target parts: detached copies, so no gradient can reach the target's tensors.
-    embedding_ = target.embedding.detach().to(device_, dtype_);
-    lm_head_ = target.lm_head.detach().to(device_, dtype_);
+  }
 
+  // The drafter's weights, named as the Hugging Face folder names them.
+  void make_parameters(const TargetModel& target, const RunContext& ctx) {
     // Initial weights from a generator of our own (seeded by the run): same seed, same
     // drafter, whatever else drew from the global generator.
     params_.clear();
@@ -231,6 +249,7 @@ class DFlashDrafter final : public Drafter {
     final_norm_ = make.norm("norm.weight", hidden_);
   }
 
+ public:
   std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }
   // The layers the context reads (the configured ids, else default_layer_ids), then, for
   // labels from the target, its last layer (whose final-normed states give its logits).
@@ -495,9 +514,7 @@ class DFlashDrafter final : public Drafter {
           packed ? documents_of(batch, b, length, S, true) : std::vector<dflash::Document>{{0, length}};
       // Each position's document start (packed rows: positions count from it, as a server
       // decoding that conversation alone counts them).
-      std::vector<int64_t> start_of(static_cast<size_t>(S), 0);
-      for (const dflash::Document& d : docs)
-        for (int64_t p = d.begin; p < d.end; ++p) start_of[static_cast<size_t>(p)] = d.begin;
+      const std::vector<int64_t> start_of = document_starts(docs, S);
       if (packed) {
         for (int64_t p = 0; p < S; ++p) context_pos[b][p] = p - start_of[static_cast<size_t>(p)];
         std::vector<int64_t> lengths;
@@ -507,12 +524,7 @@ class DFlashDrafter final : public Drafter {
       std::vector<dflash::Document> real = docs;
       if (packed && !real.empty() && real.back().begin >= length) real.pop_back();  // the padding
       dflash::Anchors a = dflash::draw_anchors(dflash::anchor_candidates(real, BS, lm, anchor_rule_), N, draw);
-      std::vector<int64_t> ends(static_cast<size_t>(N), length);
-      for (int64_t n = 0; n < N; ++n)
-        for (const dflash::Document& d : real)
-          if (a.anchors[static_cast<size_t>(n)] >= d.begin && a.anchors[static_cast<size_t>(n)] < d.end)
-            ends[static_cast<size_t>(n)] = d.end;
-      dflash::BlockLabels bl = dflash::block_labels(tok, lm, ends, a, BS, gamma_);
+      dflash::BlockLabels bl = dflash::block_labels(tok, lm, block_ends(a, real, N, length), a, BS, gamma_);
       for (int64_t n = 0; n < N; ++n) {
         const int64_t anchor = a.anchors[static_cast<size_t>(n)];
         const int64_t origin = start_of[static_cast<size_t>(std::min(anchor, S - 1))];
@@ -543,18 +555,41 @@ class DFlashDrafter final : public Drafter {
     plan.row_labels = to_device(at::tensor(row_labels, long_opts));
     plan.row_weights = to_device(at::tensor(row_weights, at::TensorOptions().dtype(at::kFloat)));
     plan.row_position = to_device(at::tensor(row_position, long_opts));
-    if (labels_ != "data") {
-      // Blocks overlap: the target's logits are needed once per position, not once per row.
-      std::vector<int64_t> unique = row_source;
-      std::sort(unique.begin(), unique.end());
-      unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-      std::vector<int64_t> entry(row_source.size());
-      for (size_t r = 0; r < row_source.size(); ++r)
-        entry[r] = std::lower_bound(unique.begin(), unique.end(), row_source[r]) - unique.begin();
-      plan.target_positions = to_device(at::tensor(unique, long_opts));
-      plan.row_target = to_device(at::tensor(entry, long_opts));
-    }
+    if (labels_ != "data") index_target_positions(plan, row_source);
     return plan;
+  }
+
+  // Labels from the target: blocks overlap, so the target's logits are needed once per
+  // position (plan.target_positions), not once per row (plan.row_target indexes them).
+  void index_target_positions(StepPlan& plan, const std::vector<int64_t>& row_source) const {
+    const auto long_opts = at::TensorOptions().dtype(at::kLong);
+    std::vector<int64_t> unique = row_source;
+    std::sort(unique.begin(), unique.end());
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    std::vector<int64_t> entry(row_source.size());
+    for (size_t r = 0; r < row_source.size(); ++r)
+      entry[r] = std::lower_bound(unique.begin(), unique.end(), row_source[r]) - unique.begin();
+    plan.target_positions = to_device(at::tensor(unique, long_opts));
+    plan.row_target = to_device(at::tensor(entry, long_opts));
+  }
+
+  // Each position's document start (0 outside every document).
+  static std::vector<int64_t> document_starts(const std::vector<dflash::Document>& docs, int64_t S) {
+    std::vector<int64_t> start_of(static_cast<size_t>(S), 0);
+    for (const dflash::Document& d : docs)
+      for (int64_t p = d.begin; p < d.end; ++p) start_of[static_cast<size_t>(p)] = d.begin;
+    return start_of;
+  }
+
+  // Where each block's document ends (its labels stop there); `length` outside every document.
+  static std::vector<int64_t> block_ends(const dflash::Anchors& a, const std::vector<dflash::Document>& real, int64_t N,
+                                         int64_t length) {
+    std::vector<int64_t> ends(static_cast<size_t>(N), length);
+    for (int64_t n = 0; n < N; ++n)
+      for (const dflash::Document& d : real)
+        if (a.anchors[static_cast<size_t>(n)] >= d.begin && a.anchors[static_cast<size_t>(n)] < d.end)
+          ends[static_cast<size_t>(n)] = d.end;
+    return ends;
   }
 
   // The context features and the decoder layers: the block tokens' final states [B, L, H].

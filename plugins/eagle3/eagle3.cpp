@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <optional>
 
@@ -299,21 +300,36 @@ class Eagle3Drafter final : public Drafter {
         if (training) {
           tokens = plan.next_tokens.select(0, i + 1);
         } else {  // chain drafting: the greedy token of this step, as a target id
-          const at::Tensor d = at::linear(rms_norm(h, final_norm_), lm_head_).argmax(-1);  // [B, S] draft ids
-          tokens = d + d2t_.index_select(0, d.reshape({-1})).view({B, S});
+          tokens = greedy_target_ids(h);
           greedy.push_back(tokens);
         }
       } else if (!training) {
-        const at::Tensor d = at::linear(rms_norm(h, final_norm_), lm_head_).argmax(-1);
-        greedy.push_back(d + d2t_.index_select(0, d.reshape({-1})).view({B, S}));
+        greedy.push_back(greedy_target_ids(h));
       }
     }
     StepResult result;
     result.loss = loss;
     result.loss_weight = double(plan.counted_step0);
     if (!training) proposals(batch, plan, greedy, result);
-    const at::Tensor h_all = at::stack(hits), c_all = at::stack(counts);
-    auto fill = [h_all, c_all](StepResult& r) {
+    const auto fill = metrics_of(at::stack(hits), at::stack(counts));
+    if (training && device_.is_cuda())
+      result.deferred = fill;
+    else
+      fill(result);
+    return result;
+  }
+
+ private:
+  // The greedy token of a step's states [B, S, H] as target ids (draft id d is target id d + d2t[d]).
+  at::Tensor greedy_target_ids(const at::Tensor& h) const {
+    const at::Tensor d = at::linear(rms_norm(h, final_norm_), lm_head_).argmax(-1);  // [B, S] draft ids
+    return d + d2t_.index_select(0, d.reshape({-1})).view(d.sizes());
+  }
+
+  // Fills a step's per-step accuracy, token count and tau_sim from the hits and counted rows
+  // of each unroll step (device tensors, read when the function runs).
+  static std::function<void(StepResult&)> metrics_of(const at::Tensor& h_all, const at::Tensor& c_all) {
+    return [h_all, c_all](StepResult& r) {
       const at::Tensor hc = h_all.to(at::kCPU, at::kDouble), cc = c_all.to(at::kCPU, at::kDouble);
       r.position_accuracy.clear();
       for (int64_t i = 0; i < hc.size(0); ++i) {
@@ -323,14 +339,8 @@ class Eagle3Drafter final : public Drafter {
       r.tokens = static_cast<int64_t>(cc[0].item<double>());
       r.scalars = {{"tau_sim", simulated_tau(r.position_accuracy)}};
     };
-    if (training && device_.is_cuda())
-      result.deferred = fill;
-    else
-      fill(result);
-    return result;
   }
 
- private:
   // The chain drafter's caches: fc(target states) per position [B, capacity, H], and per
   // slot the keys/values [B, kv_heads, capacity + ttt_steps, D]: slot t < capacity holds
   // column t's step-0 keys (from fc(states at t) and the token at t + 1), the last
