@@ -19,6 +19,17 @@ FAMILIES = [
     ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False, rope_theta=1e6),
      dict(max_shard_size="60KB")),
     ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=24, rope_theta=1e6), {}),
+    # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
+    # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
+    # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
+    # positions run past them.
+    ("qwen3_yarn", "Qwen3Config", "Qwen3ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=24, rope_theta=1e6,
+          rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)), {}),
+    ("llama_yarn", "LlamaConfig", "LlamaForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=10000.0,
+          rope_scaling=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=32, mscale=0.707,
+                            mscale_all_dim=1.0, beta_fast=16.0, beta_slow=2.0, truncate=False)), {}),
 ]
 
 

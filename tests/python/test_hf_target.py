@@ -72,6 +72,29 @@ def test_hidden_states_and_logits_match_transformers(family_model, kernel, tmp_p
     print(f"{family} ({kernel}): worst hidden-state rel err {worst:.1e} (bound {BOUND:.0e})")
 
 
+@pytest.mark.parametrize("family", ["qwen3_yarn", "llama_yarn"])
+def test_yarn_past_the_pretraining_length_matches_transformers(family, tmp_path):
+    """YaRN at 100 positions, past the pretraining lengths (64, 32) the configs give; and not
+    vacuous: the same weights with plain RoPE give other states."""
+    model = make_model(tmp_path / family, family, seed=11)
+    S, last = 100, SMALL["num_hidden_layers"] - 1
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, S), generator=torch.Generator().manual_seed(3))
+    p, ours = run_target(tmp_path / family, tokens, torch.tensor([S]), [1, last], tmp_path)
+    assert p.returncode == 0, p.stderr
+    plain_config = copy.deepcopy(model.config)
+    plain_config.rope_parameters = {"rope_type": "default", "rope_theta": model.config.rope_parameters["rope_theta"]}
+    plain = type(model)(plain_config).eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+        other = plain(input_ids=tokens, output_hidden_states=True).hidden_states
+    errs = [rel(ours["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate([1, last])]
+    plain_err = rel(other[last + 1][0], ref[last + 1][0])
+    print(f"{family}: {model.config.rope_parameters}; rel err {max(errs):.1e} at {S} positions; "
+          f"plain RoPE differs by {plain_err:.1e}")
+    assert max(errs) <= BOUND and plain_err > 1e-3  # the difference is 1e4x our error
+
+
 def test_packed_documents_do_not_see_each_other(tmp_path):
     folder = tmp_path / "qwen3"
     model = make_model(folder, "qwen3", seed=3)
@@ -138,6 +161,10 @@ def corrupt(tmp_path, how):
         edit_config(folder, intermediate_size=100)
     elif how == "unsupported architecture":
         edit_config(folder, architectures=["GPT2LMHeadModel"])
+    elif how == "unsupported RoPE scaling":
+        edit_config(folder, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6})
+    elif how == "partial rotary":
+        edit_config(folder, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5})
     return folder
 
 
@@ -149,6 +176,8 @@ EXPECTED = {
     "tensor missing from the index": "model.layers.2.mlp.up_proj.weight",
     "shape disagrees with config.json": "implies",
     "unsupported architecture": "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+    "unsupported RoPE scaling": 'rope type "dynamic" is not supported (supported: default, linear, llama3, yarn)',
+    "partial rotary": "rotates part of each head, which this target does not (accepted: 1 or absent)",
 }
 
 

@@ -69,8 +69,7 @@ class HfTarget final : public Target {
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
     final_norm_ = load("model.norm.weight");
     const at::Tensor exponents = at::arange(0, cfg_.head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
-    inv_freq_ =
-        scaled_inv_freq(1.0 / at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)));
+    inv_freq_ = scaled_inv_freq(at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)));
   }
 
   TargetModel model() const override {
@@ -136,8 +135,7 @@ class HfTarget final : public Target {
     if (batch.documents.empty()) {
       const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
       const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.to(device_).unsqueeze(0);  // [S, D/2], fp32
-      const at::Tensor emb = at::cat({freqs, freqs}, -1);
-      cos = emb.cos().to(dtype_), sin = emb.sin().to(dtype_);
+      std::tie(cos, sin) = cos_sin(at::cat({freqs, freqs}, -1));
     } else {
       // Packed rows: positions count from each document's start, as the conversation alone.
       std::tie(cos, sin) = rope_tables(document_positions(docs, B, S));
@@ -344,10 +342,13 @@ class HfTarget final : public Target {
     return L;
   }
 
-  // RoPE frequencies with the config's scaling (linear: positions / factor; llama3:
-  // long wavelengths divided by factor, short kept, a smooth blend between).
-  at::Tensor scaled_inv_freq(at::Tensor inv) const {
+  // RoPE frequencies from theta^(2i/D) with the config's scaling (linear: positions / factor;
+  // llama3: long wavelengths divided by factor, short kept, a smooth blend between; yarn:
+  // interpolated below the ramp, extrapolated above it), in fp32 as transformers computes them.
+  at::Tensor scaled_inv_freq(const at::Tensor& pos_freqs) const {
     const hf::RopeScaling& r = cfg_.rope;
+    if (r.type == "yarn") return yarn_inv_freq(pos_freqs);
+    const at::Tensor inv = 1.0 / pos_freqs;
     if (r.type == "linear") return inv / r.factor;
     if (r.type != "llama3") return inv;
     const double low_wavelen = double(r.original_max_position) / r.low_freq_factor;
@@ -359,6 +360,33 @@ class HfTarget final : public Target {
     const at::Tensor smoothed = (1 - smooth) * out / r.factor + smooth * out;
     const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
     return at::where(medium, smoothed, out);
+  }
+
+  // YaRN: 1 / (factor theta^(2i/D)) for the slow dimensions, 1 / theta^(2i/D) for the fast ones, a
+  // linear ramp between the dimensions that turn beta_fast and beta_slow times over the
+  // pretraining length.
+  at::Tensor yarn_inv_freq(const at::Tensor& pos_freqs) const {
+    const hf::RopeScaling& r = cfg_.rope;
+    const double dim = double(cfg_.head_dim), base = cfg_.rope_theta;
+    const auto correction_dim = [&](double rotations) {
+      return dim * std::log(double(r.original_max_position) / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+    if (r.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // as transformers: no zero-width ramp
+    const at::Tensor ramp =
+        ((at::arange(cfg_.head_dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low)).clamp(0, 1);
+    const at::Tensor extrapolation = 1 - ramp;
+    const at::Tensor inv_extrapolated = 1.0 / pos_freqs, inv_interpolated = 1.0 / (r.factor * pos_freqs);
+    return inv_interpolated * (1 - extrapolation) + inv_extrapolated * extrapolation;
+  }
+
+  // cos and sin of the angles, times YaRN's attention factor (1 otherwise), in the run's dtype.
+  std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& angles) const {
+    const double f = cfg_.rope.type == "yarn" ? cfg_.rope.attention_factor : 1.0;
+    if (f == 1.0) return {angles.cos().to(dtype_), angles.sin().to(dtype_)};
+    return {(angles.cos() * f).to(dtype_), (angles.sin() * f).to(dtype_)};
   }
 
   // x / sqrt(mean(x^2) + eps) in fp32, back to the input dtype, times the weight.
@@ -426,8 +454,7 @@ class HfTarget final : public Target {
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them.
   std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions) const {
     const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(device_);
-    const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
-    return {emb.cos().to(dtype_), emb.sin().to(dtype_)};
+    return cos_sin(at::cat({freqs, freqs}, -1).unsqueeze(1));
   }
 
   // Visibility for verification: the context causal within each document [B, 1, S, S]; the

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -47,6 +48,29 @@ struct Reader {
   }
 };
 
+// YaRN (transformers' _compute_yarn_parameters): the ramp's bounds and the factor cos and sin
+// are scaled by (attention_factor, else from mscale / mscale_all_dim, else 0.1 ln(factor) + 1).
+void read_yarn(const Reader& r, const json& scaling, RopeScaling& y) {
+  // Python's `x or default`: a 0 or null bound takes the default too.
+  const double fast = r.real(scaling, "beta_fast", 0.0), slow = r.real(scaling, "beta_slow", 0.0);
+  y.beta_fast = fast != 0.0 ? fast : 32.0;
+  y.beta_slow = slow != 0.0 ? slow : 1.0;
+  if (scaling.contains("truncate") && !scaling.at("truncate").is_null()) {
+    if (!scaling.at("truncate").is_boolean())
+      r.fail("rope_scaling", "truncate: value " + scaling.at("truncate").dump() + " is not true or false");
+    y.truncate = scaling.at("truncate").get<bool>();
+  }
+  const auto mscale_of = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  const double mscale = r.real(scaling, "mscale", 0.0), mscale_all_dim = r.real(scaling, "mscale_all_dim", 0.0);
+  if (scaling.contains("attention_factor") && !scaling.at("attention_factor").is_null())
+    y.attention_factor = r.real(scaling, "attention_factor", 1.0);
+  else if (mscale != 0.0 && mscale_all_dim != 0.0)
+    y.attention_factor = mscale_of(y.factor, mscale) / mscale_of(y.factor, mscale_all_dim);
+  else
+    y.attention_factor = mscale_of(y.factor, 1.0);
+  if (!(y.attention_factor > 0)) r.fail("rope_scaling", "attention_factor must be positive");
+}
+
 // rope_theta and the scaling: transformers 4 writes rope_theta and rope_scaling at the
 // top level, transformers 5 a rope_parameters object holding both.
 void read_rope(const Reader& r, ModelConfig& c) {
@@ -65,14 +89,27 @@ void read_rope(const Reader& r, ModelConfig& c) {
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})
     if (scaling->contains(key) && scaling->at(key).is_string()) type = scaling->at(key).get<std::string>();
-  if (type != "default" && type != "linear" && type != "llama3")
-    r.fail("rope_scaling", "rope type \"" + type + "\" is not supported (supported: default, linear, llama3)");
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
+    r.fail("rope_scaling", "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn)");
+  const double partial = r.real(*scaling, "partial_rotary_factor", r.real(r.j, "partial_rotary_factor", 1.0));
+  if (partial != 1.0)
+    r.fail("partial_rotary_factor",
+           "value " + std::to_string(partial) +
+               " rotates part of each head, which this target does not (accepted: 1 or absent)");
   c.rope.type = type;
-  c.rope.factor = r.real(*scaling, "factor", 1.0);
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
   c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
-  c.rope.original_max_position = static_cast<int64_t>(r.real(*scaling, "original_max_position_embeddings", 8192.0));
+  // The pretraining length, as transformers takes it: a top-level original_max_position_embeddings
+  // first, then the scaling's, then max_position_embeddings.
+  const double max_position = r.real(r.j, "max_position_embeddings", 8192.0);
+  c.rope.original_max_position = static_cast<int64_t>(
+      r.has("original_max_position_embeddings") ? r.real(r.j, "original_max_position_embeddings", max_position)
+                                                : r.real(*scaling, "original_max_position_embeddings", max_position));
+  // yarn without a factor: the ratio of the lengths after and before (DeepSeek-V3's configs).
+  c.rope.factor =
+      r.real(*scaling, "factor", type == "yarn" ? max_position / double(c.rope.original_max_position) : 1.0);
   if (type != "default" && !(c.rope.factor > 0)) r.fail("rope_scaling", "factor must be positive");
+  if (type == "yarn") read_yarn(r, *scaling, c.rope);
 }
 
 // eos_token_id: an id or a list of ids (absent or null: none).

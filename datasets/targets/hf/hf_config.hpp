@@ -10,10 +10,13 @@
 namespace flashdraft::hf {
 
 struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3
+  std::string type = "default";  // default | linear | llama3 | yarn
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position = 8192;                  // llama3
+  int64_t original_max_position = 8192;                  // llama3, yarn: the pretraining length
+  double beta_fast = 32, beta_slow = 1;                  // yarn: the ramp's bounds in rotations
+  bool truncate = true;                                  // yarn: the ramp's bounds rounded outwards
+  double attention_factor = 1.0;                         // yarn: cos and sin are scaled by it
 };
 
 struct ModelConfig {
