@@ -10,6 +10,8 @@
 #include "run_log.hpp"
 #include "trainer.hpp"
 
+#include <flashdraft/acceptance.hpp>
+
 #include "cli_runner.hpp"
 
 #include <gtest/gtest.h>

@@ -13,6 +13,17 @@ namespace flashdraft {
 
 enum class Phase { forward = 0, backward = 1 };
 
+// The ledger's columns by group: the drafter's attention calls, then the online target's, then
+// the LM-head loss's one column. Every reader of a step's kernel ids takes its group from here.
+struct LedgerColumns {
+  int64_t drafter = 0;  // the drafter's attention calls per step (Drafter::attention_layers())
+  int64_t target = 0;   // the online target's (0 without one)
+  int64_t target_begin() const { return drafter; }
+  int64_t attention() const { return drafter + target; }  // every attention call: /kernels/forward's width
+  int64_t loss() const { return drafter + target; }       // the LM-head loss's column
+  int64_t count() const { return drafter + target + 1; }  // the ledger's width
+};
+
 class FLASHDRAFT_API KernelLedger {
  public:
   void begin_step(int64_t step, int64_t layers);

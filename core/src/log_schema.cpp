@@ -34,10 +34,10 @@ std::vector<LogColumn> memory_kernel_event_columns(const LogShape& shape) {
       {"memory/backward", T::i64, 0, 0, "peak bytes during the backward pass"},
       {"memory/optimizer", T::i64, 0, 0, "peak bytes during clipping and the optimizer step"},
       {"memory/step", T::i64, 0, 0, "peak bytes over the whole step"},
-      {"kernels/forward", T::i32, shape.layers, 0,
+      {"kernels/forward", T::i32, shape.columns.attention(), 0,
        "variant id per attention call (forward): the drafter's calls (e.g. its layers, or its unroll steps), then the "
        "online target's; -1 = no call"},
-      {"kernels/backward", T::i32, shape.layers, 0,
+      {"kernels/backward", T::i32, shape.columns.attention(), 0,
        "variant id per attention call (backward), columns as in forward; -1 = no call"},
       {"kernels/loss", T::i32, 2, 0,
        "variant id of the LM-head loss op: forward, backward; -1 = no call (also for a drafter with its own loss)"},
@@ -105,10 +105,10 @@ std::vector<LogColumn> rank_columns(const LogShape& shape) {
       {"ranks/memory_step", T::i64, n, 0, "per rank: peak bytes over the step (memory/* hold the largest)"},
       {"ranks/weights_sum", T::f64, n, 0, "per rank: sum of every trainable value after the step (float64)"},
       {"ranks/weights_sumsq", T::f64, n, 0, "per rank: sum of squares of every trainable value after the step"},
-      {"ranks/kernels_forward", T::i32, n * (shape.layers + 1), 0,
+      {"ranks/kernels_forward", T::i32, n * shape.columns.count(), 0,
        "per rank, then per attention call as in kernels/forward and last the LM-head loss: variant id "
        "(kernels/names)"},
-      {"ranks/kernels_backward", T::i32, n * (shape.layers + 1), 0,
+      {"ranks/kernels_backward", T::i32, n * shape.columns.count(), 0,
        "per rank, then per attention call as in kernels/backward and last the LM-head loss: variant id "
        "(kernels/names)"},
   };

@@ -2,6 +2,7 @@
 // 0, and `flashdraft inspect` reads its summaries from the same list.
 #pragma once
 
+#include "ledger.hpp"
 #include "run_log.hpp"
 
 #include <cstdint>
@@ -21,7 +22,7 @@ struct LogColumn {
 // What the widths depend on: the drafter's attention layers, per-position metrics and
 // extra scalars (zero widths give the names only, as `inspect` needs them).
 struct LogShape {
-  int64_t layers = 0;
+  LedgerColumns columns;  // the kernel ledger's groups: /kernels/* widths
   int64_t positions = 0;
   std::vector<std::string> scalar_names;
   bool target = false;       // an online target: its forward time per step

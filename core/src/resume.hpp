@@ -3,7 +3,7 @@
 #pragma once
 
 #include "checkpoint.hpp"
-#include "trainer.hpp"
+#include "run_options.hpp"
 
 #include <ATen/core/Tensor.h>
 

@@ -7,7 +7,7 @@
 
 #include "experiment.hpp"
 #include "registry.hpp"
-#include "trainer.hpp"
+#include "run_options.hpp"
 
 #include <map>
 #include <memory>

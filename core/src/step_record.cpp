@@ -23,14 +23,14 @@ void StepRecorder::record(const StepOutcome& o) {
   const KernelLedger& ledger = o.kernels;
   for (; names_written_ < static_cast<int64_t>(ledger.names().size()); ++names_written_)
     log_.append("kernels/names", ledger.names()[static_cast<size_t>(names_written_)]);
-  // The ledger's last column is the LM-head loss's (see the trainer).
+  const LedgerColumns& columns = shape_.columns;
   auto attention = [&](Phase ph) {
     const std::vector<int32_t>& ids = ledger.ids(ph);
-    return std::vector<int32_t>(ids.begin(), ids.begin() + std::min<int64_t>(shape_.layers, ids.size()));
+    return std::vector<int32_t>(ids.begin(), ids.begin() + std::min<int64_t>(columns.attention(), ids.size()));
   };
   auto loss = [&](Phase ph) {
     const std::vector<int32_t>& ids = ledger.ids(ph);
-    return static_cast<int64_t>(ids.size()) > shape_.layers ? ids[static_cast<size_t>(shape_.layers)] : -1;
+    return static_cast<int64_t>(ids.size()) > columns.loss() ? ids[static_cast<size_t>(columns.loss())] : -1;
   };
   log_.append("kernels/forward", attention(Phase::forward));
   log_.append("kernels/backward", attention(Phase::backward));
@@ -69,8 +69,8 @@ std::string StepRecorder::line(const StepOutcome& o, int64_t steps) const {
   os << "  lr " << std::scientific << std::setprecision(2) << o.lr << std::fixed << "  |g| " << std::setprecision(3)
      << o.grad_norm << "  " << std::setprecision(3) << o.seconds << " s"
      << "  peak fwd " << mib(o.peak_forward) << " bwd " << mib(o.peak_backward) << "  kernels fwd "
-     << o.kernels.summary(Phase::forward, shape_.layers) << " bwd "
-     << o.kernels.summary(Phase::backward, shape_.layers);
+     << o.kernels.summary(Phase::forward, shape_.columns.attention()) << " bwd "
+     << o.kernels.summary(Phase::backward, shape_.columns.attention());
   return os.str();
 }
 

@@ -205,11 +205,10 @@ void Trainer::prepare() {
   const int64_t accumulate = setup_.experiment.optimizer().integer("accumulate");
   resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), model_tensors(),
                               plugins_.ctx.say);
-  // Ledger columns: the drafter's attention calls, the target's, then the LM-head loss.
-  const int64_t loss_column = drafter.attention_layers() + plugins_.target_calls;
-  prepare_loss(loss_column);
+  const LedgerColumns columns{drafter.attention_layers(), plugins_.target_calls};
+  prepare_loss(columns.loss());
   std::cout << "precision: " << plugins_.precision.describe() << std::endl;
-  shape_ = LogShape{loss_column,
+  shape_ = LogShape{columns,
                     drafter.positions(),
                     drafter.scalar_names(),
                     plugins_.target != nullptr,
@@ -318,7 +317,7 @@ StepContext Trainer::make_step_context() {
                      make_schedule(setup_.experiment.optimizer(), steps_),
                      setup_.experiment.optimizer().real("grad_clip"),
                      plugins_.ctx.device,
-                     shape_.layers + 1,  // + the loss's ledger column
+                     shape_.columns.count(),
                      grads_.get()};
 }
 
@@ -472,7 +471,7 @@ void Trainer::validate(int64_t done) {
                             ledger_,
                             setup_.experiment.eval(),
                             static_cast<uint64_t>(run_table().integer("seed")),
-                            shape_.layers + 1,  // + the loss's ledger column
+                            shape_.columns.count(),
                             shape_.positions,
                             plugins_.target.get(),
                             nullptr,

@@ -14,7 +14,8 @@
 // trainer.cpp puts them in order.
 #pragma once
 
-#include <flashdraft/acceptance.hpp>
+#include "run_options.hpp"
+
 #include <flashdraft/export.hpp>
 
 #include <cstdint>
@@ -22,15 +23,6 @@
 #include <vector>
 
 namespace flashdraft {
-
-struct RunOptions {
-  std::string experiment;                 // path of the TOML file
-  std::string out;                        // overrides [run].out
-  int64_t steps = -1;                     // overrides [run].steps
-  std::vector<std::string> plugin_paths;  // --plugin-path
-  std::string resume;                     // "", "latest" or a checkpoint folder
-  std::string profile;                    // --profile A:B ("" = none)
-};
 
 // Exit codes: 0 finished; 1 error before or during the run (the log keeps every
 // finished step); 2 bad experiment; 130 interrupted.
