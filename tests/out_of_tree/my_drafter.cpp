@@ -6,8 +6,10 @@
 #include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
 
-#include <torch/nn/functional.h>
-#include <torch/types.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randn.h>
 
 #include <algorithm>
 #include <fstream>
@@ -69,9 +71,9 @@ class MyDrafter final : public Drafter {
     seq_ = seq;
     device_ = ctx.device;
     const int64_t w = heads_ * head_dim_;
-    embed_ = (torch::randn({vocab_, w}) * 0.1).requires_grad_();
-    qkv_ = (torch::randn({w, 3 * w}) / std::sqrt(double(w))).requires_grad_();
-    out_ = (torch::randn({w, vocab_}) / std::sqrt(double(w))).requires_grad_();
+    embed_ = (at::randn({vocab_, w}) * 0.1).requires_grad_();
+    qkv_ = (at::randn({w, 3 * w}) / std::sqrt(double(w))).requires_grad_();
+    out_ = (at::randn({w, vocab_}) / std::sqrt(double(w))).requires_grad_();
   }
   std::vector<std::pair<std::string, at::Tensor>> parameters() override {
     return {{"embed", embed_}, {"qkv", qkv_}, {"out", out_}};
@@ -93,14 +95,14 @@ class MyDrafter final : public Drafter {
     in.q_len = in.kv_len = seq_;
     attention.set_mask(in);
     at::Tensor x = embed_.index_select(0, batch.tokens.reshape({-1})).view({batch_, seq_, -1});
-    auto qkv = torch::matmul(x, qkv_).view({batch_, seq_, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});
+    auto qkv = at::matmul(x, qkv_).view({batch_, seq_, 3, heads_, head_dim_}).permute({2, 0, 3, 1, 4});
     at::Tensor o = attention.attention(0, qkv[0], qkv[1], qkv[2], 1.0 / std::sqrt(double(head_dim_)));
     x = x + o.permute({0, 2, 1, 3}).reshape({batch_, seq_, -1});
-    at::Tensor logits = torch::matmul(x, out_).slice(1, 0, seq_ - 1).reshape({-1, vocab_});
+    at::Tensor logits = at::matmul(x, out_).slice(1, 0, seq_ - 1).reshape({-1, vocab_});
     at::Tensor labels = batch.tokens.slice(1, 1, seq_).reshape({-1});
     StepResult r;
-    r.loss = torch::nn::functional::cross_entropy(logits, labels);
-    r.position_accuracy = {logits.argmax(-1).eq(labels).to(torch::kFloat).mean().item<double>()};
+    r.loss = at::cross_entropy_loss(logits, labels);
+    r.position_accuracy = {logits.argmax(-1).eq(labels).to(at::kFloat).mean().item<double>()};
     r.tokens = labels.numel();
     return r;
   }

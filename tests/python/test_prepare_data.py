@@ -153,8 +153,10 @@ def test_unstable_template_is_reported(tokenizers, tmp_path):
 
 
 def test_nothing_written_is_an_error(tokenizers, tmp_path):
+    """Started as a user starts it (a process of its own; the other tests call its main())."""
     bad = tt.write_jsonl(tmp_path / "bad.jsonl", [line for line in tt.LINES if line[1]])
-    p = tt.prepare_data("--tokenizer", tokenizers["plain"], "--input", bad, "--out", tmp_path / "out", check=False)
+    p = tt.prepare_data("--tokenizer", tokenizers["plain"], "--input", bad, "--out", tmp_path / "out", check=False,
+                        subprocess_run=True)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "no conversation was written" in p.stderr
     assert not list((tmp_path / "out").glob("*.h5"))

@@ -7,6 +7,10 @@ PreTrainedTokenizerFast with special tokens and a chat template, saved with
 save_pretrained. Two templates render the same text: PLAIN has no {% generation %}
 tags (prepare-data diffs prefixes), GENERATION marks each reply and its <|end|>.
 """
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -108,11 +112,49 @@ def messages_of(obj):
     return [{"role": roles[t["from"]], "content": t["value"]} for t in obj["conversations"]]
 
 
-def prepare_data(*args, check=True):
-    """Runs scripts/prepare-data with this Python; returns the CompletedProcess."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable, str(PREPARE_DATA), *map(str, args)], capture_output=True, text=True,
-                       env=env, timeout=300)
+_PREPARE_DATA_MODULE = None
+
+
+def _prepare_data_module():
+    """scripts/prepare-data as a module, loaded once per test process."""
+    global _PREPARE_DATA_MODULE
+    if _PREPARE_DATA_MODULE is None:
+        loader = importlib.machinery.SourceFileLoader("flashdraft_prepare_data", str(PREPARE_DATA))
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        _PREPARE_DATA_MODULE = module
+    return _PREPARE_DATA_MODULE
+
+
+def prepare_data(*args, check=True, subprocess_run=False):
+    """Runs scripts/prepare-data; returns a CompletedProcess (returncode, stdout, stderr).
+    By default its main(argv) runs in this process, which has imported transformers already
+    (a process per call spent ~2.5 s importing it, 16 calls in the suite); subprocess_run=True
+    starts the script as a user does (test_prepare_data keeps one such test)."""
+    if subprocess_run:
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        p = subprocess.run([sys.executable, str(PREPARE_DATA), *map(str, args)], capture_output=True, text=True,
+                           env=env, timeout=300)
+    else:
+        argv = [str(a) for a in args]
+        out, err, code = io.StringIO(), io.StringIO(), 0
+        offline = os.environ.get("HF_HUB_OFFLINE")
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = _prepare_data_module().main(argv) or 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                    if not isinstance(e.code, int) and e.code is not None:
+                        print(e.code, file=sys.stderr)
+        finally:
+            if offline is None:
+                os.environ.pop("HF_HUB_OFFLINE", None)
+            else:
+                os.environ["HF_HUB_OFFLINE"] = offline
+        p = subprocess.CompletedProcess([str(PREPARE_DATA), *argv], code, out.getvalue(), err.getvalue())
     if check:
         assert p.returncode == 0, f"prepare-data exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
     return p
