@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 from conftest import BINARY_DIR
@@ -92,7 +93,30 @@ def test_yarn_past_the_pretraining_length_matches_transformers(family, tmp_path)
     plain_err = rel(other[last + 1][0], ref[last + 1][0])
     print(f"{family}: {model.config.rope_parameters}; rel err {max(errs):.1e} at {S} positions; "
           f"plain RoPE differs by {plain_err:.1e}")
-    assert max(errs) <= BOUND and plain_err > 1e-3  # the difference is 1e4x our error
+    # Not vacuous: plain RoPE is off by more than 10x the equality bound (our error is ~3e-7).
+    assert max(errs) <= BOUND and plain_err > 10 * BOUND
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_yarn"])
+def test_scaled_rope_without_a_pretraining_length_uses_max_position_embeddings(family, tmp_path):
+    """A config whose rope_parameters omit original_max_position_embeddings (written by hand:
+    save_pretrained always writes it): transformers takes max_position_embeddings, and so do we."""
+    folder = tmp_path / family
+    make_model(folder, family, seed=17)
+    cfg = json.loads((folder / "config.json").read_text())
+    rope = {k: v for k, v in cfg["rope_parameters"].items() if k != "original_max_position_embeddings"}
+    edit_config(folder, rope_parameters=rope, max_position_embeddings=128)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert model.config.rope_parameters["original_max_position_embeddings"] == 128
+    S, last = 100, SMALL["num_hidden_layers"] - 1
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, S), generator=torch.Generator().manual_seed(4))
+    p, ours = run_target(folder, tokens, torch.tensor([S]), [last], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states[last + 1][0]
+    err = rel(ours["hidden"][0, :, 0], ref)
+    print(f"{family} without original_max_position_embeddings: rel err {err:.1e}")
+    assert err <= BOUND
 
 
 def test_packed_documents_do_not_see_each_other(tmp_path):
