@@ -1,0 +1,152 @@
+// DFlash drafter: a block-diffusion drafter conditioned on the target's hidden states.
+//
+// One training step, for a batch of B sequences of S target positions:
+//   context  c = RMSNorm(fc(concat_l h_l))            [B, S, H]   (h_l: target layer l)
+//   blocks   N anchors per sequence; block b = [token at anchor_b, MASK x (BS-1)] at
+//            positions anchor_b + j; x = target embedding of the block tokens [B, N*BS, H]
+//   layers   Qwen3-style pre-norm decoder layers. Queries come from the block tokens
+//            only; keys/values are [context | blocks]: the context's k/v are this layer's
+//            k/v projections of c (KV injection), at positions 0..S-1. q and k get a
+//            per-head RMSNorm and RoPE; GQA (heads % kv_heads == 0); SwiGLU MLP.
+//            Which key a query sees is the mask generator's business ("dflash": block b
+//            sees context positions < anchor_b and its own block); attention runs
+//            through the engine's dispatcher.
+//   output   logits = lm_head(RMSNorm(x)) with the target's frozen LM head, for the rows
+//            that carry loss only, through the engine's LM-head loss op (chunked or
+//            reference, [loss] in the experiment; the logits are never the drafter's).
+//   loss     block position j (1..BS-1) predicts the token at anchor_b + j with weight
+//            exp(-(j-1)/gamma); sum(w * CE) / sum(w) over the counted positions.
+// The target's embedding and LM head are detached copies: never parameters, never a
+// gradient. The pure label/anchor logic lives in dflash_labels.hpp.
+//
+// The class is a library (dflash_drafter, linked by the "dflash" plugin): a drafter of the
+// DFlash family (plugins/dflash2) derives from it and changes what its extension points
+// below say, keeping the anchors, labels, masks, context, serving loop and format.
+#pragma once
+
+#include "dflash_labels.hpp"
+
+#include <flashdraft/decoding.hpp>
+#include <flashdraft/model.hpp>
+#include <flashdraft/ops.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flashdraft::dflash {
+
+struct Layer {
+  at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
+};
+
+class DFlashDrafter : public Drafter {
+ public:
+  static void declare(Schema& s);
+  explicit DFlashDrafter(const Config& config);
+
+  void bind(const TargetModel& target, const RunContext& ctx, int64_t batch_size, int64_t seq_len) override;
+  std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }
+  // The layers the context reads (the configured ids, else default_layer_ids), then, for
+  // labels from the target, its last layer (whose final-normed states give its logits).
+  std::vector<int64_t> target_layers(const TargetModel& target) const override;
+  int64_t attention_layers() const override { return layers_n_; }
+  int64_t positions() const override { return block_size_ - 1; }
+  std::vector<std::string> scalar_names() const override { return {"tau_sim"}; }
+  AttentionProblem attention_problem() const override;
+
+  // Serving (decoding.hpp): a block of BS tokens [the known token, MASK x (BS - 1)] at
+  // positions start .. start + BS - 1 sees the context before start and itself, as in
+  // training (the [mask] generator with one anchor per row, the block's keys after a cache
+  // of `capacity` context positions); a row's shorter last block keeps its first
+  // count + 1 tokens (MaskInput::block_lengths).
+  const DrafterFormat* format() const override;
+  int64_t max_proposals() const override { return block_size_ - 1; }
+  std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override;
+  std::unique_ptr<DraftDecoder> decoder(int64_t batch, int64_t capacity, AttentionContext& attention) override;
+
+  StepResult step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) override;
+
+ protected:
+  // ---- Extension points (a drafter of the family overrides them; DFlash's are below) ----
+
+  // The attention sublayer of layer l: its output (after o_proj) for its input h [B, T, H].
+  using Attend = std::function<at::Tensor(const at::Tensor& h)>;
+  // Decoder layer l on block states x [B, T, H] (T a whole number of blocks, each block's
+  // tokens contiguous). DFlash: x + attend(norm(x)), then x + mlp(norm(x)).
+  virtual at::Tensor layer(int64_t l, const at::Tensor& x, const Attend& attend) const;
+  // Tensors made after DFlash's own, from the same generator (so DFlash's draw the same).
+  virtual void make_more_parameters(ParamMaker& make) { (void)make; }
+
+  // The rows that carry loss in a step, as the LM-head op saw them.
+  struct LossRows {
+    const LmHeadLossInput& in;    // in.hidden [R, H]: final-normed states; weights, weight_sum
+    const LmHeadLossOutput& out;  // the op's loss and argmax
+    at::Tensor wanted;            // [R] int64: what each row is trained towards (data or target argmax)
+    at::Tensor previous;          // [R] int64: the data's token before each row's (at anchor + j - 1)
+  };
+  // What a drafter of the family adds to the step: a loss term (already normalised as the
+  // op's), the token each row proposes when it is not the LM head's argmax, and scalars
+  // (0-dim device tensors, read after the backward is queued; names in scalar_names()).
+  struct LossExtra {
+    at::Tensor loss;
+    at::Tensor chosen;
+    std::vector<std::pair<std::string, at::Tensor>> scalars;
+  };
+  virtual LossExtra extra_loss(const LossRows& rows, bool training) const {
+    (void)rows;
+    (void)training;
+    return {};
+  }
+  // Serving: the proposals from the block's final-normed states [B, K, H] at positions
+  // 1..K, `last` [B] the block's known token. DFlash: the LM head's argmax, or a draw.
+  virtual DraftProposal choose(const at::Tensor& states, const at::Tensor& last, const Sampling& sampling) const;
+
+  // ---- Shared parts ----
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const;
+  at::Tensor mlp(int64_t l, const at::Tensor& h) const;
+  const Config& config() const { return config_; }
+
+  Config config_;
+  int64_t layers_n_, hidden_, heads_, kv_heads_, head_dim_, ffn_, block_size_, mask_token_, anchors_;
+  std::vector<int64_t> layer_ids_, feature_index_;
+  int64_t label_index_ = -1;  // labels from the target: the E index of its last layer
+  double rope_theta_, eps_, gamma_, init_std_, label_temperature_;
+  bool by_positions_ = true, separate_documents_ = true;
+  dflash::AnchorRule anchor_rule_ = dflash::AnchorRule::response;
+  std::string labels_, labels_config_;  // resolved at bind ("auto" -> target_kl or data); as configured
+  c10::Device device_ = c10::kCPU;
+  c10::ScalarType dtype_ = c10::kFloat;
+  int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;
+  at::Tensor embedding_, lm_head_, fc_, hidden_norm_, final_norm_;
+  std::vector<Layer> layers_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+
+ private:
+  class Decoder;
+  struct StepPlan;
+
+  void resolve_labels(const TargetModel& target, const RunContext& ctx);
+  void resolve_features(const TargetModel& target);
+  void make_parameters(const TargetModel& target, const RunContext& ctx);
+  at::Tensor to_device(const at::Tensor& t) const;
+  StepPlan plan_step(const Batch& batch, at::Generator& rng) const;
+  void index_target_positions(StepPlan& plan, const std::vector<int64_t>& row_source) const;
+  at::Tensor decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const;
+  StepResult loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan,
+                              AttentionContext& attention, bool training) const;
+  std::vector<int64_t> default_layer_ids(const TargetModel& target) const;
+  void check_hidden(int64_t hidden) const;
+  at::Tensor heads_of(const at::Tensor& x, int64_t heads) const;
+  std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos) const;
+  const std::pair<at::Tensor, at::Tensor>& context_rope(int64_t B, int64_t S) const;
+
+  mutable std::pair<at::Tensor, at::Tensor> context_rope_;  // context_rope()'s cache
+};
+
+}  // namespace flashdraft::dflash
