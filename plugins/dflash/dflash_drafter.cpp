@@ -20,7 +20,7 @@ namespace {
 // The documents of row b of a batch within its length (packed rows: Batch::documents;
 // else one), and the padding after them as a document of its own when `with_padding`.
 std::vector<dflash::Document> documents_of(const Batch& batch, int64_t b, int64_t length, int64_t S,
-                                                  bool with_padding) {
+                                           bool with_padding) {
   std::vector<dflash::Document> docs;
   int64_t begin = 0;
   if (static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[static_cast<size_t>(b)].empty()) {
@@ -47,7 +47,7 @@ std::vector<int64_t> document_starts(const std::vector<dflash::Document>& docs, 
 
 // Where each block's document ends (its labels stop there); `length` outside every document.
 std::vector<int64_t> block_ends(const dflash::Anchors& a, const std::vector<dflash::Document>& real, int64_t N,
-                                       int64_t length) {
+                                int64_t length) {
   std::vector<int64_t> ends(static_cast<size_t>(N), length);
   for (int64_t n = 0; n < N; ++n)
     for (const dflash::Document& d : real)
@@ -68,9 +68,7 @@ void DFlashDrafter::declare(Schema& s) {
   s.integer("head_dim", "width of one head (0 = hidden / heads)").def(int64_t{0}).range(0, 1024);
   s.integer("ffn", "SwiGLU inner width (0 = 3 x hidden)").def(int64_t{0}).range(0, 1 << 22);
   s.integer("block_size", "tokens per block, anchor included (BS)").def(int64_t{16}).range(2, 4096);
-  s.integer("mask_token", "token id of MASK in the target vocabulary (-1 = the last id)")
-      .def(int64_t{-1})
-      .at_least(-1);
+  s.integer("mask_token", "token id of MASK in the target vocabulary (-1 = the last id)").def(int64_t{-1}).at_least(-1);
   s.integers("target_layer_ids",
              "target layers whose hidden states form the context; id L = the output of decoder layer L, "
              "transformers' hidden_states[L + 1] (empty = for an online target the reference's rule, one id per "
@@ -170,9 +168,8 @@ void DFlashDrafter::bind(const TargetModel& target, const RunContext& ctx, int64
                                    " is outside the target vocabulary (ids 0.." + std::to_string(target.vocab - 1) +
                                    ", or -1 for the last id)");
   if (block_size_ > seq_len)
-    config_.fail("block_size", "block_size = " + std::to_string(block_size_) +
-                                   " is larger than the sequence length " + std::to_string(seq_len) +
-                                   " of the data (a block must fit in a sequence)");
+    config_.fail("block_size", "block_size = " + std::to_string(block_size_) + " is larger than the sequence length " +
+                                   std::to_string(seq_len) + " of the data (a block must fit in a sequence)");
   if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
   resolve_labels(target, ctx);
   resolve_features(target);
@@ -222,10 +219,9 @@ void DFlashDrafter::resolve_features(const TargetModel& target) {
     for (size_t e = 0; e < target.exported_layers.size(); ++e)
       if (target.exported_layers[e] == id) found = static_cast<int64_t>(e);
     if (found < 0)
-      config_.fail("target_layer_ids", "target layer " + std::to_string(id) +
-                                           " is not among the layers the data exports " +
-                                           list_str(target.exported_layers) + " (target has " +
-                                           std::to_string(target.layers) + " layers)");
+      config_.fail("target_layer_ids",
+                   "target layer " + std::to_string(id) + " is not among the layers the data exports " +
+                       list_str(target.exported_layers) + " (target has " + std::to_string(target.layers) + " layers)");
     feature_index_.push_back(found);
   }
 }
@@ -257,6 +253,7 @@ void DFlashDrafter::make_parameters(const TargetModel& target, const RunContext&
     layers_.push_back(L);
   }
   final_norm_ = make.norm("norm.weight", hidden_);
+  make_more_parameters(make);
 }
 
 std::vector<int64_t> DFlashDrafter::target_layers(const TargetModel& target) const {
@@ -373,8 +370,7 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
       const Layer& P = d_.layers_[static_cast<size_t>(l)];
       x = d_.layer(l, x, [&](const at::Tensor& h) {
         const at::Tensor q = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.q_proj), d_.heads_), P.q_norm), cos, sin);
-        const at::Tensor kb =
-            rope(d_.rms_norm(d_.heads_of(at::linear(h, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
+        const at::Tensor kb = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
         at::Tensor& k = k_[static_cast<size_t>(l)];
         at::Tensor& v = v_[static_cast<size_t>(l)];
         k.narrow(2, capacity_, BS).copy_(kb);
@@ -398,8 +394,8 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
       if (start[static_cast<size_t>(b)] < 0 || start[static_cast<size_t>(b)] + T > capacity_)
         throw std::invalid_argument(std::string("dflash decoder ") + call + ": row " + std::to_string(b) +
                                     " at positions " + std::to_string(start[static_cast<size_t>(b)]) + ".." +
-                                    std::to_string(start[static_cast<size_t>(b)] + T - 1) +
-                                    ", outside its cache of " + std::to_string(capacity_) + " positions");
+                                    std::to_string(start[static_cast<size_t>(b)] + T - 1) + ", outside its cache of " +
+                                    std::to_string(capacity_) + " positions");
   }
   at::Tensor positions_of(const std::vector<int64_t>& start, int64_t T) const {
     const auto long_opts = at::TensorOptions().dtype(at::kLong).device(d_.device_);
@@ -572,8 +568,7 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
       at::Tensor q = heads_of(at::linear(h, P.q_proj), heads_);
       q = rope(rms_norm(q, P.q_norm), cos_b, sin_b);
       const at::Tensor kb = rope(rms_norm(heads_of(at::linear(h, P.k_proj), kv_heads_), P.k_norm), cos_b, sin_b);
-      const at::Tensor kc =
-          rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
+      const at::Tensor kc = rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
       const at::Tensor vb = heads_of(at::linear(h, P.v_proj), kv_heads_);
       const at::Tensor vc = heads_of(at::linear(context, P.v_proj), kv_heads_);
       const at::Tensor k = at::cat({kc, kb}, 2);  // [B, Hkv, S + L, D]: context first
@@ -626,10 +621,8 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
   if (!training) {
     // Validation: the block proposals, so the engine can measure the exact greedy
     // acceptance length (rows without a label keep -1: they end a block anyway).
-    result.predictions = at::full({B * L}, -1, plan.rows.options())
-                             .index_copy_(0, plan.rows, chosen)
-                             .view({B, N, BS})
-                             .to(at::kCPU);
+    result.predictions =
+        at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, chosen).view({B, N, BS}).to(at::kCPU);
   }
   if (!training) {
     result.labels = plan.labels.view({B, N, BS});

@@ -20,7 +20,6 @@ namespace flashdraft::hf_drafter {
 namespace {
 
 using Json = nlohmann::ordered_json;
-constexpr const char* kArchitecture = "DFlashDraftModel";
 
 const std::map<std::string, std::pair<std::string, c10::ScalarType>>& dtypes() {
   static const std::map<std::string, std::pair<std::string, c10::ScalarType>> table = {
@@ -70,14 +69,15 @@ struct ConfigReader {
   }
 };
 
-void read_architecture(const ConfigReader& r) {
+void read_architecture(const ConfigReader& r, const Variant& v) {
   const Json& a = r.j.contains("architectures") ? r.j["architectures"] : Json();
   if (!a.is_array() || a.empty() || !a[0].is_string())
-    r.fail("architectures", "missing (accepted: [\"" + std::string(kArchitecture) + "\"])");
+    r.fail("architectures", "missing (accepted: [\"" + v.architecture + "\"])");
   const std::string name = a[0].get<std::string>();
-  if (name != kArchitecture)
-    r.fail("architectures", "\"" + name + "\" is not a DFlash drafter (accepted: \"" + kArchitecture +
-                                "\"; a target model or another drafter cannot initialise a DFlash drafter)");
+  if (name != v.architecture)
+    r.fail("architectures", "\"" + name + "\" is not a " + v.display + " drafter (accepted: \"" + v.architecture +
+                                "\"; a target model or another drafter cannot initialise a " + v.display +
+                                " drafter, [drafter] plugin = \"" + v.plugin + "\")");
 }
 
 std::string read_dtype(const ConfigReader& r) {
@@ -161,6 +161,11 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
     throw Error(file + ": is_causal = " + (got.is_causal ? "true" : "false") +
                 ", but the experiment's drafter attends " + (want.is_causal ? "causally" : "bidirectionally") +
                 " inside a block (from [mask] in_block); " + "accepted: a folder trained with the same in_block");
+  for (const auto& [key, wanted] : want.extra)
+    if (got.value(key) != wanted)
+      throw Error(file + ": dflash_config." + key + " = " + std::to_string(got.value(key)) +
+                  ", but the experiment's drafter has " + std::to_string(wanted) + " (from [drafter] " + key +
+                  "); accepted: a folder exported with " + key + " = " + std::to_string(wanted));
   if (got.rope_theta != want.rope_theta || got.rms_eps != want.rms_eps)
     throw Error(file + ": rope_theta = " + std::to_string(got.rope_theta) + ", rms_norm_eps = " +
                 std::to_string(got.rms_eps) + ", but the experiment's drafter has " + std::to_string(want.rope_theta) +
@@ -169,15 +174,15 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
 
 // Every tensor of the folder: present, of the layout's shape, stored in config.json's dtype,
 // and nothing else.
-void check_tensors(const safetensors::Checkpoint& ck, const Layout& layout) {
+void check_tensors(const safetensors::Checkpoint& ck, const Layout& layout, const Variant& variant) {
   const std::string folder = ck.folder();
   const std::string stored = dtypes().at(layout.dtype).first;
-  const auto shapes = tensor_shapes(layout);
+  const auto shapes = tensor_shapes(layout, variant);
   for (const auto& [name, shape] : shapes) {
     const safetensors::TensorInfo* info = ck.find(name);
     if (!info)
-      throw Error(folder + ": tensor '" + name + "' " + shape_str(shape) +
-                  " is missing (a DFlash drafter of this config.json has it)");
+      throw Error(folder + ": tensor '" + name + "' " + shape_str(shape) + " is missing (a " + variant.display +
+                  " drafter of this config.json has it)");
     if (info->shape != shape)
       throw Error(folder + ": tensor '" + name + "' has shape " + shape_str(info->shape) + ", config.json implies " +
                   shape_str(shape));
@@ -189,14 +194,21 @@ void check_tensors(const safetensors::Checkpoint& ck, const Layout& layout) {
     bool known = false;
     for (const auto& s : shapes) known = known || s.first == name;
     if (!known)
-      throw Error(folder + ": holds tensor '" + name + "', which a DFlash drafter of this config.json does not have " +
-                  "(accepted: exactly the " + std::to_string(shapes.size()) + " tensors of the layout)");
+      throw Error(folder + ": holds tensor '" + name + "', which a " + variant.display +
+                  " drafter of this config.json does not have " + "(accepted: exactly the " +
+                  std::to_string(shapes.size()) + " tensors of the layout)");
   }
 }
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& l) {
+int64_t Layout::value(const std::string& key) const {
+  for (const auto& [k, v] : extra)
+    if (k == key) return v;
+  throw Error("the layout has no value for dflash_config." + key);
+}
+
+TensorShapes tensor_shapes(const Layout& l, const Variant& variant) {
   const int64_t H = l.hidden, q = l.heads * l.head_dim, kv = l.kv_heads * l.head_dim, F = l.intermediate;
   std::vector<std::pair<std::string, std::vector<int64_t>>> out = {
       {"fc.weight", {H, static_cast<int64_t>(l.target_layer_ids.size()) * H}}, {"hidden_norm.weight", {H}}};
@@ -212,11 +224,13 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const La
     for (const auto& [name, shape] : layer) out.emplace_back(p + name, shape);
   }
   out.push_back({"norm.weight", {H}});
+  if (variant.tensors)
+    for (auto& t : variant.tensors(l)) out.push_back(std::move(t));
   return out;
 }
 
 Layout describe(const Config& table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype,
-                const std::string& mask, const Config& mask_table) {
+                const std::string& mask, const Config& mask_table, const Variant& variant) {
   if (mask != "dflash")
     throw Error("[mask] plugin = \"" + mask + "\": a DFlash folder says only how the \"dflash\" mask attends inside " +
                 "a block (its is_causal key); the reference and the serving engines would run the drafter with that " +
@@ -251,12 +265,14 @@ Layout describe(const Config& table, Drafter& drafter, const TargetModel& target
   l.rms_eps = table.real("rms_eps");
   l.dtype = dtype_name(dtype);
   l.target = target.source;
+  l.architecture = variant.architecture;
+  for (const std::string& key : variant.keys) l.extra.emplace_back(key, table.integer(key));
   return l;
 }
 
 std::string config_json(const Layout& l) {
   Json j;
-  j["architectures"] = {kArchitecture};
+  j["architectures"] = {l.architecture};
   j["model_type"] = "qwen3";
   j["hidden_size"] = l.hidden;
   j["intermediate_size"] = l.intermediate;
@@ -278,6 +294,7 @@ std::string config_json(const Layout& l) {
   j["is_causal"] = l.is_causal;
   j["dflash_config"] = {
       {"mask_token_id", l.mask_token}, {"target_layer_ids", l.target_layer_ids}, {"block_size", l.block_size}};
+  for (const auto& [key, value] : l.extra) j["dflash_config"][key] = value;
   j["flashdraft"] = {{"target", l.target},
                      {"target_layer_ids_meaning",
                       "id L = the output of target decoder layer L = transformers' "
@@ -285,22 +302,22 @@ std::string config_json(const Layout& l) {
   return j.dump(2) + "\n";
 }
 
-Layout read_config(const std::string& folder) {
+Layout read_config(const std::string& folder, const Variant& variant) {
   if (!fs::is_directory(folder))
     throw Error("\"" + folder + "\" is not a folder (a Hugging Face DFlash drafter folder with config.json and " +
                 "model.safetensors is expected)");
-  return read_config_file((fs::path(folder) / "config.json").string());
+  return read_config_file((fs::path(folder) / "config.json").string(), variant);
 }
 
-Layout read_config_file(const std::string& file) {
+Layout read_config_file(const std::string& file, const Variant& variant) {
   std::ifstream in(file);
   if (!in) throw Error(file + ": cannot be read (a DFlash drafter folder has a config.json)");
   std::stringstream text;
   text << in.rdbuf();
-  return read_config_text(text.str(), file);
+  return read_config_text(text.str(), file, variant);
 }
 
-Layout read_config_text(const std::string& text, const std::string& file) {
+Layout read_config_text(const std::string& text, const std::string& file, const Variant& variant) {
   Json j;
   try {
     j = Json::parse(text);
@@ -309,8 +326,10 @@ Layout read_config_text(const std::string& text, const std::string& file) {
   }
   if (!j.is_object()) throw Error(file + ": expected a JSON object");
   const ConfigReader r{j, file};
-  read_architecture(r);
+  read_architecture(r, variant);
   Layout l;
+  l.architecture = variant.architecture;
+  for (const std::string& key : variant.keys) l.extra.emplace_back(key, r.integer(key));
   l.hidden = r.integer("hidden_size");
   l.layers = r.integer("num_hidden_layers");
   l.heads = r.integer("num_attention_heads");
@@ -338,10 +357,10 @@ Layout read_config_text(const std::string& text, const std::string& file) {
   return l;
 }
 
-void write(const std::string& folder, const Layout& layout, const Named& weights) {
+void write(const std::string& folder, const Layout& layout, const Named& weights, const Variant& variant) {
   const c10::ScalarType dtype = dtypes().at(layout.dtype).second;
   Named out;
-  for (const auto& [name, shape] : tensor_shapes(layout)) {
+  for (const auto& [name, shape] : tensor_shapes(layout, variant)) {
     const at::Tensor* found = nullptr;
     for (const auto& w : weights)
       if (w.first == name) found = &w.second;
@@ -353,30 +372,32 @@ void write(const std::string& folder, const Layout& layout, const Named& weights
     out.emplace_back(name, found->detach().to(at::kCPU, dtype).contiguous());
   }
   if (out.size() != weights.size())
-    throw Error("cannot export: the drafter has " + std::to_string(weights.size()) + " tensors, the DFlash layout " +
-                std::to_string(out.size()) + " (a tensor the layout does not name would be lost)");
+    throw Error("cannot export: the drafter has " + std::to_string(weights.size()) + " tensors, the " +
+                variant.display + " layout " + std::to_string(out.size()) +
+                " (a tensor the layout does not name would be lost)");
   drafter_format::write_folder(folder, out, config_json(layout));
 }
 
-void import(const std::string& folder, const Layout& expected, const Named& params) {
-  const Layout got = read_config(folder);
+void import(const std::string& folder, const Layout& expected, const Named& params, const Variant& variant) {
+  const Layout got = read_config(folder, variant);
   compare((fs::path(folder) / "config.json").string(), got, expected);
   const std::unique_ptr<safetensors::Checkpoint> ck = drafter_format::open_checkpoint(folder);
-  check_tensors(*ck, got);
+  check_tensors(*ck, got, variant);
   drafter_format::copy_into(folder, *ck, params);
 }
 
 std::string Format::layout(Drafter& drafter, const FormatInput& run) const {
-  return config_json(describe(run.drafter, drafter, run.target, run.dtype, run.mask, run.mask_table));
+  return config_json(describe(run.drafter, drafter, run.target, run.dtype, run.mask, run.mask_table, variant_));
 }
 
 void Format::write(const std::string& folder, const std::string& layout, const NamedTensors& tensors) const {
-  hf_drafter::write(folder, read_config_text(layout, "the run's layout"), tensors);
+  hf_drafter::write(folder, read_config_text(layout, "the run's layout", variant_), tensors, variant_);
 }
 
 void Format::import(const std::string& folder, Drafter& drafter, const FormatInput& run,
                     const NamedTensors& tensors) const {
-  hf_drafter::import(folder, describe(run.drafter, drafter, run.target, run.dtype, run.mask, run.mask_table), tensors);
+  hf_drafter::import(folder, describe(run.drafter, drafter, run.target, run.dtype, run.mask, run.mask_table, variant_),
+                     tensors, variant_);
 }
 
 }  // namespace flashdraft::hf_drafter

@@ -34,6 +34,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -53,45 +54,68 @@ struct Layout {
   bool is_causal = false;         // attention inside a block: causal ([mask] in_block = "causal") or not
   std::string dtype = "float32";  // torch_dtype: float32 | bfloat16 | float16
   std::string target;             // what the target was (informational)
+  // A drafter of the family (Variant): its architecture and the values of its own keys.
+  std::string architecture = "DFlashDraftModel";
+  std::vector<std::pair<std::string, int64_t>> extra;
+  // The value of an extra key; Error when the layout has none.
+  int64_t value(const std::string& key) const;
+};
+
+using TensorShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// A drafter of the DFlash family that the reference stores in this layout with more (z-lab's
+// DFlash2DraftModel): its architecture name, integer keys of its own (config.json's
+// dflash_config.<key>, the [drafter] key of the same name), and tensors beyond DFlash's.
+// The default is DFlash itself.
+struct Variant {
+  std::string architecture = "DFlashDraftModel";
+  std::string display = "DFlash";  // in sentences and the format's name
+  std::string plugin = "dflash";   // the drafter plugin that has the layout
+  std::vector<std::string> keys;
+  std::function<TensorShapes(const Layout&)> tensors;  // null: none
 };
 
 using Named = NamedTensors;
 
 // Every tensor of a drafter of this layout with its shape, in file order.
-std::vector<std::pair<std::string, std::vector<int64_t>>> tensor_shapes(const Layout& layout);
+TensorShapes tensor_shapes(const Layout& layout, const Variant& variant = Variant());
 
 // The layout of a bound "dflash" drafter: sizes from its tensors, the rest from its
 // resolved [drafter] table and the target it was bound to.
 // `mask` / `mask_table`: the experiment's [mask] generator and its table; a generator the
 // layout cannot express is an Error naming it.
 Layout describe(const Config& drafter_table, Drafter& drafter, const TargetModel& target, c10::ScalarType dtype,
-                const std::string& mask, const Config& mask_table);
+                const std::string& mask, const Config& mask_table, const Variant& variant = Variant());
 
 std::string config_json(const Layout& layout);
 // Reads <folder>/config.json; throws Error naming the file, the key and what is accepted.
-Layout read_config(const std::string& folder);
-Layout read_config_file(const std::string& file);
+Layout read_config(const std::string& folder, const Variant& variant = Variant());
+Layout read_config_file(const std::string& file, const Variant& variant = Variant());
 // The same from config.json's text; `file` names it in errors.
-Layout read_config_text(const std::string& text, const std::string& file);
+Layout read_config_text(const std::string& text, const std::string& file, const Variant& variant = Variant());
 
 // Writes <folder>/config.json and <folder>/model.safetensors (our writer; tensors cast to
 // layout.dtype, every name and shape checked against the layout first). The folder is
 // written under a temporary name and renamed into place.
-void write(const std::string& folder, const Layout& layout, const Named& weights);
+void write(const std::string& folder, const Layout& layout, const Named& weights, const Variant& variant = Variant());
 
 // Copies the folder's tensors into `params` (in place) after checking the folder against
 // `expected` (the experiment's drafter): architecture, every size, ids and token, every
 // tensor's presence, shape and dtype. Throws Error before changing anything.
-void import(const std::string& folder, const Layout& expected, const Named& params);
+void import(const std::string& folder, const Layout& expected, const Named& params, const Variant& variant = Variant());
 
 // The format the dflash plugin gives the engine (Drafter::format()).
 class Format final : public DrafterFormat {
  public:
-  std::string name() const override { return "Hugging Face DFlash layout"; }
+  explicit Format(Variant variant = Variant()) : variant_(std::move(variant)) {}
+  std::string name() const override { return "Hugging Face " + variant_.display + " layout"; }
   std::string layout(Drafter& drafter, const FormatInput& run) const override;
   void write(const std::string& folder, const std::string& layout, const NamedTensors& tensors) const override;
   void import(const std::string& folder, Drafter& drafter, const FormatInput& run,
               const NamedTensors& tensors) const override;
+
+ private:
+  Variant variant_;
 };
 
 }  // namespace flashdraft::hf_drafter
