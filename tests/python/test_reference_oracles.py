@@ -59,6 +59,17 @@ and transformers).
    and vLLM (EagleProposer: positions += 1 per drafted token) rotate step i of column t at
    t + i: with those positions 7 of 192 proposals differ and the loss by about 1e-3 here. That
    test is an expected failure (strict) until plugins/eagle3 rotates step i at t + i.
+
+4. DFlash-2 (plugins/dflash2, 60 steps, 3 convolution taps, top-8 selector): z-lab's
+   DFlash2DraftModel.from_pretrained loads the folder with no missing, unexpected or mismatched
+   key (its codebooks stored without ".weight", as speculators and the MLX loader name them),
+   every tensor bit-identical; its forward and candidate selector, fed the data's token before
+   each block position, choose our validation's proposal at every labelled position.
+   speculators has no converter for a DFlash-2 folder: its dflash2 model is built from the
+   folder's config and loads our tensors strictly; its training loss (unary KL or CE, plus the
+   selector's cross-entropy over its training candidates, alpha 1) with our anchors equals
+   ours normalised as it normalises (1e-5). The test of the served loop against
+   dflash_generate with DFlash2DraftModel is in test_served_tau.py.
 """
 import json
 import math
@@ -128,6 +139,11 @@ init = "{init}"
 [mask]
 plugin = "dflash"
 """
+
+# DFlash-2 (plugins/dflash2): DFlash's table and its own keys, 3 convolution taps, small codebooks.
+DFLASH2 = DFLASH.replace('plugin = "dflash"\nlayers', 'plugin = "dflash2"\nconv_kernel_size = {kernel}\n'
+                         'conv_group_size = {group}\nselector_rank = {rank}\nselector_top_k = {top_k}\nlayers', 1)
+KERNEL, GROUP, RANK, TOP_K = 3, 8, 16, 8
 
 EAGLE3 = """
 [drafter]
@@ -230,29 +246,41 @@ def target_pass(world, tokens):
     return out.hidden_states, out.logits[0], last["x"][0]
 
 
-@pytest.fixture(scope="module")
-def dflash(world):
-    """The trained DFlash drafter: its folder, its weights, and one validation dump per
-    (labels, normalisation) of the same folder."""
-    root = world["root"] / "dflash"
+def train_dflash(world, name, template, layout, dumps):
+    """A drafter of the DFlash family trained against the online target (labels target_kl, 60
+    steps): its folder, its weights, and one validation dump per (labels, normalisation) in
+    `dumps` of the same folder."""
+    root = world["root"] / name
     root.mkdir()
     keys = dict(out=root / "run", target=world["target_dir"], data=world["data"], bs=BS, anchors=ANCHORS, ids=IDS,
-                gamma=GAMMA, rope_theta=ROPE_THETA, lr=1e-2)
-    exp = experiment(root / "train.toml", DFLASH, name="dflash", steps=60, eval="false", labels="target_kl",
+                gamma=GAMMA, rope_theta=ROPE_THETA, lr=1e-2, kernel=KERNEL, group=GROUP, rank=RANK, top_k=TOP_K)
+    exp = experiment(root / "train.toml", template, name=name, steps=60, eval="false", labels="target_kl",
                      normalisation="positions", init="", **keys)
     out = cli("run", exp)
-    assert "Hugging Face DFlash layout" in out, out
-    trained(root / "run" / "dflash.h5")
-    folder = root / "run" / "dflash.hf"
-    dumps = {}
-    for labels, normalisation in (("target_kl", "positions"), ("target_kl", "weights"), ("target_argmax", "positions")):
-        name = f"{labels}_{normalisation}"
-        exp = experiment(root / f"{name}.toml", DFLASH, name=name, steps=1, eval="true", labels=labels,
+    assert f"Hugging Face {layout} layout" in out, out
+    trained(root / "run" / f"{name}.h5")
+    folder = root / "run" / f"{name}.hf"
+    out = {}
+    for labels, normalisation in dumps:
+        tag = f"{labels}_{normalisation}"
+        exp = experiment(root / f"{tag}.toml", template, name=tag, steps=1, eval="true", labels=labels,
                          normalisation=normalisation, init=folder, **keys)
-        dumps[(labels, normalisation)] = eval_blocks(exp, root / f"{name}.safetensors")
-    with h5py.File(root / "run" / "dflash.weights.h5", "r") as f:
+        out[(labels, normalisation)] = eval_blocks(exp, root / f"{tag}.safetensors")
+    with h5py.File(root / "run" / f"{name}.weights.h5", "r") as f:
         weights = {k: torch.from_numpy(f["weights"][k][()]) for k in f["weights"]}
-    return dict(folder=folder, weights=weights, dumps=dumps)
+    return dict(folder=folder, weights=weights, dumps=out)
+
+
+@pytest.fixture(scope="module")
+def dflash(world):
+    return train_dflash(world, "dflash", DFLASH, "DFlash", [("target_kl", "positions"), ("target_kl", "weights"),
+                                                          ("target_argmax", "positions")])
+
+
+@pytest.fixture(scope="module")
+def dflash2(world):
+    return train_dflash(world, "dflash2", DFLASH2, "DFlash-2", [("target_kl", "positions"),
+                                                               ("target_argmax", "positions")])
 
 
 @pytest.fixture(scope="module")
@@ -374,6 +402,36 @@ def test_speculators_dflash_converts_and_loads_the_export(world, dflash, spec_df
           f"embedding / LM head / final norm from the verifier")
 
 
+def packed_batch(world, dump, rows, aux_ids):
+    """A held-out batch in speculators' layout: its rows packed as one, one document each, with
+    our anchors (shifted to the packed row) and the target's states at aux_ids; and the count
+    and the weight sum of our labelled positions."""
+    tokens, anchors, valid, lab, lengths = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels", "lengths"))
+    parts = {k: [] for k in ("hidden", "ids", "mask", "last", "doc", "pos", "anchors", "valid")}
+    start, count, wsum = 0, 0, 0.0
+    for d, r in enumerate(rows):
+        S = int(lengths[r])
+        hs, _, last = target_pass(world, tokens[r, :S])
+        mask = loss_mask_of(world, tokens[r, :S])
+        parts["hidden"].append(torch.cat([hs[i][0] for i in aux_ids], -1))
+        parts["last"].append(last)
+        parts["ids"].append(tokens[r, :S])
+        parts["mask"].append(mask)
+        parts["doc"].append(torch.full((S,), d))
+        parts["pos"].append(torch.arange(S))
+        parts["anchors"].append(anchors[r] + start)
+        parts["valid"].append(valid[r].bool())
+        for n in range(ANCHORS):
+            for j in range(1, BS):
+                if valid[r, n]:  # our labelled positions are the data's loss mask at anchor + j
+                    assert (lab[r, n, j] >= 0) == bool(mask[int(anchors[r, n]) + j]), (r, n, j)
+                if lab[r, n, j] >= 0:
+                    count += 1
+                    wsum += math.exp(-(j - 1) / GAMMA)
+        start += S
+    return {k: torch.cat(v) for k, v in parts.items()}, count, wsum
+
+
 @pytest.mark.parametrize("labels,normalisation,loss_fn", [("target_kl", "positions", "kl_div"),
                                                            ("target_kl", "weights", "kl_div"),
                                                            ("target_argmax", "positions", "ce")])
@@ -383,31 +441,8 @@ def test_speculators_dflash_loss_with_our_anchors_equals_ours(world, dflash, spe
     from speculators.losses import resolve_loss_config
 
     model, dump = spec_dflash, dflash["dumps"][(labels, normalisation)]
-    tokens, anchors, valid, lab, lengths = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels", "lengths"))
     for b, rows in enumerate(batches(dump)):
-        parts = {k: [] for k in ("hidden", "ids", "mask", "last", "doc", "pos", "anchors", "valid")}
-        start, count, wsum = 0, 0, 0.0
-        for d, r in enumerate(rows):
-            S = int(lengths[r])
-            hs, _, last = target_pass(world, tokens[r, :S])
-            mask = loss_mask_of(world, tokens[r, :S])
-            parts["hidden"].append(torch.cat([hs[i][0] for i in model.target_layer_ids], -1))
-            parts["last"].append(last)
-            parts["ids"].append(tokens[r, :S])
-            parts["mask"].append(mask)
-            parts["doc"].append(torch.full((S,), d))
-            parts["pos"].append(torch.arange(S))
-            parts["anchors"].append(anchors[r] + start)
-            parts["valid"].append(valid[r].bool())
-            for n in range(ANCHORS):
-                for j in range(1, BS):
-                    if valid[r, n]:  # our labelled positions are the data's loss mask at anchor + j
-                        assert (lab[r, n, j] >= 0) == bool(mask[int(anchors[r, n]) + j]), (r, n, j)
-                    if lab[r, n, j] >= 0:
-                        count += 1
-                        wsum += math.exp(-(j - 1) / GAMMA)
-            start += S
-        cat = {k: torch.cat(v) for k, v in parts.items()}
+        cat, count, wsum = packed_batch(world, dump, rows, model.target_layer_ids)
         monkeypatch.setattr(core, "select_anchors", lambda loss_mask, num_anchors, block_size: (cat["anchors"],
                                                                                                 cat["valid"]))
         with torch.no_grad():
@@ -561,3 +596,136 @@ def test_every_step_at_one_position_would_not_be_ours(world, eagle3, spec_eagle3
     print(f"every step of column t at RoPE position t + 1: {same} of {total} proposals equal ours, "
           f"loss relative error {err:.1e}")
     assert same < total or err > 100 * TOL
+
+
+# --- 4. DFlash-2: z-lab's DFlash2DraftModel and speculators' dflash2 ---------------------------
+
+def zlab_name(name):
+    """z-lab's in-memory name of a stored tensor (its codebooks are nn.Embedding modules; the
+    stored names, ours and speculators', have no ".weight")."""
+    return name + ".weight" if name.endswith("_codebook") else name
+
+
+def test_dflash2_reference_loads_the_export_and_selects_our_tokens(world, dflash2):
+    """DFlash2DraftModel.from_pretrained(folder): no missing, unexpected or mismatched key; every
+    tensor bit-identical to the run's. Its forward and its candidate selector, on every held-out
+    block, fed the data's token before each position (teacher forcing, as training and our
+    validation's proposals are): the LM head's top-Kc of its hidden states, re-ranked by its
+    codebooks, choose our proposal at every labelled position."""
+    from dflash.model import DFlash2DraftModel, extract_context_feature
+
+    folder = dflash2["folder"]
+    model, info = DFlash2DraftModel.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+    model.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    state, stored = model.state_dict(), load_file(str(folder / "model.safetensors"))
+    assert sorted(state) == sorted(zlab_name(k) for k in stored)
+    assert sorted(stored) == sorted(dflash2["weights"])
+    for name, t in stored.items():
+        assert t.dtype == torch.float32 and torch.equal(state[zlab_name(name)], t), name
+        assert torch.equal(t, dflash2["weights"][name]), name
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    assert (model.block_size, model.mask_token_id, list(model.target_layer_ids)) == (BS, VOCAB - 1, IDS)
+    selector = model.candidate_selector
+    assert selector.top_k == TOP_K and model.layers[0].attention_conv.kernel_size == KERNEL
+    # Trained away from the identity start (DFlash-2 starts as DFlash): the convolutions matter here.
+    assert float(model.layers[0].mlp_conv.kernel_projection.weight.detach().abs().max()) > 1e-3
+    print(f"dflash2: {len(stored)} tensors bit-identical (folder, run's weights, DFlash2DraftModel); "
+          f"conv_kernel_size {KERNEL}, conv_group_size {GROUP}, selector_rank {RANK}, selector_top_k {TOP_K}")
+
+    dump = dflash2["dumps"][("target_kl", "positions")]
+    emb, head = world["target"].get_input_embeddings().weight, world["target"].lm_head
+    tokens, anchors, valid, labels, pred = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels",
+                                                              "predictions"))
+    same = total = unary_differs = 0
+    with torch.no_grad():
+        for r in range(tokens.shape[0]):
+            hs, _, _ = target_pass(world, tokens[r, :int(dump["lengths"][r])])
+            context = extract_context_feature(hs, model.target_layer_ids)
+            for n in range(ANCHORS):
+                if not valid[r, n]:
+                    continue
+                a = int(anchors[r, n])
+                block = torch.full((1, BS), model.mask_token_id)
+                block[0, 0] = tokens[r, a]
+                hidden = model(position_ids=torch.arange(a + BS)[None], noise_embedding=emb[block],
+                               target_hidden=context[:, :a])[0, 1:]
+                unary = model.compute_logits(hidden, head)
+                values, candidates = unary.topk(TOP_K, dim=-1)
+                projected = selector.hidden_projection(hidden)
+                for j in range(1, BS):
+                    if labels[r, n, j] < 0:
+                        continue
+                    previous = tokens[r, a + j - 1]
+                    scores = values[j - 1] + torch.einsum(
+                        "r,kr->k", selector.predecessor_codebook(previous) * projected[j - 1],
+                        selector.successor_codebook(candidates[j - 1]))
+                    choice = int(candidates[j - 1, scores.argmax()])
+                    same += choice == int(pred[r, n, j])
+                    unary_differs += choice != int(candidates[j - 1, 0])
+                    total += 1
+    print(f"dflash2 forward and selector, teacher-forced: {same} of {total} block proposals equal ours "
+          f"({unary_differs} differ from the LM head's argmax)")
+    assert total >= 100 and same == total
+    assert unary_differs > 0, "the selector never overrules the LM head here: the comparison proves little"
+
+
+@pytest.fixture(scope="module")
+def spec_dflash2(world, dflash2):
+    """speculators' dflash2 model (it has no converter for a DFlash-2 folder: made from a config
+    of the folder's values) holding our tensors and the verifier's (strict load)."""
+    from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
+
+    folder = dflash2["folder"]
+    cfg = json.loads((folder / "config.json").read_text())
+    layer = transformers.Qwen3Config(**{k: cfg[k] for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters", "attention_bias")},
+        tie_word_embeddings=False)
+    layer._attn_implementation = "eager"
+    d = cfg["dflash_config"]
+    config = DFlash2SpeculatorConfig(
+        transformer_layer_config=layer, draft_vocab_size=cfg["vocab_size"], block_size=d["block_size"],
+        mask_token_id=d["mask_token_id"], aux_hidden_state_layer_ids=[L + 1 for L in d["target_layer_ids"]],
+        sample_from_anchor=False, sliding_window_non_causal=True,
+        **{k: d[k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
+    model = DFlash2DraftModel(config).eval()
+    target = world["target"]
+    state = dict(load_file(str(folder / "model.safetensors")))
+    state |= {"embed_tokens.weight": target.get_input_embeddings().weight, "lm_head.weight": target.lm_head.weight,
+              "verifier_lm_head.weight": target.lm_head.weight, "verifier_norm.weight": target.model.norm.weight}
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+@pytest.mark.parametrize("labels,loss_fn", [("target_kl", "kl_div"), ("target_argmax", "ce")])
+def test_speculators_dflash2_loss_with_our_anchors_equals_ours(world, dflash2, spec_dflash2, monkeypatch, labels,
+                                                                loss_fn):
+    """speculators' dflash2 training forward and loss (its unary loss, its selector's Kc-way
+    cross-entropy on its training candidates with teacher-forced predecessors, alpha 1) on each
+    held-out batch with our anchors: our validation loss, normalised as speculators does."""
+    import speculators.models.dflash.core as core
+    from speculators.losses import resolve_loss_config
+
+    model, dump = spec_dflash2, dflash2["dumps"][(labels, "positions")]
+    for b, rows in enumerate(batches(dump)):
+        cat, count, _ = packed_batch(world, dump, rows, model.target_layer_ids)
+        monkeypatch.setattr(core, "select_anchors", lambda loss_mask, num_anchors, block_size: (cat["anchors"],
+                                                                                                cat["valid"]))
+        with torch.no_grad():
+            _, loss, metrics = model(hidden_states=cat["hidden"][None], input_ids=cat["ids"][None],
+                                     loss_mask=cat["mask"][None], verifier_last_hidden_states=cat["last"][None],
+                                     document_ids=cat["doc"][None], position_ids=cat["pos"][None],
+                                     loss_config=resolve_loss_config(loss_fn, "eager"),
+                                     tv_loss_fn=resolve_loss_config("tv", "eager")["tv"][0], gamma=GAMMA,
+                                     max_anchors=len(cat["anchors"]), selector_loss_alpha=1.0)
+        ours = float(dump["loss"][b])
+        expected = ours * count / (count + 1e-5)
+        unary = float(metrics["unary_loss_sum"]) / float(metrics["unary_loss_total"]) \
+            if "unary_loss_total" in metrics else float("nan")
+        print(f"dflash2 {labels} batch {b}: speculators ({loss_fn} + selector) {float(loss):.8f}, ours {ours:.8f}, "
+              f"{count} labelled positions; ours normalised as speculators {expected:.8f}, relative difference "
+              f"{rel(loss, expected):.1e}; its unary term alone {unary:.6f}")
+        assert count > 0 and rel(loss, expected) <= TOL
+        assert float(loss) - unary > 1e-2, "the selector's term must weigh in, or the comparison proves little"

@@ -4,7 +4,9 @@
 A tiny random Qwen3 target is made with transformers (weights wide enough that its greedy
 text does not repeat one token; its eos token set, so responses may stop early), its own greedy continuations of random prompts are the data (written as token
 shards for the `tokens` dataset), and a DFlash drafter is trained against the target run
-online. One validation of the exported drafter (tests/tools/eval_blocks.cpp) dumps, for
+online (and a DFlash-2 drafter, plugins/dflash2, against z-lab's DFlash2DraftModel, whose
+candidate selector walks each block left to right from the block's known token). One
+validation of the exported drafter (tests/tools/eval_blocks.cpp) dumps, for
 every held-out response, the tokens each verification step produced and the tokens decoded.
 Then, on the same responses:
   - greedy, for a drafter trained with bidirectional blocks and one trained with causal
@@ -58,7 +60,8 @@ warmup_steps = 10
 plugin = "hf"
 path = "{target}"
 [drafter]
-plugin = "dflash"
+plugin = "{plugin}"
+{drafter_keys}
 layers = 1
 heads = 4
 kv_heads = 2
@@ -123,23 +126,32 @@ def target_data(tmp_path_factory):
     return dict(model=model, conversations=conversations, target=tmp / "target", data=tmp / "data")
 
 
-@pytest.fixture(scope="module", params=["bidirectional", "causal"])
+# (plugin, [mask] in_block, more [drafter] keys): DFlash with both in-block masks, and DFlash-2
+# (plugins/dflash2: z-lab's DFlash2DraftModel, whose candidate selector walks each block left to right).
+DRAFTERS = {"bidirectional": ("dflash", "bidirectional", ""),
+            "causal": ("dflash", "causal", ""),
+            "dflash2": ("dflash2", "bidirectional", "selector_rank = 32\nselector_top_k = 8\nconv_group_size = 8")}
+
+
+@pytest.fixture(scope="module", params=list(DRAFTERS))
 def trained(request, target_data, tmp_path_factory):
     """A drafter trained with [mask] in_block = bidirectional or causal: the exported folder
     must make the reference attend the same way inside a block (config.json's is_causal)."""
+    plugin, in_block, keys = DRAFTERS[request.param]
     tmp = tmp_path_factory.mktemp("served_" + request.param)
     model, conversations = target_data["model"], target_data["conversations"]
     env = dict(target=target_data["target"], data=target_data["data"], held_out=HELD_OUT, temperature=0.0,
-               in_block=request.param)
+               in_block=in_block, plugin=plugin, drafter_keys=keys)
     exp = tmp / "train.toml"
     exp.write_text(EXPERIMENT.format(name="train", steps=150, out=tmp / "run", init="", **env))
     p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     print("\n".join(l for l in p.stdout.splitlines() if l.startswith("eval")))
     config = json.loads((tmp / "run" / "train.hf" / "config.json").read_text())
-    assert config["is_causal"] is (request.param == "causal")
+    assert config["is_causal"] is (in_block == "causal")
+    assert config["architectures"] == ["DFlash2DraftModel" if plugin == "dflash2" else "DFlashDraftModel"]
     return dict(tmp=tmp, model=model, conversations=conversations, folder=tmp / "run" / "train.hf", env=env,
-                in_block=request.param)
+                in_block=in_block, name=request.param)
 
 
 def validate(trained, name, temperature):
@@ -170,7 +182,12 @@ def responses(dump, prefix):
 
 
 def reference_draft(folder):
-    return dflash_model.DFlashDraftModel.from_pretrained(folder, dtype=torch.float32).eval()
+    """The reference's class for the folder, chosen by its architectures as dflash's benchmark does."""
+    architectures = json.loads((folder / "config.json").read_text())["architectures"]
+    cls = dflash_model.DFlash2DraftModel if "DFlash2DraftModel" in architectures else dflash_model.DFlashDraftModel
+    model, info = cls.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+    return model.eval()
 
 
 def test_greedy_equals_the_reference_loop(trained):
@@ -194,7 +211,7 @@ def test_greedy_equals_the_reference_loop(trained):
         stopped += decoded[-1] == EOS
     reference_tau = sum(all_steps) / len(all_steps)
     ours_tau = float(dump["tau_served"])
-    print(f"{trained['in_block']} blocks, greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
+    print(f"{trained['name']}, {trained['in_block']} blocks, greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
           f"dflash_generate tau {reference_tau!r}, ours {ours_tau!r}, on the data's tokens "
           f"{float(dump['tau_served_data'])!r}; tau_anchor {float(dump['tau_anchor']):.4f}")
     assert ours_tau == reference_tau
@@ -207,7 +224,7 @@ def test_greedy_equals_the_reference_loop(trained):
 
 def test_sampled_within_two_standard_errors_of_the_reference(trained):
     if trained["in_block"] != "bidirectional":
-        pytest.skip("sampling is compared once, on the bidirectional drafter")
+        pytest.skip("sampling is compared on the bidirectional drafters")
     dump, meta = validate(trained, "sampled", 1.0)
     assert meta["tau_served_method"] == "target (temperature 1, top_p 1, rejection sampling)"
     ours = responses(dump, "served_")
@@ -226,7 +243,7 @@ def test_sampled_within_two_standard_errors_of_the_reference(trained):
     ref_se = math.sqrt(sum((a - ref_tau * s) ** 2 for a, s in zip(produced, steps)) / (n * (n - 1))) / (sum(steps) / n)
     tau, se = float(dump["tau_served"]), float(dump["tau_served_se"])
     both = math.hypot(se, ref_se)
-    print(f"temperature 1: ours {tau:.4f} +- {se:.4f}, dflash_generate {ref_tau:.4f} +- {ref_se:.4f} "
+    print(f"{trained['name']}, temperature 1: ours {tau:.4f} +- {se:.4f}, dflash_generate {ref_tau:.4f} +- {ref_se:.4f} "
           f"({n} responses); difference {tau - ref_tau:+.4f} = {(tau - ref_tau) / both:+.2f} standard errors")
     assert se > 0 and ref_se > 0
     assert abs(tau - ref_tau) <= 2 * both
