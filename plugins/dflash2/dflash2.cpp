@@ -25,12 +25,12 @@
 //
 // Initial weights as speculators makes them: identity convolutions (base[:, 0] = 1, the rest
 // and W_kp zero: DFlash-2 starts as the DFlash of the same seed), codebooks and W_hp normal.
+#include "candidate_logits.hpp"
+
 #include <dflash_drafter.hpp>
 #include <hf_format.hpp>
 
 #include <flashdraft/plugin.hpp>
-
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <ATen/ATen.h>
 
@@ -42,36 +42,9 @@
 namespace flashdraft {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::tensor_list;
-
 struct Conv {
   at::Tensor base;        // [2, K, H]
   at::Tensor projection;  // [2 K H/G, H]
-};
-
-// The unary logits of each row's candidates, h_r . W[c_rk], given their values (from the
-// top-Kc pass, no gradient there); the gradient with respect to h is sum_k g_rk W[c_rk]
-// (an embedding bag: no [R, Kc, H] tensor).
-class CandidateLogits : public torch::autograd::Function<CandidateLogits> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& values,
-                            const at::Tensor& weight, const at::Tensor& candidates) {
-    ctx->save_for_backward({weight, candidates});
-    (void)hidden;
-    return values.clone();
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& weight = saved[0];
-    const at::Tensor& candidates = saved[1];
-    const at::Tensor g = grads[0].to(weight.scalar_type()).contiguous();
-    const int64_t K = candidates.size(1);
-    const at::Tensor offsets = at::arange(0, candidates.numel(), K, candidates.options());
-    const at::Tensor grad_hidden = std::get<0>(
-        at::embedding_bag(weight, candidates.reshape({-1}), offsets, false, /*mode sum*/ 0, false, g.reshape({-1})));
-    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
 };
 
 class DFlash2Drafter final : public dflash::DFlashDrafter {
@@ -102,9 +75,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
         top_k_(config.integer("selector_top_k")),
         alpha_(config.real("selector_loss_alpha")) {}
 
-  std::vector<std::string> scalar_names() const override {
-    return {"tau_sim", "selector_acc", "candidate_recall"};
-  }
+  std::vector<std::string> scalar_names() const override { return {"tau_sim", "selector_acc", "candidate_recall"}; }
   const DrafterFormat* format() const override {
     static const hf_drafter::Format hf(variant());
     return &hf;
@@ -161,11 +132,10 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     // it, else the last, which it took.
     const at::Tensor contains = c.contains;
     const at::Tensor position = candidates.eq(rows.wanted.unsqueeze(1)).to(at::kByte).argmax(1);
-    const at::Tensor unary = CandidateLogits::apply(h, c.values, lm_head_, candidates);
+    const at::Tensor unary = dflash2::candidate_logits(h, c.values, lm_head_, candidates);
     const at::Tensor context = selector_context(h, rows.previous);
     const at::Tensor scores = unary + transition(context, candidates);
-    const at::Tensor ce =
-        at::cross_entropy_loss(scores.to(at::kFloat), position, {}, at::Reduction::None);  // [R]
+    const at::Tensor ce = at::cross_entropy_loss(scores.to(at::kFloat), position, {}, at::Reduction::None);  // [R]
     const at::Tensor weights = rows.in.row_weights.to(at::kFloat);
     LossExtra extra;
     extra.loss = (ce * weights).sum() * (alpha_ / rows.in.weight_sum);
@@ -224,8 +194,8 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
                                            " (accepted: a divisor of it, e.g. 16)");
     if (kernel_ > block_size_)
       config().fail("conv_kernel_size", "conv_kernel_size = " + std::to_string(kernel_) + " is longer than a block (" +
-                                            "block_size = " + std::to_string(block_size_) +
-                                            "); accepted: 1.." + std::to_string(block_size_));
+                                            "block_size = " + std::to_string(block_size_) + "); accepted: 1.." +
+                                            std::to_string(block_size_));
     if (top_k_ > vocab_)
       config().fail("selector_top_k", "selector_top_k = " + std::to_string(top_k_) +
                                           " is more candidates than the target's vocabulary of " +
@@ -245,8 +215,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     const at::Tensor dyn = d.reshape({B, N, BS, kernel_, NG, 1});
     at::Tensor out = at::zeros_like(blocks);
     for (int64_t o = 0; o < kernel_; ++o) {
-      const at::Tensor values =
-          o == 0 ? blocks : at::constant_pad_nd(blocks.narrow(2, 0, BS - o), {0, 0, 0, 0, o, 0});
+      const at::Tensor values = o == 0 ? blocks : at::constant_pad_nd(blocks.narrow(2, 0, BS - o), {0, 0, 0, 0, o, 0});
       out = out + base[o].view({1, 1, 1, NG, group_}) * values;
       out = at::addcmul(out, dyn.select(3, o), values);
     }
@@ -269,7 +238,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
   // token in the last place where it is not among them (the place's own token and logit
   // kept aside); in chunks of rows (no [R, V] tensor).
   struct Candidates {
-    at::Tensor values, indices;           // [R, Kc]
+    at::Tensor values, indices;            // [R, Kc]
     at::Tensor last_values, last_indices;  // [R]: the LM head's own Kc-th candidate
     at::Tensor contains;                   // [R] bool: the LM head's top-Kc has the wanted token
   };
