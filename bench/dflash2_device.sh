@@ -33,7 +33,7 @@ echo "=== test_dflash2"
 "$BUILD/bin/test_dflash2" 2>&1 | grep -E "rel err|^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -20
 rm -rf "$RUNS"
 for L in 1 5; do
-  sed -e "s/^name = .*/name = \"dflash2_step_$L\"/" -e 's/^plugin = "dflash"$/plugin = "dflash2"/' \
+  sed -e "s/^name = .*/name = \"dflash2_step_$L\"/" -e '0,/^plugin = "dflash"$/s//plugin = "dflash2"/' \
     "bench/dflash_step_$L.toml" > "/tmp/dflash2_step_$L.toml"
   grep -q 'plugin = "dflash2"' "/tmp/dflash2_step_$L.toml" || { echo "no dflash2 in /tmp/dflash2_step_$L.toml"; exit 1; }
   for cfg in "bench/dflash_step_$L.toml" "/tmp/dflash2_step_$L.toml"; do
