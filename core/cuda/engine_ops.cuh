@@ -59,6 +59,22 @@ bool rope_supported(DType dtype, int64_t D, const void* x, const void* cos, cons
 void rope(DType dtype, const void* x, const void* cos, const void* sin, void* out, int64_t B, int64_t H, int64_t T,
           int64_t D, int64_t table_batch, bool transpose, void* stream);
 
+// ---- Frozen decoder layers (an online target's forward), with transformers' rounding --------
+// (decoder_ops.cu.) add_rms_norm, per row of x [rows, H] (contiguous, as every tensor here):
+//   s = round(x + delta) written to `sum` (which may alias x; delta null: s = x, nothing written)
+//   out = round(w * round(s * rsqrt(mean(s^2) + eps)))
+void add_rms_norm(DType dtype, const void* x, const void* delta, void* sum, const void* w, void* out, int64_t rows,
+                  int64_t H, float eps, void* stream);
+// The packed projection qkv [B, T, (Hq + 2 Hkv) D] (q heads, k heads, v heads) into q [B, Hq,
+// T, D], k and v [B, Hkv, T, D]; q and k RMSNormed per head (as add_rms_norm, weights [D];
+// null: no norm) and rotated: y_j = round(round(x_j c_j) + round(r_j s_j)), r = (-x2, x1)
+// over the halves; tables cos, sin [Bt, T, D] (Bt = table_batch, 1 or B) in the dtype.
+void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
+              const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
+              int64_t Hkv, int64_t D, void* stream);
+// The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
+void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
+
 // ---- AdamW over one tensor with float32 master weights and moments -------------------
 // The update of ATen's fused AdamW (torch.optim.AdamW(fused=True)), reading the 16-bit
 // (or float32) gradient directly and writing the master and its rounded copy `param`:

@@ -180,6 +180,67 @@ void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tens
                         exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), n, a, stream_of(param));
 }
 
+at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum, const at::Tensor& w,
+                        double eps) {
+  const int64_t H = x.size(-1);
+  require(runs_on(x) && x.is_contiguous() && w.dim() == 1 && w.size(0) == H && w.scalar_type() == x.scalar_type() &&
+              w.is_contiguous(),
+          "add_rms_norm: x must be a contiguous CUDA tensor [..., H] and w [H] of its dtype, got x " +
+              c10::str(x.sizes()) + ", w " + c10::str(w.sizes()));
+  if (delta.defined())
+    require(delta.sizes() == x.sizes() && delta.scalar_type() == x.scalar_type() && delta.is_contiguous() &&
+                sum.defined() && sum.sizes() == x.sizes() && sum.scalar_type() == x.scalar_type() &&
+                sum.is_contiguous(),
+            "add_rms_norm: delta and sum must be contiguous and match x " + c10::str(x.sizes()));
+  same_device(x, w, "x", "w");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty_like(x);
+  cuda_ops::add_rms_norm(dtype_of(x, "x"), x.data_ptr(), delta.defined() ? delta.data_ptr() : nullptr,
+                         delta.defined() ? sum.data_ptr() : nullptr, w.data_ptr(), out.data_ptr(), x.numel() / H, H,
+                         static_cast<float>(eps), stream_of(x));
+  return out;
+}
+
+Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
+             double eps, const at::Tensor& cos, const at::Tensor& sin) {
+  require(runs_on(qkv) && qkv.dim() == 3 && qkv.is_contiguous(),
+          "qkv_rope: qkv must be a contiguous CUDA tensor [B, T, (Hq + 2 Hkv) D], got " + c10::str(qkv.sizes()));
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
+  require(D * (heads + 2 * kv_heads) == qkv.size(2) && D % 2 == 0,
+          "qkv_rope: the last axis " + std::to_string(qkv.size(2)) + " is not (Hq + 2 Hkv) x an even head size");
+  const at::Tensor c = cos.dim() == 4 ? cos.squeeze(1) : cos, s = sin.dim() == 4 ? sin.squeeze(1) : sin;
+  const int64_t Bt = c.dim() == 3 ? c.size(0) : 1;
+  require(c.is_contiguous() && s.is_contiguous() && c.sizes() == s.sizes() && c.size(-1) == D && c.size(-2) == T &&
+              (Bt == 1 || Bt == B) && c.scalar_type() == qkv.scalar_type() && s.scalar_type() == qkv.scalar_type(),
+          "qkv_rope: tables " + c10::str(cos.sizes()) + " do not fit qkv " + c10::str(qkv.sizes()));
+  for (const at::Tensor* n : {&q_norm, &k_norm})
+    if (n->defined())
+      require(n->dim() == 1 && n->size(0) == D && n->scalar_type() == qkv.scalar_type() && n->is_contiguous(),
+              "qkv_rope: a q/k norm weight must be [" + std::to_string(D) + "] in qkv's dtype");
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  const auto opts = qkv.options();
+  Qkv out{at::empty({B, heads, T, D}, opts), at::empty({B, kv_heads, T, D}, opts),
+          at::empty({B, kv_heads, T, D}, opts)};
+  cuda_ops::qkv_rope(dtype_of(qkv, "qkv"), qkv.data_ptr(), q_norm.defined() ? q_norm.data_ptr() : nullptr,
+                     k_norm.defined() ? k_norm.data_ptr() : nullptr, static_cast<float>(eps), c.data_ptr(),
+                     s.data_ptr(), Bt, out.q.data_ptr(), out.k.data_ptr(), out.v.data_ptr(), B, T, heads, kv_heads, D,
+                     stream_of(qkv));
+  return out;
+}
+
+at::Tensor swiglu_packed(const at::Tensor& gate_up) {
+  require(runs_on(gate_up) && gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
+          "swiglu_packed: gate_up must be a contiguous CUDA tensor [..., 2 I], got " + c10::str(gate_up.sizes()));
+  const int64_t I = gate_up.size(-1) / 2;
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = I;
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  at::Tensor out = at::empty(shape, gate_up.options());
+  cuda_ops::swiglu_packed(dtype_of(gate_up, "gate_up"), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I),
+                          I, stream_of(gate_up));
+  return out;
+}
+
 #else  // built without the engine's CUDA kernels
 
 namespace {
@@ -201,6 +262,14 @@ void adamw_mixed(const at::Tensor&, const at::Tensor&, const at::Tensor&, const 
                  const AdamWHyper&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   absent();
 }
+at::Tensor add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+  absent();
+}
+Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+             const at::Tensor&) {
+  absent();
+}
+at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
 
 #endif
 

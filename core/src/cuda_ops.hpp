@@ -44,6 +44,21 @@ FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tenso
 FLASHDRAFT_API bool rope_runs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose);
 
+// A frozen decoder layer's steps with transformers' rounding (engine_ops.cuh). x and delta
+// [..., H] contiguous; returns out, and writes x + delta into `sum` (may be x) when delta is
+// defined.
+FLASHDRAFT_API at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum,
+                                       const at::Tensor& w, double eps);
+// qkv [B, T, (Hq + 2 Hkv) D] -> {q [B, Hq, T, D], k, v [B, Hkv, T, D]}; norms [D] or undefined;
+// tables [Bt, T, D] or [Bt, 1, T, D] (Bt = 1 or B) in qkv's dtype.
+struct Qkv {
+  at::Tensor q, k, v;
+};
+FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm,
+                            const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin);
+// gate_up [..., 2 I] -> [..., I].
+FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
+
 // One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
 // weights and moments (master may be param itself for float32), see engine_ops.cuh.
 // step: float32 device scalar counting this update; grad_scale, skip: float32 device

@@ -76,6 +76,71 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, doubl
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwiGLU::apply(gate, up); }
 
+namespace frozen {
+
+namespace {
+
+bool kernels_take(bool fused, const at::Tensor& t) {
+  return fused && cuda_ops::runs_on(t) && t.is_contiguous() && t.scalar_type() != at::kDouble;
+}
+
+at::Tensor plain_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+}
+
+at::Tensor plain_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+}
+
+// Tables [T, D] or [Bt, T, D] as [Bt, 1, T, D] (broadcast over heads); [Bt, 1, T, D] as given.
+at::Tensor per_head(const at::Tensor& table) {
+  if (table.dim() == 2) return table.unsqueeze(0).unsqueeze(0);
+  if (table.dim() == 3) return table.unsqueeze(1);
+  return table;
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
+                                               double eps, bool fused) {
+  if (kernels_take(fused, x) && (!delta.defined() || delta.is_contiguous())) {
+    if (!delta.defined()) return {x, cuda_ops::add_rms_norm(x, delta, at::Tensor(), w, eps)};
+    at::Tensor sum = at::empty_like(x);
+    at::Tensor normed = cuda_ops::add_rms_norm(x, delta, sum, w, eps);
+    return {sum, normed};
+  }
+  const at::Tensor sum = delta.defined() ? x + delta : x;
+  return {sum, plain_rms_norm(sum, w, eps)};
+}
+
+Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
+             double eps, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
+  if (kernels_take(fused, qkv) && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous()) {
+    const cuda_ops::Qkv r = cuda_ops::qkv_rope(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin);
+    return {r.q, r.k, r.v};
+  }
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
+  auto split = [&](int64_t first, int64_t n) {
+    return qkv.narrow(-1, first * D, n * D).view({B, T, n, D}).transpose(1, 2);
+  };
+  at::Tensor q = split(0, heads), k = split(heads, kv_heads);
+  if (q_norm.defined()) q = plain_rms_norm(q, q_norm, eps);
+  if (k_norm.defined()) k = plain_rms_norm(k, k_norm, eps);
+  const at::Tensor c = per_head(cos), s = per_head(sin);
+  return {plain_rope(q, c, s).contiguous(), plain_rope(k, c, s).contiguous(),
+          split(heads + kv_heads, kv_heads).contiguous()};
+}
+
+at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
+  if (kernels_take(fused, gate_up)) return cuda_ops::swiglu_packed(gate_up);
+  const int64_t I = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
+}
+
+}  // namespace frozen
+
 ParamMaker::ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt,
                        c10::Device device, c10::ScalarType dtype, double init_std)
     : params_(params),

@@ -2,7 +2,8 @@
 // hidden states it computes (and the final logits), for the tests that compare our
 // targets with transformers (tests/python/test_hf_target.py).
 //
-//   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE] [DEVICE]
+//   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE] [DEVICE] [TARGET_KERNELS]
+// (TARGET_KERNELS: the hf target's [target] kernels, "engine" or "aten".)
 // IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
 //     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
@@ -18,6 +19,7 @@
 #include <ATen/ATen.h>
 
 #include <iostream>
+#include <map>
 #include <sstream>
 
 namespace fd = flashdraft;
@@ -50,8 +52,9 @@ int run(int argc, char** argv) {
   std::stringstream ls(argv[5]);
   for (std::string item; std::getline(ls, item, ',');) layers.push_back(std::stoll(item));
   const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
-  auto target =
-      create<fd::Target>(reg, fd::PluginKind::target, argv[1], {{"path", std::string(argv[2])}, {"dtype", dtype}});
+  std::map<std::string, fd::Value> values = {{"path", std::string(argv[2])}, {"dtype", dtype}};
+  if (argc > 9) values["kernels"] = std::string(argv[9]);
+  auto target = create<fd::Target>(reg, fd::PluginKind::target, argv[1], values);
   fd::RunContext ctx;
   if (argc > 8) ctx.device = c10::Device(argv[8]);
   target->open(ctx);

@@ -34,6 +34,30 @@ FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, double theta,
                                                              int64_t head_dim, at::ScalarType dtype);
 
+// Frozen decoder layers: an online target's forward (no gradient), the function of
+// transformers' Llama / Qwen modules with the roundings of its separate ops. With `fused`
+// (and CUDA tensors of float32 / bfloat16 / float16 that the kernels take) each is one engine
+// kernel; otherwise the ATen ops transformers runs (the reference the kernels are checked
+// against, on the CPU the only path).
+namespace frozen {
+// s = x + delta (delta undefined: s = x) and RMSNorm(s) = w * round(s * rsqrt(mean(s^2) + eps))
+// normalised in float32: returns {s, normed}.
+FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                              const at::Tensor& w, double eps, bool fused = true);
+struct Qkv {
+  at::Tensor q, k, v;  // [B, heads, T, D], [B, kv_heads, T, D] x 2, contiguous
+};
+// The packed projection qkv [B, T, (heads + 2 kv_heads) D] split into heads; q and k RMSNormed
+// per head when q_norm / k_norm [D] are defined (Qwen3), then rotated (rotate-half RoPE,
+// x cos + rotate_half(x) sin) with tables cos, sin [T, D], [Bt, T, D] or [Bt, 1, T, D] (Bt = 1
+// or B) in qkv's dtype.
+FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm,
+                            const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
+                            bool fused = true);
+// The packed projection gate_up [..., 2 I] (gate first): silu(gate) * up, [..., I].
+FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = true);
+}  // namespace frozen
+
 // A drafter's trainable tensors, made in order and appended to `params` under their names,
 // each requiring grad: linear weights N(0, init_std^2), drawn in float32 from a generator of
 // the drafter's own (seeded with seed * 0x9E3779B97F4A7C15 + salt, so the same run seed gives

@@ -19,6 +19,7 @@
 #include "hf_config.hpp"
 
 #include <flashdraft/model.hpp>
+#include <flashdraft/ops.hpp>
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
@@ -30,9 +31,10 @@
 namespace flashdraft {
 namespace {
 
+// A decoder layer's weights, the projections packed once at load: qkv = [q; k; v] (and its
+// bias) and gate_up = [gate; up], one product each (the checkpoint's tensors are not kept).
 struct DecoderLayer {
-  at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, post_norm,
-      gate_proj, up_proj, down_proj;
+  at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
 };
 
 c10::ScalarType dtype_named(const std::string& name, c10::Device device) {
@@ -49,9 +51,16 @@ class HfTarget final : public Target {
     s.string("dtype", "compute dtype of the target (auto: bfloat16 on CUDA, float32 on CPU)")
         .def(std::string("auto"))
         .one_of({"auto", "float32", "bfloat16", "float16"});
+    s.string("kernels",
+             "the layers' norms, RoPE and SwiGLU: \"engine\" = the engine's fused CUDA kernels where they run (one "
+             "pass each, transformers' roundings), \"aten\" = transformers' separate ATen ops (the reference; "
+             "the CPU always runs these)")
+        .def(std::string("engine"))
+        .one_of({"engine", "aten"});
   }
 
-  explicit HfTarget(const Config& c) : config_(c), path_(c.string("path")), dtype_name_(c.string("dtype")) {}
+  explicit HfTarget(const Config& c)
+      : config_(c), path_(c.string("path")), dtype_name_(c.string("dtype")), fused_(c.string("kernels") == "engine") {}
 
   void open(const RunContext& ctx) override {
     try {
@@ -322,22 +331,18 @@ class HfTarget final : public Target {
     DecoderLayer L;
     L.input_norm = load(p + "input_layernorm.weight");
     L.post_norm = load(p + "post_attention_layernorm.weight");
-    L.q_proj = load(p + "self_attn.q_proj.weight");
-    L.k_proj = load(p + "self_attn.k_proj.weight");
-    L.v_proj = load(p + "self_attn.v_proj.weight");
+    L.qkv = at::cat({load(p + "self_attn.q_proj.weight"), load(p + "self_attn.k_proj.weight"),
+                     load(p + "self_attn.v_proj.weight")});
     L.o_proj = load(p + "self_attn.o_proj.weight");
-    if (cfg_.qkv_bias || cfg_.o_bias) {
-      L.q_bias = load(p + "self_attn.q_proj.bias");
-      L.k_bias = load(p + "self_attn.k_proj.bias");
-      L.v_bias = load(p + "self_attn.v_proj.bias");
-    }
+    if (cfg_.qkv_bias || cfg_.o_bias)
+      L.qkv_bias = at::cat(
+          {load(p + "self_attn.q_proj.bias"), load(p + "self_attn.k_proj.bias"), load(p + "self_attn.v_proj.bias")});
     if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
     if (cfg_.qk_norm) {
       L.q_norm = load(p + "self_attn.q_norm.weight");
       L.k_norm = load(p + "self_attn.k_norm.weight");
     }
-    L.gate_proj = load(p + "mlp.gate_proj.weight");
-    L.up_proj = load(p + "mlp.up_proj.weight");
+    L.gate_up = at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
     L.down_proj = load(p + "mlp.down_proj.weight");
     return L;
   }
@@ -391,40 +396,21 @@ class HfTarget final : public Target {
 
   // x / sqrt(mean(x^2) + eps) in fp32, back to the input dtype, times the weight.
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const {
-    const at::Tensor xf = x.to(at::kFloat);
-    const at::Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, true) + cfg_.rms_eps);
-    return w * y.to(x.scalar_type());
+    return frozen::add_rms_norm(x.contiguous(), at::Tensor(), w, cfg_.rms_eps, fused_).second;
   }
 
-  static at::Tensor rotate_half(const at::Tensor& x) {
-    const int64_t half = x.size(-1) / 2;
-    return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  }
-
-  struct QKV {
-    at::Tensor q, k, v;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
-  };
+  using QKV = frozen::Qkv;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
   QKV project(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-    const int64_t B = x.size(0), T = x.size(1), D = cfg_.head_dim;
-    const at::Tensor h = rms_norm(x, L.input_norm);
-    auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, T, n, D}).transpose(1, 2); };
-    at::Tensor q = heads(at::linear(h, L.q_proj, L.q_bias), cfg_.heads);
-    at::Tensor k = heads(at::linear(h, L.k_proj, L.k_bias), cfg_.kv_heads);
-    const at::Tensor v = heads(at::linear(h, L.v_proj, L.v_bias), cfg_.kv_heads);
-    if (cfg_.qk_norm) {
-      q = rms_norm(q, L.q_norm);
-      k = rms_norm(k, L.k_norm);
-    }
-    return {q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v};
+    const at::Tensor qkv = at::linear(rms_norm(x, L.input_norm), L.qkv, L.qkv_bias);
+    return frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
   }
 
   // The rest of a layer after attention: output projection, residual, MLP, residual.
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
     const int64_t B = x.size(0), T = x.size(1);
-    const at::Tensor x1 =
-        x + at::linear(a.transpose(1, 2).reshape({B, T, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
-    const at::Tensor h2 = rms_norm(x1, L.post_norm);
-    return x1 + at::linear(at::silu(at::linear(h2, L.gate_proj)) * at::linear(h2, L.up_proj), L.down_proj);
+    const at::Tensor o = at::linear(a.transpose(1, 2).reshape({B, T, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
+    const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
+    return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
   at::Tensor layer_forward(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -529,6 +515,7 @@ class HfTarget final : public Target {
 
   Config config_;
   std::string path_, dtype_name_;
+  bool fused_ = true;  // [target] kernels = "engine"
   hf::ModelConfig cfg_;
   std::unique_ptr<safetensors::Checkpoint> checkpoint_;
   c10::Device device_ = c10::kCPU;

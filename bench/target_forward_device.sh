@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: the online target's forward against its matmul floor and
+# against transformers, at the shapes of bench/qwen3_8b_hf_target.toml (a Qwen3-8B-shaped
+# checkpoint with random bf16 weights made here; the 1-layer DFlash drafter reads layers
+# 1, 9, 17, 25, 33, so 34 of the 36 decoder layers run; S = 3072, B = 1).
+#   device run: command `bash bench/target_forward_device.sh`, carry [".deps"], timeout_s 600.
+# 1. build the engine, the plugins, test_cuda_ops and tests/tools/target_states; make the
+#    checkpoint meanwhile;
+# 2. test_cuda_ops' frozen-layer case (the fused norm / q-k-v RoPE / SwiGLU kernels against
+#    transformers' ATen ops on random inputs) and the other fused-op cases;
+# 3. the matmul floor: the four products of one layer at their shapes (bf16, cuBLAS through
+#    torch), median of 20, times 34 layers;
+# 4. our training step for 20 steps with [target] kernels = "engine" and = "aten" (each its own
+#    process): median target forward ms over steps 4-20, step ms, peak GiB;
+# 5. the hidden states at the real shape (tests/tools/target_states on 3072 random tokens,
+#    layers 1, 9, 17, 25, 33) with both kernel settings against transformers' own bf16 forward;
+# 6. transformers' model (bf16, SDPA, output_hidden_states, inference mode, 34 layers): eager,
+#    then torch.compile, median forward ms;
+# 7. the table.
+set -uo pipefail
+OUT=${OUT:-/tmp/target-forward-device}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/target-forward-device.log") 2>&1
+ROOT=$(pwd)
+BUILD=$ROOT/build-gpu
+CKPT=/tmp/qwen3-8b-random
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+t0=$(date +%s)
+python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > "$OUT/checkpoint.log" 2>&1 &
+ckpt=$!
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||
+  { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
+cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_cuda_ops target_states \
+  > "$OUT/build.log" 2>&1
+rc=$?
+echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
+[ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
+echo "=== test_cuda_ops"
+"$BUILD/bin/test_cuda_ops" 2>&1 | grep -E " ulp,|^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -40
+wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 "$OUT/checkpoint.log"
+
+echo "=== matmul floor"
+python3 - <<'PY' | tee "$OUT/floor.txt"
+import torch, statistics
+S, H, I, q, kv = 3072, 4096, 12288, 32 * 128, 8 * 128
+shapes = {"qkv": (S, H, q + 2 * kv), "o": (S, q, H), "gate_up": (S, H, 2 * I), "down": (S, I, H)}
+total = flop = 0.0
+for name, (m, k, n) in shapes.items():
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5): torch.nn.functional.linear(a, w)
+    ts = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); torch.nn.functional.linear(a, w); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
+    ms = statistics.median(ts)
+    total += ms; flop += 2 * m * k * n
+    print(f"{name}: [{m} x {k}] x [{k} x {n}] {ms:.3f} ms = {2 * m * k * n / ms / 1e9:.0f} TFLOP/s")
+print(f"one layer's products {total:.3f} ms ({flop / total / 1e9:.0f} TFLOP/s); 34 layers: floor {34 * total:.2f} ms")
+PY
+
+for k in engine aten; do
+  sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$k\"|" \
+    bench/qwen3_8b_hf_target.toml > /tmp/target_$k.toml
+  timeout -k 5 120 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs > "$OUT/run_$k.log" 2>&1
+  echo "=== run kernels = $k: rc $?"
+  grep -E "^target|^error|^step +20/" "$OUT/run_$k.log" | head -5
+done
+
+echo "=== hidden states at the real shape against transformers"
+python3 - "$BUILD" "$CKPT" <<'PY' | tee "$OUT/states.txt"
+import subprocess, sys, torch
+from safetensors.torch import save_file, load_file
+build, ckpt = sys.argv[1:3]
+torch.manual_seed(0)
+tokens = torch.randint(0, 151936, (1, 3072))
+save_file({"tokens": tokens, "lengths": torch.tensor([3072])}, "/tmp/states_in.safetensors")
+layers = [1, 9, 17, 25, 33]
+ours = {}
+for k in ("engine", "aten"):
+    p = subprocess.run([f"{build}/bin/target_states", "hf", ckpt, "/tmp/states_in.safetensors", f"/tmp/states_{k}.safetensors",
+                        ",".join(map(str, layers)), "flash_cuda", "bfloat16", "cuda", k], capture_output=True, text=True)
+    print(k, "rc", p.returncode, p.stderr.strip()[-300:])
+    ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
+import transformers
+model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                               num_hidden_layers=34).cuda().eval()
+with torch.inference_mode():
+    hs = model(input_ids=tokens.cuda(), output_hidden_states=True).hidden_states
+for i, L in enumerate(layers):
+    ref = hs[L + 1][0].float().cpu()
+    scale = ref.abs().max().item()
+    parts = [f"layer {L}: max|ref| {scale:.2f}"]
+    for k in ("engine", "aten"):
+        d = (ours[k][0, :, i] - ref).abs()
+        parts.append(f"{k} max |diff| / max|ref| {d.max().item() / scale:.2e}, mean |diff| / mean|ref| "
+                     f"{d.mean().item() / ref.abs().mean().item():.2e}")
+    d = (ours["engine"][0, :, i] - ours["aten"][0, :, i]).abs()
+    parts.append(f"engine vs aten max {d.max().item() / scale:.2e}")
+    print("; ".join(parts))
+del model
+PY
+
+echo "=== transformers' forward (34 layers, bf16, SDPA, output_hidden_states, inference mode)"
+timeout -k 5 300 python3 - "$CKPT" <<'PY' | tee "$OUT/peer.txt"
+import statistics, sys, time, torch, transformers
+ckpt = sys.argv[1]
+model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                               num_hidden_layers=34).cuda().eval()
+tokens = torch.randint(0, 151936, (1, 3072), device="cuda")
+def timed(fn, n=10, warm=3):
+    for _ in range(warm): fn()
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+with torch.inference_mode():
+    f = lambda: model(input_ids=tokens, output_hidden_states=True)
+    print(f"transformers eager: {timed(f):.2f} ms (peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)", flush=True)
+    compiled = torch.compile(model)
+    t = time.time()
+    g = lambda: compiled(input_ids=tokens, output_hidden_states=True)
+    g()
+    print(f"torch.compile first call {time.time() - t:.1f} s", flush=True)
+    print(f"transformers torch.compile: {timed(g):.2f} ms", flush=True)
+PY
+echo "peer rc $?"
+
+python3 - "$OUT" <<'PY' | tee "$OUT/results.md"
+import os, re, statistics, sys
+import h5py
+out = sys.argv[1]
+text = open(os.path.join(out, "floor.txt")).read()
+floor = float(re.search(r"34 layers: floor ([0-9.]+) ms", text).group(1))
+peer = open(os.path.join(out, "peer.txt")).read() if os.path.exists(os.path.join(out, "peer.txt")) else ""
+best = [float(x) for x in re.findall(r"transformers [a-z.]+(?: [a-z]+)?: ([0-9.]+) ms", peer)]
+print("| target kernels | target forward ms | / matmul floor | / transformers' best | step ms | peak GiB |")
+print("| --- | --- | --- | --- | --- | --- |")
+for k in ("engine", "aten"):
+    try:
+        f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r")
+    except OSError as e:
+        print(f"| {k} | no log | | | | |"); continue
+    t = 1e3 * statistics.median(f["steps/target_time_s"][3:])
+    s = 1e3 * statistics.median(f["steps/step_time_s"][3:])
+    m = max(f["memory/step"][3:]) / 2**30
+    b = f"{t / min(best):.3f}" if best else "-"
+    print(f"| {k} | {t:.1f} | {t / floor:.3f} | {b} | {s:.1f} | {m:.2f} |")
+print(f"\nmatmul floor {floor:.2f} ms (34 layers x the four products at their shapes, measured here); "
+      f"transformers: {', '.join(f'{x:.2f} ms' for x in best) or 'not measured'}")
+PY
+echo "=== done in $(( $(date +%s) - t0 )) s"
