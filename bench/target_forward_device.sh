@@ -2,7 +2,8 @@
 # On the GPU machine, in one call: the online target's forward against its matmul floor and
 # against transformers, at the shapes of bench/qwen3_8b_hf_target.toml (a Qwen3-8B-shaped
 # checkpoint with random bf16 weights made here; the 1-layer DFlash drafter reads layers
-# 1, 9, 17, 25, 33, so 34 of the 36 decoder layers run; S = 3072, B = 1).
+# 1, 9, 17, 25, 33 and learns the data's tokens (labels = "data"), so 34 of the 36 decoder layers
+# run; S = 3072, B = 1).
 #   device run: command `bash bench/target_forward_device.sh`, carry [".deps"], timeout_s 600.
 # 1. build the engine, the plugins, test_cuda_ops and tests/tools/target_states; make the
 #    checkpoint meanwhile;
@@ -10,10 +11,12 @@
 #    transformers' ATen ops on random inputs) and the other fused-op cases;
 # 3. the matmul floor: the four products of one layer at their shapes (bf16, cuBLAS through
 #    torch), median of 20, times 34 layers;
-# 4. our training step for 20 steps with [target] kernels = "engine" and = "aten" (each its own
-#    process): median target forward ms over steps 4-20, step ms, peak GiB;
+# 4. our training step for 24 steps with [target] kernels = "engine" and = "aten" (each its own
+#    process; steps 11-13 of the engine's under --profile, its per-family GPU time): median
+#    target forward ms over steps 14-24, step ms, peak GiB;
 # 5. the hidden states at the real shape (tests/tools/target_states on 3072 random tokens,
-#    layers 1, 9, 17, 25, 33) with both kernel settings against transformers' own bf16 forward;
+#    layers 1, 9, 17, 25, 33) with both kernel settings against transformers' own bf16 forward
+#    (SDPA), next to transformers' eager attention against the same (the noise of bf16 itself);
 # 6. transformers' model (bf16, SDPA, output_hidden_states, inference mode, 34 layers): eager,
 #    then torch.compile, median forward ms;
 # 7. the table.
@@ -29,11 +32,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 t0=$(date +%s)
-python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > "$OUT/checkpoint.log" 2>&1 &
+python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > /tmp/checkpoint.log 2>&1 &
 ckpt=$!
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||
-  { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
+  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > /tmp/configure.log 2>&1 ||
+  { tail -30 /tmp/configure.log; echo "CONFIGURE FAILED"; exit 1; }
 cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_cuda_ops target_states \
   > "$OUT/build.log" 2>&1
 rc=$?
@@ -41,7 +44,7 @@ echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
 [ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
 echo "=== test_cuda_ops"
 "$BUILD/bin/test_cuda_ops" 2>&1 | grep -E " ulp,|^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -40
-wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 "$OUT/checkpoint.log"
+wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
 
 echo "=== matmul floor"
 python3 - <<'PY' | tee "$OUT/floor.txt"
@@ -65,10 +68,14 @@ PY
 
 for k in engine aten; do
   sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$k\"|" \
+    -e "s/^steps = 20/steps = 24/" -e "s/^target_layer_ids = \(.*\)/target_layer_ids = \1\nlabels = \"data\"/" \
     bench/qwen3_8b_hf_target.toml > /tmp/target_$k.toml
-  timeout -k 5 120 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs > "$OUT/run_$k.log" 2>&1
+  prof=""
+  [ $k = engine ] && prof="--profile 10:13"
+  timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$OUT/run_$k.log" 2>&1
   echo "=== run kernels = $k: rc $?"
-  grep -E "^target|^error|^step +20/" "$OUT/run_$k.log" | head -5
+  grep -E "^target|^error|^step +24/" "$OUT/run_$k.log" | head -5
+  grep -A28 "^profile" "$OUT/run_$k.log" | head -30
 done
 
 echo "=== hidden states at the real shape against transformers"
@@ -87,22 +94,25 @@ for k in ("engine", "aten"):
     print(k, "rc", p.returncode, p.stderr.strip()[-300:])
     ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
 import transformers
-model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa",
-                                               num_hidden_layers=34).cuda().eval()
-with torch.inference_mode():
-    hs = model(input_ids=tokens.cuda(), output_hidden_states=True).hidden_states
+# 35 layers: hidden_states[34] is layer 33's output before any final norm, as ours is.
+states = {}
+for impl in ("sdpa", "eager"):
+    model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation=impl,
+                                                   num_hidden_layers=35).cuda().eval()
+    with torch.inference_mode():
+        hs = model(input_ids=tokens.cuda(), output_hidden_states=True).hidden_states
+    states[impl] = [hs[L + 1][0].float().cpu() for L in layers]
+    del model, hs
+    torch.cuda.empty_cache()
+def rel(a, ref):
+    d = (a - ref).abs()
+    return f"max {d.max().item() / ref.abs().max().item():.2e}, mean {d.mean().item() / ref.abs().mean().item():.2e}"
+print("relative to transformers (SDPA, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
 for i, L in enumerate(layers):
-    ref = hs[L + 1][0].float().cpu()
-    scale = ref.abs().max().item()
-    parts = [f"layer {L}: max|ref| {scale:.2f}"]
-    for k in ("engine", "aten"):
-        d = (ours[k][0, :, i] - ref).abs()
-        parts.append(f"{k} max |diff| / max|ref| {d.max().item() / scale:.2e}, mean |diff| / mean|ref| "
-                     f"{d.mean().item() / ref.abs().mean().item():.2e}")
-    d = (ours["engine"][0, :, i] - ours["aten"][0, :, i]).abs()
-    parts.append(f"engine vs aten max {d.max().item() / scale:.2e}")
-    print("; ".join(parts))
-del model
+    ref = states["sdpa"][i]
+    print(f"layer {L}: ours engine {rel(ours['engine'][0, :, i], ref)}; ours aten {rel(ours['aten'][0, :, i], ref)}; "
+          f"transformers eager attention {rel(states['eager'][i], ref)}; engine vs aten "
+          f"{rel(ours['engine'][0, :, i], ours['aten'][0, :, i])}")
 PY
 
 echo "=== transformers' forward (34 layers, bf16, SDPA, output_hidden_states, inference mode)"
@@ -146,9 +156,9 @@ for k in ("engine", "aten"):
         f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r")
     except OSError as e:
         print(f"| {k} | no log | | | | |"); continue
-    t = 1e3 * statistics.median(f["steps/target_time_s"][3:])
-    s = 1e3 * statistics.median(f["steps/step_time_s"][3:])
-    m = max(f["memory/step"][3:]) / 2**30
+    t = 1e3 * statistics.median(f["steps/target_time_s"][13:])
+    s = 1e3 * statistics.median(f["steps/step_time_s"][13:])
+    m = max(f["memory/step"][13:]) / 2**30
     b = f"{t / min(best):.3f}" if best else "-"
     print(f"| {k} | {t:.1f} | {t / floor:.3f} | {b} | {s:.1f} | {m:.2f} |")
 print(f"\nmatmul floor {floor:.2f} ms (34 layers x the four products at their shapes, measured here); "

@@ -379,9 +379,11 @@ TEST(FusedAdamWGuard, NonFiniteLossOrNormSkipsThisAndLaterUpdatesCuda) {
 // ---- Frozen decoder layers (flashdraft::frozen, the online target's forward) ---------------
 // The fused kernels against transformers' separate ATen ops (the `fused = false` path, run on
 // the same device and dtype) on fresh random inputs: every value equal, except where a
-// float32 reduction's order moves one rounding (the norms' mean of squares): in 16-bit dtypes
-// at most one unit in the last place on at most 2% of values; in float32, where every value
-// of a row moves with its norm's last bit, at most 4 units.
+// float32 reduction's order moves one rounding (the norms' mean of squares). Differences are
+// counted in units in the last place of max(|value|, the tensor's RMS) (RoPE's sum of two
+// rounded products may cancel: a last-bit change of an operand is measured at the operands'
+// scale): 16-bit dtypes at most 2 units on at most 1% of values; float32, where every value
+// of a row moves with its norm's last bit, at most 8.
 namespace {
 
 struct Agreement {
@@ -392,7 +394,8 @@ struct Agreement {
 Agreement agreement(const at::Tensor& got, const at::Tensor& want) {
   const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
   const int mant = want.scalar_type() == at::kBFloat16 ? 7 : want.scalar_type() == at::kHalf ? 10 : 23;
-  const at::Tensor ulp = at::pow(2.0, at::floor(at::log2(w.abs().clamp_min(1e-30))) - mant);
+  const double rms = w.pow(2).mean().sqrt().item<double>();
+  const at::Tensor ulp = at::pow(2.0, at::floor(at::log2(w.abs().clamp_min(rms))) - mant);
   const at::Tensor d = (g - w).abs() / ulp;
   return {d.max().item<double>(), d.gt(0).to(at::kDouble).mean().item<double>()};
 }
@@ -403,49 +406,57 @@ void expect_agree(const at::Tensor& got, const at::Tensor& want, const std::stri
   const Agreement a = agreement(got, want);
   std::cout << what << ": max " << a.max_ulps << " ulp, " << 100 * a.share_differing << "% of values differ\n";
   const bool f32 = want.scalar_type() == at::kFloat;
-  EXPECT_LE(a.max_ulps, f32 ? 4.0 : 1.0) << what;
-  EXPECT_LE(a.share_differing, f32 ? 1.0 : 0.02) << what;
+  EXPECT_LE(a.max_ulps, f32 ? 8.0 : 2.0) << what;
+  EXPECT_LE(a.share_differing, f32 ? 1.0 : 0.01) << what;
 }
 
 }  // namespace
 
+// Shapes: the kernels' fast paths (16-byte vectors, a head in registers: H, I multiples of 8,
+// D = 64 P) and their general ones (H = 1100 and I = 1001 break the vectors, D = 96).
+struct FrozenShape {
+  int64_t H, D, I;
+};
+
 TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
   REQUIRE_CUDA_OPS();
   at::manual_seed(11);
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-    const std::string name = c10::toString(dtype);
-    const int64_t B = 2, T = 37, H = 4096, Hq = 8, Hkv = 2, D = 128, I = 1000;
-    const at::Tensor x = at::randn({B, T, H}, opts), delta = at::randn({B, T, H}, opts);
-    const at::Tensor w = 1 + 0.1 * at::randn({H}, opts);
-    const auto [s_f, n_f] = frozen::add_rms_norm(x, delta, w, 1e-6, true);
-    const auto [s_p, n_p] = frozen::add_rms_norm(x, delta, w, 1e-6, false);
-    expect_agree(s_f, s_p, name + " add_rms_norm sum");
-    expect_agree(n_f, n_p, name + " add_rms_norm normed");
-    expect_agree(frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, true).second,
-                 frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, false).second, name + " rms_norm");
-    const at::Tensor qkv = at::randn({B, T, (Hq + 2 * Hkv) * D}, opts) * 3;
-    const at::Tensor qn = 1 + 0.1 * at::randn({D}, opts), kn = 1 + 0.1 * at::randn({D}, opts);
-    const at::Tensor pos = at::arange(T, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)) * 37 + 5;
-    const auto [cos, sin] = rope_tables(pos, 1e6, D, dtype);  // [T, D]
-    for (bool norms : {true, false}) {
-      const at::Tensor a = norms ? qn : at::Tensor(), b = norms ? kn : at::Tensor();
-      const frozen::Qkv f = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, cos, sin, true);
-      const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, cos, sin, false);
-      const std::string tag = name + (norms ? " qkv_rope (q/k norms)" : " qkv_rope");
-      expect_agree(f.q, p.q, tag + " q");
-      expect_agree(f.k, p.k, tag + " k");
-      EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
+  for (const FrozenShape shape : {FrozenShape{4096, 128, 1000}, FrozenShape{1100, 96, 1001}})
+    for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+      const std::string name = std::string(c10::toString(dtype)) + " H " + std::to_string(shape.H) + " D " +
+                               std::to_string(shape.D) + " I " + std::to_string(shape.I);
+      const int64_t B = 2, T = 37, H = shape.H, Hq = 8, Hkv = 2, D = shape.D, I = shape.I;
+      const at::Tensor x = at::randn({B, T, H}, opts), delta = at::randn({B, T, H}, opts);
+      const at::Tensor w = 1 + 0.1 * at::randn({H}, opts);
+      const auto [s_f, n_f] = frozen::add_rms_norm(x, delta, w, 1e-6, true);
+      const auto [s_p, n_p] = frozen::add_rms_norm(x, delta, w, 1e-6, false);
+      expect_agree(s_f, s_p, name + " add_rms_norm sum");
+      expect_agree(n_f, n_p, name + " add_rms_norm normed");
+      expect_agree(frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, true).second,
+                   frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, false).second, name + " rms_norm");
+      const at::Tensor qkv = at::randn({B, T, (Hq + 2 * Hkv) * D}, opts) * 3;
+      const at::Tensor qn = 1 + 0.1 * at::randn({D}, opts), kn = 1 + 0.1 * at::randn({D}, opts);
+      const at::Tensor pos = at::arange(T, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)) * 37 + 5;
+      const auto [cos, sin] = rope_tables(pos, 1e6, D, dtype);  // [T, D]
+      for (bool norms : {true, false}) {
+        const at::Tensor a = norms ? qn : at::Tensor(), b = norms ? kn : at::Tensor();
+        const frozen::Qkv f = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, cos, sin, true);
+        const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, cos, sin, false);
+        const std::string tag = name + (norms ? " qkv_rope (q/k norms)" : " qkv_rope");
+        expect_agree(f.q, p.q, tag + " q");
+        expect_agree(f.k, p.k, tag + " k");
+        EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
+      }
+      // Per-sequence tables [B, 1, T, D] (packed rows: positions from each document's start).
+      const at::Tensor bpos = at::stack({pos, pos.flip(0)});
+      const auto [bc, bs] = rope_tables(bpos, 1e4, D, dtype);
+      const frozen::Qkv f = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, bc.unsqueeze(1), bs.unsqueeze(1), true);
+      const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, bc.unsqueeze(1), bs.unsqueeze(1), false);
+      expect_agree(f.q, p.q, name + " qkv_rope per-sequence tables q");
+      const at::Tensor gate_up = at::randn({B, T, 2 * I}, opts) * 2;
+      const at::Tensor sw_f = frozen::swiglu_packed(gate_up, true), sw_p = frozen::swiglu_packed(gate_up, false);
+      ASSERT_EQ(sw_f.sizes(), sw_p.sizes());
+      expect_agree(sw_f, sw_p.contiguous(), name + " swiglu_packed");
     }
-    // Per-sequence tables [B, 1, T, D] (packed rows: positions from each document's start).
-    const at::Tensor bpos = at::stack({pos, pos.flip(0)});
-    const auto [bc, bs] = rope_tables(bpos, 1e4, D, dtype);
-    const frozen::Qkv f = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, bc.unsqueeze(1), bs.unsqueeze(1), true);
-    const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, bc.unsqueeze(1), bs.unsqueeze(1), false);
-    expect_agree(f.q, p.q, name + " qkv_rope per-sequence tables q");
-    const at::Tensor gate_up = at::randn({B, T, 2 * I}, opts) * 2;
-    const at::Tensor sw_f = frozen::swiglu_packed(gate_up, true), sw_p = frozen::swiglu_packed(gate_up, false);
-    ASSERT_EQ(sw_f.sizes(), sw_p.sizes());
-    expect_agree(sw_f, sw_p.contiguous(), name + " swiglu_packed");
-  }
 }

@@ -22,6 +22,11 @@ __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));
 }
 
+// Products and sums rounded one by one (never contracted into a fused multiply-add), as
+// ATen's separate elementwise ops round them; in float32 the dtype's rounding is a no-op.
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -32,8 +37,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 constexpr int kNormThreads = 256;
 
 template <typename T>
-__global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* sum,
-                                    const T* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
+__global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* sum, const T* __restrict__ w,
+                                    T* __restrict__ out, int64_t H, float eps) {
   __shared__ float partial[kNormThreads / 32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * H;
@@ -43,7 +48,7 @@ __global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* 
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
     float v = to_float(xr[j]);
     if (dr) {
-      v = round_to<T>(v + to_float(dr[j]));
+      v = round_to<T>(add(v, to_float(dr[j])));
       sr[j] = from_float<T>(v);
     }
     ss += v * v;
@@ -59,11 +64,125 @@ __global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* 
   // Each thread reads back the values it wrote (or read): no other thread touched them.
   const T* src = dr ? sr : xr;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
-    orow[j] = from_float<T>(to_float(w[j]) * round_to<T>(to_float(src[j]) * inv));
+    orow[j] = from_float<T>(mul(to_float(w[j]), round_to<T>(mul(to_float(src[j]), inv))));
+}
+
+// The same with 16-byte vectors, each thread's (at most kNormVecs) vectors kept in registers
+// between the two passes (rows of at most kNormThreads * kNormVecs vectors).
+constexpr int kNormVecs = 4;
+
+template <typename T>
+__global__ void add_rms_norm_vec_kernel(const T* x, const T* __restrict__ delta, T* sum, const T* __restrict__ w,
+                                        T* __restrict__ out, int64_t H, float eps) {
+  constexpr int E = Vec16<T>::E;
+  __shared__ float partial[kNormThreads / 32];
+  const int64_t row = blockIdx.x, nv = H / E;
+  const T* xr = x + row * H;
+  const T* dr = delta ? delta + row * H : nullptr;
+  T* sr = sum ? sum + row * H : nullptr;
+  Vec16<T> cache[kNormVecs];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormVecs; ++i) {
+    const int64_t vi = threadIdx.x + int64_t(i) * kNormThreads;
+    if (vi < nv) {
+      Vec16<T> a = load16(xr + vi * E);
+      if (dr) {
+        const Vec16<T> d = load16(dr + vi * E);
+#pragma unroll
+        for (int k = 0; k < E; ++k) a.v[k] = from_float<T>(add(to_float(a.v[k]), to_float(d.v[k])));
+        store16(sr + vi * E, a);
+      }
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        const float v = to_float(a.v[k]);
+        ss += v * v;
+      }
+      cache[i] = a;
+    }
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+  const float inv = rsqrtf(total / float(H) + eps);
+  T* orow = out + row * H;
+#pragma unroll
+  for (int i = 0; i < kNormVecs; ++i) {
+    const int64_t vi = threadIdx.x + int64_t(i) * kNormThreads;
+    if (vi < nv) {
+      const Vec16<T> wv = load16(w + vi * E);
+      Vec16<T> o;
+#pragma unroll
+      for (int k = 0; k < E; ++k)
+        o.v[k] = from_float<T>(mul(to_float(wv.v[k]), round_to<T>(mul(to_float(cache[i].v[k]), inv))));
+      store16(orow + vi * E, o);
+    }
+  }
 }
 
 // One warp per (token, head slot); lanes take the pairs (j, j + D/2).
 constexpr int kQkvWarps = 8;
+
+// The same for D = 64 P (P <= 4): lane l holds the pairs j = l + 32 i, i < P, in registers,
+// so the head is read once.
+template <typename T, int P>
+__global__ void qkv_rope_reg_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
+                                    const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
+                                    const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
+                                    T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_, int64_t Hq,
+                                    int64_t Hkv) {
+  constexpr int64_t D = 64 * P, half = 32 * P;
+  const int lane = threadIdx.x & 31;
+  const int64_t slots = Hq + 2 * Hkv, items = B * T_ * slots;
+  for (int64_t item = int64_t(blockIdx.x) * kQkvWarps + (threadIdx.x >> 5); item < items;
+       item += int64_t(gridDim.x) * kQkvWarps) {
+    const int64_t slot = item % slots, token = item / slots, t = token % T_, b = token / T_;
+    const T* in = qkv + token * slots * D + slot * D;
+    float x1[P], x2[P];
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      x1[i] = to_float(in[lane + 32 * i]);
+      x2[i] = to_float(in[half + lane + 32 * i]);
+    }
+    if (slot >= Hq + Hkv) {  // v: moved to [B, Hkv, T, D]
+      T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        o[lane + 32 * i] = in[lane + 32 * i];
+        o[half + lane + 32 * i] = in[half + lane + 32 * i];
+      }
+      continue;
+    }
+    const bool is_q = slot < Hq;
+    const T* norm = is_q ? q_norm : k_norm;
+    if (norm) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < P; ++i) ss += x1[i] * x1[i] + x2[i] * x2[i];
+      const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int64_t j = lane + 32 * i;
+        x1[i] = round_to<T>(mul(to_float(norm[j]), round_to<T>(mul(x1[i], inv))));
+        x2[i] = round_to<T>(mul(to_float(norm[j + half]), round_to<T>(mul(x2[i], inv))));
+      }
+    }
+    const int64_t tb = table_batch == 1 ? 0 : b;
+    const T* c = cos + (tb * T_ + t) * D;
+    const T* s = sin + (tb * T_ + t) * D;
+    T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t j = lane + 32 * i;
+      o[j] = from_float<T>(add(round_to<T>(mul(x1[i], to_float(c[j]))), round_to<T>(mul(-x2[i], to_float(s[j])))));
+      o[j + half] = from_float<T>(
+          add(round_to<T>(mul(x2[i], to_float(c[j + half]))), round_to<T>(mul(x1[i], to_float(s[j + half])))));
+    }
+  }
+}
 
 template <typename T>
 __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm, const T* __restrict__ k_norm,
@@ -99,17 +218,36 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
     for (int64_t j = lane; j < half; j += 32) {
       float x1 = to_float(in[j]), x2 = to_float(in[j + half]);
       if (norm) {
-        x1 = round_to<T>(to_float(norm[j]) * round_to<T>(x1 * inv));
-        x2 = round_to<T>(to_float(norm[j + half]) * round_to<T>(x2 * inv));
+        x1 = round_to<T>(mul(to_float(norm[j]), round_to<T>(mul(x1, inv))));
+        x2 = round_to<T>(mul(to_float(norm[j + half]), round_to<T>(mul(x2, inv))));
       }
       // rotate_half(x) = (-x2, x1)
-      o[j] = from_float<T>(round_to<T>(x1 * to_float(c[j])) + round_to<T>(-x2 * to_float(s[j])));
-      o[j + half] = from_float<T>(round_to<T>(x2 * to_float(c[j + half])) + round_to<T>(x1 * to_float(s[j + half])));
+      o[j] = from_float<T>(add(round_to<T>(mul(x1, to_float(c[j]))), round_to<T>(mul(-x2, to_float(s[j])))));
+      o[j + half] =
+          from_float<T>(add(round_to<T>(mul(x2, to_float(c[j + half]))), round_to<T>(mul(x1, to_float(s[j + half])))));
     }
   }
 }
 
 constexpr int kSwigluThreads = 256;
+
+// Rows in blockIdx.y (grid-stride), 16-byte vectors of a row in x: no division per value.
+template <typename T>
+__global__ void swiglu_packed_vec_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t I) {
+  constexpr int E = Vec16<T>::E;
+  const int64_t nv = I / E;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t vi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; vi < nv; vi += int64_t(gridDim.x) * blockDim.x) {
+      const Vec16<T> g = load16(gate_up + r * 2 * I + vi * E), u = load16(gate_up + r * 2 * I + I + vi * E);
+      Vec16<T> o;
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        const float x = to_float(g.v[k]);
+        o.v[k] = from_float<T>(mul(round_to<T>(x / (1.f + expf(-x))), to_float(u.v[k])));
+      }
+      store16(out + r * I + vi * E, o);
+    }
+}
 
 template <typename T>
 __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t I) {
@@ -117,7 +255,7 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t r = i / I, j = i % I;
     const float g = to_float(gate_up[r * 2 * I + j]), u = to_float(gate_up[r * 2 * I + I + j]);
-    out[i] = from_float<T>(round_to<T>(g / (1.f + expf(-g))) * u);
+    out[i] = from_float<T>(mul(round_to<T>(g / (1.f + expf(-g))), u));
   }
 }
 
@@ -126,11 +264,20 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
 void add_rms_norm(DType dtype, const void* x, const void* delta, void* sum, const void* w, void* out, int64_t rows,
                   int64_t H, float eps, void* stream) {
   if (rows <= 0) return;
+  const bool aligned =
+      aligned16(x) && aligned16(w) && aligned16(out) && (!delta || (aligned16(delta) && aligned16(sum)));
   with_type(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_rms_norm_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<T*>(sum), static_cast<const T*>(w),
-        static_cast<T*>(out), H, eps);
+    constexpr int E = Vec16<T>::E;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (aligned && H % E == 0 && H / E <= int64_t(kNormThreads) * kNormVecs)
+      add_rms_norm_vec_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<T*>(sum), static_cast<const T*>(w),
+          static_cast<T*>(out), H, eps);
+    else
+      add_rms_norm_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<T*>(sum), static_cast<const T*>(w),
+          static_cast<T*>(out), H, eps);
   });
   check_launch("add_rms_norm");
 }
@@ -143,21 +290,48 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
   const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
   with_type(dtype, [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
-    qkv_rope_kernel<E><<<static_cast<unsigned>(blocks), kQkvWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const E*>(qkv), static_cast<const E*>(q_norm), static_cast<const E*>(k_norm), eps,
-        static_cast<const E*>(cos), static_cast<const E*>(sin), table_batch, static_cast<E*>(q), static_cast<E*>(k),
-        static_cast<E*>(v), B, T, Hq, Hkv, D);
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const dim3 grid(static_cast<unsigned>(blocks)), block(kQkvWarps * 32);
+    const E *in = static_cast<const E*>(qkv), *qn = static_cast<const E*>(q_norm), *kn = static_cast<const E*>(k_norm);
+    const E *c = static_cast<const E*>(cos), *s = static_cast<const E*>(sin);
+    E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
+    switch (D) {
+      case 64:
+        qkv_rope_reg_kernel<E, 1>
+            <<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+        break;
+      case 128:
+        qkv_rope_reg_kernel<E, 2>
+            <<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+        break;
+      case 256:
+        qkv_rope_reg_kernel<E, 4>
+            <<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+        break;
+      default:
+        qkv_rope_kernel<E><<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);
+    }
   });
   check_launch("qkv_rope");
 }
 
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream) {
   if (rows <= 0 || I <= 0) return;
+  const bool aligned = aligned16(gate_up) && aligned16(out);
   with_type(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_packed_kernel<T><<<grid_for(rows * I, kSwigluThreads), kSwigluThreads, 0,
-                              static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(gate_up),
-                                                                   static_cast<T*>(out), rows, I);
+    constexpr int E = Vec16<T>::E;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (aligned && I % E == 0) {
+      const int64_t nv = I / E;
+      const dim3 grid(static_cast<unsigned>(std::min<int64_t>((nv + kSwigluThreads - 1) / kSwigluThreads, 64)),
+                      static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+      swiglu_packed_vec_kernel<T>
+          <<<grid, kSwigluThreads, 0, s>>>(static_cast<const T*>(gate_up), static_cast<T*>(out), rows, I);
+    } else {
+      swiglu_packed_kernel<T><<<grid_for(rows * I, kSwigluThreads), kSwigluThreads, 0, s>>>(
+          static_cast<const T*>(gate_up), static_cast<T*>(out), rows, I);
+    }
   });
   check_launch("swiglu_packed");
 }

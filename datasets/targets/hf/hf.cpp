@@ -149,14 +149,32 @@ class HfTarget final : public Target {
       // Packed rows: positions count from each document's start, as the conversation alone.
       std::tie(cos, sin) = rope_tables(document_positions(docs, B, S));
     }
-    std::vector<at::Tensor> out(layers.size());
-    for (int64_t l = 0; l <= deepest; ++l) {
-      x = layer_forward(layers_[static_cast<size_t>(l)], x, cos, sin, l, attention);
-      const at::Tensor state = l == cfg_.layers - 1 ? rms_norm(x, final_norm_) : x;
+    // The states go straight into the result [B, S, E, H] as each layer makes them.
+    at::Tensor out = at::empty({B, S, static_cast<int64_t>(layers.size()), cfg_.hidden}, x.options());
+    auto record = [&](int64_t l, const at::Tensor& state) {
+      const at::Tensor s = l == cfg_.layers - 1 ? rms_norm(state, final_norm_) : state;
       for (size_t i = 0; i < layers.size(); ++i)
-        if (layers[i] == l) out[i] = state;
+        if (layers[i] == l) out.select(2, static_cast<int64_t>(i)).copy_(s);
+    };
+    // The residual stream is x + pending: each layer's last residual add is done by the next
+    // layer's input norm (one pass, add_rms_norm), which also gives the state after the layer.
+    at::Tensor pending;
+    const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
+    for (int64_t l = 0; l <= deepest; ++l) {
+      const DecoderLayer& L = layers_[static_cast<size_t>(l)];
+      const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_);
+      if (l > 0) record(l - 1, stream);
+      const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
+                                     cfg_.rms_eps, cos, sin, fused_);
+      const at::Tensor a = attention.attention(l, p.q, p.k, p.v, scale);
+      const at::Tensor o =
+          at::linear(a.transpose(1, 2).reshape({B, S, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
+      const auto [x1, h2] = frozen::add_rms_norm(stream, o, L.post_norm, cfg_.rms_eps, fused_);
+      pending = at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+      x = x1;
     }
-    return at::stack(out, 2);  // [B, S, E, H]
+    record(deepest, x + pending);
+    return out;
   }
 
   // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row
