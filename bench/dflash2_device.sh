@@ -7,7 +7,7 @@
 #   device run: command `bash bench/dflash2_device.sh`, carry [".deps"], timeout_s 600.
 # 1. build the engine, the plugins and test_dflash2 against that machine's torch;
 # 2. test_dflash2 (the selector's hand-written backward against autograd, float32 and bf16 on
-#    the GPU);
+#    the GPU) and test_lm_head_loss's top-k cases (the candidates from the LM-head op's logits);
 # 3. 30 steps each of DFlash and DFlash-2, 1 and 5 layers, one process each, nothing else
 #    running; DFlash-2's steps 26-28 under --profile (its per-family GPU time);
 # 4. the table: median step ms over steps 6-25, peak GiB (allocator peak of the step), ratio.
@@ -25,12 +25,14 @@ t0=$(date +%s)
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||
   { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
-cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_dflash2 > "$OUT/build.log" 2>&1
+cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_dflash2 test_lm_head_loss > "$OUT/build.log" 2>&1
 rc=$?
 echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
 [ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
 echo "=== test_dflash2"
 "$BUILD/bin/test_dflash2" 2>&1 | grep -E "rel err|^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -20
+echo "=== test_lm_head_loss (the op's top-k, which DFlash-2's selector takes its candidates from)"
+"$BUILD/bin/test_lm_head_loss" --gtest_filter='*TopK*' 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -20
 rm -rf "$RUNS"
 for L in 1 5; do
   sed -e "s/^name = .*/name = \"dflash2_step_$L\"/" -e '0,/^plugin = "dflash"$/s//plugin = "dflash2"/' \

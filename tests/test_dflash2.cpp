@@ -32,10 +32,9 @@ void check(c10::Device device, c10::ScalarType dtype, double tol) {
   const at::Tensor plain = (hr.unsqueeze(1) * rows).sum(-1);
   (plain * upstream.to(at::kDouble)).sum().backward();
 
-  const double value_err = (ours.to(at::kDouble) - plain).abs().max().item<double>() /
-                           plain.abs().max().item<double>();
-  const double grad_err = (h.grad().to(at::kDouble) - hr.grad()).abs().max().item<double>() /
-                          hr.grad().abs().max().item<double>();
+  const double value_err = (ours.to(at::kDouble) - plain).abs().max().item<double>() / plain.abs().max().item<double>();
+  const double grad_err =
+      (h.grad().to(at::kDouble) - hr.grad()).abs().max().item<double>() / hr.grad().abs().max().item<double>();
   EXPECT_LE(value_err, tol) << c10::toString(dtype) << " on " << device;
   EXPECT_LE(grad_err, tol) << c10::toString(dtype) << " on " << device;
   EXPECT_GT(hr.grad().abs().max().item<double>(), 1.0);  // not vacuous: a gradient of size

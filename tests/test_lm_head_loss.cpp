@@ -372,3 +372,50 @@ TEST(LmHeadLoss, NoRowsGiveAZeroLossStillInTheGraph) {
     EXPECT_EQ(recorded, (std::vector<std::string>{"lm_head_ce/" + variant, "lm_head_ce/" + variant}));
   }
 }
+
+// top_k: each row's top-k logits and tokens from the op's own logits, against at::topk of the
+// plain logits (float64 product of the same inputs), for every variant the machine runs, with
+// chunks that split the rows unevenly; the loss and gradient unchanged by asking.
+namespace {
+
+void check_top_k(c10::Device device, at::ScalarType dtype, double tol) {
+  const Problem p = random_problem(83, 48, 301, dtype, device, 21);
+  const int64_t k = 7;
+  const at::Tensor plain = at::mm(p.hidden.to(at::kDouble), p.weight.to(at::kDouble).t());
+  const auto [want_values, want_indices] = at::topk(plain, k, -1, true, true);
+  std::vector<std::pair<std::string, std::function<LmHeadLossOutput(const LmHeadLossInput&)>>> variants = {
+      {"reference", [](const LmHeadLossInput& in) { return lm_head_loss_reference(in); }},
+      {"chunked", [](const LmHeadLossInput& in) { return lm_head_loss_chunked(in, 32); }}};
+  if (device.is_cuda())
+    variants.push_back({"fused", [](const LmHeadLossInput& in) { return lm_head_loss_fused(in, 32); }});
+  for (const auto& [name, variant] : variants) {
+    at::Tensor h = p.hidden.detach().clone().set_requires_grad(true);
+    LmHeadLossInput in = input_of(p, h);
+    const LmHeadLossOutput plain_out = variant(in);
+    in.top_k = k;
+    LmHeadLossOutput out = variant(in);
+    ASSERT_TRUE(out.top_values.defined() && out.top_indices.defined()) << name;
+    ASSERT_EQ(out.top_values.sizes(), (std::vector<int64_t>{83, k})) << name;
+    EXPECT_FALSE(out.top_values.requires_grad()) << name;
+    // Values: the logits at the tokens it names, and those tokens' plain logits in order.
+    const at::Tensor at_tokens = plain.gather(1, out.top_indices.to(plain.device()));
+    EXPECT_LE(max_rel(out.top_values.to(at::kDouble), at_tokens), tol) << name;
+    EXPECT_LE(max_rel(at_tokens, want_values), tol) << name;  // the same top k, up to the dtype's ties
+    const double same = out.top_indices.eq(want_indices).to(at::kDouble).mean().item<double>();
+    EXPECT_GE(same, dtype == at::kFloat ? 1.0 : 0.9) << name;
+    if (dtype == at::kFloat) {
+      EXPECT_TRUE(out.top_indices.select(1, 0).equal(out.argmax)) << name;
+    }
+    EXPECT_EQ(out.loss.item<double>(), plain_out.loss.item<double>()) << name;
+  }
+}
+
+}  // namespace
+
+TEST(LmHeadLoss, TopKFromTheOpsOwnLogitsCpu) { check_top_k(c10::kCPU, at::kFloat, 1e-5); }
+
+TEST(LmHeadLoss, TopKFromTheOpsOwnLogitsCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  check_top_k(c10::Device(c10::kCUDA, 0), at::kFloat, 1e-5);
+  check_top_k(c10::Device(c10::kCUDA, 0), at::kBFloat16, 2e-2);
+}

@@ -47,10 +47,16 @@ struct ChunkInput {
   at::Tensor h, weight, labels, w, target, target_rows;
   double temperature = 1.0, inv_sum = 0.0;
   bool grad = false;
+  int64_t top_k = 0;
 };
 struct ChunkResult {
-  at::Tensor loss_sum, argmax, target_argmax, grad;
+  at::Tensor loss_sum, argmax, target_argmax, grad, top_values, top_indices;
 };
+
+// The chunk's top-k logits and tokens (LmHeadLossInput::top_k), before anything reuses them.
+void take_top_k(const at::Tensor& logits, int64_t k, ChunkResult& r) {
+  if (k > 0) std::tie(r.top_values, r.top_indices) = at::topk(logits, k, -1, /*largest=*/true, /*sorted=*/true);
+}
 using ChunkFn = ChunkResult (*)(const ChunkInput& c);
 
 // float32 log-softmax of 16-bit logits (ATen converts the input; its half_to_float path takes
@@ -64,6 +70,7 @@ at::Tensor log_softmax32(const at::Tensor& x) {
 ChunkResult chunk_loss_aten(const ChunkInput& c) {
   ChunkResult r;
   at::Tensor logits = at::mm(c.h, c.weight.t());  // [c, V], compute dtype
+  take_top_k(logits, c.top_k, r);
   r.argmax = logits.argmax(-1);
   at::Tensor logp = log_softmax32(logits);
   logits.reset();
@@ -101,6 +108,7 @@ ChunkResult chunk_loss_aten(const ChunkInput& c) {
 ChunkResult chunk_loss_fused(const ChunkInput& c) {
   ChunkResult r;
   at::Tensor logits = at::mm(c.h, c.weight.t());
+  take_top_k(logits, c.top_k, r);  // before the row kernel writes the gradient over them
   const at::Tensor wf = c.w.to(at::kFloat).contiguous();
   if (c.target.defined()) {
     const cuda_ops::KlRows rows =
@@ -153,6 +161,10 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
   const auto long_opts = in.hidden.options().dtype(at::kLong);
   const bool from_target = in.target_hidden.defined();
   out.argmax = at::empty({R}, long_opts);
+  if (in.top_k > 0) {
+    out.top_values = at::empty({R, in.top_k}, h.options());
+    out.top_indices = at::empty({R, in.top_k}, long_opts);
+  }
   at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
   {
     at::NoGradGuard no_grad;
@@ -176,6 +188,7 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
       ci.temperature = in.target_temperature;
       ci.inv_sum = inv_sum;
       ci.grad = grad;
+      ci.top_k = in.top_k;
       if (from_target && in.target_soft) {
         if (t.logits.defined()) {
           ci.target = t.logits;
@@ -190,6 +203,10 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
       ChunkResult cr = fn(ci);
       total.add_(cr.loss_sum);
       out.argmax.narrow(0, r0, n).copy_(cr.argmax);
+      if (in.top_k > 0) {
+        out.top_values.narrow(0, r0, n).copy_(cr.top_values);
+        out.top_indices.narrow(0, r0, n).copy_(cr.top_indices);
+      }
       if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
     }
     total.mul_(inv_sum);
@@ -239,6 +256,8 @@ void check_lm_head_loss_input(const LmHeadLossInput& in) {
   if (in.weight.scalar_type() != in.hidden.scalar_type())
     fail(std::string("hidden is ") + c10::toString(in.hidden.scalar_type()) + " but the LM head is " +
          c10::toString(in.weight.scalar_type()) + " (give both in the compute dtype)");
+  if (in.top_k < 0 || in.top_k > in.weight.size(0))
+    fail("top_k must be 0..V = " + std::to_string(in.weight.size(0)) + ", got " + std::to_string(in.top_k));
   if (in.hidden.size(0) > 0 && !(in.weight_sum > 0))
     fail("weight_sum must be positive, got " + std::to_string(in.weight_sum));
 }
@@ -249,6 +268,7 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   at::Tensor logits = at::linear(in.hidden, in.weight);
   LmHeadLossOutput out;
   out.argmax = logits.detach().argmax(-1);
+  if (in.top_k > 0) std::tie(out.top_values, out.top_indices) = at::topk(logits.detach(), in.top_k, -1, true, true);
   if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
   const at::Tensor logq = at::log_softmax(logits, -1);
   at::Tensor per_row;

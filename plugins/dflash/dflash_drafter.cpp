@@ -600,6 +600,7 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
   in.labels = plan.row_labels;
   in.row_weights = plan.row_weights;
   in.weight_sum = by_positions_ ? double(plan.counted) : plan.weight_sum;
+  in.top_k = loss_top_k();
   if (labels_ != "data") {
     const int64_t S = batch.hidden.size(1);
     const at::Tensor last = batch.hidden.select(2, label_index_).reshape({B * S, hidden_});

@@ -98,6 +98,8 @@ class DFlashDrafter : public Drafter {
     at::Tensor chosen;
     std::vector<std::pair<std::string, at::Tensor>> scalars;
   };
+  // Each row's top-k logits the LM-head op should return with the loss (LmHeadLossInput::top_k).
+  virtual int64_t loss_top_k() const { return 0; }
   virtual LossExtra extra_loss(const LossRows& rows, bool training) const {
     (void)rows;
     (void)training;

@@ -28,8 +28,8 @@ class CandidateLogits : public torch::autograd::Function<CandidateLogits> {
     const int64_t K = candidates.size(1);
     const at::Tensor g = grads[0].to(weight.scalar_type()).reshape({-1}).contiguous();
     const at::Tensor offsets = at::arange(0, candidates.numel(), K, candidates.options());
-    const at::Tensor grad_hidden = std::get<0>(
-        at::embedding_bag(weight, candidates.reshape({-1}), offsets, false, /*mode sum*/ 0, false, g));
+    const at::Tensor grad_hidden =
+        std::get<0>(at::embedding_bag(weight, candidates.reshape({-1}), offsets, false, /*mode sum*/ 0, false, g));
     return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -118,6 +118,9 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     return y + convolve(mlp(l, convolve(v, km.select(2, 0), cm.base[0])), km.select(2, 1), cm.base[1]);
   }
 
+  // The candidates come with the loss: the LM-head op's own logits' top-Kc.
+  int64_t loss_top_k() const override { return top_k_; }
+
   LossExtra extra_loss(const LossRows& rows, bool training) const override {
     (void)training;
     const at::Tensor& h = rows.in.hidden;  // [R, H]
@@ -125,7 +128,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     Candidates c;
     {
       at::NoGradGuard frozen;
-      c = top_candidates(h.detach(), rows.wanted);
+      c = top_candidates(h.detach(), rows.wanted, rows.out);
     }
     const at::Tensor& candidates = c.indices;
     // The wanted token's place among the candidates: the first where the LM head's top-Kc has
@@ -234,16 +237,33 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     return at::bmm(succ, context.unsqueeze(2)).squeeze(2);
   }
 
-  // Each row's top-Kc tokens under the LM head, highest first, and their logits, the wanted
-  // token in the last place where it is not among them (the place's own token and logit
-  // kept aside); in chunks of rows (no [R, V] tensor).
+  // Each row's top-Kc tokens under the LM head, highest first, and their logits (from the
+  // LM-head op's output when it gave them, else made here in chunks of rows, no [R, V] tensor),
+  // the wanted token in the last place where it is not among them (the place's own token and
+  // logit kept aside).
   struct Candidates {
     at::Tensor values, indices;            // [R, Kc]
     at::Tensor last_values, last_indices;  // [R]: the LM head's own Kc-th candidate
     at::Tensor contains;                   // [R] bool: the LM head's top-Kc has the wanted token
   };
-  Candidates top_candidates(const at::Tensor& h, const at::Tensor& wanted) const {
-    const int64_t R = h.size(0), chunk = std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(vocab_, 1));
+  Candidates top_candidates(const at::Tensor& h, const at::Tensor& wanted, const LmHeadLossOutput& op) const {
+    const int64_t R = h.size(0);
+    if (op.top_values.defined() && op.top_indices.defined() && op.top_values.size(0) == R &&
+        op.top_values.size(1) == top_k_) {
+      Candidates c;
+      c.values = op.top_values.to(h.scalar_type()).clone();
+      c.indices = op.top_indices.clone();
+      c.last_values = c.values.select(1, top_k_ - 1).clone();
+      c.last_indices = c.indices.select(1, top_k_ - 1).clone();
+      const at::Tensor missing = c.indices.eq(wanted.unsqueeze(1)).any(1).logical_not();
+      c.contains = missing.logical_not();
+      // The wanted token's logit h . W[wanted] where it takes the last place.
+      const at::Tensor wanted_logit = (h.to(at::kFloat) * lm_head_.index_select(0, wanted).to(at::kFloat)).sum(-1);
+      c.indices.select(1, top_k_ - 1).copy_(at::where(missing, wanted, c.last_indices));
+      c.values.select(1, top_k_ - 1).copy_(at::where(missing, wanted_logit.to(c.values.scalar_type()), c.last_values));
+      return c;
+    }
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(vocab_, 1));
     std::vector<at::Tensor> values, indices, last_values, last_indices, contains;
     for (int64_t begin = 0; begin < R; begin += chunk) {
       const int64_t n = std::min(chunk, R - begin);

@@ -99,11 +99,16 @@ struct LmHeadLossInput {
   at::Tensor target_index;
   bool target_soft = false;
   double target_temperature = 1.0;
+  // > 0: also each row's top_k logits and their tokens, highest first, taken from the logits
+  // the op makes anyway (a drafter that re-ranks candidates needs no second LM-head product).
+  int64_t top_k = 0;
 };
 struct LmHeadLossOutput {
   at::Tensor loss;           // float32 scalar, differentiable with respect to hidden
   at::Tensor argmax;         // [R] int64: the LM head's greedy token of each row (no gradient)
   at::Tensor target_argmax;  // [R] int64, labels from a target only: its greedy token of each row
+  at::Tensor top_values;     // [R, top_k] in the compute dtype (no gradient), top_k > 0 only
+  at::Tensor top_indices;    // [R, top_k] int64
 };
 
 // The engine side of a drafter's step: mask building, attention and the LM-head loss
