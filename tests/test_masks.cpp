@@ -378,6 +378,39 @@ TEST(MaskDFlash, MatchesOracleOverRandomDraws) {
   }
 }
 
+// Sliding-window draft layers: row j of block n (position anchor + j) sees only keys within
+// `window` positions: context kv > anchor + j - window, own-block rows |j - j'| < window.
+TEST(MaskDFlash, SlidingWindowMatchesOracle) {
+  std::mt19937_64 rng(509);
+  auto bidirectional = make("dflash");
+  auto causal = make("dflash", {{"in_block", std::string("causal")}});
+  int64_t cut = 0;  // values the window hides that the full mask shows
+  for (int draw = 0; draw < 2 * kDraws; ++draw) {
+    const bool in_block_causal = draw % 2;
+    const int64_t BS = uniform(rng, 1, 20);
+    const int64_t S = uniform(rng, BS, 160);
+    const int64_t N = uniform(rng, 1, std::min<int64_t>(12, S - BS + 1));
+    fd::MaskInput in = random_dflash(rng, uniform(rng, 1, 3), S, BS, N, draw % 3 != 0);
+    in.window = uniform(rng, 1, 40);
+    const Oracle full = dflash_oracle(in, in_block_causal);
+    const Oracle oracle = [&in, full](int64_t b, int64_t q, int64_t kv) {
+      const int64_t BS = in.block_size, j = q % BS;
+      const int64_t a = in.anchors[size_t(b)][size_t(q / BS)];
+      const int64_t key_pos = kv < in.context_len ? kv : a + (kv - in.context_len) % BS;
+      return full(b, q, kv) && std::abs(a + j - key_pos) < in.window;
+    };
+    for (int64_t b = 0; b < in.batch; ++b)
+      for (int64_t q = 0; q < in.q_len; ++q)
+        for (int64_t kv = 0; kv < in.kv_len; ++kv) cut += full(b, q, kv) && !oracle(b, q, kv);
+    const BlockShape bs = kShapes[static_cast<size_t>(draw / 2) % kShapes.size()];
+    const fd::MaskGenerator& gen = in_block_causal ? *causal : *bidirectional;
+    const std::string problem = check_mask(gen, in, bs.q, bs.kv, oracle, in.batch);
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " S " << S << " BS " << BS
+                           << " N " << N << " window " << in.window;
+  }
+  EXPECT_GT(cut, 0);  // not vacuous
+}
+
 // A server's shorter last block (served validation): block n keeps its first len tokens; its
 // later queries see nothing and nobody sees its later keys.
 TEST(MaskDFlash, BlockLengthsMatchOracle) {

@@ -11,6 +11,9 @@
 //   With doc_lengths (packed rows: the documents of each row's context, summing to S), the
 //   context a block sees is only its anchor's document: start(anchor's document) <= kv <
 //   anchor; and a valid block must lie inside that document (anchor + BS <= its end).
+//   With window W > 0 (a sliding-window draft layer, as z-lab's DFlashDraftModel masks its
+//   "sliding_attention" layers): row j of block n is at position anchor + j and sees only keys
+//   within W positions of it: context kv > anchor + j - W, own-block rows j' with |j - j'| < W.
 // Each row is two intervals (context, own block); per query block of BQ rows the
 // context KV blocks left of the smallest anchor are full, the one or two under the
 // spread of anchors get bitmaps, and the block region contributes the block-diagonal
@@ -27,6 +30,7 @@
 
 #include "../row_intervals.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -52,6 +56,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     flashdraft::BlockMaskBuilder builder(in.batch, 1, in.q_len, in.kv_len, bq, bkv);
     flashdraft::masks::RowScratch scratch;
     const bool causal = causal_in_block_;
+    const int64_t W = in.window;
     std::vector<int64_t> doc_start;  // per block of the row: where its anchor's document starts
     for (int64_t b = 0; b < in.batch; ++b) {
       const int64_t* anchor = in.anchors[static_cast<size_t>(b)].data();
@@ -73,6 +78,11 @@ class DFlashMask final : public flashdraft::MaskGenerator {
             hi[0] = anchor[n];
             lo[1] = S + n * BS;  // own block
             hi[1] = causal ? S + n * BS + j + 1 : S + n * BS + len;
+            if (W > 0) {  // keys within W positions of anchor + j
+              lo[0] = std::min(hi[0], std::max(lo[0], anchor[n] + j - W + 1));
+              lo[1] = std::max(lo[1], S + n * BS + j - W + 1);
+              hi[1] = std::min(hi[1], S + n * BS + j + W);
+            }
           },
           scratch);
     }
@@ -85,13 +95,17 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) return false;
     const int64_t len =
         in.block_lengths.empty() ? in.block_size : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
-    if (q - n * in.block_size >= len) return false;  // past a short block's tokens
+    const int64_t j = q - n * in.block_size;
+    if (j >= len) return false;  // past a short block's tokens
+    const int64_t a = in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
     if (kv < in.context_len) {
-      const int64_t a = in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
+      if (in.window > 0 && a + j - kv >= in.window) return false;  // outside the sliding window
       return kv < a && (in.doc_lengths.empty() || kv >= document_of(in, b, a).first);
     }
     const int64_t m = (kv - in.context_len) / in.block_size;  // block of the key
-    if (m != n || kv - in.context_len - n * in.block_size >= len) return false;
+    const int64_t jk = kv - in.context_len - n * in.block_size;
+    if (m != n || jk >= len) return false;
+    if (in.window > 0 && (j - jk >= in.window || jk - j >= in.window)) return false;
     return !causal_in_block_ || kv - in.context_len <= q;
   }
 
@@ -188,6 +202,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     const int64_t S = in.context_len, BS = in.block_size;
     if (BS < 1) throw std::invalid_argument("dflash: block size " + s(BS) + " is not accepted; it must be at least 1");
     if (S < 0) throw std::invalid_argument("dflash: context length " + s(S) + " is negative");
+    if (in.window < 0) throw std::invalid_argument("dflash: window " + s(in.window) + " is negative (0 = none)");
     if (in.batch < 1 || static_cast<int64_t>(in.anchors.size()) != in.batch)
       throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.anchors.size())) +
                                   " anchor lists for a batch of " + s(in.batch) +

@@ -112,6 +112,15 @@ void DFlashDrafter::declare(Schema& s) {
   s.real("label_temperature", "labels = \"target_kl\": the target's distribution is softmax(logits / this)")
       .def(1.0)
       .range(1e-3, 100.0);
+  s.strings("layer_types",
+            "each drafter layer's attention, as transformers' layer_types: \"full_attention\" (the context before "
+            "the anchor and the block) or \"sliding_attention\" (only keys within sliding_window positions of the "
+            "query, as z-lab's DFlashDraftModel masks its sliding layers; exported as layer_types / sliding_window); "
+            "empty = every layer full")
+      .def(std::vector<std::string>{});
+  s.integer("sliding_window", "the window of the \"sliding_attention\" layers, in positions (0 = none is sliding)")
+      .def(int64_t{0})
+      .at_least(0);
   s.real("init_std", "standard deviation of the initial projection weights").def(0.02).at_least(0.0);
   s.string("init",
            "a Hugging Face DFlash drafter folder (config.json + model.safetensors, as `flashdraft export "
@@ -144,6 +153,7 @@ DFlashDrafter::DFlashDrafter(const Config& config) : config_(config) {
   label_temperature_ = config.real("label_temperature");
   if (anchors_ == 0)
     config.fail("anchors", "anchors = 0 leaves no block to train on; give at least 1 anchor per sequence");
+  read_layer_types(config);
   if (heads_ % kv_heads_ != 0)
     config.fail("kv_heads", "heads = " + std::to_string(heads_) +
                                 " is not a multiple of kv_heads = " + std::to_string(kv_heads_) +
@@ -357,7 +367,7 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
       out.tokens = at::zeros({B, 0}, at::TensorOptions().dtype(at::kLong).device(d_.device_));
       return out;
     }
-    attention_.set_mask(mask);
+    int64_t window = -1;  // the mask set: per layer, its window (mask_for_layer)
     // The block: the known token, then MASK.
     at::Tensor tokens = at::full({B, BS}, d_.mask_token_, at::TensorOptions().dtype(at::kLong).device(d_.device_));
     tokens.select(1, 0).copy_(r.last.to(d_.device_, at::kLong));
@@ -368,6 +378,7 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
     at::Tensor x = d_.embedding_.index_select(0, tokens.reshape({-1})).view({B, BS, H});
     for (int64_t l = 0; l < d_.layers_n_; ++l) {
       const Layer& P = d_.layers_[static_cast<size_t>(l)];
+      mask_for_layer(attention_, mask, d_.windows_[static_cast<size_t>(l)], window);
       x = d_.layer(l, x, [&](const at::Tensor& h) {
         const at::Tensor q = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.q_proj), d_.heads_), P.q_norm), cos, sin);
         const at::Tensor kb = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
@@ -441,7 +452,6 @@ StepResult DFlashDrafter::step(const Batch& batch, AttentionContext& attention, 
     throw std::invalid_argument("block_size " + std::to_string(block_size_) +
                                 " is larger than the batch's sequence length " + std::to_string(S));
   const StepPlan plan = plan_step(batch, rng);
-  attention.set_mask(plan.input);
   const at::Tensor x = decoder(batch, plan, attention);
   return loss_and_metrics(batch, x, plan, attention, training);
 }
@@ -562,8 +572,11 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
   const at::Tensor &cos_b = rope_b.first, &sin_b = rope_b.second;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor x = embedding_.index_select(0, plan.block_tokens.reshape({-1})).view({B, L, hidden_});
+  MaskInput mask = plan.input;
+  int64_t window = -1;  // the mask set: per layer, its window (mask_for_layer)
   for (int64_t l = 0; l < layers_n_; ++l) {
     const Layer& P = layers_[static_cast<size_t>(l)];
+    mask_for_layer(attention, mask, windows_[static_cast<size_t>(l)], window);
     x = layer(l, x, [&](const at::Tensor& h) {
       at::Tensor q = heads_of(at::linear(h, P.q_proj), heads_);
       q = rope(rms_norm(q, P.q_norm), cos_b, sin_b);
@@ -664,6 +677,39 @@ std::vector<int64_t> DFlashDrafter::default_layer_ids(const TargetModel& target)
   std::vector<int64_t> ids = dflash::reference_layer_ids(target.layers, layers_n_);
   for (int64_t& id : ids) id = std::max<int64_t>(0, std::min(id, target.layers - 1));
   return ids;
+}
+
+void DFlashDrafter::read_layer_types(const Config& config) {
+  const std::vector<std::string> types = config.strings("layer_types");
+  const int64_t window = config.integer("sliding_window");
+  windows_.assign(static_cast<size_t>(layers_n_), 0);
+  if (types.empty()) {
+    if (window > 0)
+      config.fail("sliding_window", "sliding_window = " + std::to_string(window) +
+                                        " but no layer is \"sliding_attention\" (give layer_types, or 0)");
+    return;
+  }
+  if (static_cast<int64_t>(types.size()) != layers_n_)
+    config.fail("layer_types", std::to_string(types.size()) + " layer types for layers = " + std::to_string(layers_n_) +
+                                   " (give one per drafter layer)");
+  for (size_t l = 0; l < types.size(); ++l) {
+    if (types[l] != "full_attention" && types[l] != "sliding_attention")
+      config.fail("layer_types", "entry " + std::to_string(l) + " is \"" + types[l] +
+                                     "\"; accepted: \"full_attention\", \"sliding_attention\"");
+    if (types[l] == "sliding_attention") {
+      if (window < 1)
+        config.fail("sliding_window", "layer " + std::to_string(l) +
+                                          " is \"sliding_attention\" but sliding_window = 0 (give its window, >= 1)");
+      windows_[l] = window;
+    }
+  }
+}
+
+void DFlashDrafter::mask_for_layer(AttentionContext& attention, MaskInput& mask, int64_t window, int64_t& current) {
+  if (window == current) return;
+  mask.window = window;
+  attention.set_mask(mask);
+  current = window;
 }
 
 void DFlashDrafter::check_hidden(int64_t hidden) const {

@@ -116,6 +116,9 @@ class DFlashDrafter : public Drafter {
 
   Config config_;
   int64_t layers_n_, hidden_, heads_, kv_heads_, head_dim_, ffn_, block_size_, mask_token_, anchors_;
+  // Per layer: the sliding window its attention keeps (layer_types "sliding_attention": the
+  // [drafter] sliding_window), 0 for "full_attention".
+  std::vector<int64_t> windows_;
   std::vector<int64_t> layer_ids_, feature_index_;
   int64_t label_index_ = -1;  // labels from the target: the E index of its last layer
   double rope_theta_, eps_, gamma_, init_std_, label_temperature_;
@@ -144,6 +147,9 @@ class DFlashDrafter : public Drafter {
                               AttentionContext& attention, bool training) const;
   std::vector<int64_t> default_layer_ids(const TargetModel& target) const;
   void check_hidden(int64_t hidden) const;
+  void read_layer_types(const Config& config);
+  // Sets `mask` with layer l's window when it differs from the one set last (`current`).
+  static void mask_for_layer(AttentionContext& attention, MaskInput& mask, int64_t window, int64_t& current);
   at::Tensor heads_of(const at::Tensor& x, int64_t heads) const;
   std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos) const;
   const std::pair<at::Tensor, at::Tensor>& context_rope(int64_t B, int64_t S) const;

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -92,14 +93,37 @@ std::string read_dtype(const ConfigReader& r) {
 
 // Keys of the reference's config that change the drafter's function in ways this drafter
 // does not compute: accepted only at the reference's defaults.
-void read_unsupported(const ConfigReader& r) {
-  if (const Json* types = r.find("layer_types")) {
-    if (!types->is_array()) r.fail("layer_types", "value " + types->dump() + " is not a list");
-    for (const auto& t : *types)
-      if (!t.is_string() || t.get<std::string>() != "full_attention")
-        r.fail("layer_types", "holds " + t.dump() + "; this drafter's layers attend over the whole context " +
-                                  "(accepted: every entry \"full_attention\", or no layer_types)");
+// layer_types and the window of the sliding layers, as transformers' Qwen3Config reads them
+// (sliding_window counts only with use_sliding_window true); every layer full: no types.
+void read_layer_types(const ConfigReader& r, Layout& l) {
+  const Json* types = r.find("layer_types");
+  if (!types || types->is_null()) return;
+  if (!types->is_array()) r.fail("layer_types", "value " + types->dump() + " is not a list");
+  bool sliding = false;
+  for (const auto& t : *types) {
+    if (!t.is_string() || (t != "full_attention" && t != "sliding_attention"))
+      r.fail("layer_types", "holds " + t.dump() + " (accepted: \"full_attention\", \"sliding_attention\")");
+    l.layer_types.push_back(t.get<std::string>());
+    sliding = sliding || t == "sliding_attention";
   }
+  if (static_cast<int64_t>(l.layer_types.size()) != l.layers)
+    r.fail("layer_types", std::to_string(l.layer_types.size()) +
+                              " entries for num_hidden_layers = " + std::to_string(l.layers) + " (one per layer)");
+  if (!sliding) {
+    l.layer_types.clear();
+    return;
+  }
+  const Json* use = r.find("use_sliding_window");
+  const Json* window = r.find("sliding_window");
+  if (!use || !use->is_boolean() || !use->get<bool>() || !window || !window->is_number_integer() ||
+      window->get<int64_t>() < 1)
+    r.fail("sliding_window",
+           "layer_types has \"sliding_attention\" layers but no window (accepted: "
+           "use_sliding_window true and sliding_window >= 1)");
+  l.sliding_window = window->get<int64_t>();
+}
+
+void read_unsupported(const ConfigReader& r) {
   for (const char* key : {"input_embedding_scale", "output_multiplier"}) {
     const double v = r.real(key, 1.0);
     if (v != 1.0)
@@ -157,6 +181,15 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
     throw Error(file + ": dflash_config.target_layer_ids = " + list_str(got.target_layer_ids) +
                 ", but the experiment's drafter reads target layers " + list_str(want.target_layer_ids) +
                 " (from [drafter] target_layer_ids); accepted: the same ids");
+  const auto all_full = [](const Layout& l) {
+    return std::vector<std::string>(static_cast<size_t>(l.layers), "full_attention");
+  };
+  const std::vector<std::string> got_types = got.layer_types.empty() ? all_full(got) : got.layer_types;
+  const std::vector<std::string> want_types = want.layer_types.empty() ? all_full(want) : want.layer_types;
+  if (got_types != want_types || got.sliding_window != want.sliding_window)
+    throw Error(file + ": layer_types / sliding_window = " + join(got_types) + " / " +
+                std::to_string(got.sliding_window) + ", but the experiment's drafter has " + join(want_types) + " / " +
+                std::to_string(want.sliding_window) + " (from [drafter] layer_types and sliding_window)");
   if (got.is_causal != want.is_causal)
     throw Error(file + ": is_causal = " + (got.is_causal ? "true" : "false") +
                 ", but the experiment's drafter attends " + (want.is_causal ? "causally" : "bidirectionally") +
@@ -263,6 +296,11 @@ Layout describe(const Config& table, Drafter& drafter, const TargetModel& target
     l.target_layer_ids.resize(static_cast<size_t>(context_layers));
   l.rope_theta = table.real("rope_theta");
   l.rms_eps = table.real("rms_eps");
+  const std::vector<std::string> types = table.strings("layer_types");
+  if (std::find(types.begin(), types.end(), "sliding_attention") != types.end()) {
+    l.layer_types = types;
+    l.sliding_window = table.integer("sliding_window");
+  }
   l.dtype = dtype_name(dtype);
   l.target = target.source;
   l.architecture = variant.architecture;
@@ -292,6 +330,11 @@ std::string config_json(const Layout& l) {
   j["torch_dtype"] = l.dtype;
   j["dtype"] = l.dtype;
   j["is_causal"] = l.is_causal;
+  if (!l.layer_types.empty()) {
+    j["layer_types"] = l.layer_types;
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = l.sliding_window;
+  }
   j["dflash_config"] = {
       {"mask_token_id", l.mask_token}, {"target_layer_ids", l.target_layer_ids}, {"block_size", l.block_size}};
   for (const auto& [key, value] : l.extra) j["dflash_config"][key] = value;
@@ -350,6 +393,7 @@ Layout read_config_text(const std::string& text, const std::string& file, const 
   const Json* causal = r.find("is_causal");
   if (causal && !causal->is_boolean()) r.fail("is_causal", "value " + causal->dump() + " is not true or false");
   l.is_causal = causal && causal->get<bool>();
+  read_layer_types(r, l);
   read_unsupported(r);
   if (j.contains("flashdraft") && j["flashdraft"].is_object() && j["flashdraft"].contains("target") &&
       j["flashdraft"]["target"].is_string())

@@ -13,8 +13,11 @@
 //   tie_word_embeddings false, dflash_config {mask_token_id, target_layer_ids, block_size},
 //   is_causal (true when the drafter was trained with [mask] in_block = "causal": the
 //   reference then attends causally inside a block; false otherwise, written explicitly).
+//   layer_types, sliding_window and use_sliding_window true when a layer is
+//   "sliding_attention" ([drafter] layer_types / sliding_window; the reference then masks
+//   those layers to keys within the window of each query, as the drafter was trained).
 //   Every other choice of the reference's config that would change the drafter's function
-//   (layer_types with sliding windows, input_embedding_scale, output_multiplier,
+//   (input_embedding_scale, output_multiplier,
 //   final_logit_softcapping, RoPE scaling) is left at the reference's default, which is
 //   what the drafter computes; a training choice the layout cannot say (a [mask] other than
 //   "dflash") is refused at export with a sentence, and an imported folder that sets one of
@@ -51,7 +54,11 @@ struct Layout {
   int64_t vocab = 0, block_size = 0, mask_token = 0, target_layers = 0;
   std::vector<int64_t> target_layer_ids;
   double rope_theta = 10000.0, rms_eps = 1e-6;
-  bool is_causal = false;         // attention inside a block: causal ([mask] in_block = "causal") or not
+  bool is_causal = false;  // attention inside a block: causal ([mask] in_block = "causal") or not
+  // Per layer "full_attention" or "sliding_attention" (empty: every layer full) and the
+  // sliding layers' window (config.json: layer_types, sliding_window, use_sliding_window).
+  std::vector<std::string> layer_types;
+  int64_t sliding_window = 0;
   std::string dtype = "float32";  // torch_dtype: float32 | bfloat16 | float16
   std::string target;             // what the target was (informational)
   // A drafter of the family (Variant): its architecture and the values of its own keys.

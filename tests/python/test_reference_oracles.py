@@ -18,6 +18,9 @@ and transformers).
    trained with. Its forward, fed transformers' hidden_states[L + 1] through its own
    extract_context_feature, proposes our tokens for every labelled block position and gives our
    validation loss (1e-5 relative).
+   A 2-layer drafter whose first layer is "sliding_attention" (window 5, inside the block of
+   8) exports layer_types / sliding_window, and z-lab's forward equals ours the same way; the
+   same weights read with every layer full do not (so the window is what makes them equal).
 
 2. vLLM's speculators, DFlash: its converter (speculators.convert.dflash) accepts the folder
    and validates what it saved; its model (speculators.models.dflash) loads it with our tensors,
@@ -144,6 +147,11 @@ plugin = "dflash"
 DFLASH2 = DFLASH.replace('plugin = "dflash"\nlayers', 'plugin = "dflash2"\nconv_kernel_size = {kernel}\n'
                          'conv_group_size = {group}\nselector_rank = {rank}\nselector_top_k = {top_k}\nlayers', 1)
 KERNEL, GROUP, RANK, TOP_K = 3, 8, 16, 8
+# DFlash with a sliding-window layer first (window 5 < the block of 8: the window cuts inside
+# the block too) and a full one after it.
+WINDOW = 5
+DFLASH_SLIDING = DFLASH.replace("layers = 1\n", 'layers = 2\nlayer_types = ["sliding_attention", "full_attention"]\n'
+                                                "sliding_window = {window}\n", 1)
 
 EAGLE3 = """
 [drafter]
@@ -253,7 +261,8 @@ def train_dflash(world, name, template, layout, dumps):
     root = world["root"] / name
     root.mkdir()
     keys = dict(out=root / "run", target=world["target_dir"], data=world["data"], bs=BS, anchors=ANCHORS, ids=IDS,
-                gamma=GAMMA, rope_theta=ROPE_THETA, lr=1e-2, kernel=KERNEL, group=GROUP, rank=RANK, top_k=TOP_K)
+                gamma=GAMMA, rope_theta=ROPE_THETA, lr=1e-2, kernel=KERNEL, group=GROUP, rank=RANK, top_k=TOP_K,
+                window=WINDOW)
     exp = experiment(root / "train.toml", template, name=name, steps=60, eval="false", labels="target_kl",
                      normalisation="positions", init="", **keys)
     out = cli("run", exp)
@@ -275,6 +284,11 @@ def train_dflash(world, name, template, layout, dumps):
 def dflash(world):
     return train_dflash(world, "dflash", DFLASH, "DFlash", [("target_kl", "positions"), ("target_kl", "weights"),
                                                           ("target_argmax", "positions")])
+
+
+@pytest.fixture(scope="module")
+def dflash_sliding(world):
+    return train_dflash(world, "dflash_sliding", DFLASH_SLIDING, "DFlash", [("target_kl", "positions")])
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +326,7 @@ def rel(a, b):
 # --- 1. z-lab's dflash -------------------------------------------------------------------
 
 def test_dflash_reference_loads_the_export_and_reproduces_our_validation(world, dflash):
-    from dflash.model import DFlashDraftModel, extract_context_feature
+    from dflash.model import DFlashDraftModel
 
     folder = dflash["folder"]
     model, info = DFlashDraftModel.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
@@ -334,7 +348,17 @@ def test_dflash_reference_loads_the_export_and_reproduces_our_validation(world, 
           f"{model.block_size}, mask_token_id {model.mask_token_id}, target_layer_ids {model.target_layer_ids}")
 
     # Its forward on every held-out block: our proposals, our loss (target_kl, over the count).
-    dump = dflash["dumps"][("target_kl", "positions")]
+    same, total, err = zlab_blocks(world, model, dflash["dumps"][("target_kl", "positions")])
+    assert total >= 100 and same == total
+    assert err <= TOL
+
+
+def zlab_blocks(world, model, dump):
+    """z-lab's forward on every held-out block of a validation dump: how many of our labelled
+    block proposals it proposes too, and the largest relative difference of its validation loss
+    (target_kl, over the count of labelled positions) from ours per batch."""
+    from dflash.model import extract_context_feature
+
     emb, head = world["target"].get_input_embeddings().weight, world["target"].lm_head
     tokens, anchors, valid, labels, pred = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels",
                                                               "predictions"))
@@ -367,8 +391,40 @@ def test_dflash_reference_loads_the_export_and_reproduces_our_validation(world, 
     err = max(rel(a, b) for a, b in zip(losses, dump["loss"]))
     print(f"dflash forward: {same} of {total} block proposals equal ours; validation loss per batch "
           f"{[round(x, 6) for x in losses]} (ours {dump['loss'].tolist()}), max relative error {err:.1e}")
+    return same, total, err
+
+
+def test_dflash_sliding_layers_load_into_the_reference_with_our_function(world, dflash_sliding):
+    """[drafter] layer_types = ["sliding_attention", "full_attention"], sliding_window = 5: the
+    folder says so (layer_types, use_sliding_window, sliding_window), z-lab's DFlashDraftModel
+    masks its first layer to keys within 5 positions of each query (bidirectionally: is_causal
+    false), and its forward proposes our tokens and gives our loss on every held-out block. Not
+    vacuous: the same folder with the window removed from its config proposes otherwise."""
+    from dflash.model import DFlashDraftModel
+
+    folder = dflash_sliding["folder"]
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention"]
+    assert cfg["sliding_window"] == WINDOW and cfg["use_sliding_window"] is True and cfg["is_causal"] is False
+    model, info = DFlashDraftModel.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+    model.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert model.config.sliding_window == WINDOW
+    dump = dflash_sliding["dumps"][("target_kl", "positions")]
+    same, total, err = zlab_blocks(world, model, dump)
+    print(f"sliding window {WINDOW} in layer 0: {same} of {total} block proposals equal ours, loss max rel err {err:.1e}")
     assert total >= 100 and same == total
     assert err <= TOL
+    full = json.loads(json.dumps(cfg))
+    full["layer_types"] = ["full_attention", "full_attention"]
+    unwindowed = world["root"] / "dflash_sliding_unwindowed"
+    unwindowed.mkdir()
+    (unwindowed / "config.json").write_text(json.dumps(full))
+    (unwindowed / "model.safetensors").symlink_to(folder / "model.safetensors")
+    other = DFlashDraftModel.from_pretrained(unwindowed, dtype=torch.float32).eval()
+    same_full, total_full, err_full = zlab_blocks(world, other, dump)
+    print(f"the same weights with every layer full: {same_full} of {total_full} equal, loss rel err {err_full:.1e}")
+    assert err_full > 100 * TOL
 
 
 # --- 2. speculators, DFlash ----------------------------------------------------------------

@@ -40,6 +40,10 @@ struct MaskInput {
   // queries are positions q_offsets[b] .. q_offsets[b] + q_len - 1 of a cache of kv_len);
   // empty = the generator's own alignment.
   std::vector<int64_t> q_offsets;
+  // Sliding-window attention ("dflash": a draft layer of layer_type "sliding_attention"):
+  // > 0: a query at position p sees only keys at positions p' with |p - p'| < window (before
+  // it, and after it where the mask lets a query see later keys); 0 = no window.
+  int64_t window = 0;
 };
 
 class FLASHDRAFT_API MaskGenerator : public PluginObject {
