@@ -56,7 +56,7 @@ GIB = float(1 << 30)
 MIB = float(1 << 20)
 PHASES = ("forward", "backward", "optimizer", "step")
 # Column order of run.steps: these first (when present), then drafter scalars.
-_ENGINE_STEP_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s")
+_ENGINE_STEP_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "input_tokens_per_s")
 # Event kinds after which the writer stopped.
 _TERMINAL_KINDS = ("finished", "interrupted", "error", "fallback_error", "nan", "oom")
 

@@ -15,7 +15,10 @@ std::vector<LogColumn> steps_columns(const LogShape& shape) {
       {"steps/lr", T::f64, 0, 0, "learning rate used at this step"},
       {"steps/grad_norm", T::f64, 0, 0, "global gradient norm before clipping"},
       {"steps/step_time_s", T::f64, 0, 0, "wall time of the step, seconds"},
-      {"steps/tokens_per_s", T::f64, 0, 0, "loss-carrying tokens per second"},
+      {"steps/tokens_per_s", T::f64, 0, 0, "loss-carrying (labelled) tokens per second"},
+      {"steps/input_tokens_per_s", T::f64, 0, 0,
+       "the batches' real input tokens (every non-padding position, prompt included; all micro-batches and ranks) "
+       "per second: the rate other trainers report as tokens/s"},
       {"steps/position_accuracy", T::f64, shape.positions, 0,
        "accuracy per position (the drafter's positions: e.g. block positions 1..BS-1, or unroll steps)"},
   };

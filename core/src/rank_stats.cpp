@@ -17,6 +17,7 @@ enum Field : size_t {
   kWeight,
   kLoss,
   kTokens,
+  kInputTokens,
   kSeconds,
   kPeakForward,
   kPeakBackward,
@@ -82,6 +83,7 @@ std::vector<double> local_row(const StepOutcome& o, const GradientSync& grads, u
   mine[kWeight] = grads.local_weight();
   mine[kLoss] = grads.local_loss();
   mine[kTokens] = double(o.tokens);
+  mine[kInputTokens] = double(o.input_tokens);
   mine[kSeconds] = o.seconds;
   mine[kPeakForward] = double(o.peak_forward);
   mine[kPeakBackward] = double(o.peak_backward);
@@ -99,7 +101,7 @@ std::vector<double> local_row(const StepOutcome& o, const GradientSync& grads, u
 // Every rank's row into the per-rank columns of r and the global metrics of o (tokens
 // summed, accuracy and scalars token-weighted, memory peaks the largest, the first signal).
 void merge_rows(const std::vector<std::vector<double>>& rows, StepOutcome& o, RankStep& r) {
-  double tokens = 0;
+  double tokens = 0, input_tokens = 0;
   std::vector<double> acc(o.position_accuracy.size(), 0.0), scal(o.scalars.size(), 0.0);
   for (const auto& row : rows) {
     r.seconds.push_back(row[kSeconds]);
@@ -113,10 +115,12 @@ void merge_rows(const std::vector<std::vector<double>>& rows, StepOutcome& o, Ra
     o.peak_optimizer = std::max(o.peak_optimizer, static_cast<int64_t>(row[kPeakOptimizer]));
     if (row[kSignal] != 0 && r.signal == 0) r.signal = static_cast<int>(row[kSignal]);
     tokens += row[kTokens];
+    input_tokens += row[kInputTokens];
     for (size_t j = 0; j < acc.size(); ++j) acc[j] += row[kTokens] * row[kFields + j];
     for (size_t j = 0; j < scal.size(); ++j) scal[j] += row[kTokens] * row[kFields + acc.size() + j];
   }
   o.tokens = static_cast<int64_t>(tokens);
+  o.input_tokens = static_cast<int64_t>(input_tokens);
   for (size_t j = 0; j < acc.size() && tokens > 0; ++j) o.position_accuracy[j] = acc[j] / tokens;
   for (size_t j = 0; j < scal.size() && tokens > 0; ++j) o.scalars[j].second = scal[j] / tokens;
 }

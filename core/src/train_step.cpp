@@ -25,6 +25,14 @@ bool can_queue_steps(const StepContext& c) { return c.device.is_cuda() && c.grad
 
 namespace {
 
+// A batch's real input tokens: each row's length (padding after it not counted), or every
+// position when the batch has no lengths.
+int64_t real_tokens(const Batch& batch) {
+  if (!batch.lengths.defined()) return batch.tokens.numel();
+  const int64_t S = batch.tokens.size(1);
+  return batch.lengths.to(at::kCPU, at::kLong).clamp(0, S).sum().item<int64_t>();
+}
+
 // Host seconds since `t`, and `t` moved to now.
 double lap(std::chrono::steady_clock::time_point& t) {
   const auto now = std::chrono::steady_clock::now();
@@ -39,6 +47,7 @@ StepOutcome queue_step(StepContext& c, StepOutcome o, std::chrono::steady_clock:
   auto t = t0;
   grads.seed_anchors(c.anchors, o.step, 0);
   Batch batch = c.batches.train(grads.batch_index(o.step, 0));
+  o.input_tokens = real_tokens(batch);
   std::shared_ptr<const BatchSource::TargetTiming> target = c.batches.target_timing();
   o.host.emplace_back("batch", lap(t));
 
@@ -82,6 +91,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
   for (int64_t micro = 0; micro < grads.micro_batches(); ++micro) {
     grads.seed_anchors(c.anchors, step, micro);
     Batch batch = c.batches.train(grads.batch_index(step, micro));
+    o.input_tokens += real_tokens(batch);
     o.target_seconds += c.batches.target_seconds();
 
     MemoryTracker::reset_peak(c.device);

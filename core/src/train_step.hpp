@@ -59,7 +59,8 @@ struct StepOutcome {
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
   int64_t peak_forward = 0, peak_backward = 0, peak_optimizer = 0;
   double target_seconds = 0;  // the online target's forward (0 without one)
-  int64_t tokens = 0;
+  int64_t tokens = 0;         // loss-carrying (labelled) positions, every micro-batch and rank
+  int64_t input_tokens = 0;   // the batches' real input tokens (not padding), every micro-batch and rank
   std::vector<double> position_accuracy;
   std::vector<std::pair<std::string, double>> scalars;
   // Host seconds spent queueing each phase (batch, forward, backward, optimizer; and the

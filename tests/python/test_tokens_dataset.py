@@ -55,3 +55,68 @@ def test_schema_lists_the_keys():
                 "shuffle : boolean = true", "seed : integer = 0", "split_seed : integer = 1",
                 "min_loss_tokens : integer = 1"):
         assert key in p.stdout, p.stdout
+
+
+def test_input_tokens_per_second_counts_real_tokens(tmp_path):
+    """/steps/input_tokens_per_s is the rate of the batches' real input tokens (padding not
+    counted, every micro-batch): conversations of one length L < seq_len, batch_size 4,
+    accumulate 2 give 2 x 4 x L input tokens per step; /steps/tokens_per_s counts the labelled
+    positions, fewer."""
+    import numpy as np
+
+    L, seq_len, rows = 40, 64, 24
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    tokens = rng.integers(1, 300, size=rows * L).astype(np.int32)
+    mask = np.tile(np.r_[np.zeros(10), np.ones(L - 10)], rows).astype(np.uint8)
+    with h5py.File(data / "shard-00000.h5", "w") as f:
+        f["tokens"], f["loss_mask"] = tokens, mask
+        f["offsets"] = np.arange(0, rows * L + 1, L, dtype=np.int64)
+        f.attrs.update(format="flashdraft-tokens-v1", vocab_size=320, tokenizer="none (test ids)", source="test")
+    exp = tmp_path / "run.toml"
+    exp.write_text(f"""
+[run]
+name = "rate"
+steps = 3
+device = "cpu"
+dtype = "float32"
+out = "{tmp_path / 'out'}"
+[attention]
+kernels = ["dense_ref"]
+[optimizer]
+accumulate = 2
+[target]
+plugin = "random"
+hidden = 64
+vocab = 320
+layers = 4
+[drafter]
+plugin = "dflash"
+layers = 1
+heads = 4
+kv_heads = 2
+block_size = 4
+anchors = 3
+target_layer_ids = [1, 2]
+[dataset]
+plugin = "tokens"
+path = "{data}"
+seq_len = {seq_len}
+batch_size = 4
+eval_sequences = 0
+[mask]
+plugin = "dflash"
+[eval]
+enabled = false
+""")
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    with h5py.File(tmp_path / "out" / "rate.h5", "r") as f:
+        seconds = f["steps/step_time_s"][()]
+        real = f["steps/input_tokens_per_s"][()] * seconds
+        labelled = f["steps/tokens_per_s"][()] * seconds
+    print(f"input tokens per step {real}, labelled {labelled}")
+    assert np.allclose(real, 2 * 4 * L, rtol=1e-9)
+    assert np.all(labelled > 0) and np.all(labelled < real)
