@@ -1,6 +1,6 @@
 """Read flashdraft HDF5 run logs into pandas, and plot them.
 
-A run log (written by core/src/trainer.cpp through core/src/run_log.cpp) holds:
+A run log (written by core/src/train/trainer.cpp through core/src/log/run_log.cpp) holds:
 
     /                  attributes: experiment (the TOML text), experiment_path,
                        flashdraft_version, git_revision, torch_version, torch_cuda,

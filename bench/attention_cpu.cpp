@@ -16,8 +16,8 @@
 // S, the FlashAttention-2 convention); GFLOP/s = useful FLOPs / median time.
 //
 // Usage: bench_attention_cpu [reps=5]. Prints a Markdown table.
-#include "memory.hpp"
-#include "registry.hpp"
+#include "registry/registry.hpp"
+#include "train/memory.hpp"
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/block_mask.hpp>

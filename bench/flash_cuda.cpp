@@ -25,7 +25,7 @@
 // one forward + backward minus what was allocated before (q, k, v, dout, mask lists),
 // i.e. out, lse, dq, dk, dv and the workspace: the memory attention itself adds.
 #include "plugin_loading.hpp"
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/block_mask.hpp>

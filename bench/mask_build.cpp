@@ -20,7 +20,7 @@
 // section of bench/RESULTS.md (created if missing; other sections are left alone).
 #include <flashdraft/mask_generator.hpp>
 
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <sched.h>
 #include <unistd.h>

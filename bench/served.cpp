@@ -1,5 +1,5 @@
 // Served validation at a real model's size: the time of one served validation (held-out
-// responses decoded speculatively, core/src/served.hpp) against its floor, the target's
+// responses decoded speculatively, core/src/eval/served.hpp) against its floor, the target's
 // forwards alone (every verified token must pass through the target once).
 //
 //   bench_served EXP.toml [--responses 64] [--prompt 512] [--response 512] [--warmup 8]
@@ -12,10 +12,10 @@
 // --warmup responses (untimed), then the timed walk over all of them, whose target forwards
 // are recorded and replayed alone, back to back, on a fresh cache: the floor.
 // Prints one table row (markdown) and the kernels that ran.
-#include "served.hpp"
-#include "bind.hpp"
-#include "eval.hpp"
-#include "setup.hpp"
+#include "eval/served.hpp"
+#include "config/setup.hpp"
+#include "eval/eval.hpp"
+#include "registry/bind.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

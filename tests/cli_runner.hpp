@@ -5,7 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "checkpoint.hpp"
+#include "train/checkpoint.hpp"
 
 #include <filesystem>
 #include <fstream>

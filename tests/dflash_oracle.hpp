@@ -8,8 +8,8 @@
 
 #include <flashdraft/model.hpp>
 
-#include "lm_head_loss.hpp"
-#include "registry.hpp"
+#include "dispatch/lm_head_loss.hpp"
+#include "registry/registry.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

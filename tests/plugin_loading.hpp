@@ -3,7 +3,7 @@
 // (every key of the plugin's schema at its default unless overridden).
 #pragma once
 
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <flashdraft/config.hpp>
 #include <flashdraft/plugin.hpp>

@@ -1,8 +1,8 @@
 // The anchor stream of a micro-batch (grad_sync.hpp): what the drafter draws its anchors
 // from is a function of (seed, global micro-batch number) alone, in every run (one
 // process with accumulate = 1 included), and no two micro-batches of a run share it.
-#include "distributed.hpp"
-#include "grad_sync.hpp"
+#include "distributed/distributed.hpp"
+#include "train/grad_sync.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

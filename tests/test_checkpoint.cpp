@@ -6,9 +6,9 @@
 //     with a sentence naming the file and the problem; --resume latest skips them;
 //   - /eval rows: exact greedy tau against a plain oracle, bounds that tie it to the
 //     per-position accuracies, and tau rising with training.
-#include "checkpoint.hpp"
-#include "run_log.hpp"
-#include "trainer.hpp"
+#include "log/run_log.hpp"
+#include "train/checkpoint.hpp"
+#include "train/trainer.hpp"
 
 #include <flashdraft/acceptance.hpp>
 

@@ -1,6 +1,6 @@
 // Experiment files: malformed input gives a precise message (file, line, column, key,
 // value found, what is accepted, closest valid key) and never crashes.
-#include "experiment.hpp"
+#include "config/experiment.hpp"
 
 #include <gtest/gtest.h>
 

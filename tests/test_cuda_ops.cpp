@@ -12,8 +12,8 @@
 //     clip factor and the skip flag; and the optimizer's guard (a non-finite loss or norm
 //     skips that update and every later one) on the CPU and on CUDA.
 // The CUDA cases skip where there is no CUDA device or the engine has no CUDA kernels.
-#include "cuda_ops.hpp"
-#include "optimizer.hpp"
+#include "dispatch/cuda_ops.hpp"
+#include "train/optimizer.hpp"
 
 #include <flashdraft/ops.hpp>
 

@@ -6,8 +6,8 @@
 // fp64 softmax-attention reference on the dense masks, for dense_ref and flash_cpu, on
 // fresh random inputs. (Pointing the backward at the dispatcher's current mask instead
 // makes the first call's gradients those of the second mask, and this test fail.)
-#include "dispatch.hpp"
-#include "ledger.hpp"
+#include "dispatch/dispatch.hpp"
+#include "dispatch/ledger.hpp"
 
 #include "attention_error.hpp"
 #include "plugin_loading.hpp"

@@ -6,8 +6,8 @@
 // vocabulary (counts, ties, the d2t/t2d convention); validation's block layout; and the
 // bad-input sentences.
 #include "dflash_oracle.hpp"
-#include "dispatch.hpp"
-#include "ledger.hpp"
+#include "dispatch/dispatch.hpp"
+#include "dispatch/ledger.hpp"
 #include "plugin_loading.hpp"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // End-to-end runs of the CLI with the toy plugins: the kernel ledger and fallbacks,
 // kernel selection, and the run log under SWMR reading and SIGKILL.
-#include "run_log.hpp"
+#include "log/run_log.hpp"
 
 #include "cli_runner.hpp"
 

@@ -33,7 +33,7 @@
 #include "flash_config.hpp"
 #include "kernel_comparison.hpp"
 #include "plugin_loading.hpp"
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/block_mask.hpp>

@@ -5,8 +5,8 @@
 //   - import copies every tensor into place, and refuses (changing nothing) a folder whose
 //     config or tensors do not fit, with a sentence naming the value and what is accepted.
 // Tensors are fresh random values (seed printed).
-#include "checkpoint.hpp"  // remove_tree
-#include "hf_format.hpp"   // plugins/dflash
+#include "hf_format.hpp"         // plugins/dflash
+#include "train/checkpoint.hpp"  // remove_tree
 
 #include <flashdraft/safetensors.hpp>
 

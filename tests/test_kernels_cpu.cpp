@@ -18,7 +18,7 @@
 #include "attention_error.hpp"
 #include "kernel_comparison.hpp"
 #include "plugin_loading.hpp"
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/block_mask.hpp>

@@ -1,9 +1,9 @@
 // The LM-head loss variants: chunked against the reference (loss, gradient with respect
 // to the hidden rows, argmax) on fresh random inputs, CPU and (where there is one) CUDA;
 // input checks; and the dispatcher's ledger entries and fallback policy for the op.
-#include "cuda_ops.hpp"
-#include "dispatch.hpp"
-#include "lm_head_loss.hpp"
+#include "dispatch/cuda_ops.hpp"
+#include "dispatch/dispatch.hpp"
+#include "dispatch/lm_head_loss.hpp"
 
 #include <torch/cuda.h>
 #include <torch/types.h>

@@ -14,7 +14,7 @@
 #include <flashdraft/attention.hpp>
 #include <flashdraft/mask_generator.hpp>
 
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

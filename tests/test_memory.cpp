@@ -1,6 +1,6 @@
 // The CPU tracking allocator counts exactly the bytes of the tensors made and freed,
 // and the peak resets per phase.
-#include "memory.hpp"
+#include "train/memory.hpp"
 
 #include <torch/types.h>
 

@@ -2,7 +2,7 @@
 // clipping through grad_scale) against torch::optim::AdamW with clip_grad_norm_, in
 // float32; float32 master weights for bfloat16 weights against a float32 run fed the same
 // gradients; and the state's save/load round trip and refusals.
-#include "optimizer.hpp"
+#include "train/optimizer.hpp"
 
 #include <torch/optim/adamw.h>
 #include <torch/serialize/archive.h>

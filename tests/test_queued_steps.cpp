@@ -3,7 +3,7 @@
 // gradient norms, accuracies, kernel columns and validations, bit for bit - and stops at
 // the same step, with the same log, when the loss stops being finite. On the CPU the key
 // changes nothing (steps run as they are queued). The CUDA runs skip without a GPU.
-#include "run_log.hpp"
+#include "log/run_log.hpp"
 
 #include "cli_runner.hpp"
 

@@ -1,7 +1,7 @@
 // The quickstart experiment end to end through the CLI: determinism (same file, same
 // seed, same losses on CPU) and the fused CPU kernel training to the same losses as the
 // dense reference, with its variants in the log for every step and layer.
-#include "run_log.hpp"
+#include "log/run_log.hpp"
 
 #include "cli_runner.hpp"
 

@@ -1,5 +1,5 @@
 // The plugin registry: search path, descriptors, refusals with reasons.
-#include "registry.hpp"
+#include "registry/registry.hpp"
 
 #include <flashdraft/attention.hpp>
 #include <flashdraft/model.hpp>

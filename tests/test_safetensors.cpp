@@ -1,4 +1,4 @@
-// The safetensors reader and writer (core/src/safetensors.cpp):
+// The safetensors reader and writer (core/src/export/safetensors.cpp):
 //   - round trips of fresh random bit patterns in every supported dtype (with a 0-d, two
 //     zero-element, a non-contiguous and an unaligned tensor) through write() and back
 //     through File and Checkpoint are bitwise, and the tensors outlive the File's map;
@@ -10,7 +10,7 @@
 // Every test draws a fresh seed (printed; rerun one with the seed in its failure trace).
 #include <flashdraft/safetensors.hpp>
 
-#include "checkpoint.hpp"  // remove_tree
+#include "train/checkpoint.hpp"  // remove_tree
 
 #include <gtest/gtest.h>
 

@@ -4,8 +4,8 @@
 // padded and packed rows, the held-out split, the order per seed and epoch, resuming,
 // and the sentences that refuse bad shards. ReadsShardsOfPrepareData reads the shards of
 // scripts/prepare-data (run by tests/python/test_tokens_dataset.py) against h5py's view.
-#include "checkpoint.hpp"
 #include "dflash_oracle.hpp"
+#include "train/checkpoint.hpp"
 
 #include <flashdraft/hdf5_attributes.hpp>
 

@@ -1,7 +1,7 @@
 // The engine's own CUDA kernels (not attention: that is the flash_cuda plugin's): the
 // LM-head cross-entropy's row pass, SwiGLU forward and backward, and the mixed-precision
 // AdamW update. This header is the host API, plain C++ (no LibTorch, no device code), so
-// core/src/cuda_ops.cpp includes it from a .cpp; the launchers take raw pointers and the
+// core/src/dispatch/cuda_ops.cpp includes it from a .cpp; the launchers take raw pointers and the
 // stream, and every launch is checked (a failed launch throws std::runtime_error naming
 // the kernel and CUDA's error string).
 //

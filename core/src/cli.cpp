@@ -1,11 +1,11 @@
 // The flashdraft command line.
-#include "checkpoint.hpp"
-#include "experiment.hpp"
-#include "hf_export.hpp"
-#include "inspect.hpp"
-#include "profile.hpp"
-#include "registry.hpp"
-#include "trainer.hpp"
+#include "config/experiment.hpp"
+#include "export/hf_export.hpp"
+#include "log/inspect.hpp"
+#include "registry/registry.hpp"
+#include "train/checkpoint.hpp"
+#include "train/profile.hpp"
+#include "train/trainer.hpp"
 
 #include <sys/wait.h>
 

@@ -12,12 +12,12 @@
 //   tau_served* (float64 scalars), the served walks per response (served_*, served_data_*);
 //   metadata tau_anchor_method, tau_served_method.
 // Errors: one line on stderr, exit status 1.
-#include "batches.hpp"
-#include "bind.hpp"
-#include "dispatch.hpp"
-#include "eval.hpp"
-#include "ledger.hpp"
-#include "setup.hpp"
+#include "config/setup.hpp"
+#include "dispatch/dispatch.hpp"
+#include "dispatch/ledger.hpp"
+#include "eval/eval.hpp"
+#include "registry/bind.hpp"
+#include "train/batches.hpp"
 
 #include <flashdraft/safetensors.hpp>
 

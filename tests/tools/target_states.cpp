@@ -9,9 +9,9 @@
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
 //     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head.
 //     Errors: one line on stderr, exit status 1.
-#include "dispatch.hpp"
-#include "ledger.hpp"
-#include "registry.hpp"
+#include "dispatch/dispatch.hpp"
+#include "dispatch/ledger.hpp"
+#include "registry/registry.hpp"
 
 #include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>

@@ -1,5 +1,5 @@
 // Speculative decoding as a server runs it, for validation's served acceptance length
-// (core/src/served.hpp walks it): many sequences decoded at once, each with a cache of
+// (core/src/eval/served.hpp walks it): many sequences decoded at once, each with a cache of
 // keys/values indexed by position, so that nothing before the current position is
 // computed twice.
 //

@@ -1,0 +1,276 @@
+// Tensor-level wrappers of the engine's CUDA kernels (cuda_ops.hpp).
+#include "dispatch/cuda_ops.hpp"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+#if FLASHDRAFT_CUDA_OPS
+#include "engine_ops.cuh"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace flashdraft::cuda_ops {
+
+#if FLASHDRAFT_CUDA_OPS
+
+namespace {
+
+DType dtype_of(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::f32;
+    case at::kBFloat16: return DType::bf16;
+    case at::kHalf: return DType::f16;
+    default:
+      throw std::invalid_argument(std::string(what) + " is " + c10::toString(t.scalar_type()) +
+                                  "; the engine's CUDA kernels take float32, bfloat16 or float16");
+  }
+}
+
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+void same_device(const at::Tensor& a, const at::Tensor& b, const char* an, const char* bn) {
+  require(b.device() == a.device(),
+          std::string(bn) + " is on " + b.device().str() + " but " + an + " is on " + a.device().str());
+}
+
+}  // namespace
+
+bool cuda_ops_built() { return true; }
+
+bool runs_on(const at::Tensor& t) {
+  return t.defined() && t.is_cuda() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+}
+
+CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weights, double grad_scale,
+               bool write_grad) {
+  require(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1,
+          "ce_rows: logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(logits.sizes()));
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  require(labels.dim() == 1 && labels.size(0) == rows && labels.scalar_type() == at::kLong && labels.is_contiguous(),
+          "ce_rows: labels must be contiguous int64 [" + std::to_string(rows) + "]");
+  same_device(logits, labels, "the logits", "labels");
+  if (write_grad) {
+    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
+                row_weights.is_contiguous(),
+            "ce_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
+    same_device(logits, row_weights, "the logits", "row weights");
+  }
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const auto f = logits.options().dtype(at::kFloat);
+  CeRows out{at::empty({rows}, f), at::empty({rows}, logits.options().dtype(at::kLong))};
+  cuda_ops::ce_rows(dtype_of(logits, "the logits"), logits.data_ptr(), rows, vocab, logits.stride(0),
+                    labels.data_ptr<int64_t>(), write_grad ? row_weights.data_ptr<float>() : nullptr,
+                    static_cast<float>(grad_scale), write_grad, out.nll.data_ptr<float>(),
+                    out.argmax.data_ptr<int64_t>(), stream_of(logits));
+  return out;
+}
+
+KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& target_rows, double temperature,
+               const at::Tensor& row_weights, double grad_scale, bool write_grad) {
+  require(draft.is_cuda() && draft.dim() == 2 && draft.stride(1) == 1,
+          "kl_rows: draft logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(draft.sizes()));
+  const int64_t rows = draft.size(0), vocab = draft.size(1);
+  require(target.dim() == 2 && target.size(1) == vocab && target.stride(1) == 1 &&
+              target.scalar_type() == draft.scalar_type() && (target_rows.defined() || target.size(0) == rows),
+          "kl_rows: target logits must be [rows or indexed, " + std::to_string(vocab) + "] in the draft's dtype, got " +
+              c10::str(target.sizes()));
+  same_device(draft, target, "the draft logits", "the target logits");
+  if (target_rows.defined()) {
+    require(target_rows.dim() == 1 && target_rows.size(0) == rows && target_rows.scalar_type() == at::kLong &&
+                target_rows.is_contiguous(),
+            "kl_rows: target_rows must be contiguous int64 [" + std::to_string(rows) + "]");
+    same_device(draft, target_rows, "the draft logits", "target_rows");
+  }
+  if (write_grad) {
+    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
+                row_weights.is_contiguous(),
+            "kl_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
+    same_device(draft, row_weights, "the draft logits", "row weights");
+  }
+  const c10::cuda::CUDAGuard guard(draft.device());
+  const auto l = draft.options().dtype(at::kLong);
+  KlRows out{at::empty({rows}, draft.options().dtype(at::kFloat)), at::empty({rows}, l), at::empty({rows}, l)};
+  cuda_ops::kl_rows(dtype_of(draft, "the draft logits"), draft.data_ptr(), target.data_ptr(),
+                    target_rows.defined() ? target_rows.data_ptr<int64_t>() : nullptr, rows, vocab, draft.stride(0),
+                    target.stride(0), static_cast<float>(temperature),
+                    write_grad ? row_weights.data_ptr<float>() : nullptr, static_cast<float>(grad_scale), write_grad,
+                    out.kl.data_ptr<float>(), out.argmax.data_ptr<int64_t>(), out.target_argmax.data_ptr<int64_t>(),
+                    stream_of(draft));
+  return out;
+}
+
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  require(
+      gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+      "swiglu: gate " + c10::str(gate.sizes()) + " and up " + c10::str(up.sizes()) + " must match in shape and dtype");
+  same_device(gate, up, "gate", "up");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  const c10::cuda::CUDAGuard guard(g.device());
+  at::Tensor y = at::empty_like(g);
+  cuda_ops::swiglu_forward(dtype_of(g, "gate"), g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel(), stream_of(g));
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& dy) {
+  require(gate.sizes() == up.sizes() && gate.sizes() == dy.sizes(),
+          "swiglu backward: gate, up and the incoming gradient must have one shape");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous(), d = dy.to(gate.scalar_type()).contiguous();
+  const c10::cuda::CUDAGuard guard(g.device());
+  at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
+  cuda_ops::swiglu_backward(dtype_of(g, "gate"), g.data_ptr(), u.data_ptr(), d.data_ptr(), dg.data_ptr(), du.data_ptr(),
+                            g.numel(), stream_of(g));
+  return {dg, du};
+}
+
+bool rope_runs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (!runs_on(x) || x.dim() != 4 || !cos.defined() || !sin.defined() || cos.dim() != 4 || sin.sizes() != cos.sizes())
+    return false;
+  if (cos.scalar_type() != x.scalar_type() || sin.scalar_type() != x.scalar_type() || cos.device() != x.device() ||
+      sin.device() != x.device() || !cos.is_contiguous() || !sin.is_contiguous())
+    return false;
+  const int64_t B = x.size(0), T = x.size(2), D = x.size(3);
+  if (cos.size(1) != 1 || cos.size(2) != T || cos.size(3) != D || (cos.size(0) != 1 && cos.size(0) != B)) return false;
+  // x itself is made contiguous (a fresh, aligned buffer) when it is not already.
+  const void* xp = x.is_contiguous() ? x.data_ptr() : cos.data_ptr();
+  return cuda_ops::rope_supported(dtype_of(x, "x"), D, xp, cos.data_ptr(), sin.data_ptr(), cos.data_ptr());
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose) {
+  require(rope_runs(x, cos, sin), "rope: the CUDA kernel does not take x " + c10::str(x.sizes()) + " with tables " +
+                                      c10::str(cos.sizes()) + " (see cuda_ops::rope_runs)");
+  const at::Tensor xc = x.contiguous();
+  const c10::cuda::CUDAGuard guard(xc.device());
+  at::Tensor out = at::empty_like(xc);
+  cuda_ops::rope(dtype_of(xc, "x"), xc.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), xc.size(0),
+                 xc.size(1), xc.size(2), xc.size(3), cos.size(0), transpose, stream_of(xc));
+  return out;
+}
+
+void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& master, const at::Tensor& exp_avg,
+                 const at::Tensor& exp_avg_sq, const AdamWHyper& h, const at::Tensor& step,
+                 const at::Tensor& grad_scale, const at::Tensor& skip) {
+  const int64_t n = param.numel();
+  require(param.is_cuda() && param.is_contiguous() && grad.is_contiguous() && grad.numel() == n &&
+              grad.scalar_type() == param.scalar_type(),
+          "adamw: the gradient must be a contiguous tensor of the parameter's dtype and size");
+  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq})
+    require(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == n && t->device() == param.device(),
+            "adamw: master weights and moments must be contiguous float32 tensors of the parameter's size and device");
+  require(step.defined() && step.scalar_type() == at::kFloat && step.numel() == 1 && step.device() == param.device(),
+          "adamw: the step counter must be a float32 scalar on the parameter's device");
+  AdamWArgs a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.step = step.data_ptr<float>();
+  a.grad_scale = grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr;
+  a.skip = skip.defined() ? skip.data_ptr<float>() : nullptr;
+  const c10::cuda::CUDAGuard guard(param.device());
+  cuda_ops::adamw_mixed(dtype_of(param, "the parameter"), param.data_ptr(), grad.data_ptr(), master.data_ptr<float>(),
+                        exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), n, a, stream_of(param));
+}
+
+at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum, const at::Tensor& w,
+                        double eps) {
+  const int64_t H = x.size(-1);
+  require(runs_on(x) && x.is_contiguous() && w.dim() == 1 && w.size(0) == H && w.scalar_type() == x.scalar_type() &&
+              w.is_contiguous(),
+          "add_rms_norm: x must be a contiguous CUDA tensor [..., H] and w [H] of its dtype, got x " +
+              c10::str(x.sizes()) + ", w " + c10::str(w.sizes()));
+  if (delta.defined())
+    require(delta.sizes() == x.sizes() && delta.scalar_type() == x.scalar_type() && delta.is_contiguous() &&
+                sum.defined() && sum.sizes() == x.sizes() && sum.scalar_type() == x.scalar_type() &&
+                sum.is_contiguous(),
+            "add_rms_norm: delta and sum must be contiguous and match x " + c10::str(x.sizes()));
+  same_device(x, w, "x", "w");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty_like(x);
+  cuda_ops::add_rms_norm(dtype_of(x, "x"), x.data_ptr(), delta.defined() ? delta.data_ptr() : nullptr,
+                         delta.defined() ? sum.data_ptr() : nullptr, w.data_ptr(), out.data_ptr(), x.numel() / H, H,
+                         static_cast<float>(eps), stream_of(x));
+  return out;
+}
+
+Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
+             double eps, const at::Tensor& cos, const at::Tensor& sin) {
+  require(runs_on(qkv) && qkv.dim() == 3 && qkv.is_contiguous(),
+          "qkv_rope: qkv must be a contiguous CUDA tensor [B, T, (Hq + 2 Hkv) D], got " + c10::str(qkv.sizes()));
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
+  require(D * (heads + 2 * kv_heads) == qkv.size(2) && D % 2 == 0,
+          "qkv_rope: the last axis " + std::to_string(qkv.size(2)) + " is not (Hq + 2 Hkv) x an even head size");
+  const at::Tensor c = cos.dim() == 4 ? cos.squeeze(1) : cos, s = sin.dim() == 4 ? sin.squeeze(1) : sin;
+  const int64_t Bt = c.dim() == 3 ? c.size(0) : 1;
+  require(c.is_contiguous() && s.is_contiguous() && c.sizes() == s.sizes() && c.size(-1) == D && c.size(-2) == T &&
+              (Bt == 1 || Bt == B) && c.scalar_type() == qkv.scalar_type() && s.scalar_type() == qkv.scalar_type(),
+          "qkv_rope: tables " + c10::str(cos.sizes()) + " do not fit qkv " + c10::str(qkv.sizes()));
+  for (const at::Tensor* n : {&q_norm, &k_norm})
+    if (n->defined())
+      require(n->dim() == 1 && n->size(0) == D && n->scalar_type() == qkv.scalar_type() && n->is_contiguous(),
+              "qkv_rope: a q/k norm weight must be [" + std::to_string(D) + "] in qkv's dtype");
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  const auto opts = qkv.options();
+  Qkv out{at::empty({B, heads, T, D}, opts), at::empty({B, kv_heads, T, D}, opts),
+          at::empty({B, kv_heads, T, D}, opts)};
+  cuda_ops::qkv_rope(dtype_of(qkv, "qkv"), qkv.data_ptr(), q_norm.defined() ? q_norm.data_ptr() : nullptr,
+                     k_norm.defined() ? k_norm.data_ptr() : nullptr, static_cast<float>(eps), c.data_ptr(),
+                     s.data_ptr(), Bt, out.q.data_ptr(), out.k.data_ptr(), out.v.data_ptr(), B, T, heads, kv_heads, D,
+                     stream_of(qkv));
+  return out;
+}
+
+at::Tensor swiglu_packed(const at::Tensor& gate_up) {
+  require(runs_on(gate_up) && gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
+          "swiglu_packed: gate_up must be a contiguous CUDA tensor [..., 2 I], got " + c10::str(gate_up.sizes()));
+  const int64_t I = gate_up.size(-1) / 2;
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = I;
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  at::Tensor out = at::empty(shape, gate_up.options());
+  cuda_ops::swiglu_packed(dtype_of(gate_up, "gate_up"), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I),
+                          I, stream_of(gate_up));
+  return out;
+}
+
+#else  // built without the engine's CUDA kernels
+
+namespace {
+[[noreturn]] void absent() {
+  throw std::runtime_error(
+      "this flashdraft was built without its CUDA kernels (the LibTorch found has no CUDA, or no nvcc was found)");
+}
+}  // namespace
+
+bool cuda_ops_built() { return false; }
+bool runs_on(const at::Tensor&) { return false; }
+CeRows ce_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
+KlRows kl_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&, double, bool) { absent(); }
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { absent(); }
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
+bool rope_runs(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor rope(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool) { absent(); }
+void adamw_mixed(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                 const AdamWHyper&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  absent();
+}
+at::Tensor add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+  absent();
+}
+Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+             const at::Tensor&) {
+  absent();
+}
+at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
+
+#endif
+
+}  // namespace flashdraft::cuda_ops

@@ -1,0 +1,165 @@
+// flashdraft/ops.hpp: drafter building blocks on the engine's CUDA kernels or ATen.
+#include <flashdraft/ops.hpp>
+
+#include "dispatch/cuda_ops.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+namespace flashdraft {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// silu(g) * u saving g and u only (the product and silu(g) are recomputed in the
+// backward: two [tokens, ffn] tensors fewer than autograd's composite keeps).
+struct SwiGLU : public torch::autograd::Function<SwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& u) {
+    ctx->save_for_backward({g, u});
+    if (cuda_ops::runs_on(g)) return cuda_ops::swiglu_forward(g, u);
+    return at::silu(g) * u;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = saved[0];
+    const at::Tensor& u = saved[1];
+    const at::Tensor& dy = grads[0];
+    if (cuda_ops::runs_on(g)) {
+      auto [dg, du] = cuda_ops::swiglu_backward(g, u, dy);
+      return {dg, du};
+    }
+    const at::Tensor sig = at::sigmoid(g);
+    // d silu(g) / dg = sig * (1 + g * (1 - sig))
+    return {dy * u * (sig * (1 + g * (1 - sig))), dy * (g * sig)};
+  }
+};
+
+// RoPE saving only the tables. Forward halves y1 = x1 c - x2 s, y2 = x2 c + x1 s; so
+// dx1 = dy1 c + dy2 s and dx2 = dy2 c - dy1 s, i.e. dy * cos + rotate_half^T(dy * sin)
+// with rotate_half^T(v) = [v2, -v1].
+struct Rope : public torch::autograd::Function<Rope> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    if (cuda_ops::rope_runs(x, cos, sin)) return cuda_ops::rope(x, cos, sin, /*transpose=*/false);
+    const int64_t half = x.size(-1) / 2;
+    return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& cos = saved[0];
+    const at::Tensor& sin = saved[1];
+    const at::Tensor& dy = grads[0];
+    if (cuda_ops::rope_runs(dy, cos, sin))
+      return {cuda_ops::rope(dy, cos, sin, /*transpose=*/true), at::Tensor(), at::Tensor()};
+    const at::Tensor ds = dy * sin;
+    const int64_t half = ds.size(-1) / 2;
+    return {dy * cos + at::cat({ds.narrow(-1, half, half), -ds.narrow(-1, 0, half)}, -1), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) { return Rope::apply(x, cos, sin); }
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, double theta, int64_t head_dim,
+                                              at::ScalarType dtype) {
+  const auto dopts = at::TensorOptions().dtype(at::kDouble).device(positions.device());
+  const at::Tensor inv = at::pow(theta, -at::arange(0, head_dim, 2, dopts) / double(head_dim));
+  const at::Tensor ang = positions.to(at::kDouble).unsqueeze(-1) * inv;  // [..., D/2]
+  const at::Tensor full = at::cat({ang, ang}, -1);                       // [..., D]
+  return {full.cos().to(dtype), full.sin().to(dtype)};
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwiGLU::apply(gate, up); }
+
+namespace frozen {
+
+namespace {
+
+bool kernels_take(bool fused, const at::Tensor& t) {
+  return fused && cuda_ops::runs_on(t) && t.is_contiguous() && t.scalar_type() != at::kDouble;
+}
+
+at::Tensor plain_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+}
+
+at::Tensor plain_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  return x * cos + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
+}
+
+// Tables [T, D] or [Bt, T, D] as [Bt, 1, T, D] (broadcast over heads); [Bt, 1, T, D] as given.
+at::Tensor per_head(const at::Tensor& table) {
+  if (table.dim() == 2) return table.unsqueeze(0).unsqueeze(0);
+  if (table.dim() == 3) return table.unsqueeze(1);
+  return table;
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
+                                               double eps, bool fused) {
+  if (kernels_take(fused, x) && (!delta.defined() || delta.is_contiguous())) {
+    if (!delta.defined()) return {x, cuda_ops::add_rms_norm(x, delta, at::Tensor(), w, eps)};
+    at::Tensor sum = at::empty_like(x);
+    at::Tensor normed = cuda_ops::add_rms_norm(x, delta, sum, w, eps);
+    return {sum, normed};
+  }
+  const at::Tensor sum = delta.defined() ? x + delta : x;
+  return {sum, plain_rms_norm(sum, w, eps)};
+}
+
+Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
+             double eps, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
+  if (kernels_take(fused, qkv) && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous()) {
+    const cuda_ops::Qkv r = cuda_ops::qkv_rope(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin);
+    return {r.q, r.k, r.v};
+  }
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
+  auto split = [&](int64_t first, int64_t n) {
+    return qkv.narrow(-1, first * D, n * D).view({B, T, n, D}).transpose(1, 2);
+  };
+  at::Tensor q = split(0, heads), k = split(heads, kv_heads);
+  if (q_norm.defined()) q = plain_rms_norm(q, q_norm, eps);
+  if (k_norm.defined()) k = plain_rms_norm(k, k_norm, eps);
+  const at::Tensor c = per_head(cos), s = per_head(sin);
+  return {plain_rope(q, c, s).contiguous(), plain_rope(k, c, s).contiguous(),
+          split(heads + kv_heads, kv_heads).contiguous()};
+}
+
+at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
+  if (kernels_take(fused, gate_up)) return cuda_ops::swiglu_packed(gate_up);
+  const int64_t I = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
+}
+
+}  // namespace frozen
+
+ParamMaker::ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt,
+                       c10::Device device, c10::ScalarType dtype, double init_std)
+    : params_(params),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(seed * 0x9E3779B97F4A7C15ULL + salt)),
+      device_(device),
+      dtype_(dtype),
+      init_std_(init_std) {}
+
+at::Tensor ParamMaker::linear(const std::string& name, int64_t out, int64_t in) {
+  at::Tensor w = at::randn({out, in}, gen_, at::TensorOptions().dtype(at::kFloat)).mul_(init_std_);
+  w = w.to(device_, dtype_).set_requires_grad(true);
+  params_.emplace_back(name, w);
+  return w;
+}
+
+at::Tensor ParamMaker::norm(const std::string& name, int64_t n) {
+  at::Tensor w = at::ones({n}, at::TensorOptions().dtype(dtype_).device(device_)).set_requires_grad(true);
+  params_.emplace_back(name, w);
+  return w;
+}
+
+}  // namespace flashdraft

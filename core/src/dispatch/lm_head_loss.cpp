@@ -1,0 +1,381 @@
+// The LM-head cross-entropy variants (lm_head_loss.hpp).
+#include "dispatch/lm_head_loss.hpp"
+
+#include "dispatch/cuda_ops.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace flashdraft {
+
+namespace {
+
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+std::string shape_of(const at::Tensor& t) { return t.defined() ? c10::str(t.sizes()) : std::string("(undefined)"); }
+
+// The chunked variant's backward: the gradient with respect to hidden was computed in
+// the forward (the loss is a scalar), so backward scales it by the incoming gradient.
+struct ChunkedLossBackward final : public torch::autograd::Node {
+  at::Tensor grad_hidden;  // [R, H], for a unit incoming gradient
+  std::function<void()> on_backward;
+
+  std::string name() const override { return "flashdraft::ChunkedLmHeadLossBackward"; }
+  void release_variables() override { grad_hidden.reset(); }
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grad_hidden.defined())
+      throw std::runtime_error(
+          "LM-head loss: backward ran a second time after its saved gradient was freed (pass "
+          "retain_graph = true to the first backward to run it twice)");
+    if (on_backward) on_backward();
+    if (!grads[0].defined()) return {at::Tensor()};
+    return {grad_hidden * grads[0].to(grad_hidden.scalar_type())};
+  }
+};
+
+// One chunk of rows: the weighted loss sum, the argmaxes and (grad) the gradient of
+// sum_r w_r loss_r / weight_sum with respect to the chunk's rows. Labels are `labels`, or the
+// soft targets softmax(target logits / temperature) with the target's logits rows
+// `target.index_select(0, target_rows)` (loss_r = KL(p_r || q_r)).
+struct ChunkInput {
+  at::Tensor h, weight, labels, w, target, target_rows;
+  double temperature = 1.0, inv_sum = 0.0;
+  bool grad = false;
+  int64_t top_k = 0;
+};
+struct ChunkResult {
+  at::Tensor loss_sum, argmax, target_argmax, grad, top_values, top_indices;
+};
+
+// The chunk's top-k logits and tokens (LmHeadLossInput::top_k), before anything reuses them.
+void take_top_k(const at::Tensor& logits, int64_t k, ChunkResult& r) {
+  if (k > 0) std::tie(r.top_values, r.top_indices) = at::topk(logits, k, -1, /*largest=*/true, /*sorted=*/true);
+}
+using ChunkFn = ChunkResult (*)(const ChunkInput& c);
+
+// float32 log-softmax of 16-bit logits (ATen converts the input; its half_to_float path takes
+// Half only).
+at::Tensor log_softmax32(const at::Tensor& x) {
+  const bool wide = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+  return wide ? at::_log_softmax(x, -1, false) : at::log_softmax(x, -1, at::kFloat);
+}
+
+// chunked: logits, float32 log-softmax, gather, exp, scatter and scale in ATen.
+ChunkResult chunk_loss_aten(const ChunkInput& c) {
+  ChunkResult r;
+  at::Tensor logits = at::mm(c.h, c.weight.t());  // [c, V], compute dtype
+  take_top_k(logits, c.top_k, r);
+  r.argmax = logits.argmax(-1);
+  at::Tensor logp = log_softmax32(logits);
+  logits.reset();
+  at::Tensor p, lab;
+  if (c.target.defined()) {
+    const at::Tensor target = c.target.index_select(0, c.target_rows);
+    r.target_argmax = target.argmax(-1);
+    const at::Tensor logp_t =
+        log_softmax32(c.temperature == 1.0 ? target : target.to(logp.scalar_type()) / c.temperature);
+    p = logp_t.exp();
+    const at::Tensor kl = (p * (logp_t - logp)).sum(-1);
+    r.loss_sum = (kl * c.w.to(kl.scalar_type())).sum();
+  } else {
+    lab = c.labels.unsqueeze(1);
+    const at::Tensor nll = -logp.gather(1, lab).squeeze(1);
+    r.loss_sum = (nll * c.w.to(nll.scalar_type())).sum();
+  }
+  if (c.grad) {
+    at::Tensor g = logp.exp_();  // softmax, in place
+    logp.reset();
+    if (p.defined())
+      g.sub_(p);
+    else
+      g.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, g.options()));
+    g.mul_(c.w.to(g.scalar_type()).mul(c.inv_sum).unsqueeze(1));
+    r.grad = at::mm(g.to(c.h.scalar_type()), c.weight);
+  }
+  return r;
+}
+
+// fused: the logits in the compute dtype (one GEMM), then one CUDA kernel per chunk for
+// the row statistics, the loss, the argmax and the gradient written over the logits in
+// place (cuda_ops::ce_rows; soft targets: cuda_ops::kl_rows, reading each row's target
+// logits where they are); the gradient GEMM reads it from there.
+ChunkResult chunk_loss_fused(const ChunkInput& c) {
+  ChunkResult r;
+  at::Tensor logits = at::mm(c.h, c.weight.t());
+  take_top_k(logits, c.top_k, r);  // before the row kernel writes the gradient over them
+  const at::Tensor wf = c.w.to(at::kFloat).contiguous();
+  if (c.target.defined()) {
+    const cuda_ops::KlRows rows =
+        cuda_ops::kl_rows(logits, c.target, c.target_rows.contiguous(), c.temperature, wf, c.inv_sum, c.grad);
+    r.argmax = rows.argmax;
+    r.target_argmax = rows.target_argmax;
+    r.loss_sum = (rows.kl * wf).sum();
+  } else {
+    const cuda_ops::CeRows rows = cuda_ops::ce_rows(logits, c.labels.contiguous(), wf, c.inv_sum, c.grad);
+    r.argmax = rows.argmax;
+    r.loss_sum = (rows.nll * wf).sum();
+  }
+  if (c.grad) r.grad = at::mm(logits, c.weight);
+  return r;
+}
+
+// The target's logits of every row of target_hidden, at most `chunk` rows at a time: their
+// argmax (hard labels), or (soft) the logits themselves in the compute dtype when they fit
+// in `budget` bytes (undefined otherwise: the chunks then compute their own rows').
+struct TargetLogits {
+  at::Tensor argmax;  // [U] int64
+  at::Tensor logits;  // [U, V] or undefined
+};
+TargetLogits target_logits(const at::Tensor& th, const at::Tensor& weight, bool soft, int64_t chunk, int64_t budget) {
+  TargetLogits t;
+  const int64_t U = th.size(0), V = weight.size(0);
+  t.argmax = at::empty({U}, th.options().dtype(at::kLong));
+  const bool keep = soft && U * V * th.element_size() <= budget;
+  if (keep) t.logits = at::empty({U, V}, th.options());
+  for (int64_t u0 = 0; u0 < U; u0 += chunk) {
+    const int64_t n = std::min(chunk, U - u0);
+    const at::Tensor l = at::mm(th.narrow(0, u0, n), weight.t());
+    t.argmax.narrow(0, u0, n).copy_(l.argmax(-1));
+    if (keep) t.logits.narrow(0, u0, n).copy_(l);
+  }
+  return t;
+}
+
+// The rows in chunks of c: per chunk `fn`, the chunk's logits freed before the next; the
+// gradient with respect to hidden kept for the backward node.
+LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, std::function<void()> on_backward) {
+  check_lm_head_loss_input(in);
+  const int64_t R = in.hidden.size(0);
+  const bool grad = at::GradMode::is_enabled() && in.hidden.requires_grad();
+  const at::Tensor h = in.hidden.detach(), weight = in.weight.detach();
+  const double inv_sum = R > 0 ? 1.0 / in.weight_sum : 0.0;  // no row: a zero loss (and gradient)
+  LmHeadLossOutput out;
+  at::Tensor total =
+      at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+  const auto long_opts = in.hidden.options().dtype(at::kLong);
+  const bool from_target = in.target_hidden.defined();
+  out.argmax = at::empty({R}, long_opts);
+  if (in.top_k > 0) {
+    out.top_values = at::empty({R, in.top_k}, h.options());
+    out.top_indices = at::empty({R, in.top_k}, long_opts);
+  }
+  at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
+  {
+    at::NoGradGuard no_grad;
+    // Labels from the target: its logits once per target state (the hard labels and, when
+    // they fit in about 2 GiB, the soft targets' logits), then gathered per row.
+    at::Tensor labels = in.labels, index, target_all;
+    TargetLogits t;
+    if (from_target) {
+      const at::Tensor th = in.target_hidden.detach();
+      index = in.target_index.defined() ? in.target_index : at::arange(R, long_opts);
+      t = target_logits(th, weight, in.target_soft, c, int64_t(1) << 31);
+      out.target_argmax = t.argmax.index_select(0, index);
+      if (!in.target_soft) labels = out.target_argmax;
+    }
+    for (int64_t r0 = 0; r0 < R; r0 += c) {
+      const int64_t n = std::min(c, R - r0);
+      ChunkInput ci;
+      ci.h = h.narrow(0, r0, n);
+      ci.weight = weight;
+      ci.w = in.row_weights.narrow(0, r0, n);
+      ci.temperature = in.target_temperature;
+      ci.inv_sum = inv_sum;
+      ci.grad = grad;
+      ci.top_k = in.top_k;
+      if (from_target && in.target_soft) {
+        if (t.logits.defined()) {
+          ci.target = t.logits;
+          ci.target_rows = index.narrow(0, r0, n);
+        } else {  // too large to keep: this chunk's target rows only
+          ci.target = at::mm(in.target_hidden.detach().index_select(0, index.narrow(0, r0, n)), weight.t());
+          ci.target_rows = at::arange(n, long_opts);
+        }
+      } else {
+        ci.labels = labels.narrow(0, r0, n);
+      }
+      ChunkResult cr = fn(ci);
+      total.add_(cr.loss_sum);
+      out.argmax.narrow(0, r0, n).copy_(cr.argmax);
+      if (in.top_k > 0) {
+        out.top_values.narrow(0, r0, n).copy_(cr.top_values);
+        out.top_indices.narrow(0, r0, n).copy_(cr.top_indices);
+      }
+      if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
+    }
+    total.mul_(inv_sum);
+  }
+  out.loss = total;
+  if (grad) {
+    auto node = std::shared_ptr<ChunkedLossBackward>(new ChunkedLossBackward(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(in.hidden));
+    node->grad_hidden = std::move(grad_hidden);
+    node->on_backward = std::move(on_backward);
+    torch::autograd::set_history(out.loss, node);
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t auto_chunk_rows(int64_t vocab, int64_t budget_bytes, int64_t bytes_per_logit) {
+  const int64_t rows = budget_bytes / (std::max<int64_t>(bytes_per_logit, 1) * std::max<int64_t>(vocab, 1));
+  return std::max<int64_t>(16, rows / 16 * 16);
+}
+
+void check_lm_head_loss_input(const LmHeadLossInput& in) {
+  auto fail = [&](const std::string& what) { throw std::invalid_argument("LM-head loss: " + what); };
+  if (!in.hidden.defined() || in.hidden.dim() != 2) fail("hidden must be [rows, H], got " + shape_of(in.hidden));
+  if (!in.weight.defined() || in.weight.dim() != 2 || in.weight.size(1) != in.hidden.size(1))
+    fail("the LM head must be [V, " + std::to_string(in.hidden.size(1)) + "], got " + shape_of(in.weight));
+  if (in.target_hidden.defined()) {
+    const int64_t R = in.hidden.size(0);
+    if (in.target_hidden.dim() != 2 || in.target_hidden.size(1) != in.hidden.size(1) ||
+        in.target_hidden.scalar_type() != in.hidden.scalar_type() ||
+        (!in.target_index.defined() && in.target_hidden.size(0) != R))
+      fail("target_hidden must be [" + (in.target_index.defined() ? std::string("U") : std::to_string(R)) + ", " +
+           std::to_string(in.hidden.size(1)) + "] in hidden's dtype " + c10::toString(in.hidden.scalar_type()) +
+           ", got " + shape_of(in.target_hidden) + " (" + c10::toString(in.target_hidden.scalar_type()) + ")");
+    if (in.target_index.defined() &&
+        (in.target_index.dim() != 1 || in.target_index.size(0) != R || in.target_index.scalar_type() != at::kLong))
+      fail("target_index must be int64 [" + std::to_string(R) + "], got " + shape_of(in.target_index));
+    if (in.target_soft && !(in.target_temperature > 0))
+      fail("target_temperature must be positive, got " + std::to_string(in.target_temperature));
+  } else if (!in.labels.defined() || in.labels.dim() != 1 || in.labels.size(0) != in.hidden.size(0) ||
+             in.labels.scalar_type() != at::kLong) {
+    fail("labels must be int64 [" + std::to_string(in.hidden.size(0)) + "], got " + shape_of(in.labels));
+  }
+  if (!in.row_weights.defined() || in.row_weights.dim() != 1 || in.row_weights.size(0) != in.hidden.size(0))
+    fail("row_weights must be [" + std::to_string(in.hidden.size(0)) + "], got " + shape_of(in.row_weights));
+  if (in.weight.scalar_type() != in.hidden.scalar_type())
+    fail(std::string("hidden is ") + c10::toString(in.hidden.scalar_type()) + " but the LM head is " +
+         c10::toString(in.weight.scalar_type()) + " (give both in the compute dtype)");
+  if (in.top_k < 0 || in.top_k > in.weight.size(0))
+    fail("top_k must be 0..V = " + std::to_string(in.weight.size(0)) + ", got " + std::to_string(in.top_k));
+  if (in.hidden.size(0) > 0 && !(in.weight_sum > 0))
+    fail("weight_sum must be positive, got " + std::to_string(in.weight_sum));
+}
+
+LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
+  check_lm_head_loss_input(in);
+  const int64_t R = in.hidden.size(0);
+  at::Tensor logits = at::linear(in.hidden, in.weight);
+  LmHeadLossOutput out;
+  out.argmax = logits.detach().argmax(-1);
+  if (in.top_k > 0) std::tie(out.top_values, out.top_indices) = at::topk(logits.detach(), in.top_k, -1, true, true);
+  if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
+  const at::Tensor logq = at::log_softmax(logits, -1);
+  at::Tensor per_row;
+  if (in.target_hidden.defined()) {
+    at::Tensor target = at::linear(in.target_hidden.detach(), in.weight.detach());
+    if (in.target_index.defined()) target = target.index_select(0, in.target_index);
+    out.target_argmax = target.argmax(-1);
+    if (in.target_soft) {
+      const at::Tensor logp = at::log_softmax(target.to(logq.scalar_type()) / in.target_temperature, -1);
+      per_row = (logp.exp() * (logp - logq)).sum(-1);  // KL(p || q)
+    } else {
+      per_row = -logq.gather(1, out.target_argmax.unsqueeze(1)).squeeze(1);
+    }
+  } else {
+    per_row = -logq.gather(1, in.labels.unsqueeze(1)).squeeze(1);
+  }
+  // No row: a zero loss, still connected to hidden (every rank of a data-parallel step
+  // runs the same ops, even one whose batch has no label).
+  out.loss = (per_row * in.row_weights.to(per_row.scalar_type())).sum() / (R > 0 ? in.weight_sum : 1.0);
+  return out;
+}
+
+LmHeadLossOutput lm_head_loss_chunked(const LmHeadLossInput& in, int64_t chunk_rows,
+                                      std::function<void()> on_backward) {
+  const int64_t c = chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0));
+  return chunked_loss(in, c, chunk_loss_aten, std::move(on_backward));
+}
+
+LmHeadLossOutput lm_head_loss_fused(const LmHeadLossInput& in, int64_t chunk_rows, std::function<void()> on_backward) {
+  if (!cuda_ops::runs_on(in.hidden))
+    throw std::invalid_argument(
+        std::string("LM-head loss: the fused variant runs on CUDA tensors of float32, bfloat16 "
+                    "or float16") +
+        (cuda_ops::cuda_ops_built() ? "" : " (and this engine was built without its CUDA kernels)") + "; hidden is " +
+        c10::toString(in.hidden.scalar_type()) + " on " + in.hidden.device().str() +
+        " (accepted elsewhere: chunked, reference)");
+  const int64_t c =
+      chunk_rows > 0 ? chunk_rows : auto_chunk_rows(in.weight.size(0), int64_t(1) << 29, in.weight.element_size());
+  return chunked_loss(in, c, chunk_loss_fused, std::move(on_backward));
+}
+
+namespace {
+
+const char* resolve_variant(const std::string& variant, c10::Device device, std::string& why) {
+  const bool fused_here = device.is_cuda() && cuda_ops::cuda_ops_built();
+  if (variant == "reference") return kLossReference;
+  if (variant == "chunked") return kLossChunked;
+  if (variant == "fused") {
+    if (!fused_here)
+      throw std::invalid_argument(
+          std::string("\"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") + device.str() +
+          (cuda_ops::cuda_ops_built() ? "" : " and this engine was built without them (no CUDA LibTorch or no nvcc)") +
+          "; accepted here: auto, chunked, reference");
+    return kLossFused;
+  }
+  if (variant == "auto") {
+    why = fused_here         ? "auto: CUDA"
+          : device.is_cuda() ? "auto: engine built without its CUDA kernels"
+                             : "auto: " + device.str();
+    return fused_here ? kLossFused : kLossChunked;
+  }
+  throw std::invalid_argument("LM-head loss variant '" + variant + "' is not one of: auto, fused, chunked, reference");
+}
+
+}  // namespace
+
+LmHeadLoss::LmHeadLoss(std::string variant, int64_t chunk_rows, Note note, c10::Device device, at::ScalarType dtype)
+    : chunk_rows_(chunk_rows), note_(std::move(note)), logit_bytes_(c10::elementSize(dtype)) {
+  variant_ = resolve_variant(variant, device, why_);
+}
+
+LmHeadLossOutput LmHeadLoss::operator()(const LmHeadLossInput& in) {
+  if (variant_ == kLossReference) {
+    LmHeadLossOutput out = lm_head_loss_reference(in);
+    if (note_) note_(false, kLossReference);
+    if (out.loss.requires_grad() && in.hidden.requires_grad()) {
+      // The reference's backward is ATen's: note it when the gradient reaches hidden.
+      Note note = note_;
+      at::Tensor h = in.hidden;
+      if (note) h.register_hook([note](const at::Tensor&) { note(true, kLossReference); });
+    }
+    return out;
+  }
+  Note note = note_;
+  const std::string variant = variant_;
+  auto on_backward = [note, variant] {
+    if (note) note(true, variant);
+  };
+  LmHeadLossOutput out = variant_ == kLossFused ? lm_head_loss_fused(in, chunk_rows_, on_backward)
+                                                : lm_head_loss_chunked(in, chunk_rows_, on_backward);
+  if (note_) note_(false, variant_);
+  return out;
+}
+
+std::string LmHeadLoss::describe(int64_t vocab) const {
+  const std::string why = why_.empty() ? "" : why_ + "; ";
+  if (variant_ == kLossReference) return std::string(kLossReference) + " (full logits, float32 log-softmax)";
+  const bool fused = variant_ == kLossFused;
+  const int64_t c = chunk_rows_ > 0 ? chunk_rows_
+                    : fused         ? auto_chunk_rows(vocab, int64_t(1) << 29, logit_bytes_)
+                                    : auto_chunk_rows(vocab);
+  const std::string rows = std::to_string(c) + " rows per chunk" + (chunk_rows_ > 0 ? "" : ", auto");
+  if (fused)
+    return variant_ + " (" + why + rows +
+           "; one CUDA kernel per chunk: softmax statistics, NLL, argmax and the "
+           "gradient written over the logits in place; no float32 [rows, vocab] tensor)";
+  return variant_ + " (" + why + rows + "; gradient in the forward, no [rows, vocab] float32 tensor)";
+}
+
+}  // namespace flashdraft

@@ -1,0 +1,161 @@
+// The step profiler (profile.hpp).
+#include "train/profile.hpp"
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <stdexcept>
+#include <vector>
+
+namespace flashdraft {
+
+namespace {
+
+namespace prof = torch::profiler::impl;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The family of a device kernel, from its name (first match wins).
+std::string family_of(const std::string& name) {
+  static const std::vector<std::pair<std::regex, std::string>> families = {
+      {std::regex("flash_cuda|flash_(fwd|bwd)|wg_(fwd|bwd)", std::regex::icase), "attention (flash kernels)"},
+      {std::regex("cuda_ops::.*adamw_kernel"), "optimizer (fused AdamW, norms)"},
+      {std::regex("cuda_ops::.*ce_rows_kernel"), "LM-head loss (softmax, gather, argmax)"},
+      {std::regex("cuda_ops::.*swiglu"), "elementwise (RoPE, SiLU, adds, casts)"},
+      {std::regex("fused_adam|FusedAdam|multi_tensor_apply|foreach", std::regex::icase),
+       "optimizer (fused AdamW, norms)"},
+      {std::regex("gemm|nvjet|cutlass|xmma|cublas|sm90_|sm80_", std::regex::icase), "matrix products (cuBLAS)"},
+      {std::regex("softmax|nll|cross_entropy|argmax|scatter|gather", std::regex::icase),
+       "LM-head loss (softmax, gather, argmax)"},
+      {std::regex("rms_norm|RmsNorm|rmsnorm|layer_norm", std::regex::icase), "RMSNorm"},
+      {std::regex("memcpy|memset|copy|cat|index|Indexing", std::regex::icase), "copies, cat, index"},
+      {std::regex("reduce", std::regex::icase), "reductions"},
+      {std::regex("elementwise|vectorized|unrolled", std::regex::icase), "elementwise (RoPE, SiLU, adds, casts)"},
+  };
+  for (const auto& [re, fam] : families)
+    if (std::regex_search(name, re)) return fam;
+  return "other";
+}
+
+// The 15 longest entries of `totals` (name -> (ms, calls)), as ms per step.
+void print_longest(std::ostream& os, const std::string& title,
+                   const std::map<std::string, std::pair<double, int64_t>>& totals, double steps) {
+  std::vector<std::pair<double, std::string>> top;
+  for (const auto& [n, k] : totals) top.emplace_back(k.first, n + " (" + std::to_string(k.second) + " calls)");
+  std::sort(top.rbegin(), top.rend());
+  os << "  " << title << ":\n";
+  for (size_t i = 0; i < top.size() && i < 15; ++i)
+    os << "    " << std::setw(8) << top[i].first / steps << "  " << top[i].second << "\n";
+}
+
+}  // namespace
+
+ProfileWindow parse_profile_window(const std::string& text) {
+  ProfileWindow w;
+  const auto colon = text.find(':');
+  try {
+    size_t used = 0;
+    w.first = std::stoll(text.substr(0, colon), &used);
+    if (used != text.substr(0, colon).size()) throw std::invalid_argument("");
+    w.last = colon == std::string::npos ? w.first + 1 : std::stoll(text.substr(colon + 1), &used);
+    if (colon != std::string::npos && used != text.substr(colon + 1).size()) throw std::invalid_argument("");
+  } catch (const std::exception&) {
+    throw std::invalid_argument("--profile " + text +
+                                ": expected A:B (0-based steps A..B-1) or A, e.g. --profile 5:10");
+  }
+  if (w.first < 0 || w.last <= w.first)
+    throw std::invalid_argument("--profile " + text + ": expected 0 <= A < B, e.g. --profile 5:10");
+  return w;
+}
+
+StepProfiler::StepProfiler(ProfileWindow window, std::string trace_path)
+    : window_(window), trace_path_(std::move(trace_path)) {}
+
+StepProfiler::~StepProfiler() {
+  if (active_) torch::autograd::profiler::disableProfiler();
+}
+
+void StepProfiler::before_step(int64_t step) {
+  if (!window_.on() || step != window_.first) return;
+  const std::set<prof::ActivityType> activities =
+      torch::cuda::is_available() ? std::set<prof::ActivityType>{prof::ActivityType::CPU, prof::ActivityType::CUDA}
+                                  : std::set<prof::ActivityType>{prof::ActivityType::CPU};
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+  active_ = true;
+  wall_start_ns_ = now_ns();
+}
+
+void StepProfiler::note_host(const std::vector<std::pair<std::string, double>>& phases) {
+  if (!active_) return;
+  for (const auto& [name, s] : phases) {
+    auto it = std::find_if(host_phases_.begin(), host_phases_.end(), [&](const auto& p) { return p.first == name; });
+    if (it == host_phases_.end())
+      host_phases_.emplace_back(name, s);
+    else
+      it->second += s;
+  }
+}
+
+void StepProfiler::after_step(int64_t step) {
+  if (!active_ || step + 1 != window_.last) return;
+  wall_ms_ = double(now_ns() - wall_start_ns_) / 1e6;
+  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
+  active_ = false;
+  const double steps = double(window_.last - window_.first);
+  std::map<std::string, double> ms;
+  std::map<std::string, std::pair<double, int64_t>> kernels;   // name -> (ms, calls)
+  std::map<std::string, std::pair<double, int64_t>> host_ops;  // CPU-side ops, inclusive ms
+  double busy = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() == c10::DeviceType::CPU) {
+      auto& h = host_ops[e.name().substr(0, 90)];
+      h.first += double(e.durationNs()) / 1e6;
+      ++h.second;
+      continue;
+    }
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    const double d = double(e.durationNs()) / 1e6;
+    const std::string name = e.name();
+    ms[family_of(name)] += d;
+    auto& k = kernels[name.substr(0, 90)];
+    k.first += d;
+    ++k.second;
+    busy += d;
+  }
+  result->save(trace_path_);
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [f, t] : ms) rows.emplace_back(t, f);
+  std::sort(rows.rbegin(), rows.rend());
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  os << "profile: steps " << window_.first << ".." << window_.last - 1 << ", wall " << wall_ms_ / steps
+     << " ms/step, device busy " << busy / steps << " ms/step; trace " << trace_path_ << "\n";
+  os << "  op family                                  ms/step   share\n";
+  for (const auto& [t, f] : rows)
+    os << "  " << std::left << std::setw(42) << f << std::right << std::setw(8) << t / steps << std::setw(7)
+       << std::setprecision(1) << (busy > 0 ? 100.0 * t / busy : 0.0) << "%" << std::setprecision(2) << "\n";
+  print_longest(os, "longest kernels (ms/step)", kernels, steps);
+  // The host's side: where the time between the device's kernels can go.
+  if (!host_phases_.empty()) {
+    os << "  host time per step by phase (ms):";
+    for (const auto& [name, s] : host_phases_) os << " " << name << " " << 1e3 * s / steps;
+    os << "\n";
+  }
+  print_longest(os, "longest host ops (ms/step, inclusive of the ops they call)", host_ops, steps);
+  std::cout << os.str() << std::flush;
+}
+
+}  // namespace flashdraft
