@@ -20,7 +20,7 @@
 
 namespace flashdraft::dflash_test {
 
-class OracleAttention : public AttentionContext {
+class OracleAttention : public DrafterContext {
  public:
   void set_mask(const MaskInput& input) override {
     input_ = input;

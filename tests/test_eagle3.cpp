@@ -167,7 +167,7 @@ TEST(Eagle3, EachUnrollStepSetsItsOwnMaskAndKeyLength) {
   // The choice checked the three distinct problems.
   EXPECT_EQ(e.dispatcher->choice().problems.size(), 3u);
   dflash_test::OracleAttention counter;  // not used for attention: only to count set_mask
-  struct Recorder : AttentionContext {
+  struct Recorder : DrafterContext {
     AttentionContext* inner;
     std::vector<int64_t> kv_lens, mask_kv;
     void set_mask(const MaskInput& in) override {

@@ -441,7 +441,7 @@ struct DFlashDrafter::StepPlan {
   int64_t counted = 0;  // rows that carry loss
 };
 
-StepResult DFlashDrafter::step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) {
+StepResult DFlashDrafter::step(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training) {
   std::optional<at::NoGradGuard> no_grad;
   if (!training) no_grad.emplace();
   const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
@@ -452,8 +452,8 @@ StepResult DFlashDrafter::step(const Batch& batch, AttentionContext& attention, 
     throw std::invalid_argument("block_size " + std::to_string(block_size_) +
                                 " is larger than the batch's sequence length " + std::to_string(S));
   const StepPlan plan = plan_step(batch, rng);
-  const at::Tensor x = decoder(batch, plan, attention);
-  return loss_and_metrics(batch, x, plan, attention, training);
+  const at::Tensor x = decoder(batch, plan, context);
+  return loss_and_metrics(batch, x, plan, context, training);
 }
 
 // Host tensor -> the run's device without waiting for the device's queue.
@@ -601,7 +601,7 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
 // as speculators aligns them), computed inside the loss op from the target's final-normed
 // last-layer states at those positions, never as a [rows, vocab] tensor here.
 StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan,
-                                           AttentionContext& attention, bool training) const {
+                                           LossContext& loss, bool training) const {
   const int64_t B = x.size(0), L = x.size(1), N = anchors_, BS = block_size_;
   const at::Tensor final_states = rms_norm(x, final_norm_).view({B * L, hidden_});
   StepResult result;
@@ -622,7 +622,7 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
     in.target_soft = labels_ == "target_kl";
     in.target_temperature = label_temperature_;
   }
-  const LmHeadLossOutput out = attention.lm_head_loss(in);
+  const LmHeadLossOutput out = loss.lm_head_loss(in);
   // Accuracy against what the drafter is trained towards (the target's argmax when the
   // labels come from the target).
   const at::Tensor wanted = out.target_argmax.defined() ? out.target_argmax : plan.row_labels;

@@ -70,7 +70,7 @@ class DFlashDrafter : public Drafter {
   std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override;
   std::unique_ptr<DraftDecoder> decoder(int64_t batch, int64_t capacity, AttentionContext& attention) override;
 
-  StepResult step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) override;
+  StepResult step(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training) override;
 
  protected:
   // ---- Extension points (a drafter of the family overrides them; DFlash's are below) ----
@@ -143,8 +143,8 @@ class DFlashDrafter : public Drafter {
   StepPlan plan_step(const Batch& batch, at::Generator& rng) const;
   void index_target_positions(StepPlan& plan, const std::vector<int64_t>& row_source) const;
   at::Tensor decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const;
-  StepResult loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan,
-                              AttentionContext& attention, bool training) const;
+  StepResult loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan, LossContext& loss,
+                              bool training) const;
   std::vector<int64_t> default_layer_ids(const TargetModel& target) const;
   void check_hidden(int64_t hidden) const;
   void read_layer_types(const Config& config);

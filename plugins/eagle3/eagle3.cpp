@@ -247,7 +247,7 @@ class Eagle3Drafter final : public Drafter {
     return std::make_unique<Decoder>(*this, batch, capacity, attention);
   }
 
-  StepResult step(const Batch& batch, AttentionContext& attention, at::Generator&, bool training) override {
+  StepResult step(const Batch& batch, DrafterContext& attention, at::Generator&, bool training) override {
     std::optional<at::NoGradGuard> no_grad;
     if (!training) no_grad.emplace();
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), H = hidden_, n = ttt_;

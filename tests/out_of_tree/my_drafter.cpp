@@ -89,7 +89,7 @@ class MyDrafter final : public Drafter {
     return p;
   }
   int64_t positions() const override { return 1; }
-  StepResult step(const Batch& batch, AttentionContext& attention, at::Generator&, bool) override {
+  StepResult step(const Batch& batch, DrafterContext& attention, at::Generator&, bool) override {
     MaskInput in;
     in.batch = batch_;
     in.q_len = in.kv_len = seq_;

@@ -46,7 +46,7 @@ class ToyDrafter final : public Drafter {
   }
   int64_t positions() const override { return 1; }
   std::vector<std::string> scalar_names() const override { return {"accuracy"}; }
-  StepResult step(const Batch& batch, AttentionContext& attention, at::Generator&, bool) override {
+  StepResult step(const Batch& batch, DrafterContext& attention, at::Generator&, bool) override {
     MaskInput in;
     in.batch = batch_;
     in.q_len = in.kv_len = seq_;

@@ -111,8 +111,8 @@ struct LmHeadLossOutput {
   at::Tensor top_indices;    // [R, top_k] int64
 };
 
-// The engine side of a drafter's step: mask building, attention and the LM-head loss
-// go through it.
+// The engine's attention: mask building and attention through the selected kernel. A
+// drafter's step (DrafterContext), its served decoder and the online target run through one.
 class FLASHDRAFT_API AttentionContext {
  public:
   virtual ~AttentionContext() = default;
@@ -123,9 +123,18 @@ class FLASHDRAFT_API AttentionContext {
   // q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lkv, D].
   virtual at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale) = 0;
-  // The LM-head cross-entropy through the chosen loss variant (see LmHeadLossInput).
+};
+
+// The engine's LM-head loss: the chosen variant of the dispatched op (see LmHeadLossInput).
+class FLASHDRAFT_API LossContext {
+ public:
+  virtual ~LossContext() = default;
   virtual LmHeadLossOutput lm_head_loss(const LmHeadLossInput& input) = 0;
 };
+
+// What a drafter's training or validation step runs through: the engine's attention and
+// its LM-head loss (a frozen target's forward gets an AttentionContext alone).
+class FLASHDRAFT_API DrafterContext : public AttentionContext, public LossContext {};
 
 // The frozen target model, run online: each step it computes the hidden states the
 // drafter learns from for the batch's tokens, under no-grad, through the engine's
@@ -241,7 +250,7 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   // first step (the log declares one column per name).
   virtual std::vector<std::string> scalar_names() const { return {}; }
   // One forward pass with loss and metrics. `rng` draws anchors and the like.
-  virtual StepResult step(const Batch& batch, AttentionContext& attention, at::Generator& rng, bool training) = 0;
+  virtual StepResult step(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training) = 0;
 
   // Serving (decoding.hpp): drafting as a server does it, for validation's served acceptance
   // length. max_proposals(): tokens one proposal call drafts at most (DFlash: block_size - 1;

@@ -69,7 +69,7 @@ struct StepMask {
   BlockMaskTensors tensors;
 };
 
-class FLASHDRAFT_API AttentionDispatcher : public AttentionContext {
+class FLASHDRAFT_API AttentionDispatcher : public DrafterContext {
  public:
   using EventSink = std::function<void(const std::string& kind, const std::string& message)>;
   AttentionDispatcher(KernelChoice choice, const MaskGenerator* generator, std::string on_fallback,

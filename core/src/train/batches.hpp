@@ -54,9 +54,6 @@ class OffsetAttention : public AttentionContext {
                        double scale) override {
     return inner_.attention(layer + offset_, q, k, v, scale);
   }
-  LmHeadLossOutput lm_head_loss(const LmHeadLossInput&) override {
-    throw std::logic_error("the target's attention context has no LM-head loss (the target is frozen)");
-  }
 
  private:
   AttentionContext& inner_;
