@@ -484,6 +484,7 @@ DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generat
   int64_t* pos_out = positions.data_ptr<int64_t>();
   int64_t* lab_out = plan.labels.data_ptr<int64_t>();
   std::vector<int64_t> rows, row_labels, row_position, row_source, row_previous;
+  const bool previous = wants_previous_tokens();
   std::vector<float> row_weights;
   auto draw = [&](int64_t k) { return at::randint(k, {1}, rng, at::kLong).item<int64_t>(); };
   for (int64_t b = 0; b < B; ++b) {
@@ -519,7 +520,7 @@ DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generat
         row_weights.push_back(static_cast<float>(bl.weights[static_cast<size_t>(k)]));
         row_position.push_back(j);
         row_source.push_back(b * S + anchor + j - 1);
-        row_previous.push_back(tok[anchor + j - 1]);
+        if (previous) row_previous.push_back(tok[anchor + j - 1]);
         plan.weight_sum += bl.weights[static_cast<size_t>(k)];
         ++plan.position_count[static_cast<size_t>(j)];
         ++plan.counted;
@@ -536,7 +537,7 @@ DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generat
   plan.row_labels = to_device(at::tensor(row_labels, long_opts));
   plan.row_weights = to_device(at::tensor(row_weights, at::TensorOptions().dtype(at::kFloat)));
   plan.row_position = to_device(at::tensor(row_position, long_opts));
-  plan.row_previous = to_device(at::tensor(row_previous, long_opts));
+  if (previous) plan.row_previous = to_device(at::tensor(row_previous, long_opts));
   if (labels_ != "data") index_target_positions(plan, row_source);
   return plan;
 }

@@ -88,7 +88,8 @@ class DFlashDrafter : public Drafter {
     const LmHeadLossInput& in;    // in.hidden [R, H]: final-normed states; weights, weight_sum
     const LmHeadLossOutput& out;  // the op's loss and argmax
     at::Tensor wanted;            // [R] int64: what each row is trained towards (data or target argmax)
-    at::Tensor previous;          // [R] int64: the data's token before each row's (at anchor + j - 1)
+    at::Tensor previous;          // [R] int64: the data's token before each row's (at anchor + j - 1);
+                                  // undefined unless wants_previous_tokens()
   };
   // What a drafter of the family adds to the step: a loss term (already normalised as the
   // op's), the token each row proposes when it is not the LM head's argmax, and scalars
@@ -100,6 +101,8 @@ class DFlashDrafter : public Drafter {
   };
   // Each row's top-k logits the LM-head op should return with the loss (LmHeadLossInput::top_k).
   virtual int64_t loss_top_k() const { return 0; }
+  // Whether extra_loss reads LossRows::previous (the step then sends those tokens to the device).
+  virtual bool wants_previous_tokens() const { return false; }
   virtual LossExtra extra_loss(const LossRows& rows, bool training) const {
     (void)rows;
     (void)training;

@@ -35,6 +35,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,6 +121,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
 
   // The candidates come with the loss: the LM-head op's own logits' top-Kc.
   int64_t loss_top_k() const override { return top_k_; }
+  bool wants_previous_tokens() const override { return true; }
 
   LossExtra extra_loss(const LossRows& rows, bool training) const override {
     (void)training;
@@ -238,9 +240,8 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
   }
 
   // Each row's top-Kc tokens under the LM head, highest first, and their logits (from the
-  // LM-head op's output when it gave them, else made here in chunks of rows, no [R, V] tensor),
-  // the wanted token in the last place where it is not among them (the place's own token and
-  // logit kept aside).
+  // LM-head op, which made those logits for the loss: loss_top_k()), the wanted token in the
+  // last place where it is not among them (the place's own token and logit kept aside).
   struct Candidates {
     at::Tensor values, indices;            // [R, Kc]
     at::Tensor last_values, last_indices;  // [R]: the LM head's own Kc-th candidate
@@ -248,44 +249,22 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
   };
   Candidates top_candidates(const at::Tensor& h, const at::Tensor& wanted, const LmHeadLossOutput& op) const {
     const int64_t R = h.size(0);
-    if (op.top_values.defined() && op.top_indices.defined() && op.top_values.size(0) == R &&
-        op.top_values.size(1) == top_k_) {
-      Candidates c;
-      c.values = op.top_values.to(h.scalar_type()).clone();
-      c.indices = op.top_indices.clone();
-      c.last_values = c.values.select(1, top_k_ - 1).clone();
-      c.last_indices = c.indices.select(1, top_k_ - 1).clone();
-      const at::Tensor missing = c.indices.eq(wanted.unsqueeze(1)).any(1).logical_not();
-      c.contains = missing.logical_not();
-      // The wanted token's logit h . W[wanted] where it takes the last place.
-      const at::Tensor wanted_logit = (h.to(at::kFloat) * lm_head_.index_select(0, wanted).to(at::kFloat)).sum(-1);
-      c.indices.select(1, top_k_ - 1).copy_(at::where(missing, wanted, c.last_indices));
-      c.values.select(1, top_k_ - 1).copy_(at::where(missing, wanted_logit.to(c.values.scalar_type()), c.last_values));
-      return c;
-    }
-    const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 28) / std::max<int64_t>(vocab_, 1));
-    std::vector<at::Tensor> values, indices, last_values, last_indices, contains;
-    for (int64_t begin = 0; begin < R; begin += chunk) {
-      const int64_t n = std::min(chunk, R - begin);
-      const at::Tensor logits = at::linear(h.narrow(0, begin, n), lm_head_);
-      auto [v, i] = at::topk(logits, top_k_, 1, true, true);
-      last_values.push_back(v.select(1, top_k_ - 1).clone());
-      last_indices.push_back(i.select(1, top_k_ - 1).clone());
-      const at::Tensor w = wanted.narrow(0, begin, n).unsqueeze(1);
-      const at::Tensor missing = i.eq(w).any(1).logical_not();
-      contains.push_back(missing.logical_not());
-      i.select(1, top_k_ - 1).copy_(at::where(missing, w.squeeze(1), i.select(1, top_k_ - 1)));
-      v.select(1, top_k_ - 1).copy_(at::where(missing, logits.gather(1, w).squeeze(1), v.select(1, top_k_ - 1)));
-      values.push_back(v);
-      indices.push_back(i);
-    }
-    if (values.empty()) {
-      const auto opts = h.options();
-      const auto longs = opts.dtype(at::kLong);
-      return {at::zeros({0, top_k_}, opts), at::zeros({0, top_k_}, longs), at::zeros({0}, opts), at::zeros({0}, longs),
-              at::zeros({0}, opts.dtype(at::kBool))};
-    }
-    return {at::cat(values), at::cat(indices), at::cat(last_values), at::cat(last_indices), at::cat(contains)};
+    if (!op.top_values.defined() || !op.top_indices.defined() || op.top_values.size(0) != R ||
+        op.top_values.size(1) != top_k_)
+      throw std::logic_error("dflash2: the LM-head loss op returned no top-" + std::to_string(top_k_) +
+                             " candidates for its " + std::to_string(R) + " rows (LmHeadLossInput::top_k)");
+    Candidates c;
+    c.values = op.top_values.to(h.scalar_type()).clone();
+    c.indices = op.top_indices.clone();
+    c.last_values = c.values.select(1, top_k_ - 1).clone();
+    c.last_indices = c.indices.select(1, top_k_ - 1).clone();
+    const at::Tensor missing = c.indices.eq(wanted.unsqueeze(1)).any(1).logical_not();
+    c.contains = missing.logical_not();
+    // The wanted token's logit h . W[wanted] where it takes the last place.
+    const at::Tensor wanted_logit = (h.to(at::kFloat) * lm_head_.index_select(0, wanted).to(at::kFloat)).sum(-1);
+    c.indices.select(1, top_k_ - 1).copy_(at::where(missing, wanted, c.last_indices));
+    c.values.select(1, top_k_ - 1).copy_(at::where(missing, wanted_logit.to(c.values.scalar_type()), c.last_values));
+    return c;
   }
 
   static hf_drafter::Variant variant() {

@@ -431,14 +431,6 @@ class HfTarget final : public Target {
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
-  at::Tensor layer_forward(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                           int64_t index, AttentionContext& attention) const {
-    const QKV p = project(L, x, cos, sin);
-    const at::Tensor a = attention.attention(index, p.q.contiguous(), p.k.contiguous(), p.v.contiguous(),
-                                             1.0 / std::sqrt(double(cfg_.head_dim)));
-    return finish_layer(L, x, a);
-  }
-
   // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
   // (true = visible); returns its output and its own keys/values.
   struct DenseOut {
