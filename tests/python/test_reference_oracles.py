@@ -353,40 +353,50 @@ def test_dflash_reference_loads_the_export_and_reproduces_our_validation(world, 
     assert err <= TOL
 
 
+def zlab_block_states(world, model, dump, rows):
+    """z-lab's forward on each valid held-out block of `rows`, as dflash_generate runs it
+    (transformers' hidden_states through its own extract_context_feature, the block [token at
+    the anchor, mask, ...] at positions anchor..anchor + BS - 1): (row, block, anchor, the
+    target's logits of the row, the block's hidden states at positions 1..BS-1)."""
+    from dflash.model import extract_context_feature
+
+    emb = world["target"].get_input_embeddings().weight
+    tokens, anchors, valid = dump["tokens"], dump["anchors"], dump["block_valid"]
+    for r in rows:
+        hs, logits, _ = target_pass(world, tokens[r, :int(dump["lengths"][r])])
+        context = extract_context_feature(hs, model.target_layer_ids)
+        for n in range(ANCHORS):
+            if not valid[r, n]:
+                continue
+            a = int(anchors[r, n])
+            block = torch.full((1, BS), model.mask_token_id)
+            block[0, 0] = tokens[r, a]
+            hidden = model(position_ids=torch.arange(a + BS)[None], noise_embedding=emb[block],
+                           target_hidden=context[:, :a])
+            yield r, n, a, logits, hidden[0, 1:]
+
+
 def zlab_blocks(world, model, dump):
     """z-lab's forward on every held-out block of a validation dump: how many of our labelled
     block proposals it proposes too, and the largest relative difference of its validation loss
     (target_kl, over the count of labelled positions) from ours per batch."""
-    from dflash.model import extract_context_feature
-
-    emb, head = world["target"].get_input_embeddings().weight, world["target"].lm_head
-    tokens, anchors, valid, labels, pred = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels",
-                                                              "predictions"))
+    head = world["target"].lm_head
+    labels, pred = dump["labels"], dump["predictions"]
     same = total = 0
     losses = []
     with torch.no_grad():
         for rows in batches(dump):
             num, count = 0.0, 0
-            for r in rows:
-                hs, logits, _ = target_pass(world, tokens[r, :int(dump["lengths"][r])])
-                context = extract_context_feature(hs, model.target_layer_ids)
-                for n in range(ANCHORS):
-                    if not valid[r, n]:
+            for r, n, a, logits, hidden in zlab_block_states(world, model, dump, rows):
+                q = model.compute_logits(hidden, head).log_softmax(-1)
+                for j in range(1, BS):
+                    if labels[r, n, j] < 0:
                         continue
-                    a = int(anchors[r, n])
-                    block = torch.full((1, BS), model.mask_token_id)
-                    block[0, 0] = tokens[r, a]
-                    hidden = model(position_ids=torch.arange(a + BS)[None], noise_embedding=emb[block],
-                                   target_hidden=context[:, :a])
-                    q = model.compute_logits(hidden[0, 1:], head).log_softmax(-1)
-                    for j in range(1, BS):
-                        if labels[r, n, j] < 0:
-                            continue
-                        same += int(q[j - 1].argmax()) == int(pred[r, n, j])
-                        total += 1
-                        p = logits[a + j - 1].log_softmax(-1)
-                        num += math.exp(-(j - 1) / GAMMA) * float((p.exp() * (p - q[j - 1])).sum())
-                        count += 1
+                    same += int(q[j - 1].argmax()) == int(pred[r, n, j])
+                    total += 1
+                    p = logits[a + j - 1].log_softmax(-1)
+                    num += math.exp(-(j - 1) / GAMMA) * float((p.exp() * (p - q[j - 1])).sum())
+                    count += 1
             losses.append(num / count)
     err = max(rel(a, b) for a, b in zip(losses, dump["loss"]))
     print(f"dflash forward: {same} of {total} block proposals equal ours; validation loss per batch "
@@ -668,7 +678,7 @@ def test_dflash2_reference_loads_the_export_and_selects_our_tokens(world, dflash
     block, fed the data's token before each position (teacher forcing, as training and our
     validation's proposals are): the LM head's top-Kc of its hidden states, re-ranked by its
     codebooks, choose our proposal at every labelled position."""
-    from dflash.model import DFlash2DraftModel, extract_context_feature
+    from dflash.model import DFlash2DraftModel
 
     folder = dflash2["folder"]
     model, info = DFlash2DraftModel.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
@@ -691,36 +701,25 @@ def test_dflash2_reference_loads_the_export_and_selects_our_tokens(world, dflash
           f"conv_kernel_size {KERNEL}, conv_group_size {GROUP}, selector_rank {RANK}, selector_top_k {TOP_K}")
 
     dump = dflash2["dumps"][("target_kl", "positions")]
-    emb, head = world["target"].get_input_embeddings().weight, world["target"].lm_head
-    tokens, anchors, valid, labels, pred = (dump[k] for k in ("tokens", "anchors", "block_valid", "labels",
-                                                              "predictions"))
+    head = world["target"].lm_head
+    tokens, labels, pred = dump["tokens"], dump["labels"], dump["predictions"]
     same = total = unary_differs = 0
     with torch.no_grad():
-        for r in range(tokens.shape[0]):
-            hs, _, _ = target_pass(world, tokens[r, :int(dump["lengths"][r])])
-            context = extract_context_feature(hs, model.target_layer_ids)
-            for n in range(ANCHORS):
-                if not valid[r, n]:
+        for r, n, a, _, hidden in zlab_block_states(world, model, dump, range(tokens.shape[0])):
+            unary = model.compute_logits(hidden, head)
+            values, candidates = unary.topk(TOP_K, dim=-1)
+            projected = selector.hidden_projection(hidden)
+            for j in range(1, BS):
+                if labels[r, n, j] < 0:
                     continue
-                a = int(anchors[r, n])
-                block = torch.full((1, BS), model.mask_token_id)
-                block[0, 0] = tokens[r, a]
-                hidden = model(position_ids=torch.arange(a + BS)[None], noise_embedding=emb[block],
-                               target_hidden=context[:, :a])[0, 1:]
-                unary = model.compute_logits(hidden, head)
-                values, candidates = unary.topk(TOP_K, dim=-1)
-                projected = selector.hidden_projection(hidden)
-                for j in range(1, BS):
-                    if labels[r, n, j] < 0:
-                        continue
-                    previous = tokens[r, a + j - 1]
-                    scores = values[j - 1] + torch.einsum(
-                        "r,kr->k", selector.predecessor_codebook(previous) * projected[j - 1],
-                        selector.successor_codebook(candidates[j - 1]))
-                    choice = int(candidates[j - 1, scores.argmax()])
-                    same += choice == int(pred[r, n, j])
-                    unary_differs += choice != int(candidates[j - 1, 0])
-                    total += 1
+                previous = tokens[r, a + j - 1]
+                scores = values[j - 1] + torch.einsum(
+                    "r,kr->k", selector.predecessor_codebook(previous) * projected[j - 1],
+                    selector.successor_codebook(candidates[j - 1]))
+                choice = int(candidates[j - 1, scores.argmax()])
+                same += choice == int(pred[r, n, j])
+                unary_differs += choice != int(candidates[j - 1, 0])
+                total += 1
     print(f"dflash2 forward and selector, teacher-forced: {same} of {total} block proposals equal ours "
           f"({unary_differs} differ from the LM head's argmax)")
     assert total >= 100 and same == total
