@@ -134,7 +134,7 @@ rm -rf /tmp/loss-curve
 for v in fused chunked reference; do
   for seed in 0 1 2; do
     [ $v = chunked ] && [ $seed != 0 ] && continue
-    sed -e "s/^name = \"loss_curve_fused\"/name = \"loss_curve_${v}_$seed\"/" -e "s/^kernel = \"fused\"/kernel = \"$v\"/" \
+    sed -e "s/^name = \"loss_curve_fused\"/name = \"loss_curve_${v}_$seed\"/" -e "s/^kernels = \[\"fused\"\]/kernels = [\"$v\"]/" \
       -e "s/^seed = 0/seed = $seed/" bench/loss_curve.toml > /tmp/loss_curve_${v}_$seed.toml
     timeout -k 5 60 "$BUILD/bin/flashdraft" run /tmp/loss_curve_${v}_$seed.toml --out /tmp/loss-curve >> "$OUT/engine.log" 2>&1
     echo "$v seed $seed: rc $?"

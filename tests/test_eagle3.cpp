@@ -61,7 +61,11 @@ struct Engine {
     for (auto& p : named) p.mask = "eagle3_ttt";
     dispatcher =
         std::make_unique<AttentionDispatcher>(choose_kernel(named, c, "error"), mask.get(), "error", &ledger, nullptr);
-    ledger.begin_step(0, static_cast<int64_t>(problems.size()));
+    // The loss of each unroll step through the engine's op (chunked: the CPU's), in the
+    // ledger column after the unroll calls.
+    const int64_t n = static_cast<int64_t>(problems.size());
+    dispatcher->set_loss(choose_loss({"chunked"}, 0, {c10::kCPU, at::kFloat, 0}, "error"), n);
+    ledger.begin_step(0, n + 1);
   }
 };
 
@@ -168,7 +172,7 @@ TEST(Eagle3, EachUnrollStepSetsItsOwnMaskAndKeyLength) {
   EXPECT_EQ(e.dispatcher->choice().problems.size(), 3u);
   dflash_test::OracleAttention counter;  // not used for attention: only to count set_mask
   struct Recorder : DrafterContext {
-    AttentionContext* inner;
+    AttentionDispatcher* inner;
     std::vector<int64_t> kv_lens, mask_kv;
     void set_mask(const MaskInput& in) override {
       mask_kv.push_back(in.kv_len);
@@ -178,10 +182,7 @@ TEST(Eagle3, EachUnrollStepSetsItsOwnMaskAndKeyLength) {
       kv_lens.push_back(k.size(2));
       return inner->attention(l, q, k, v, s);
     }
-    LmHeadLossOutput lm_head_loss(const LmHeadLossInput&) override {
-      ADD_FAILURE() << "EAGLE-3 computes its own loss";
-      return {};
-    }
+    LmHeadLossOutput lm_head_loss(const LmHeadLossInput& in) override { return inner->lm_head_loss(in); }
   } rec;
   rec.inner = e.dispatcher.get();
   at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(1);
@@ -189,9 +190,9 @@ TEST(Eagle3, EachUnrollStepSetsItsOwnMaskAndKeyLength) {
   EXPECT_EQ(rec.mask_kv, (std::vector<int64_t>{12, 24, 36}));
   EXPECT_EQ(rec.kv_lens, (std::vector<int64_t>{12, 24, 36}));
   r.loss.backward();  // each backward runs with its forward's mask (shapes are checked by the kernel)
-  EXPECT_EQ(e.ledger.calls(Phase::backward), 3);
+  EXPECT_EQ(e.ledger.calls(Phase::backward), 3 + 3);
   EXPECT_EQ(r.position_accuracy.size(), 3u);
-  EXPECT_FALSE(d->own_loss().empty());
+  EXPECT_EQ(e.ledger.calls(Phase::forward), 3 + 3);  // the unroll calls, then the loss of each step
 }
 
 TEST(Eagle3, DraftVocabularyCountsTiesAndMaps) {

@@ -262,17 +262,17 @@ TEST(LmHeadLoss, FusedIsRefusedWhereItCannotRun) {
     EXPECT_NE(std::string(e.what()).find("on cpu"), std::string::npos) << e.what();
   }
   try {
-    LmHeadLoss("fused", 0, {}, c10::kCPU, at::kFloat);
-    FAIL() << "[loss] kernel = fused was accepted for a CPU run";
+    LmHeadLoss("fused", 0, {}, {c10::kCPU, at::kFloat, 50});
+    FAIL() << "[loss] kernels = [\"fused\"] was accepted for a CPU run";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("accepted here: auto, chunked, reference"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(LmHeadLoss("auto", 0, {}, c10::kCPU, at::kFloat).variant(), kLossChunked);
+  EXPECT_EQ(LmHeadLoss("auto", 0, {}, {c10::kCPU, at::kFloat, 50}).variant(), kLossChunked);
   if (torch::cuda::is_available() && cuda_ops::cuda_ops_built()) {
-    const LmHeadLoss on_gpu("auto", 0, {}, c10::Device(c10::kCUDA, 0), at::kBFloat16);
+    const LmHeadLoss on_gpu("auto", 0, {}, {c10::Device(c10::kCUDA, 0), at::kBFloat16, 151936});
     EXPECT_EQ(on_gpu.variant(), kLossFused);
-    EXPECT_NE(on_gpu.describe(151936).find("auto: CUDA; 1760 rows per chunk"), std::string::npos)
-        << on_gpu.describe(151936);
+    EXPECT_NE(on_gpu.describe().find("auto: fused (CUDA); 1760 rows per chunk"), std::string::npos)
+        << on_gpu.describe();
   }
 }
 
@@ -418,4 +418,169 @@ TEST(LmHeadLoss, TopKFromTheOpsOwnLogitsCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   check_top_k(c10::Device(c10::kCUDA, 0), at::kFloat, 1e-5);
   check_top_k(c10::Device(c10::kCUDA, 0), at::kBFloat16, 2e-2);
+}
+
+// Given distributions (soft_labels, EAGLE-3's loss) and a trained LM head: every variant
+// against the definition written here in float64 on fresh random inputs:
+// loss = sum_r w_r (-sum_v p_r,v log softmax(h_r W^T)_v) / weight_sum, the gradients with
+// respect to h and W by autograd, target_argmax = argmax p. Rows share distributions through
+// target_index (repeated and skipped ones), and the hard-label and target-logit losses are
+// checked for W's gradient too.
+namespace {
+
+struct HeadResult {
+  double loss;
+  at::Tensor grad_h, grad_w, argmax, target_argmax;
+};
+
+enum class Labels { hard, target_kl, probs };
+
+struct HeadProblem {
+  Problem p;
+  at::Tensor probs, index, target_hidden;
+};
+
+HeadProblem head_problem(int64_t rows, int64_t hidden, int64_t vocab, at::ScalarType dtype, c10::Device device,
+                         uint64_t seed) {
+  HeadProblem hp{random_problem(rows, hidden, vocab, dtype, device, seed), {}, {}, {}};
+  const int64_t U = rows / 2 + 3;
+  // Peaked, uneven distributions (a target's over a draft vocabulary), float32.
+  hp.probs = at::softmax(at::randn({U, vocab}) * 3.0, -1).to(device);
+  hp.index = at::randint(U, {rows}, at::TensorOptions().dtype(at::kLong)).to(device);
+  hp.target_hidden = at::randn({U, hidden}).to(device, dtype);
+  return hp;
+}
+
+LmHeadLossInput head_input(const HeadProblem& hp, Labels labels, const at::Tensor& h, const at::Tensor& w) {
+  LmHeadLossInput in = input_of(hp.p, h);
+  in.weight = w;
+  if (labels == Labels::hard) return in;
+  in.labels = at::Tensor();
+  in.target_index = hp.index;
+  if (labels == Labels::probs)
+    in.soft_labels = hp.probs;
+  else {
+    in.target_hidden = hp.target_hidden;
+    in.target_soft = true;
+  }
+  return in;
+}
+
+HeadResult head_definition(const HeadProblem& hp, Labels labels) {
+  const auto d = [](const at::Tensor& t) { return t.detach().to(at::kCPU, at::kDouble); };
+  at::Tensor h = d(hp.p.hidden).set_requires_grad(true), w = d(hp.p.weight).set_requires_grad(true);
+  const at::Tensor logq = at::log_softmax(h.mm(w.t()), -1);
+  const at::Tensor index = hp.index.to(at::kCPU);
+  at::Tensor per_row, target_argmax;
+  if (labels == Labels::hard) {
+    per_row = -logq.gather(1, hp.p.labels.to(at::kCPU).unsqueeze(1)).squeeze(1);
+  } else if (labels == Labels::probs) {
+    const at::Tensor p = d(hp.probs).index_select(0, index);
+    per_row = -(p * logq).sum(-1);
+    target_argmax = p.argmax(-1);
+  } else {
+    const at::Tensor t = d(hp.target_hidden).mm(d(hp.p.weight).t()).index_select(0, index);
+    const at::Tensor logp = at::log_softmax(t, -1);
+    per_row = (logp.exp() * (logp - logq)).sum(-1);
+    target_argmax = t.argmax(-1);
+  }
+  const at::Tensor loss = (per_row * d(hp.p.row_weights)).sum() / hp.p.weight_sum;
+  loss.backward();
+  return {loss.item<double>(), h.grad().to(at::kFloat), w.grad().to(at::kFloat), logq.argmax(-1), target_argmax};
+}
+
+template <class F>
+HeadResult run_head(const HeadProblem& hp, Labels labels, F&& variant) {
+  at::Tensor h = hp.p.hidden.detach().clone().set_requires_grad(true);
+  at::Tensor w = hp.p.weight.detach().clone().set_requires_grad(true);
+  LmHeadLossOutput out = variant(head_input(hp, labels, h * 1.0, w));  // hidden a non-leaf, as in a drafter
+  out.loss.backward();
+  const auto cpu = [](const at::Tensor& t) { return t.defined() ? t.to(at::kCPU) : t; };
+  return {out.loss.item<double>(), h.grad().to(at::kCPU, at::kFloat), w.grad().to(at::kCPU, at::kFloat),
+          cpu(out.argmax), cpu(out.target_argmax)};
+}
+
+void compare_head(const HeadProblem& hp, const std::vector<std::string>& variants, double loss_tol, double grad_tol,
+                  double agree) {
+  for (const Labels labels : {Labels::probs, Labels::hard, Labels::target_kl}) {
+    const HeadResult def = head_definition(hp, labels);
+    // Not vacuous: a real loss, both gradients non-zero.
+    EXPECT_GT(def.loss, 0.1);
+    EXPECT_GT(def.grad_h.abs().max().item<double>(), 0.0);
+    EXPECT_GT(def.grad_w.abs().max().item<double>(), 0.0);
+    for (const std::string& v : variants) {
+      const HeadResult got = run_head(hp, labels, [&v](const LmHeadLossInput& in) {
+        if (v == "reference") return lm_head_loss_reference(in);
+        return v == "fused" ? lm_head_loss_fused(in, 16) : lm_head_loss_chunked(in, 16);  // several chunks
+      });
+      const std::string what = v + ", labels " + std::to_string(int(labels));
+      EXPECT_NEAR(got.loss, def.loss, loss_tol * std::abs(def.loss)) << what;
+      EXPECT_LE(max_rel(got.grad_h, def.grad_h), grad_tol) << what;
+      EXPECT_LE(max_rel(got.grad_w, def.grad_w), grad_tol) << what << " (the LM head's gradient)";
+      EXPECT_GE(got.argmax.eq(def.argmax).to(at::kDouble).mean().item<double>(), agree) << what;
+      if (labels == Labels::probs) {
+        EXPECT_TRUE(got.target_argmax.equal(def.target_argmax)) << what << ": the distributions' argmax";
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(LmHeadLoss, SoftLabelsAndTrainedHeadMatchTheDefinitionCpu) {
+  compare_head(head_problem(50, 24, 70, at::kFloat, c10::kCPU, 31), {"reference", "chunked"}, 1e-5, 1e-4, 1.0);
+}
+
+TEST(LmHeadLoss, SoftLabelsAndTrainedHeadMatchTheDefinitionCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_ops::cuda_ops_built()) GTEST_SKIP() << "this engine was built without its CUDA kernels";
+  const c10::Device cuda(c10::kCUDA, 0);
+  // float32: every variant close to the definition; a vocabulary that is not a multiple of
+  // the kernels' vector width, rows over several chunks.
+  compare_head(head_problem(50, 64, 1003, at::kFloat, cuda, 32), {"reference", "chunked", "fused"}, 1e-5, 1e-4, 1.0);
+  // bf16 logits and gradient (the draft head of EAGLE-3 at a real draft vocabulary width).
+  compare_head(head_problem(40, 128, 32000, at::kBFloat16, cuda, 33), {"reference", "chunked", "fused"}, 2e-3, 3e-2,
+               0.97);
+}
+
+TEST(LmHeadLoss, SoftLabelsAreCheckedWithASentence) {
+  const HeadProblem hp = head_problem(8, 16, 30, at::kFloat, c10::kCPU, 34);
+  LmHeadLossInput in = head_input(hp, Labels::probs, hp.p.hidden, hp.p.weight);
+  in.soft_labels = hp.probs.to(at::kDouble);
+  try {
+    lm_head_loss_chunked(in, 4);
+    FAIL() << "float64 soft labels were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("soft_labels must be float32 [U, 30]"), std::string::npos) << e.what();
+  }
+  in = head_input(hp, Labels::probs, hp.p.hidden, hp.p.weight);
+  in.target_hidden = hp.target_hidden;
+  EXPECT_THROW(lm_head_loss_reference(in), std::invalid_argument);  // both kinds of labels
+}
+
+// The selection stage of the loss: the first supporting preference, reasons for the others,
+// the fallback policy of [loss] on_fallback, unknown names refused with the accepted ones.
+TEST(LmHeadLoss, ChooseLossTakesTheFirstSupportedPreference) {
+  const LossProblem cpu{c10::kCPU, at::kFloat, 151936};
+  const LossChoice c = choose_loss({"chunked", "reference"}, 0, cpu, "error");
+  EXPECT_EQ(c.name(), "chunked");
+  EXPECT_FALSE(c.fallback);
+  EXPECT_NE(c.report().find("reference: supported, not needed"), std::string::npos) << c.report();
+  try {
+    choose_loss({"fused", "chunked"}, 0, cpu, "error");
+    FAIL() << "a fallback from fused was allowed under on_fallback = error";
+  } catch (const FallbackError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("fused: refused: runs on CUDA, and this run is on cpu"), std::string::npos) << m;
+    EXPECT_NE(m.find("[loss].on_fallback = \"error\""), std::string::npos) << m;
+  }
+  const LossChoice w = choose_loss({"fused", "chunked"}, 0, cpu, "warn");
+  EXPECT_EQ(w.name(), "chunked");
+  EXPECT_TRUE(w.fallback);
+  EXPECT_NE(w.report().find("chunked: selected (FALLBACK: not the first preference)"), std::string::npos) << w.report();
+  EXPECT_THROW(choose_loss({"fused"}, 0, cpu, "warn"), FallbackError);  // none supports it
+  EXPECT_THROW(choose_loss({"fastest"}, 0, cpu, "warn"), std::invalid_argument);
+  EXPECT_THROW(choose_loss({}, 0, cpu, "warn"), std::invalid_argument);
+  EXPECT_EQ(choose_loss({"auto"}, 0, cpu, "error").name(), "auto");
+  EXPECT_NE(choose_loss({"auto"}, 0, cpu, "error").report().find("auto: chunked (cpu)"), std::string::npos);
 }

@@ -43,6 +43,18 @@ void kl_rows(DType dtype, void* draft, const void* target, const int64_t* target
              int64_t ld, int64_t ld_target, float temperature, const float* row_weight, float grad_scale,
              bool write_grad, float* kl, int64_t* argmax, int64_t* target_argmax, void* stream);
 
+// ---- The loss against given distributions (soft labels over the LM head's vocabulary) ----
+// For each row r of draft logits [rows, vocab] (stride ld) and its distribution (row
+// prob_rows[r] of the float32 `probs`, stride ld_probs; prob_rows null: row r), q = softmax(draft):
+//   ce_r            = -sum_v p_v log q_v                     (float32, nats)
+//   argmax_r        = the first v with the largest draft logit
+//   target_argmax_r = the first v with the largest p_v
+// and, when `write_grad`, overwrites the DRAFT row in place with the gradient of
+// sum_r w_r ce_r * grad_scale with respect to the draft logits: (q_v sum(p) - p_v) w_r grad_scale.
+void prob_rows(DType dtype, void* draft, const float* probs, const int64_t* prob_rows, int64_t rows, int64_t vocab,
+               int64_t ld, int64_t ld_probs, const float* row_weight, float grad_scale, bool write_grad, float* ce,
+               int64_t* argmax, int64_t* target_argmax, void* stream);
+
 // ---- SwiGLU: y = silu(g) * u, elementwise over n values (contiguous), in float32 math ----
 void swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t n, void* stream);
 // d_gate = dy * u * sig * (1 + g * (1 - sig)),  d_up = dy * g * sig,  sig = sigmoid(g).

@@ -302,6 +302,130 @@ __global__ void __launch_bounds__(kThreads, 1)
            argmax, target_argmax);
 }
 
+// One row of the loss against a given distribution (prob_rows): pass 1 the draft's statistics
+// (lse, argmax), sum(p) and the first largest p; pass 2 -sum_v p_v log q_v and (write_grad)
+// (q_v sum(p) - p_v) * coef over the draft's row in place. The draft's row is read twice and
+// written once, the distribution's (float32) read twice.
+template <typename T>
+__device__ __forceinline__ void prob_row(T* __restrict__ draft, const float* __restrict__ probs,
+                                         const int64_t* __restrict__ prob_rows, int64_t r, int64_t vocab, int64_t ld,
+                                         int64_t ld_probs, const float* __restrict__ row_weight, float grad_scale,
+                                         bool write_grad, float* __restrict__ ce, int64_t* __restrict__ argmax,
+                                         int64_t* __restrict__ target_argmax) {
+  constexpr int E = Vec16<T>::E;
+  T* row = draft + r * ld;
+  const float* prow = probs + (prob_rows ? prob_rows[r] : r) * ld_probs;
+  const bool vec = reinterpret_cast<uintptr_t>(row) % 16 == 0;
+  const int64_t nvec = vec ? vocab / E : 0;
+  const int tid = threadIdx.x;
+  RowStat sd{-INFINITY, 0.f, -INFINITY, INT64_MAX};
+  float psum = 0.f, pbest = -INFINITY;
+  int64_t pindex = INT64_MAX;
+  auto see_p = [&](float p, int64_t v) {
+    psum += p;
+    if (p > pbest) {  // strictly greater: the first index wins within a thread
+      pbest = p;
+      pindex = v;
+    }
+  };
+  for (int64_t i = tid; i < nvec; i += kThreads) {
+    const Vec16<T> vd = load16(row + i * E);
+    float a[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      a[k] = to_float(vd.v[k]);
+      see_p(prow[i * E + k], i * E + k);
+    }
+    accumulate(sd, a, i * E);
+  }
+  for (int64_t v = nvec * E + tid; v < vocab; v += kThreads) {
+    const float a0[1] = {to_float(row[v])};
+    accumulate(sd, a0, v);
+    see_p(prow[v], v);
+  }
+  // The distribution's (sum, best, index) ride in a RowStat's (s, best, index), m unused.
+  RowStat sp{0.f, psum, pbest, pindex};
+  auto merge_p = [](RowStat& a, const RowStat& b) {
+    a.s += b.s;
+    if (b.best > a.best || (b.best == a.best && b.index < a.index)) {
+      a.best = b.best;
+      a.index = b.index;
+    }
+  };
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const RowStat od = shuffle_down(sd, off), op = shuffle_down(sp, off);
+    merge(sd, od);
+    merge_p(sp, op);
+  }
+  __shared__ RowStat warp_d[kWarps], warp_p[kWarps];
+  __shared__ float lse2_d, row_psum;
+  __shared__ float warp_ce[kWarps];
+  const int warp = tid / 32, lane = tid % 32;
+  if (lane == 0) {
+    warp_d[warp] = sd;
+    warp_p[warp] = sp;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    sd = lane < kWarps ? warp_d[lane] : RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX};
+    sp = lane < kWarps ? warp_p[lane] : RowStat{0.f, 0.f, -INFINITY, INT64_MAX};
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const RowStat od = shuffle_down(sd, off), op = shuffle_down(sp, off);
+      merge(sd, od);
+      merge_p(sp, op);
+    }
+    if (lane == 0) {
+      lse2_d = sd.m + log2f(sd.s);
+      row_psum = sp.s;
+      argmax[r] = sd.index == INT64_MAX ? 0 : sd.index;
+      target_argmax[r] = sp.index == INT64_MAX ? 0 : sp.index;
+    }
+  }
+  __syncthreads();
+  const float ld2 = lse2_d, total = row_psum;
+  const float coef = write_grad ? row_weight[r] * grad_scale : 0.f;
+  float acc = 0.f;  // sum p (lse - x) log2 e, in bits
+  for (int64_t i = tid; i < nvec; i += kThreads) {
+    Vec16<T> vd = load16(row + i * E);
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const float yq = fmaf(to_float(vd.v[k]), kLog2e, -ld2), p = prow[i * E + k];
+      acc -= p * yq;
+      if (write_grad) vd.v[k] = from_float<T>((exp2f(yq) * total - p) * coef);
+    }
+    if (write_grad) store16(row + i * E, vd);
+  }
+  for (int64_t v = nvec * E + tid; v < vocab; v += kThreads) {
+    const float yq = fmaf(to_float(row[v]), kLog2e, -ld2), p = prow[v];
+    acc -= p * yq;
+    if (write_grad) row[v] = from_float<T>((exp2f(yq) * total - p) * coef);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+  if (lane == 0) warp_ce[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < kWarps ? warp_ce[lane] : 0.f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+    if (lane == 0) ce[r] = acc * kLn2;
+  }
+  __syncthreads();  // the shared values are free for the next row
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    prob_rows_kernel(T* __restrict__ draft, const float* __restrict__ probs, const int64_t* __restrict__ prob_rows,
+                     int64_t rows, int64_t vocab, int64_t ld, int64_t ld_probs, const float* __restrict__ row_weight,
+                     float grad_scale, bool write_grad, float* __restrict__ ce, int64_t* __restrict__ argmax,
+                     int64_t* __restrict__ target_argmax) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    prob_row(draft, probs, prob_rows, r, vocab, ld, ld_probs, row_weight, grad_scale, write_grad, ce, argmax,
+             target_argmax);
+}
+
 // Multiprocessors of the current device (asked once per device).
 int sm_count() {
   static int counts[64] = {0};
@@ -347,6 +471,23 @@ void kl_rows(DType dtype, void* draft, const void* target, const int64_t* target
         1.f / temperature, row_weight, grad_scale, write_grad, kl, argmax, target_argmax);
   });
   check_launch("kl_rows");
+}
+
+void prob_rows(DType dtype, void* draft, const float* probs, const int64_t* prob_rows, int64_t rows, int64_t vocab,
+               int64_t ld, int64_t ld_probs, const float* row_weight, float grad_scale, bool write_grad, float* ce,
+               int64_t* argmax, int64_t* target_argmax, void* stream) {
+  if (rows <= 0) return;
+  if (vocab <= 0 || ld < vocab || ld_probs < vocab)
+    throw std::runtime_error("prob_rows: vocabulary and row strides must satisfy 0 < V <= ld");
+  if (write_grad && !row_weight) throw std::runtime_error("prob_rows: the gradient needs the row weights");
+  with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const int64_t grid = rows < sm_count() ? rows : sm_count();
+    prob_rows_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(draft), probs, prob_rows, rows, vocab, ld, ld_probs, row_weight, grad_scale, write_grad, ce,
+        argmax, target_argmax);
+  });
+  check_launch("prob_rows");
 }
 
 }  // namespace flashdraft::cuda_ops

@@ -30,8 +30,8 @@
 //   argmax label would drop the target's uncertainty). A position is counted at step i when
 //   t+2+i lies in t's document and inside the sequence, the loss mask holds there, and the
 //   target's full-vocabulary argmax at t+1+i is in the draft vocabulary (EAGLE-3's position
-//   mask). The loss is plain ATen over [rows, draft_vocab] (own_loss(): not the engine's
-//   LM-head op).
+//   mask). Each step's loss goes through the engine's LM-head op ([loss] kernels): the
+//   trained draft head, the distributions as soft labels, the counted rows weighted 1.
 // Metrics: per step, accuracy = draft argmax == target argmax (draft vocabulary) over the
 //   counted positions; tau_sim from them. Validation returns the engine's block layout
 //   (BS = ttt_steps + 1): block n anchored at a = t+1 for up to eval_blocks positions t per
@@ -211,10 +211,6 @@ class Eagle3Drafter final : public Drafter {
   int64_t attention_layers() const override { return ttt_; }
   int64_t positions() const override { return ttt_; }
   std::vector<std::string> scalar_names() const override { return {"tau_sim"}; }
-  std::string own_loss() const override {
-    return "eagle3 soft cross-entropy against the target's distribution over the " + str(draft_vocab_) +
-           "-token draft vocabulary, per unroll step (plain ATen)";
-  }
 
   AttentionProblem attention_problem() const override { return problem(0); }
   std::vector<AttentionProblem> attention_problems() const override {
@@ -284,17 +280,22 @@ class Eagle3Drafter final : public Drafter {
       h = mid + at::linear(swiglu(at::linear(n2, gate_proj_), at::linear(n2, up_proj_)), down_proj_);
 
       // The counted rows of this step and their targets (rows + 1 + i: the target position).
+      // The soft cross-entropy of the counted rows through the engine's LM-head op (the
+      // trained draft head, the target's distributions as soft labels): sum_t w_t CE_t, then
+      // over the step's count on the device (no host read).
       const at::Tensor rows = plan.rows[static_cast<size_t>(i)], at_target = rows + (1 + i);
-      const at::Tensor logits =
-          at::linear(rms_norm(h.reshape({B * S, H}).index_select(0, rows), final_norm_), lm_head_);
-      const at::Tensor logq = at::log_softmax(logits.to(at::kFloat), -1);
-      const at::Tensor p = target.probs.index_select(0, at_target);
       const at::Tensor counted = target.in_draft.index_select(0, at_target);
-      const at::Tensor weight = counted.to(at::kFloat);
-      const at::Tensor count = weight.sum();
-      const at::Tensor ce = -(p * logq).sum(-1);
-      loss = loss + std::pow(decay_, double(i)) * (ce * weight).sum() / count.clamp_min(1.0);
-      hits.push_back((logits.detach().argmax(-1).eq(target.argmax.index_select(0, at_target)) & counted).sum());
+      LmHeadLossInput in;
+      in.hidden = rms_norm(h.reshape({B * S, H}).index_select(0, rows), final_norm_);
+      in.weight = lm_head_;
+      in.soft_labels = target.probs;
+      in.target_index = at_target;
+      in.row_weights = counted.to(at::kFloat);
+      in.weight_sum = 1.0;
+      const LmHeadLossOutput out = attention.lm_head_loss(in);
+      const at::Tensor count = in.row_weights.sum();
+      loss = loss + std::pow(decay_, double(i)) * out.loss / count.clamp_min(1.0);
+      hits.push_back((out.argmax.eq(target.argmax.index_select(0, at_target)) & counted).sum());
       counts.push_back(count.detach());
       if (i + 1 < n) {
         if (training) {

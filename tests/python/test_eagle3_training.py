@@ -5,7 +5,7 @@
    trains the eagle3 drafter against the target run online for 100 steps with flash_cpu: the
    loss falls, the per-step accuracy rises, `flashdraft validate` reports every unroll call's
    problem, and the log's kernel columns show the variant of every unroll call, forward and
-   backward (and no LM-head loss op: the drafter's own loss).
+   backward, and each unroll step's loss through the engine's LM-head op.
 2. Export: a run on the embedded data writes the Hugging Face EAGLE-3 folder (also through
    `flashdraft export --format hf`); its config.json and tensors are the layout vLLM/SGLang
    load; a plain PyTorch drafter read from that folder and fed transformers' hidden states of
@@ -102,7 +102,7 @@ def test_eagle3_trains_against_an_online_hf_target(tmp_path):
     p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "fc reads" not in p.stdout  # 8 layers: the default ids {1, 3, 4}, no fallback note
-    assert "loss: the drafter's own" in p.stdout, p.stdout
+    assert "auto: selected: lm_head_ce/chunked" in p.stdout, p.stdout  # each unroll step's loss through the op
     with h5py.File(tmp_path / "run" / "eagle3_tiny.h5", "r") as f:
         loss = f["steps/loss"][:]
         acc = f["steps/position_accuracy"][:]
@@ -119,10 +119,11 @@ def test_eagle3_trains_against_an_online_hf_target(tmp_path):
         for col in range(TTT):
             assert all(names[i].startswith("flash_cpu/fwd/") for i in fwd[:, col]), (col, names)
             assert all(names[i].startswith("flash_cpu/bwd/") for i in bwd[:, col]), (col, names)
-        assert (f["kernels/loss"][:] == -1).all()  # the drafter's own loss: no LM-head op call
+        # The loss of every unroll step through the engine's LM-head op (chunked on the CPU).
+        assert all(names[i] == "lm_head_ce/chunked" for i in f["kernels/loss"][:].ravel()), names
         loss_kernel = f.attrs["loss_kernel"]
         loss_kernel = loss_kernel.decode() if isinstance(loss_kernel, bytes) else loss_kernel
-        assert "drafter's own" in loss_kernel
+        assert loss_kernel.startswith("lm_head_ce/chunked"), loss_kernel
         print("unroll-call kernels:", sorted({names[i] for i in np.concatenate([fwd[:, :TTT], bwd[:, :TTT]]).ravel()}))
 
 

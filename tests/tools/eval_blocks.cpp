@@ -69,8 +69,7 @@ int run(int argc, char** argv) {
   fd::AttentionDispatcher dispatcher(b.choice, b.mask.get(), on_fallback, &ledger, nullptr);
   // The LM-head loss as the run computes it ([loss]), in the ledger column after the attention calls.
   const int64_t loss_column = b.drafter->attention_layers() + b.target_calls;
-  dispatcher.set_loss(setup.experiment.loss().string("kernel"), setup.experiment.loss().integer("chunk_rows"),
-                      loss_column, b.ctx.device, b.ctx.dtype);
+  dispatcher.set_loss(b.loss_choice, loss_column);
   std::unique_ptr<fd::AttentionDispatcher> target_dispatcher;
   std::unique_ptr<fd::OffsetAttention> target_attention;
   if (b.target) {

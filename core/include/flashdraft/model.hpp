@@ -83,7 +83,7 @@ class FLASHDRAFT_API Dataset : public PluginObject {
 // 0 from [loss] and recorded per step in the ledger, forward and backward).
 struct LmHeadLossInput {
   at::Tensor hidden;       // [R, H] (differentiable): the rows, after the drafter's final norm
-  at::Tensor weight;       // [V, H] the frozen LM head (no gradient is computed for it)
+  at::Tensor weight;       // [V, H] the LM head: frozen, or trained (requires_grad: its gradient too)
   at::Tensor labels;       // [R] int64 in [0, V)
   at::Tensor row_weights;  // [R] float32 loss weight of each row
   double weight_sum = 1;   // the normaliser (> 0; with R = 0 rows the loss is 0, still in the graph)
@@ -99,6 +99,12 @@ struct LmHeadLossInput {
   at::Tensor target_index;
   bool target_soft = false;
   double target_temperature = 1.0;
+  // Soft labels given as distributions instead (then labels and target_hidden are unused):
+  // float32 [U, V] rows of probabilities, row r's soft_labels[target_index[r]] (or [R, V]
+  // without target_index). The loss of a row is the cross-entropy -sum_v p_v log q_v (torch's
+  // cross_entropy with probability targets; EAGLE-3's loss over its draft vocabulary), and
+  // target_argmax is each row's most probable token.
+  at::Tensor soft_labels;
   // > 0: also each row's top_k logits and their tokens, highest first, taken from the logits
   // the op makes anyway (a drafter that re-ranks candidates needs no second LM-head product).
   int64_t top_k = 0;
@@ -106,7 +112,7 @@ struct LmHeadLossInput {
 struct LmHeadLossOutput {
   at::Tensor loss;           // float32 scalar, differentiable with respect to hidden
   at::Tensor argmax;         // [R] int64: the LM head's greedy token of each row (no gradient)
-  at::Tensor target_argmax;  // [R] int64, labels from a target only: its greedy token of each row
+  at::Tensor target_argmax;  // [R] int64, labels from a target or soft_labels only: its greedy token of each row
   at::Tensor top_values;     // [R, top_k] in the compute dtype (no gradient), top_k > 0 only
   at::Tensor top_indices;    // [R, top_k] int64
 };
@@ -241,11 +247,6 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   }
   // Width of the per-position metrics (BS - 1 for DFlash, ttt_steps for EAGLE-3).
   virtual int64_t positions() const = 0;
-  // Empty: the drafter's loss goes through the engine's LM-head loss op (AttentionContext::
-  // lm_head_loss, chosen from [loss] and recorded in /kernels/loss). Otherwise the drafter
-  // computes its loss itself and this names it (printed before step 0 and written to the
-  // log; /kernels/loss then stays -1, no call).
-  virtual std::string own_loss() const { return {}; }
   // Names of the extra scalars StepResult carries (e.g. "tau_sim"), known before the
   // first step (the log declares one column per name).
   virtual std::vector<std::string> scalar_names() const { return {}; }

@@ -285,13 +285,19 @@ Schema optimizer_schema() {
 // [loss]: the LM-head cross-entropy kernel and its chunking.
 Schema loss_schema() {
   Schema loss("loss");
-  loss.string("kernel",
-              "LM-head cross-entropy: fused (CUDA: rows in chunks, one kernel per chunk for the softmax "
-              "statistics, argmax and the gradient written over the 16-bit logits in place), chunked (rows in "
-              "chunks in plain ATen, gradient computed in the forward, never [rows, vocab] float32 logits at "
-              "once), reference (full logits, plain autograd), auto (fused on CUDA, chunked elsewhere)")
-      .def(std::string("auto"))
-      .one_of({"auto", "fused", "chunked", "reference"});
+  loss.strings("kernels",
+               "LM-head loss variants in order of preference; the first that supports the run's device and dtype "
+               "runs. fused (CUDA: rows in chunks, one kernel per chunk for the softmax statistics, argmax and the "
+               "gradient written over the 16-bit logits in place), chunked (rows in chunks in plain ATen, gradient "
+               "computed in the forward, never [rows, vocab] float32 logits at once), reference (full logits, plain "
+               "autograd), auto (fused on CUDA, chunked elsewhere)")
+      .def(std::vector<std::string>{"auto"})
+      .items(1, 4);
+  loss.string("on_fallback",
+              "what running a later preference than the first does: stop the run (error) or continue and "
+              "record it (warn)")
+      .def(std::string("error"))
+      .one_of({"error", "warn"});
   loss.integer("chunk_rows",
                "rows per chunk of the chunked and fused losses (0 = auto: about 512 MiB of logits, "
                "float32 for chunked, the compute dtype for fused)")

@@ -107,6 +107,40 @@ KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& ta
   return out;
 }
 
+ProbRows prob_rows(at::Tensor& draft, const at::Tensor& probs, const at::Tensor& rows_of, const at::Tensor& row_weights,
+                   double grad_scale, bool write_grad) {
+  require(
+      draft.is_cuda() && draft.dim() == 2 && draft.stride(1) == 1,
+      "prob_rows: draft logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(draft.sizes()));
+  const int64_t rows = draft.size(0), vocab = draft.size(1);
+  require(probs.dim() == 2 && probs.size(1) == vocab && probs.stride(1) == 1 && probs.scalar_type() == at::kFloat &&
+              (rows_of.defined() || probs.size(0) == rows),
+          "prob_rows: the distributions must be float32 [rows or indexed, " + std::to_string(vocab) +
+              "] with contiguous rows, got " + c10::str(probs.sizes()) + " " + c10::toString(probs.scalar_type()));
+  same_device(draft, probs, "the draft logits", "the distributions");
+  if (rows_of.defined()) {
+    require(
+        rows_of.dim() == 1 && rows_of.size(0) == rows && rows_of.scalar_type() == at::kLong && rows_of.is_contiguous(),
+        "prob_rows: prob_rows must be contiguous int64 [" + std::to_string(rows) + "]");
+    same_device(draft, rows_of, "the draft logits", "prob_rows");
+  }
+  if (write_grad) {
+    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
+                row_weights.is_contiguous(),
+            "prob_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
+    same_device(draft, row_weights, "the draft logits", "row weights");
+  }
+  const c10::cuda::CUDAGuard guard(draft.device());
+  const auto l = draft.options().dtype(at::kLong);
+  ProbRows out{at::empty({rows}, draft.options().dtype(at::kFloat)), at::empty({rows}, l), at::empty({rows}, l)};
+  cuda_ops::prob_rows(dtype_of(draft, "the draft logits"), draft.data_ptr(), probs.data_ptr<float>(),
+                      rows_of.defined() ? rows_of.data_ptr<int64_t>() : nullptr, rows, vocab, draft.stride(0),
+                      probs.stride(0), write_grad ? row_weights.data_ptr<float>() : nullptr,
+                      static_cast<float>(grad_scale), write_grad, out.ce.data_ptr<float>(),
+                      out.argmax.data_ptr<int64_t>(), out.target_argmax.data_ptr<int64_t>(), stream_of(draft));
+  return out;
+}
+
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
   require(
       gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
@@ -254,6 +288,7 @@ bool cuda_ops_built() { return false; }
 bool runs_on(const at::Tensor&) { return false; }
 CeRows ce_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
 KlRows kl_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&, double, bool) { absent(); }
+ProbRows prob_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
 at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { absent(); }
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
 bool rope_runs(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }

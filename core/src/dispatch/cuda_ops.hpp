@@ -34,6 +34,15 @@ struct KlRows {
 FLASHDRAFT_API KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& target_rows,
                               double temperature, const at::Tensor& row_weights, double grad_scale, bool write_grad);
 
+// The loss against given distributions (engine_ops.cuh prob_rows): per row -sum p log
+// softmax(draft), both argmaxes (p's: target_argmax), and (write_grad) the gradient written
+// over `draft`. probs float32 [rows or indexed, V]; prob_rows as target_rows above.
+struct ProbRows {
+  at::Tensor ce, argmax, target_argmax;
+};
+FLASHDRAFT_API ProbRows prob_rows(at::Tensor& draft, const at::Tensor& probs, const at::Tensor& prob_rows,
+                                  const at::Tensor& row_weights, double grad_scale, bool write_grad);
+
 FLASHDRAFT_API at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 // Returns {d_gate, d_up}.
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& gate, const at::Tensor& up,

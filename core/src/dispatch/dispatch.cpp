@@ -98,6 +98,55 @@ KernelChoice choose_kernel(const std::vector<AttentionProblem>& problems, std::v
   return choice;
 }
 
+std::string LossChoice::report() const {
+  std::ostringstream os;
+  os << "loss: " << problem.str() << "\n";
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& c = candidates[i];
+    os << "  " << c.name << ": ";
+    if (i == selected)
+      os << "selected" << (fallback ? " (FALLBACK: not the first preference)" : "") << ": "
+         << LmHeadLoss(c.name, chunk_rows, {}, problem).describe();
+    else if (!c.support.ok)
+      os << "refused: " << c.support.reason;
+    else
+      os << "supported, not needed (an earlier preference was selected)";
+    os << "\n";
+  }
+  return os.str();
+}
+
+LossChoice choose_loss(const std::vector<std::string>& preference, int64_t chunk_rows, const LossProblem& problem,
+                       const std::string& on_fallback) {
+  if (preference.empty())
+    throw std::invalid_argument(std::string("the list of LM-head loss variants is empty; name at least one of: ") +
+                                kLossNames);
+  LossChoice choice;
+  choice.problem = problem;
+  choice.chunk_rows = chunk_rows;
+  choice.on_fallback = on_fallback;
+  choice.selected = preference.size();
+  for (size_t i = 0; i < preference.size(); ++i) {
+    choice.candidates.push_back({preference[i], loss_supports(preference[i], problem)});
+    if (choice.candidates.back().support.ok && choice.selected == preference.size()) choice.selected = i;
+  }
+  if (choice.selected == preference.size()) {
+    choice.selected = 0;
+    std::string msg = "no LM-head loss variant in [loss].kernels supports the problem.\n";
+    for (const auto& c : choice.candidates) msg += "  " + c.name + ": refused: " + c.support.reason + "\n";
+    throw FallbackError(msg + "Add \"chunked\" (runs everywhere) or \"auto\" to [loss].kernels.");
+  }
+  choice.fallback = choice.selected != 0;
+  if (choice.fallback && on_fallback == "error")
+    throw FallbackError("LM-head loss variant '" + choice.candidates[0].name +
+                        "' (first preference) refused the problem: " + choice.candidates[0].support.reason + ".\n" +
+                        choice.report() +
+                        "The run stops before step 0 because [loss].on_fallback = \"error\"; set it to \"warn\" to "
+                        "run '" +
+                        choice.name() + "' instead (recorded in the log).");
+  return choice;
+}
+
 namespace {
 
 using torch::autograd::SavedVariable;
@@ -210,11 +259,12 @@ at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, co
   }
   return out;
 }
-void AttentionDispatcher::set_loss(const std::string& variant, int64_t chunk_rows, int64_t column, c10::Device device,
-                                   at::ScalarType dtype) {
+void AttentionDispatcher::set_loss(const LossChoice& choice, int64_t column) {
   loss_column_ = column;
+  loss_on_fallback_ = choice.on_fallback;
   loss_ = std::make_unique<LmHeadLoss>(
-      variant, chunk_rows, [this](bool backward, const std::string& v) { note_loss(backward, v); }, device, dtype);
+      choice.name(), choice.chunk_rows, [this](bool backward, const std::string& v) { note_loss(backward, v); },
+      choice.problem);
 }
 
 LmHeadLossOutput AttentionDispatcher::lm_head_loss(const LmHeadLossInput& input) {
@@ -230,8 +280,8 @@ void AttentionDispatcher::note_loss(bool backward, const std::string& variant) {
   const std::string msg = std::string(backward ? "backward" : "forward") + " of the LM-head loss ran '" + variant +
                           "', not the selected '" + loss_->variant() + "'";
   if (events_) events_("fallback", msg);
-  if (on_fallback_ == "error")
-    throw FallbackError("loss fallback: " + msg + ". The run stops because [attention].on_fallback = \"error\".");
+  if (loss_on_fallback_ == "error")
+    throw FallbackError("loss fallback: " + msg + ". The run stops because [loss].on_fallback = \"error\".");
 }
 
 void AttentionDispatcher::note(int64_t layer, Phase phase, const std::string& variant) {

@@ -61,6 +61,28 @@ FLASHDRAFT_API KernelChoice choose_kernel(const AttentionProblem& problem, std::
 FLASHDRAFT_API KernelChoice choose_kernel(const std::vector<AttentionProblem>& problems,
                                           std::vector<KernelCandidate> candidates, const std::string& on_fallback);
 
+// The LM-head loss's selection, the same stage for its op: the variants of [loss] kernels in
+// preference order, each asked loss_supports() for the run's problem; the first that supports
+// it runs; a later one only under [loss] on_fallback = "warn".
+struct LossCandidate {
+  std::string name;  // as written in [loss] kernels
+  Support support;
+};
+struct FLASHDRAFT_API LossChoice {
+  LossProblem problem;
+  std::vector<LossCandidate> candidates;  // in preference order, with reasons
+  size_t selected = 0;
+  bool fallback = false;  // selected is not the first preference
+  int64_t chunk_rows = 0;
+  std::string on_fallback = "error";
+  const std::string& name() const { return candidates[selected].name; }
+  std::string report() const;  // the lines printed before step 0
+};
+// Throws std::invalid_argument for an unknown name or an empty list, FallbackError when no
+// variant supports the problem or the first refuses under on_fallback = "error".
+FLASHDRAFT_API LossChoice choose_loss(const std::vector<std::string>& preference, int64_t chunk_rows,
+                                      const LossProblem& problem, const std::string& on_fallback);
+
 // The mask of one set_mask() call: the host BlockMask and its lists on the kernel's
 // device (tensors.host points at mask). Immutable once built; shared by the dispatcher
 // and by the autograd nodes of the forwards that used it.
@@ -78,11 +100,11 @@ class FLASHDRAFT_API AttentionDispatcher : public DrafterContext {
   void set_mask(const MaskInput& input) override;
   at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        double scale) override;
-  // The LM-head loss through the variant set by set_loss(), recorded in ledger column
-  // `column` (after the attention calls); without set_loss() a drafter's call is an error.
+  // The LM-head loss through the variant chosen for it (set_loss), recorded in ledger column
+  // `column` (after the attention calls), a fallback under the choice's own policy; without
+  // set_loss() a drafter's call is an error.
   LmHeadLossOutput lm_head_loss(const LmHeadLossInput& input) override;
-  void set_loss(const std::string& variant, int64_t chunk_rows, int64_t column, c10::Device device = c10::kCPU,
-                at::ScalarType dtype = at::kFloat);
+  void set_loss(const LossChoice& choice, int64_t column);
   const LmHeadLoss* loss() const { return loss_.get(); }
 
   const KernelChoice& choice() const { return choice_; }
@@ -106,6 +128,7 @@ class FLASHDRAFT_API AttentionDispatcher : public DrafterContext {
   BlockSize block_;
   std::shared_ptr<const StepMask> current_;
   std::unique_ptr<LmHeadLoss> loss_;
+  std::string loss_on_fallback_;
   int64_t loss_column_ = -1;
   void note_loss(bool backward, const std::string& variant);
   const StepMask& current() const;

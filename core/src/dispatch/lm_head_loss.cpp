@@ -19,14 +19,19 @@ using torch::autograd::variable_list;
 
 std::string shape_of(const at::Tensor& t) { return t.defined() ? c10::str(t.sizes()) : std::string("(undefined)"); }
 
-// The chunked variant's backward: the gradient with respect to hidden was computed in
-// the forward (the loss is a scalar), so backward scales it by the incoming gradient.
+// The chunked variant's backward: the gradients with respect to hidden (and a trained LM
+// head) were computed in the forward (the loss is a scalar), so backward scales them by the
+// incoming gradient.
 struct ChunkedLossBackward final : public torch::autograd::Node {
   at::Tensor grad_hidden;  // [R, H], for a unit incoming gradient
+  at::Tensor grad_weight;  // [V, H], when the LM head is trained (its edge is the second)
   std::function<void()> on_backward;
 
   std::string name() const override { return "flashdraft::ChunkedLmHeadLossBackward"; }
-  void release_variables() override { grad_hidden.reset(); }
+  void release_variables() override {
+    grad_hidden.reset();
+    grad_weight.reset();
+  }
 
   variable_list apply(variable_list&& grads) override {
     if (!grad_hidden.defined())
@@ -34,23 +39,26 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
           "LM-head loss: backward ran a second time after its saved gradient was freed (pass "
           "retain_graph = true to the first backward to run it twice)");
     if (on_backward) on_backward();
-    if (!grads[0].defined()) return {at::Tensor()};
-    return {grad_hidden * grads[0].to(grad_hidden.scalar_type())};
+    variable_list out;
+    for (const at::Tensor* g : {&grad_hidden, &grad_weight})
+      if (g->defined()) out.push_back(grads[0].defined() ? *g * grads[0].to(g->scalar_type()) : at::Tensor());
+    return out;
   }
 };
 
 // One chunk of rows: the weighted loss sum, the argmaxes and (grad) the gradient of
-// sum_r w_r loss_r / weight_sum with respect to the chunk's rows. Labels are `labels`, or the
-// soft targets softmax(target logits / temperature) with the target's logits rows
-// `target.index_select(0, target_rows)` (loss_r = KL(p_r || q_r)).
+// sum_r w_r loss_r / weight_sum with respect to the chunk's rows (grad_weight: and to the LM
+// head). Labels are `labels`; or the soft targets softmax(target logits / temperature) with
+// the target's logits rows `target.index_select(0, target_rows)` (loss_r = KL(p_r || q_r)); or
+// given distributions, rows `probs.index_select(0, target_rows)` (loss_r = -sum p_r log q_r).
 struct ChunkInput {
-  at::Tensor h, weight, labels, w, target, target_rows;
+  at::Tensor h, weight, labels, w, target, probs, target_rows;
   double temperature = 1.0, inv_sum = 0.0;
-  bool grad = false;
+  bool grad = false, grad_weight = false;
   int64_t top_k = 0;
 };
 struct ChunkResult {
-  at::Tensor loss_sum, argmax, target_argmax, grad, top_values, top_indices;
+  at::Tensor loss_sum, argmax, target_argmax, grad, grad_weight, top_values, top_indices;
 };
 
 // The chunk's top-k logits and tokens (LmHeadLossInput::top_k), before anything reuses them.
@@ -74,8 +82,14 @@ ChunkResult chunk_loss_aten(const ChunkInput& c) {
   r.argmax = logits.argmax(-1);
   at::Tensor logp = log_softmax32(logits);
   logits.reset();
-  at::Tensor p, lab;
-  if (c.target.defined()) {
+  at::Tensor p, lab, p_sum;
+  if (c.probs.defined()) {
+    p = c.probs.index_select(0, c.target_rows);
+    r.target_argmax = p.argmax(-1);
+    p_sum = p.sum(-1, /*keepdim=*/true);
+    const at::Tensor ce = -(p * logp).sum(-1);
+    r.loss_sum = (ce * c.w.to(ce.scalar_type())).sum();
+  } else if (c.target.defined()) {
     const at::Tensor target = c.target.index_select(0, c.target_rows);
     r.target_argmax = target.argmax(-1);
     const at::Tensor logp_t =
@@ -91,12 +105,16 @@ ChunkResult chunk_loss_aten(const ChunkInput& c) {
   if (c.grad) {
     at::Tensor g = logp.exp_();  // softmax, in place
     logp.reset();
-    if (p.defined())
+    if (p_sum.defined())
+      g.mul_(p_sum).sub_(p);  // d(-sum p log q)/dz = q sum(p) - p
+    else if (p.defined())
       g.sub_(p);
     else
       g.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, g.options()));
     g.mul_(c.w.to(g.scalar_type()).mul(c.inv_sum).unsqueeze(1));
-    r.grad = at::mm(g.to(c.h.scalar_type()), c.weight);
+    const at::Tensor gc = g.to(c.h.scalar_type());
+    r.grad = at::mm(gc, c.weight);
+    if (c.grad_weight) r.grad_weight = at::mm(gc.t(), c.h);
   }
   return r;
 }
@@ -110,7 +128,13 @@ ChunkResult chunk_loss_fused(const ChunkInput& c) {
   at::Tensor logits = at::mm(c.h, c.weight.t());
   take_top_k(logits, c.top_k, r);  // before the row kernel writes the gradient over them
   const at::Tensor wf = c.w.to(at::kFloat).contiguous();
-  if (c.target.defined()) {
+  if (c.probs.defined()) {
+    const cuda_ops::ProbRows rows =
+        cuda_ops::prob_rows(logits, c.probs, c.target_rows.contiguous(), wf, c.inv_sum, c.grad);
+    r.argmax = rows.argmax;
+    r.target_argmax = rows.target_argmax;
+    r.loss_sum = (rows.ce * wf).sum();
+  } else if (c.target.defined()) {
     const cuda_ops::KlRows rows =
         cuda_ops::kl_rows(logits, c.target, c.target_rows.contiguous(), c.temperature, wf, c.inv_sum, c.grad);
     r.argmax = rows.argmax;
@@ -122,6 +146,7 @@ ChunkResult chunk_loss_fused(const ChunkInput& c) {
     r.loss_sum = (rows.nll * wf).sum();
   }
   if (c.grad) r.grad = at::mm(logits, c.weight);
+  if (c.grad && c.grad_weight) r.grad_weight = at::mm(logits.t(), c.h);
   return r;
 }
 
@@ -147,59 +172,102 @@ TargetLogits target_logits(const at::Tensor& th, const at::Tensor& weight, bool 
   return t;
 }
 
+// Where each row's label comes from, prepared once per call: hard labels (the data's or the
+// target's argmax), the target's logits (kept when they fit in about 2 GiB), or distributions.
+struct RowLabels {
+  at::Tensor labels, index, probs;
+  TargetLogits target;
+  bool from_target = false, from_probs = false, soft_target = false;
+};
+
+RowLabels row_labels(const LmHeadLossInput& in, const at::Tensor& weight, int64_t c, LmHeadLossOutput& out) {
+  RowLabels l;
+  const auto long_opts = in.hidden.options().dtype(at::kLong);
+  l.labels = in.labels;
+  l.from_target = in.target_hidden.defined();
+  l.from_probs = in.soft_labels.defined();
+  l.soft_target = l.from_target && in.target_soft;
+  if (l.from_target || l.from_probs)
+    l.index = in.target_index.defined() ? in.target_index : at::arange(in.hidden.size(0), long_opts);
+  if (l.from_probs) {
+    l.probs = in.soft_labels.detach().contiguous();
+    out.target_argmax = at::empty({in.hidden.size(0)}, long_opts);
+  }
+  if (l.from_target) {
+    l.target = target_logits(in.target_hidden.detach(), weight, in.target_soft, c, int64_t(1) << 31);
+    out.target_argmax = l.target.argmax.index_select(0, l.index);
+    if (!in.target_soft) l.labels = out.target_argmax;
+  }
+  return l;
+}
+
+// Rows [r0, r0 + n) of the call as one chunk's input.
+ChunkInput chunk_input(const LmHeadLossInput& in, const RowLabels& l, const at::Tensor& h, const at::Tensor& weight,
+                       int64_t r0, int64_t n) {
+  ChunkInput ci;
+  ci.h = h.narrow(0, r0, n);
+  ci.weight = weight;
+  ci.w = in.row_weights.narrow(0, r0, n);
+  ci.temperature = in.target_temperature;
+  ci.top_k = in.top_k;
+  if (l.from_probs) {
+    ci.probs = l.probs;
+    ci.target_rows = l.index.narrow(0, r0, n);
+  } else if (l.soft_target && l.target.logits.defined()) {
+    ci.target = l.target.logits;
+    ci.target_rows = l.index.narrow(0, r0, n);
+  } else if (l.soft_target) {  // too large to keep: this chunk's target rows only
+    ci.target = at::mm(in.target_hidden.detach().index_select(0, l.index.narrow(0, r0, n)), weight.t());
+    ci.target_rows = at::arange(n, h.options().dtype(at::kLong));
+  } else {
+    ci.labels = l.labels.narrow(0, r0, n);
+  }
+  return ci;
+}
+
+// The loss's autograd node: edges for what needs a gradient, in the order apply() returns
+// them (hidden, then the LM head).
+void attach_backward(const LmHeadLossInput& in, LmHeadLossOutput& out, at::Tensor grad_hidden, at::Tensor grad_weight,
+                     std::function<void()> on_backward) {
+  auto node = std::shared_ptr<ChunkedLossBackward>(new ChunkedLossBackward(), torch::autograd::deleteNode);
+  torch::autograd::edge_list edges;
+  if (grad_hidden.defined()) edges.push_back(torch::autograd::impl::gradient_edge(in.hidden));
+  if (grad_weight.defined()) edges.push_back(torch::autograd::impl::gradient_edge(in.weight));
+  node->set_next_edges(std::move(edges));
+  node->grad_hidden = std::move(grad_hidden);
+  node->grad_weight = std::move(grad_weight);
+  node->on_backward = std::move(on_backward);
+  torch::autograd::set_history(out.loss, node);
+}
+
 // The rows in chunks of c: per chunk `fn`, the chunk's logits freed before the next; the
-// gradient with respect to hidden kept for the backward node.
+// gradients with respect to hidden (and a trained head, summed over the chunks in float32
+// past the first) kept for the backward node.
 LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, std::function<void()> on_backward) {
   check_lm_head_loss_input(in);
   const int64_t R = in.hidden.size(0);
-  const bool grad = at::GradMode::is_enabled() && in.hidden.requires_grad();
+  const bool grad_h = at::GradMode::is_enabled() && in.hidden.requires_grad();
+  const bool grad_w = at::GradMode::is_enabled() && in.weight.requires_grad();
   const at::Tensor h = in.hidden.detach(), weight = in.weight.detach();
   const double inv_sum = R > 0 ? 1.0 / in.weight_sum : 0.0;  // no row: a zero loss (and gradient)
   LmHeadLossOutput out;
   at::Tensor total =
       at::zeros({}, in.hidden.options().dtype(in.hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
-  const auto long_opts = in.hidden.options().dtype(at::kLong);
-  const bool from_target = in.target_hidden.defined();
-  out.argmax = at::empty({R}, long_opts);
+  out.argmax = at::empty({R}, in.hidden.options().dtype(at::kLong));
   if (in.top_k > 0) {
     out.top_values = at::empty({R, in.top_k}, h.options());
-    out.top_indices = at::empty({R, in.top_k}, long_opts);
+    out.top_indices = at::empty({R, in.top_k}, out.argmax.options());
   }
-  at::Tensor grad_hidden = grad ? at::empty_like(h) : at::Tensor();
+  at::Tensor grad_hidden = grad_h ? at::empty_like(h) : at::Tensor(), grad_weight;
   {
     at::NoGradGuard no_grad;
-    // Labels from the target: its logits once per target state (the hard labels and, when
-    // they fit in about 2 GiB, the soft targets' logits), then gathered per row.
-    at::Tensor labels = in.labels, index, target_all;
-    TargetLogits t;
-    if (from_target) {
-      const at::Tensor th = in.target_hidden.detach();
-      index = in.target_index.defined() ? in.target_index : at::arange(R, long_opts);
-      t = target_logits(th, weight, in.target_soft, c, int64_t(1) << 31);
-      out.target_argmax = t.argmax.index_select(0, index);
-      if (!in.target_soft) labels = out.target_argmax;
-    }
+    const RowLabels labels = row_labels(in, weight, c, out);
     for (int64_t r0 = 0; r0 < R; r0 += c) {
       const int64_t n = std::min(c, R - r0);
-      ChunkInput ci;
-      ci.h = h.narrow(0, r0, n);
-      ci.weight = weight;
-      ci.w = in.row_weights.narrow(0, r0, n);
-      ci.temperature = in.target_temperature;
+      ChunkInput ci = chunk_input(in, labels, h, weight, r0, n);
       ci.inv_sum = inv_sum;
-      ci.grad = grad;
-      ci.top_k = in.top_k;
-      if (from_target && in.target_soft) {
-        if (t.logits.defined()) {
-          ci.target = t.logits;
-          ci.target_rows = index.narrow(0, r0, n);
-        } else {  // too large to keep: this chunk's target rows only
-          ci.target = at::mm(in.target_hidden.detach().index_select(0, index.narrow(0, r0, n)), weight.t());
-          ci.target_rows = at::arange(n, long_opts);
-        }
-      } else {
-        ci.labels = labels.narrow(0, r0, n);
-      }
+      ci.grad = grad_h || grad_w;
+      ci.grad_weight = grad_w;
       ChunkResult cr = fn(ci);
       total.add_(cr.loss_sum);
       out.argmax.narrow(0, r0, n).copy_(cr.argmax);
@@ -207,18 +275,22 @@ LmHeadLossOutput chunked_loss(const LmHeadLossInput& in, int64_t c, ChunkFn fn, 
         out.top_values.narrow(0, r0, n).copy_(cr.top_values);
         out.top_indices.narrow(0, r0, n).copy_(cr.top_indices);
       }
-      if (grad) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
+      if (labels.from_probs) out.target_argmax.narrow(0, r0, n).copy_(cr.target_argmax);
+      if (grad_h) grad_hidden.narrow(0, r0, n).copy_(cr.grad);
+      if (grad_w && !grad_weight.defined())
+        grad_weight = cr.grad_weight;
+      else if (grad_w)
+        grad_weight = (at::isFloatingType(grad_weight.scalar_type()) && grad_weight.element_size() >= 4
+                           ? grad_weight
+                           : grad_weight.to(at::kFloat))
+                          .add_(cr.grad_weight);
     }
     total.mul_(inv_sum);
+    if (grad_w) grad_weight = grad_weight.defined() ? grad_weight.to(weight.scalar_type()) : at::zeros_like(weight);
   }
   out.loss = total;
-  if (grad) {
-    auto node = std::shared_ptr<ChunkedLossBackward>(new ChunkedLossBackward(), torch::autograd::deleteNode);
-    node->set_next_edges(torch::autograd::collect_next_edges(in.hidden));
-    node->grad_hidden = std::move(grad_hidden);
-    node->on_backward = std::move(on_backward);
-    torch::autograd::set_history(out.loss, node);
-  }
+  if (grad_h || grad_w)
+    attach_backward(in, out, std::move(grad_hidden), std::move(grad_weight), std::move(on_backward));
   return out;
 }
 
@@ -234,7 +306,18 @@ void check_lm_head_loss_input(const LmHeadLossInput& in) {
   if (!in.hidden.defined() || in.hidden.dim() != 2) fail("hidden must be [rows, H], got " + shape_of(in.hidden));
   if (!in.weight.defined() || in.weight.dim() != 2 || in.weight.size(1) != in.hidden.size(1))
     fail("the LM head must be [V, " + std::to_string(in.hidden.size(1)) + "], got " + shape_of(in.weight));
-  if (in.target_hidden.defined()) {
+  if (in.soft_labels.defined()) {
+    const int64_t R = in.hidden.size(0), V = in.weight.size(0);
+    if (in.target_hidden.defined()) fail("give soft_labels or target_hidden, not both");
+    if (in.soft_labels.dim() != 2 || in.soft_labels.size(1) != V || in.soft_labels.scalar_type() != at::kFloat ||
+        (!in.target_index.defined() && in.soft_labels.size(0) != R))
+      fail("soft_labels must be float32 [" + (in.target_index.defined() ? std::string("U") : std::to_string(R)) + ", " +
+           std::to_string(V) + "] (a distribution over the LM head's " + std::to_string(V) + " tokens per row), got " +
+           shape_of(in.soft_labels) + " (" + c10::toString(in.soft_labels.scalar_type()) + ")");
+    if (in.target_index.defined() &&
+        (in.target_index.dim() != 1 || in.target_index.size(0) != R || in.target_index.scalar_type() != at::kLong))
+      fail("target_index must be int64 [" + std::to_string(R) + "], got " + shape_of(in.target_index));
+  } else if (in.target_hidden.defined()) {
     const int64_t R = in.hidden.size(0);
     if (in.target_hidden.dim() != 2 || in.target_hidden.size(1) != in.hidden.size(1) ||
         in.target_hidden.scalar_type() != in.hidden.scalar_type() ||
@@ -272,7 +355,11 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   if (logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
   const at::Tensor logq = at::log_softmax(logits, -1);
   at::Tensor per_row;
-  if (in.target_hidden.defined()) {
+  if (in.soft_labels.defined()) {
+    const at::Tensor p = in.target_index.defined() ? in.soft_labels.index_select(0, in.target_index) : in.soft_labels;
+    out.target_argmax = p.argmax(-1);
+    per_row = -(p * logq).sum(-1);
+  } else if (in.target_hidden.defined()) {
     at::Tensor target = at::linear(in.target_hidden.detach(), in.weight.detach());
     if (in.target_index.defined()) target = target.index_select(0, in.target_index);
     out.target_argmax = target.argmax(-1);
@@ -310,34 +397,50 @@ LmHeadLossOutput lm_head_loss_fused(const LmHeadLossInput& in, int64_t chunk_row
   return chunked_loss(in, c, chunk_loss_fused, std::move(on_backward));
 }
 
-namespace {
-
-const char* resolve_variant(const std::string& variant, c10::Device device, std::string& why) {
-  const bool fused_here = device.is_cuda() && cuda_ops::cuda_ops_built();
-  if (variant == "reference") return kLossReference;
-  if (variant == "chunked") return kLossChunked;
-  if (variant == "fused") {
-    if (!fused_here)
-      throw std::invalid_argument(
-          std::string("\"fused\" runs on CUDA with the engine's CUDA kernels, but this run is on ") + device.str() +
-          (cuda_ops::cuda_ops_built() ? "" : " and this engine was built without them (no CUDA LibTorch or no nvcc)") +
-          "; accepted here: auto, chunked, reference");
-    return kLossFused;
-  }
-  if (variant == "auto") {
-    why = fused_here         ? "auto: CUDA"
-          : device.is_cuda() ? "auto: engine built without its CUDA kernels"
-                             : "auto: " + device.str();
-    return fused_here ? kLossFused : kLossChunked;
-  }
-  throw std::invalid_argument("LM-head loss variant '" + variant + "' is not one of: auto, fused, chunked, reference");
+std::string LossProblem::str() const {
+  const std::string d = dtype == at::kFloat      ? "float32"
+                        : dtype == at::kBFloat16 ? "bfloat16"
+                        : dtype == at::kHalf     ? "float16"
+                                                 : c10::toString(dtype);
+  return "LM-head loss on " + device.str() + " (" + d + ")" +
+         (vocab > 0 ? ", the target's vocabulary " + std::to_string(vocab) : std::string());
 }
 
-}  // namespace
+Support loss_supports(const std::string& name, const LossProblem& p) {
+  const bool built = cuda_ops::cuda_ops_built();
+  const bool float_dtype = p.dtype == at::kFloat || p.dtype == at::kBFloat16 || p.dtype == at::kHalf;
+  const bool fused_here = p.device.is_cuda() && built && float_dtype;
+  if (name == "reference" || name == "chunked") return Support::yes();
+  if (name == "fused") {
+    if (fused_here) return Support::yes();
+    if (!p.device.is_cuda()) return Support::no("runs on CUDA, and this run is on " + p.device.str());
+    if (!built)
+      return Support::no("this engine was built without its CUDA kernels (no CUDA LibTorch or no nvcc at build time)");
+    return Support::no(std::string("runs in float32, bfloat16 or float16, not ") + c10::toString(p.dtype));
+  }
+  if (name == "auto") {
+    if (fused_here) return {true, "auto: fused (CUDA)"};
+    if (p.device.is_cuda()) return {true, "auto: chunked (the fused variant " + loss_supports("fused", p).reason + ")"};
+    return {true, "auto: chunked (" + p.device.str() + ")"};
+  }
+  throw std::invalid_argument("LM-head loss variant '" + name + "' is not one of: " + kLossNames);
+}
 
-LmHeadLoss::LmHeadLoss(std::string variant, int64_t chunk_rows, Note note, c10::Device device, at::ScalarType dtype)
-    : chunk_rows_(chunk_rows), note_(std::move(note)), logit_bytes_(c10::elementSize(dtype)) {
-  variant_ = resolve_variant(variant, device, why_);
+LmHeadLoss::LmHeadLoss(const std::string& name, int64_t chunk_rows, Note note, const LossProblem& problem)
+    : chunk_rows_(chunk_rows),
+      note_(std::move(note)),
+      logit_bytes_(c10::elementSize(problem.dtype)),
+      vocab_(problem.vocab) {
+  const Support s = loss_supports(name, problem);
+  if (!s.ok)
+    throw std::invalid_argument("\"" + name + "\" " + s.reason + "; accepted here: " +
+                                (loss_supports("fused", problem).ok ? kLossNames : "auto, chunked, reference"));
+  if (name == "auto") {
+    why_ = s.reason;
+    variant_ = loss_supports("fused", problem).ok ? kLossFused : kLossChunked;
+  } else {
+    variant_ = name == "fused" ? kLossFused : name == "chunked" ? kLossChunked : kLossReference;
+  }
 }
 
 LmHeadLossOutput LmHeadLoss::operator()(const LmHeadLossInput& in) {
@@ -363,7 +466,8 @@ LmHeadLossOutput LmHeadLoss::operator()(const LmHeadLossInput& in) {
   return out;
 }
 
-std::string LmHeadLoss::describe(int64_t vocab) const {
+std::string LmHeadLoss::describe() const {
+  const int64_t vocab = vocab_;
   const std::string why = why_.empty() ? "" : why_ + "; ";
   if (variant_ == kLossReference) return std::string(kLossReference) + " (full logits, float32 log-softmax)";
   const bool fused = variant_ == kLossFused;

@@ -67,10 +67,8 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   attrs["precision"] = b.precision.describe();
   // The variant [loss] resolves to on this device (what /kernels/loss records every step).
   attrs["loss_kernel"] =
-      b.drafter->own_loss().empty()
-          ? LmHeadLoss(ex.loss().string("kernel"), ex.loss().integer("chunk_rows"), {}, b.ctx.device, b.ctx.dtype)
-                .describe(b.target_model.vocab)
-          : "the drafter's own: " + b.drafter->own_loss();
+      LmHeadLoss(b.loss_choice.name(), b.loss_choice.chunk_rows, {}, b.loss_choice.problem).describe() +
+      (b.loss_choice.fallback ? " (FALLBACK: not the first preference)" : "");
   attrs["data_source"] = b.dataset->source();
   if (b.target) attrs["target"] = b.target_model.source;
   std::string plugins;
@@ -140,6 +138,7 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
   log.set_group_attribute("kernels", "problem", choice.problem.str());
   log.set_group_attribute("kernels", "selection", choice.report());
   log.set_group_attribute("kernels", "on_fallback", s.experiment.attention().string("on_fallback"));
+  log.set_group_attribute("kernels", "loss_on_fallback", s.experiment.loss().string("on_fallback"));
   log.set_group_attribute(
       "kernels", "columns",
       "drafter " + std::string(b.choice.problems.size() > 1 ? "attention calls" : "layers") + " 0.." +

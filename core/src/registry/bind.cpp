@@ -249,6 +249,13 @@ BoundPlugins bind_plugins(const Setup& s) {
   }
   bind_served(s, b, candidates, on_fallback);
   b.choice = choose_kernel(problems, std::move(candidates), on_fallback);
+  const Config& loss = s.experiment.loss();
+  try {
+    b.loss_choice = choose_loss(loss.strings("kernels"), loss.integer("chunk_rows"),
+                                {b.ctx.device, b.ctx.dtype, b.target_model.vocab}, loss.string("on_fallback"));
+  } catch (const std::invalid_argument& e) {
+    loss.fail("kernels", e.what());  // with the file, line and column of the key
+  }
   return b;
 }
 

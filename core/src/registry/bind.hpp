@@ -34,7 +34,8 @@ struct BoundPlugins {
   std::unique_ptr<Drafter> drafter;
   std::unique_ptr<MaskGenerator> mask;
   std::vector<std::unique_ptr<AttentionKernel>> kernels;  // objects of the kernels found
-  KernelChoice choice;  // the kernel selected for the drafter's problem, with every reason
+  KernelChoice choice;     // the kernel selected for the drafter's problem, with every reason
+  LossChoice loss_choice;  // the LM-head loss variant of [loss], with every reason
   // An online target ([target]): the model, the layers it computes for the drafter, the
   // mask of its attention (causal within each document) and its kernel choice.
   std::unique_ptr<Target> target;

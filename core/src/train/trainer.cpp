@@ -262,21 +262,10 @@ void Trainer::prepare_target_attention() {
             << " feed the drafter" << std::endl;
 }
 
-// The LM-head loss op of [loss] in ledger column `loss_column`, and what the loss is.
+// The LM-head loss op chosen at bind ([loss]) in ledger column `loss_column`, and the report.
 void Trainer::prepare_loss(int64_t loss_column) {
-  const Config& loss = setup_.experiment.loss();
-  try {
-    dispatcher_->set_loss(loss.string("kernel"), loss.integer("chunk_rows"), loss_column, plugins_.ctx.device,
-                          plugins_.ctx.dtype);
-  } catch (const std::invalid_argument& e) {
-    loss.fail("kernel", e.what());  // with the file, line and column of the key
-  }
-  const Drafter& drafter = *plugins_.drafter;
-  if (drafter.own_loss().empty())
-    std::cout << "loss: " << dispatcher_->loss()->describe(plugins_.target_model.vocab) << "\n";
-  else
-    std::cout << "loss: the drafter's own, " << drafter.own_loss()
-              << " (not the engine's LM-head op: [loss] does not apply, /kernels/loss stays -1)\n";
+  dispatcher_->set_loss(plugins_.loss_choice, loss_column);
+  std::cout << plugins_.loss_choice.report();
 }
 
 // A resumed run: the checkpoint's weights, optimizer, generators and position.
@@ -544,15 +533,7 @@ int validate_experiment(const RunOptions& options) {
       std::cout << "served validation: drafter decoder " << b.served_choice.report();
       if (b.served_by_target) std::cout << "served validation: target decoder " << b.served_target_choice.report();
     }
-    if (b.drafter->own_loss().empty()) {
-      const Config& loss = s.experiment.loss();
-      try {
-        const LmHeadLoss op(loss.string("kernel"), loss.integer("chunk_rows"), {}, b.ctx.device, b.ctx.dtype);
-        std::cout << "loss: " << op.describe(b.target_model.vocab) << "\n";
-      } catch (const std::invalid_argument& e) {
-        loss.fail("kernel", e.what());
-      }
-    }
+    std::cout << b.loss_choice.report();
     std::cout << options.experiment << ": valid (every check `flashdraft run` makes before step 0 passed)\n";
     for (const auto& [kind, use] : s.named)
       std::cout << "  " << to_string(kind) << std::string(8 - std::string(to_string(kind)).size(), ' ') << ": "
@@ -561,7 +542,8 @@ int validate_experiment(const RunOptions& options) {
       std::cout << "  kernel  : " << k.name << " " << (k.plugin ? "(" + k.plugin->path + ")" : "(not found)") << "\n";
     const Config& run = s.experiment.run();
     std::cout << "  run     : " << run.integer("steps") << " steps on " << run.string("device") << " ("
-              << run.string("dtype") << "), on_fallback = " << s.experiment.attention().string("on_fallback") << "\n";
+              << run.string("dtype") << "), on_fallback = " << s.experiment.attention().string("on_fallback")
+              << " (attention), " << s.experiment.loss().string("on_fallback") << " (loss)\n";
     return kFinished;
   } catch (const std::exception& e) {
     return report_run_error(e, -1, nullptr, "");
