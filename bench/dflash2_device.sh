@@ -15,20 +15,12 @@ set -uo pipefail
 OUT=${OUT:-/tmp/dflash2-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/dflash2-device.log") 2>&1
-ROOT=$(pwd)
-BUILD=$ROOT/build-gpu
 RUNS=/tmp/dflash2-runs
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||
-  { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
-cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_dflash2 test_lm_head_loss > "$OUT/build.log" 2>&1
-rc=$?
-echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
-[ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
+. bench/device_build.sh
+device_build flashdraft_cli flashdraft_all_plugins test_dflash2 test_lm_head_loss
 echo "=== test_dflash2"
 "$BUILD/bin/test_dflash2" 2>&1 | grep -E "rel err|^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -20
 echo "=== test_lm_head_loss (the op's top-k, which DFlash-2's selector takes its candidates from)"

@@ -20,21 +20,12 @@ set -uo pipefail
 OUT=${OUT:-/tmp/eagle3-loss-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/eagle3-loss-device.log") 2>&1
-ROOT=$(pwd)
-BUILD=$ROOT/build-gpu
 RUNS=/tmp/eagle3-loss-runs
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 t0=$(date +%s)
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||
-  { tail -30 "$OUT/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
-cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_lm_head_loss test_eagle3 \
-  > "$OUT/build.log" 2>&1
-rc=$?
-echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
-[ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
+. bench/device_build.sh
+device_build flashdraft_cli flashdraft_all_plugins test_lm_head_loss test_eagle3
 for t in test_lm_head_loss test_eagle3; do
   echo "=== $t"
   (cd "$BUILD/tests" 2>/dev/null || cd "$BUILD"; timeout -k 5 120 "$BUILD/bin/$t") 2>&1 |

@@ -65,6 +65,56 @@ __device__ __forceinline__ RowStat shuffle_down(const RowStat& x, int offset) {
   return r;
 }
 
+__device__ __forceinline__ RowStat no_stat() { return RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX}; }
+
+template <class MergeB>
+__device__ __forceinline__ void warp_reduce_pair(RowStat& a, RowStat& b, MergeB merge_b) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const RowStat oa = shuffle_down(a, off), ob = shuffle_down(b, off);
+    merge(a, oa);
+    merge_b(b, ob);
+  }
+}
+
+// Each thread's a (merged with merge()) and b (with merge_b, identity ib) over the CTA: the
+// totals are in thread 0 when it returns (the shared slots are free after the caller's next
+// __syncthreads()).
+template <class MergeB>
+__device__ __forceinline__ void block_reduce_pair(RowStat& a, RowStat& b, MergeB merge_b, const RowStat& ib) {
+  __shared__ RowStat warp_a[kWarps], warp_b[kWarps];
+  warp_reduce_pair(a, b, merge_b);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_a[warp] = a;
+    warp_b[warp] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < kWarps ? warp_a[lane] : no_stat();
+    b = lane < kWarps ? warp_b[lane] : ib;
+    warp_reduce_pair(a, b, merge_b);
+  }
+}
+
+// The CTA's sum of each thread's x, in thread 0 (ends with the CTA in step: the shared slots
+// are free again).
+__device__ __forceinline__ float block_sum(float x) {
+  __shared__ float warp_x[kWarps];
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x += __shfl_down_sync(0xffffffffu, x, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_x[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    x = lane < kWarps ? warp_x[lane] : 0.f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) x += __shfl_down_sync(0xffffffffu, x, off);
+  }
+  __syncthreads();
+  return x;
+}
+
 // Folds values a[0..n) (raw logits, as float) starting at vocabulary index `first` into st.
 template <int N>
 __device__ __forceinline__ void accumulate(RowStat& st, const float (&a)[N], int64_t first) {
@@ -224,36 +274,13 @@ __device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restric
     accumulate(sd, a0, v);
     accumulate(st, b0, v);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    const RowStat od = shuffle_down(sd, off), ot = shuffle_down(st, off);
-    merge(sd, od);
-    merge(st, ot);
-  }
-  __shared__ RowStat warp_d[kWarps], warp_t[kWarps];
   __shared__ float lse2_d, lse2_t;
-  __shared__ float warp_kl[kWarps];
-  const int warp = tid / 32, lane = tid % 32;
-  if (lane == 0) {
-    warp_d[warp] = sd;
-    warp_t[warp] = st;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    sd = lane < kWarps ? warp_d[lane] : RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX};
-    st = lane < kWarps ? warp_t[lane] : RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX};
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      const RowStat od = shuffle_down(sd, off), ot = shuffle_down(st, off);
-      merge(sd, od);
-      merge(st, ot);
-    }
-    if (lane == 0) {
-      lse2_d = sd.m + log2f(sd.s);
-      lse2_t = st.m + log2f(st.s);
-      argmax[r] = sd.index == INT64_MAX ? 0 : sd.index;
-      target_argmax[r] = st.index == INT64_MAX ? 0 : st.index;
-    }
+  block_reduce_pair(sd, st, merge, no_stat());
+  if (tid == 0) {
+    lse2_d = sd.m + log2f(sd.s);
+    lse2_t = st.m + log2f(st.s);
+    argmax[r] = sd.index == INT64_MAX ? 0 : sd.index;
+    target_argmax[r] = st.index == INT64_MAX ? 0 : st.index;
   }
   __syncthreads();
   const float ld2 = lse2_d, lt2 = lse2_t;
@@ -278,17 +305,8 @@ __device__ __forceinline__ void kl_row(T* __restrict__ draft, const T* __restric
     acc += p > 0.f ? p * (yp - yq) : 0.f;
     if (write_grad) row[v] = from_float<T>((q - p) * coef);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-  if (lane == 0) warp_kl[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    acc = lane < kWarps ? warp_kl[lane] : 0.f;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-    if (lane == 0) kl[r] = acc * kLn2;
-  }
-  __syncthreads();  // the shared values are free for the next row
+  acc = block_sum(acc);
+  if (tid == 0) kl[r] = acc * kLn2;
 }
 
 template <typename T>
@@ -352,36 +370,13 @@ __device__ __forceinline__ void prob_row(T* __restrict__ draft, const float* __r
       a.index = b.index;
     }
   };
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    const RowStat od = shuffle_down(sd, off), op = shuffle_down(sp, off);
-    merge(sd, od);
-    merge_p(sp, op);
-  }
-  __shared__ RowStat warp_d[kWarps], warp_p[kWarps];
   __shared__ float lse2_d, row_psum;
-  __shared__ float warp_ce[kWarps];
-  const int warp = tid / 32, lane = tid % 32;
-  if (lane == 0) {
-    warp_d[warp] = sd;
-    warp_p[warp] = sp;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    sd = lane < kWarps ? warp_d[lane] : RowStat{-INFINITY, 0.f, -INFINITY, INT64_MAX};
-    sp = lane < kWarps ? warp_p[lane] : RowStat{0.f, 0.f, -INFINITY, INT64_MAX};
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      const RowStat od = shuffle_down(sd, off), op = shuffle_down(sp, off);
-      merge(sd, od);
-      merge_p(sp, op);
-    }
-    if (lane == 0) {
-      lse2_d = sd.m + log2f(sd.s);
-      row_psum = sp.s;
-      argmax[r] = sd.index == INT64_MAX ? 0 : sd.index;
-      target_argmax[r] = sp.index == INT64_MAX ? 0 : sp.index;
-    }
+  block_reduce_pair(sd, sp, merge_p, RowStat{0.f, 0.f, -INFINITY, INT64_MAX});
+  if (tid == 0) {
+    lse2_d = sd.m + log2f(sd.s);
+    row_psum = sp.s;
+    argmax[r] = sd.index == INT64_MAX ? 0 : sd.index;
+    target_argmax[r] = sp.index == INT64_MAX ? 0 : sp.index;
   }
   __syncthreads();
   const float ld2 = lse2_d, total = row_psum;
@@ -402,17 +397,8 @@ __device__ __forceinline__ void prob_row(T* __restrict__ draft, const float* __r
     acc -= p * yq;
     if (write_grad) row[v] = from_float<T>((exp2f(yq) * total - p) * coef);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-  if (lane == 0) warp_ce[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    acc = lane < kWarps ? warp_ce[lane] : 0.f;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
-    if (lane == 0) ce[r] = acc * kLn2;
-  }
-  __syncthreads();  // the shared values are free for the next row
+  acc = block_sum(acc);
+  if (tid == 0) ce[r] = acc * kLn2;
 }
 
 template <typename T>
