@@ -265,6 +265,63 @@ TEST(DFlashDrafter, GradientCheckFloat64) {
   at::set_num_threads(threads);
 }
 
+// A step in parts ([drafter] anchor_parts) is the same step: the parts' losses weighted by
+// their loss weights give the one-part loss, their weighted gradients its gradient (as the
+// engine's GradientSync adds them), and validation in parts gives the same proposals,
+// accuracy and loss. float64, fresh random weights and data, anchors 4 in 1 and 2 parts.
+TEST(DFlashDrafter, StepInPartsIsTheSameStep) {
+  auto cfg = small_drafter();
+  cfg["anchors"] = int64_t{4};
+  auto one = make_drafter(cfg);
+  cfg["anchor_parts"] = int64_t{2};
+  auto two = make_drafter(cfg);
+  auto p = dflash_test::random_problem(20, 16, {0, 1, 2}, 2, 14, at::kDouble, 321);
+  one->bind(p.target, context(at::kDouble, 5), 2, 14);
+  two->bind(p.target, context(at::kDouble, 5), 2, 14);
+  EXPECT_EQ(two->step_parts(), 2);
+  EXPECT_EQ(two->attention_problem().q_len, 2 * 4);
+  OracleAttention attn;
+  at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(77);
+  StepResult r1 = one->step(p.batch, attn, rng, true);
+  r1.loss.backward();
+  double weight = 0, loss_sum = 0;
+  for (int64_t part = 0; part < 2; ++part) {
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(77);
+    Batch b = p.batch;
+    b.part = part;
+    StepResult r = two->step(b, attn, g, true);
+    (r.loss * r.loss_weight).backward();
+    weight += r.loss_weight;
+    loss_sum += r.loss.item<double>() * r.loss_weight;
+  }
+  EXPECT_EQ(weight, r1.loss_weight);
+  EXPECT_NEAR(loss_sum / weight, r1.loss.item<double>(), 1e-12 * r1.loss.item<double>());
+  const auto p1 = one->parameters(), p2 = two->parameters();
+  ASSERT_EQ(p1.size(), p2.size());
+  for (size_t i = 0; i < p1.size(); ++i) {
+    ASSERT_TRUE(p1[i].second.detach().equal(p2[i].second.detach())) << p1[i].first;  // the same initial weights
+    const at::Tensor g2 = p2[i].second.grad() / weight;
+    EXPECT_LE((g2 - p1[i].second.grad()).abs().max().item<double>(),
+              1e-10 * p1[i].second.grad().abs().max().item<double>() + 1e-14)
+        << p1[i].first;
+  }
+  EXPECT_GT(p1[0].second.grad().abs().max().item<double>(), 1e-6);
+  // Validation in parts: one result for the whole anchor draw.
+  at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(78), g2 = at::make_generator<at::CPUGeneratorImpl>(78);
+  const StepResult v1 = one->step(p.batch, attn, g1, false), v2 = two->step(p.batch, attn, g2, false);
+  EXPECT_TRUE(v2.predictions.equal(v1.predictions));
+  EXPECT_TRUE(v2.labels.equal(v1.labels));
+  EXPECT_TRUE(v2.anchors.equal(v1.anchors));
+  EXPECT_NEAR(v2.loss.item<double>(), v1.loss.item<double>(), 1e-6 * v1.loss.item<double>());
+  ASSERT_EQ(v2.position_accuracy.size(), v1.position_accuracy.size());
+  for (size_t j = 0; j < v1.position_accuracy.size(); ++j)
+    EXPECT_NEAR(v2.position_accuracy[j], v1.position_accuracy[j], 1e-12) << j;
+  EXPECT_NEAR(v2.scalars[0].second, v1.scalars[0].second, 1e-12);  // tau_sim
+  EXPECT_EQ(v2.tokens, v1.tokens);
+  // The generator moved on as for one draw.
+  EXPECT_TRUE(g1.get_state().equal(g2.get_state()));
+}
+
 TEST(DFlashDrafter, FrozenEmbeddingAndLmHeadGetNoGradient) {
   auto d = make_drafter(small_drafter());
   auto p = dflash_test::random_problem(20, 16, {0, 1, 2}, 2, 14, at::kFloat, 7);

@@ -46,6 +46,20 @@ std::vector<int64_t> document_starts(const std::vector<dflash::Document>& docs, 
 }
 
 // Where each block's document ends (its labels stop there); `length` outside every document.
+// Blocks [from, from + n) of a draw.
+dflash::Anchors part_of(const dflash::Anchors& a, int64_t from, int64_t n) {
+  dflash::Anchors p;
+  p.anchors.assign(a.anchors.begin() + from, a.anchors.begin() + from + n);
+  p.valid.assign(a.valid.begin() + from, a.valid.begin() + from + n);
+  return p;
+}
+
+// Per block position j, the labelled entries of labels [B, N, BS] (-1: none).
+std::vector<int64_t> position_counts(const at::Tensor& labels) {
+  const at::Tensor c = labels.ge(0).sum(std::vector<int64_t>{0, 1}).to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
 std::vector<int64_t> block_ends(const dflash::Anchors& a, const std::vector<dflash::Document>& real, int64_t N,
                                 int64_t length) {
   std::vector<int64_t> ends(static_cast<size_t>(N), length);
@@ -78,6 +92,12 @@ void DFlashDrafter::declare(Schema& s) {
   s.real("rope_theta", "RoPE base").def(10000.0).at_least(1.0);
   s.real("rms_eps", "RMSNorm epsilon").def(1e-6).range(0.0, 1.0);
   s.integer("anchors", "blocks per sequence (N)").def(int64_t{8}).at_least(0);
+  s.integer("anchor_parts",
+            "training steps in this many parts of anchors / anchor_parts blocks per sequence, each part's forward "
+            "and backward before the next (the activation memory of one part; the context's keys and values are "
+            "computed again per part; the same step and gradient); anchors must be a multiple")
+      .def(int64_t{1})
+      .range(1, 1 << 16);
   s.real("gamma",
          "loss weight decay: w_j = exp(-(j-1)/gamma) (0 = the DFlash paper's value for the block "
          "size: 7 for 16, 5 for 10, 4 for 8, linear between and beyond)")
@@ -153,6 +173,10 @@ DFlashDrafter::DFlashDrafter(const Config& config) : config_(config) {
   label_temperature_ = config.real("label_temperature");
   if (anchors_ == 0)
     config.fail("anchors", "anchors = 0 leaves no block to train on; give at least 1 anchor per sequence");
+  anchor_parts_ = config.integer("anchor_parts");
+  if (anchors_ % anchor_parts_ != 0)
+    config.fail("anchor_parts", "anchors = " + std::to_string(anchors_) + " is not a multiple of anchor_parts = " +
+                                    std::to_string(anchor_parts_) + " (every part takes the same number of blocks)");
   read_layer_types(config);
   if (heads_ % kv_heads_ != 0)
     config.fail("kv_heads", "heads = " + std::to_string(heads_) +
@@ -281,8 +305,8 @@ AttentionProblem DFlashDrafter::attention_problem() const {
   p.batch = batch_;
   p.heads_q = heads_;
   p.heads_kv = kv_heads_;
-  p.q_len = anchors_ * block_size_;
-  p.kv_len = seq_len_ + anchors_ * block_size_;
+  p.q_len = part_anchors() * block_size_;
+  p.kv_len = seq_len_ + part_anchors() * block_size_;
   p.head_dim = head_dim_;
   p.needs_backward = true;
   p.mask = "dflash";
@@ -451,9 +475,62 @@ StepResult DFlashDrafter::step(const Batch& batch, DrafterContext& context, at::
   if (block_size_ > S)
     throw std::invalid_argument("block_size " + std::to_string(block_size_) +
                                 " is larger than the batch's sequence length " + std::to_string(S));
-  const StepPlan plan = plan_step(batch, rng);
+  if (!training && anchor_parts_ > 1) return validate_in_parts(batch, context, rng);
+  return step_part(batch, context, rng, training, training ? batch.part : 0);
+}
+
+StepResult DFlashDrafter::step_part(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training,
+                                    int64_t part) const {
+  if (part < 0 || part >= anchor_parts_)
+    throw std::invalid_argument("batch.part " + std::to_string(part) + " is not one of this drafter's " +
+                                std::to_string(anchor_parts_) + " parts");
+  const StepPlan plan = plan_step(batch, rng, part);
   const at::Tensor x = decoder(batch, plan, context);
   return loss_and_metrics(batch, x, plan, context, training);
+}
+
+// Every part from the same anchor draw (the generator's state before the first), the
+// results joined: blocks side by side, the loss weighted by each part's loss weight, the
+// position accuracies by each part's counted rows.
+StepResult DFlashDrafter::validate_in_parts(const Batch& batch, DrafterContext& context, at::Generator& rng) const {
+  const at::Generator start = rng.clone();
+  StepResult all;
+  std::vector<at::Tensor> predictions, labels, valid, anchors;
+  std::vector<double> hits, scalar_sums;
+  double loss_sum = 0;
+  all.loss_weight = 0;
+  for (int64_t p = 0; p < anchor_parts_; ++p) {
+    at::Generator g = start.clone();
+    StepResult r = step_part(batch, context, g, /*training=*/false, p);
+    if (p + 1 == anchor_parts_) rng.set_state(g.get_state());
+    loss_sum += r.loss.item<double>() * r.loss_weight;
+    all.loss_weight += r.loss_weight;
+    predictions.push_back(r.predictions);
+    labels.push_back(r.labels);
+    valid.push_back(r.block_valid);
+    anchors.push_back(r.anchors);
+    hits.resize(r.position_accuracy.size(), 0.0);
+    // Each position's counted rows: the part's accuracy times its count, summed exactly below.
+    const std::vector<int64_t> counts = position_counts(r.labels);
+    for (size_t j = 0; j < hits.size(); ++j) hits[j] += r.position_accuracy[j] * double(counts[j + 1]);
+    scalar_sums.resize(r.scalars.size(), 0.0);
+    for (size_t k = 0; k < r.scalars.size(); ++k) scalar_sums[k] += r.scalars[k].second * double(r.tokens);
+    all.tokens += r.tokens;
+    all.scalars = r.scalars;
+  }
+  all.loss = at::scalar_tensor(all.loss_weight > 0 ? loss_sum / all.loss_weight : 0.0, at::kFloat);
+  all.predictions = at::cat(predictions, 1);
+  all.labels = at::cat(labels, 1);
+  all.block_valid = at::cat(valid, 1);
+  all.anchors = at::cat(anchors, 1);
+  const std::vector<int64_t> counts = position_counts(all.labels);
+  for (size_t j = 0; j < hits.size(); ++j)
+    all.position_accuracy.push_back(counts[j + 1] > 0 ? hits[j] / double(counts[j + 1]) : 0.0);
+  for (size_t k = 0; k < all.scalars.size(); ++k)
+    all.scalars[k].second = all.tokens > 0 ? scalar_sums[k] / double(all.tokens) : 0.0;
+  if (!all.scalars.empty() && all.scalars[0].first == "tau_sim")
+    all.scalars[0].second = simulated_tau(all.position_accuracy);
+  return all;
 }
 
 // Host tensor -> the run's device without waiting for the device's queue.
@@ -461,8 +538,8 @@ at::Tensor DFlashDrafter::to_device(const at::Tensor& t) const {
   return device_.is_cuda() ? t.pin_memory().to(device_, /*non_blocking=*/true) : t;
 }
 
-DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generator& rng) const {
-  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = anchors_, BS = block_size_, L = N * BS;
+DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generator& rng, int64_t part) const {
+  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = part_anchors(), BS = block_size_, L = N * BS;
   const at::Tensor tokens_cpu = batch.tokens.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor mask_cpu =
       batch.loss_mask.defined() ? batch.loss_mask.to(at::kCPU, at::kByte).contiguous() : at::Tensor();
@@ -504,7 +581,9 @@ DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generat
     }
     std::vector<dflash::Document> real = docs;
     if (packed && !real.empty() && real.back().begin >= length) real.pop_back();  // the padding
-    dflash::Anchors a = dflash::draw_anchors(dflash::anchor_candidates(real, BS, lm, anchor_rule_), N, draw);
+    // Every part draws the row's anchors_ anchors alike (the same stream) and keeps its share.
+    dflash::Anchors a = dflash::draw_anchors(dflash::anchor_candidates(real, BS, lm, anchor_rule_), anchors_, draw);
+    if (anchor_parts_ > 1) a = part_of(a, part * N, N);
     dflash::BlockLabels bl = dflash::block_labels(tok, lm, block_ends(a, real, N, length), a, BS, gamma_);
     for (int64_t n = 0; n < N; ++n) {
       const int64_t anchor = a.anchors[static_cast<size_t>(n)];
@@ -558,7 +637,7 @@ void DFlashDrafter::index_target_positions(StepPlan& plan, const std::vector<int
 
 // The context features and the decoder layers: the block tokens' final states [B, L, H].
 at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const {
-  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), L = anchors_ * block_size_;
+  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), L = part_anchors() * block_size_;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const at::Tensor index = at::tensor(feature_index_, long_opts);
   const at::Tensor feats = batch.hidden.index_select(2, batch.hidden.is_cuda() ? to_device(index) : index)
@@ -603,7 +682,7 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
 // last-layer states at those positions, never as a [rows, vocab] tensor here.
 StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan,
                                            LossContext& loss, bool training) const {
-  const int64_t B = x.size(0), L = x.size(1), N = anchors_, BS = block_size_;
+  const int64_t B = x.size(0), L = x.size(1), N = part_anchors(), BS = block_size_;
   const at::Tensor final_states = rms_norm(x, final_norm_).view({B * L, hidden_});
   StepResult result;
   // Always through the op, also with no labelled row (a zero loss): every step runs the

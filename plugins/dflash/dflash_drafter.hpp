@@ -71,6 +71,7 @@ class DFlashDrafter : public Drafter {
   std::unique_ptr<DraftDecoder> decoder(int64_t batch, int64_t capacity, AttentionContext& attention) override;
 
   StepResult step(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training) override;
+  int64_t step_parts() const override { return anchor_parts_; }
 
  protected:
   // ---- Extension points (a drafter of the family overrides them; DFlash's are below) ----
@@ -119,6 +120,9 @@ class DFlashDrafter : public Drafter {
 
   Config config_;
   int64_t layers_n_, hidden_, heads_, kv_heads_, head_dim_, ffn_, block_size_, mask_token_, anchors_;
+  // Training steps in anchor_parts_ parts of part_anchors() blocks per sequence each.
+  int64_t anchor_parts_ = 1;
+  int64_t part_anchors() const { return anchors_ / anchor_parts_; }
   // Per layer: the sliding window its attention keeps (layer_types "sliding_attention": the
   // [drafter] sliding_window), 0 for "full_attention".
   std::vector<int64_t> windows_;
@@ -143,7 +147,12 @@ class DFlashDrafter : public Drafter {
   void resolve_features(const TargetModel& target);
   void make_parameters(const TargetModel& target, const RunContext& ctx);
   at::Tensor to_device(const at::Tensor& t) const;
-  StepPlan plan_step(const Batch& batch, at::Generator& rng) const;
+  // The plan of part `part` of the step (its part_anchors() of every row's anchors).
+  StepPlan plan_step(const Batch& batch, at::Generator& rng, int64_t part) const;
+  StepResult step_part(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training,
+                       int64_t part) const;
+  // Validation of a run in parts: every part in turn (no gradient), one result.
+  StepResult validate_in_parts(const Batch& batch, DrafterContext& context, at::Generator& rng) const;
   void index_target_positions(StepPlan& plan, const std::vector<int64_t>& row_source) const;
   at::Tensor decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const;
   StepResult loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan, LossContext& loss,

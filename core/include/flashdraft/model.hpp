@@ -42,6 +42,9 @@ struct Batch {
   at::Tensor loss_mask;  // [B, S] bool: positions that may carry loss
   at::Tensor lengths;    // [B] int64: valid length of each sequence
   int64_t index = 0;     // which batch of the epoch (for the record)
+  // A training step in parts (Drafter::step_parts()): the part this step() call computes,
+  // 0..step_parts() - 1 (always 0 in validation).
+  int64_t part = 0;
   // Packed sequences: per sequence, the lengths of its documents (sum = its length);
   // empty = one document per sequence. Attention never crosses a document.
   std::vector<std::vector<int64_t>> documents;
@@ -252,6 +255,12 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   virtual std::vector<std::string> scalar_names() const { return {}; }
   // One forward pass with loss and metrics. `rng` draws anchors and the like.
   virtual StepResult step(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training) = 0;
+  // Training steps in parts: the engine calls step() on the same batch step_parts() times
+  // (batch.part = 0, 1, ...), with `rng` set to the same stream each time, and runs each
+  // part's backward before the next part's forward; the parts' gradients add up weighted
+  // by their loss weights, as micro-batches' do. A drafter whose loss is a sum over
+  // independent pieces (DFlash's anchor blocks) bounds its activation memory this way.
+  virtual int64_t step_parts() const { return 1; }
 
   // Serving (decoding.hpp): drafting as a server does it, for validation's served acceptance
   // length. max_proposals(): tokens one proposal call drafts at most (DFlash: block_size - 1;

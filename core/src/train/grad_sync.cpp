@@ -1,6 +1,8 @@
 // Gradient accumulation and the bucketed, overlapped gradient all-reduce.
 #include "train/grad_sync.hpp"
 
+#include <flashdraft/acceptance.hpp>
+
 #include "train/train_step.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -8,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace flashdraft {
@@ -43,8 +46,12 @@ uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 GradientSync::GradientSync(Distributed& dist, std::vector<at::Tensor> params, int64_t accumulate, double bucket_mb,
-                           uint64_t seed)
-    : dist_(dist), params_(std::move(params)), accumulate_(accumulate), seed_(seed) {
+                           uint64_t seed, int64_t parts)
+    : dist_(dist),
+      params_(std::move(params)),
+      accumulate_(accumulate),
+      parts_(std::max<int64_t>(parts, 1)),
+      seed_(seed) {
   if (!dist_.active()) return;
   build_buckets(bucket_mb);
   for (size_t i = 0; i < params_.size(); ++i)
@@ -81,7 +88,7 @@ void GradientSync::build_buckets(double bucket_mb) {
 }
 
 int64_t GradientSync::batch_index(int64_t step, int64_t micro) const {
-  return (step * accumulate_ + micro) * dist_.world() + dist_.rank();
+  return (step * accumulate_ + micro / parts_) * dist_.world() + dist_.rank();
 }
 
 void GradientSync::seed_anchors(at::Generator& anchors, int64_t step, int64_t micro) const {
@@ -165,7 +172,7 @@ double GradientSync::backward(StepResult& r, int64_t micro) {
   for (size_t j = 0; j < r.scalars.size(); ++j) scalar_sum_[j] += t * r.scalars[j].second;
   scalars_ = r.scalars;
   if (plain()) return loss;
-  const bool last = micro + 1 == accumulate_;
+  const bool last = micro + 1 == micro_batches();
   if (last && dist_.active()) {
     // The step's loss weight and weighted loss, summed over ranks while the backward runs.
     weights_ = at::tensor(std::vector<double>{weight_, loss_sum_}, at::TensorOptions().dtype(at::kDouble))
@@ -241,9 +248,12 @@ void GradientSync::synchronize(StepOutcome& o) {
   o.tokens = static_cast<int64_t>(tokens_);
   o.position_accuracy = accuracy_;
   o.scalars = scalars_;
-  if (accumulate_ == 1 || tokens_ == 0) return;  // one micro-batch: its metrics as they are
+  if (micro_batches() == 1 || tokens_ == 0) return;  // one micro-batch: its metrics as they are
   for (size_t j = 0; j < accuracy_.size(); ++j) o.position_accuracy[j] = accuracy_sum_[j] / tokens_;
   for (size_t j = 0; j < scalars_.size(); ++j) o.scalars[j].second = scalar_sum_[j] / tokens_;
+  // tau_sim is a function of the accuracies, not an average: from the merged ones.
+  for (auto& [name, value] : o.scalars)
+    if (name == "tau_sim") value = simulated_tau(o.position_accuracy);
 }
 
 }  // namespace flashdraft

@@ -45,12 +45,17 @@ FLASHDRAFT_API void seed_anchor_stream(at::Generator& generator, uint64_t seed, 
 
 class FLASHDRAFT_API GradientSync {
  public:
-  GradientSync(Distributed& dist, std::vector<at::Tensor> params, int64_t accumulate, double bucket_mb, uint64_t seed);
+  // `parts`: each micro-batch's step in that many parts (Drafter::step_parts()), each a
+  // micro-batch of its own here that reads the same batch and anchors.
+  GradientSync(Distributed& dist, std::vector<at::Tensor> params, int64_t accumulate, double bucket_mb, uint64_t seed,
+               int64_t parts = 1);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
 
-  int64_t micro_batches() const { return accumulate_; }
+  int64_t micro_batches() const { return accumulate_ * parts_; }
+  // The drafter's part micro-batch `micro` computes (batch.part).
+  int64_t part(int64_t micro) const { return micro % parts_; }
   // One process and one micro-batch per step: the plain loss.backward(), nothing shared.
   bool single() const { return plain(); }
   // The global micro-batch number: the training batch micro-batch `micro` of `step` reads.
@@ -75,7 +80,7 @@ class FLASHDRAFT_API GradientSync {
  private:
   struct Bucket;
   class Hook;
-  bool plain() const { return dist_.world() == 1 && accumulate_ == 1; }
+  bool plain() const { return dist_.world() == 1 && micro_batches() == 1; }
   void build_buckets(double bucket_mb);
   void on_gradient(size_t param);
   void launch_ready();
@@ -83,7 +88,7 @@ class FLASHDRAFT_API GradientSync {
 
   Distributed& dist_;
   std::vector<at::Tensor> params_;
-  int64_t accumulate_;
+  int64_t accumulate_, parts_;
   uint64_t seed_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<size_t> bucket_of_, offset_of_;

@@ -88,11 +88,18 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
     return queue_step(c, std::move(o), t0);
   }
   GradientSync& grads = *c.grads;
+  Batch batch;
+  int64_t batch_at = -1;
   for (int64_t micro = 0; micro < grads.micro_batches(); ++micro) {
     grads.seed_anchors(c.anchors, step, micro);
-    Batch batch = c.batches.train(grads.batch_index(step, micro));
-    o.input_tokens += real_tokens(batch);
-    o.target_seconds += c.batches.target_seconds();
+    // The parts of a step in parts read one batch (the online target runs once for them).
+    if (grads.batch_index(step, micro) != batch_at) {
+      batch_at = grads.batch_index(step, micro);
+      batch = c.batches.train(batch_at);
+      o.input_tokens += real_tokens(batch);
+      o.target_seconds += c.batches.target_seconds();
+    }
+    batch.part = grads.part(micro);
 
     MemoryTracker::reset_peak(c.device);
     StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);

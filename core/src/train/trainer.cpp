@@ -245,8 +245,11 @@ void Trainer::prepare() {
                               table_toml("drafter", d.plugin->name, setup_.registry->schema(*d.plugin), d.config)};
   if (resume_.resumed()) restore();
   share_weights();
-  grads_ = std::make_unique<GradientSync>(*dist_, params_, accumulate,
-                                          setup_.experiment.distributed().real("bucket_mb"), seed);
+  grads_ = std::make_unique<GradientSync>(
+      *dist_, params_, accumulate, setup_.experiment.distributed().real("bucket_mb"), seed, drafter.step_parts());
+  if (drafter.step_parts() > 1)
+    std::cout << "steps in parts: each batch's step runs in " << drafter.step_parts()
+              << " parts (forward and backward each, on one batch and one target forward)" << std::endl;
 }
 
 // The online target's attention: its own dispatcher, its calls after the drafter's.
