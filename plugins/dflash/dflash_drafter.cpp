@@ -463,6 +463,15 @@ struct DFlashDrafter::StepPlan {
   std::vector<int64_t> position_count;       // per j in 0..BS-1: rows that carry loss
   double weight_sum = 0;
   int64_t counted = 0;  // rows that carry loss
+
+  // B rows of S tokens, L = blocks x BS block tokens per row.
+  StepPlan(int64_t B, int64_t S, int64_t L, int64_t BS) : position_count(static_cast<size_t>(BS), 0) {
+    input.batch = B;
+    input.q_len = L;
+    input.kv_len = S + L;
+    input.context_len = S;
+    input.block_size = BS;
+  }
 };
 
 StepResult DFlashDrafter::step(const Batch& batch, DrafterContext& context, at::Generator& rng, bool training) {
@@ -546,13 +555,7 @@ DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generat
   const at::Tensor len_cpu =
       batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
   const bool packed = !batch.documents.empty() && separate_documents_;
-  StepPlan plan;
-  plan.input.batch = B;
-  plan.input.q_len = L;
-  plan.input.kv_len = S + L;
-  plan.input.context_len = S;
-  plan.input.block_size = BS;
-  plan.position_count.assign(static_cast<size_t>(BS), 0);
+  StepPlan plan(B, S, L, BS);
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   at::Tensor block_tokens = at::full({B * L}, mask_token_, long_opts), positions = at::empty({B * L}, long_opts);
   at::Tensor context_pos = packed ? at::empty({B, S}, long_opts) : at::Tensor();
