@@ -185,6 +185,14 @@ double GradientSync::backward(StepResult& r, int64_t micro) {
   return loss;
 }
 
+at::Tensor GradientSync::queue_backward(StepResult& r) {
+  if (!plain()) throw std::logic_error("GradientSync::queue_backward: only a single process with one micro-batch");
+  r.loss.backward();
+  const at::Tensor loss = r.loss.detach();
+  r.loss = at::Tensor();
+  return loss;
+}
+
 void GradientSync::on_gradient(size_t param) {
   if (!armed_) return;
   Bucket& b = *buckets_[bucket_of_[param]];

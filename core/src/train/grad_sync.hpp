@@ -66,6 +66,10 @@ class FLASHDRAFT_API GradientSync {
   // The backward of one micro-batch; returns its loss value (not finite: no backward ran
   // across ranks, and the caller stops the run). Runs the result's deferred metrics.
   double backward(StepResult& result, int64_t micro);
+  // A queued step's backward (single() only): the plain loss.backward() with nothing read;
+  // returns the loss on the device and drops the result's graph (its deferred metrics are
+  // left for the reader).
+  at::Tensor queue_backward(StepResult& result);
   // After the last micro-batch's backward: the remaining buckets sent, every all-reduce
   // waited for, the gradients divided by the step's loss weight; fills the outcome's loss
   // (global), tokens, accuracy and scalars (this rank's micro-batches).

@@ -41,55 +41,27 @@ double lap(std::chrono::steady_clock::time_point& t) {
   return s;
 }
 
-// The queued path: forward, backward and update queued; nothing read.
-StepOutcome queue_step(StepContext& c, StepOutcome o, std::chrono::steady_clock::time_point t0) {
-  GradientSync& grads = *c.grads;
-  auto t = t0;
-  grads.seed_anchors(c.anchors, o.step, 0);
-  Batch batch = c.batches.train(grads.batch_index(o.step, 0));
-  o.input_tokens = real_tokens(batch);
-  std::shared_ptr<const BatchSource::TargetTiming> target = c.batches.target_timing();
-  o.host.emplace_back("batch", lap(t));
-
-  MemoryTracker::reset_peak(c.device);
-  StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
-  o.peak_forward = MemoryTracker::peak_bytes(c.device);
-  o.host.emplace_back("forward", lap(t));
-
-  MemoryTracker::reset_peak(c.device);
-  result.loss.backward();
-  o.peak_backward = MemoryTracker::peak_bytes(c.device);
-  const at::Tensor loss = result.loss.detach();
-  result.loss = at::Tensor();
-  o.host.emplace_back("backward", lap(t));
-
-  MemoryTracker::reset_peak(c.device);
-  const at::Tensor norm = c.optimizer.step(o.lr, c.grad_clip, loss);
-  c.optimizer.zero_grad();
-  o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
-  o.host.emplace_back("optimizer", lap(t));
-  o.kernels = c.ledger;
-  o.queued = std::make_shared<QueuedStep>(
-      QueuedStep{loss, norm, std::move(result), std::move(target), t0, std::make_shared<const DeviceMark>(c.device)});
-  o.end = o.queued->done;
-  return o;
-}
-
 }  // namespace
 
+// One path for every step: per micro-batch (and part) the batch, the forward and the
+// backward through GradientSync, then the update. A queued step (one process, one
+// micro-batch) reads nothing: its loss, metrics and norm stay on the device for
+// finish_step(); otherwise the micro-batches' losses are read as their backwards are queued,
+// the gradients synchronised, and the norm read after the update.
 StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
   const auto t0 = std::chrono::steady_clock::now();
+  auto t = t0;
   StepOutcome o;
   o.step = step;
   o.lr = c.schedule.at(step);
   c.ledger.begin_step(step, c.layers);
-  if (queue) {
-    if (!can_queue_steps(c)) throw std::logic_error("train_step: this run cannot queue steps");
-    return queue_step(c, std::move(o), t0);
-  }
+  if (queue && !can_queue_steps(c)) throw std::logic_error("train_step: this run cannot queue steps");
   GradientSync& grads = *c.grads;
   Batch batch;
   int64_t batch_at = -1;
+  at::Tensor queued_loss;  // queued: the step's loss on the device
+  StepResult queued_result;
+  std::shared_ptr<const BatchSource::TargetTiming> target;
   for (int64_t micro = 0; micro < grads.micro_batches(); ++micro) {
     grads.seed_anchors(c.anchors, step, micro);
     // The parts of a step in parts read one batch (the online target runs once for them).
@@ -97,41 +69,58 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
       batch_at = grads.batch_index(step, micro);
       batch = c.batches.train(batch_at);
       o.input_tokens += real_tokens(batch);
-      o.target_seconds += c.batches.target_seconds();
+      if (queue)
+        target = c.batches.target_timing();
+      else
+        o.target_seconds += c.batches.target_seconds();
     }
     batch.part = grads.part(micro);
+    o.host.emplace_back("batch", lap(t));
 
     MemoryTracker::reset_peak(c.device);
     StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
     o.peak_forward = std::max(o.peak_forward, MemoryTracker::peak_bytes(c.device));
+    o.host.emplace_back("forward", lap(t));
 
-    // A single process reads the loss after the backward has been queued (reading it
-    // earlier would stall the device between the passes); a non-finite loss still stops
-    // before the update.
     MemoryTracker::reset_peak(c.device);
-    const double loss = grads.backward(result, micro);
-    o.peak_backward = std::max(o.peak_backward, MemoryTracker::peak_bytes(c.device));
-    result.loss = at::Tensor();
-    if (!std::isfinite(loss)) {
-      c.optimizer.zero_grad();
-      throw NonFiniteLoss(loss, step);
+    if (queue) {
+      queued_loss = grads.queue_backward(result);
+      queued_result = std::move(result);
+    } else {
+      // The loss is read after the backward has been queued (reading it earlier would stall
+      // the device between the passes); a non-finite loss still stops before the update.
+      const double loss = grads.backward(result, micro);
+      if (!std::isfinite(loss)) {
+        c.optimizer.zero_grad();
+        throw NonFiniteLoss(loss, step);
+      }
     }
+    o.peak_backward = std::max(o.peak_backward, MemoryTracker::peak_bytes(c.device));
+    o.host.emplace_back("backward", lap(t));
   }
-  grads.synchronize(o);
+  if (!queue) grads.synchronize(o);
 
   MemoryTracker::reset_peak(c.device);
-  // The loss was finite; the guard (where the optimizer has one) keeps a non-finite norm
-  // from reaching the weights.
-  const at::Tensor guard = c.optimizer.guards()
+  // The optimizer's guard (where it has one) keeps a non-finite loss or norm from reaching
+  // the weights: the queued loss on the device, or the read (finite) one.
+  const at::Tensor guard = queue ? queued_loss
+                           : c.optimizer.guards()
                                ? at::scalar_tensor(o.loss, at::TensorOptions().dtype(at::kFloat).device(c.device))
                                : at::Tensor();
   const at::Tensor norm = c.optimizer.step(o.lr, c.grad_clip, guard);
   c.optimizer.zero_grad();
   o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
+  o.host.emplace_back("optimizer", lap(t));
+  o.kernels = c.ledger;
+  if (queue) {
+    o.queued = std::make_shared<QueuedStep>(QueuedStep{queued_loss, norm, std::move(queued_result), std::move(target),
+                                                       t0, std::make_shared<const DeviceMark>(c.device)});
+    o.end = o.queued->done;
+    return o;
+  }
   o.grad_norm = norm.item<double>();
   if (c.device.is_cuda()) torch::cuda::synchronize();
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  o.kernels = c.ledger;
   // With a guard the update was skipped on the device: stop here, the weights are clean.
   // (torch::optim's update has run; the next step's loss stops the run, as always.)
   if (!std::isfinite(o.grad_norm) && c.optimizer.guards()) throw NonFiniteLoss(o.grad_norm, step, "gradient norm");
