@@ -33,6 +33,7 @@
 //   attributes: exported_layers, layers, prompt_len, train_sequences, eval_sequences, key
 // The target's greedy continuation is the tokens themselves (positions >= prompt_len).
 #include <flashdraft/hdf5_attributes.hpp>
+#include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
@@ -128,17 +129,11 @@ class TargetLM {
     const at::Tensor ang = at::arange(start, start + T, at::kDouble).unsqueeze(-1) * inv_freq_;
     const at::Tensor full = at::cat({ang, ang}, -1);
     const at::Tensor cos = full.cos().to(at::kFloat), sin = full.sin().to(at::kFloat);
-    auto rope = [&](const at::Tensor& t) {
-      const int64_t h = dim_ / 2;
-      return t * cos + at::cat({-t.narrow(-1, h, h), t.narrow(-1, 0, h)}, -1) * sin;
-    };
-    auto split = [&](const at::Tensor& t) { return t.view({B, T, heads_, dim_}).transpose(1, 2); };
     for (size_t l = 0; l < layers_.size(); ++l) {
       const TargetLayer& P = layers_[l];
+      const layers::SelfAttention A{P.wq, P.wk, P.wv, P.wo, {}, {}, heads_, heads_, dim_};  // no q/k norm
       const at::Tensor h = rms(x);
-      const at::Tensor q = rope(split(at::linear(h, P.wq)));
-      const at::Tensor k = rope(split(at::linear(h, P.wk)));
-      const at::Tensor v = split(at::linear(h, P.wv));
+      const at::Tensor q = A.queries(h, cos, sin), k = A.keys(h, cos, sin), v = A.values(h);
       // Caches are allocated once at full length ([B, heads, capacity, D]) and filled in
       // place: concatenating per token would copy the whole cache at every step.
       if (!kcache[l].defined()) {
@@ -153,9 +148,8 @@ class TargetLM {
       const at::Tensor a = at::scaled_dot_product_attention(q, kcache[l].narrow(2, 0, start + T),
                                                             vcache[l].narrow(2, 0, start + T), std::nullopt, 0.0,
                                                             /*is_causal=*/T > 1);
-      x = x + at::linear(a.transpose(1, 2).reshape({B, T, hidden_}), P.wo);
-      const at::Tensor h2 = rms(x);
-      x = x + at::linear(at::silu(at::linear(h2, P.wg)) * at::linear(h2, P.wu), P.wd);
+      x = x + A.output(a);
+      x = x + layers::SwiGluMlp{P.wg, P.wu, P.wd}(rms(x));
       // Layer id L = transformers' hidden_states[L + 1]: the last layer's state is reported
       // after the final RMSNorm, as transformers does.
       const at::Tensor state = l + 1 == layers_.size() ? rms(x) : x;

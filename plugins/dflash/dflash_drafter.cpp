@@ -274,16 +274,21 @@ void DFlashDrafter::make_parameters(const TargetModel& target, const RunContext&
     const std::string p = "layers." + std::to_string(l) + ".";
     Layer L;
     L.input_norm = make.norm(p + "input_layernorm.weight", hidden_);
-    L.q_proj = make.linear(p + "self_attn.q_proj.weight", heads_ * head_dim_, hidden_);
-    L.k_proj = make.linear(p + "self_attn.k_proj.weight", kv_heads_ * head_dim_, hidden_);
-    L.v_proj = make.linear(p + "self_attn.v_proj.weight", kv_heads_ * head_dim_, hidden_);
-    L.o_proj = make.linear(p + "self_attn.o_proj.weight", hidden_, heads_ * head_dim_);
-    L.q_norm = make.norm(p + "self_attn.q_norm.weight", head_dim_);
-    L.k_norm = make.norm(p + "self_attn.k_norm.weight", head_dim_);
+    layers::SelfAttention& A = L.attn;
+    A.q_proj = make.linear(p + "self_attn.q_proj.weight", heads_ * head_dim_, hidden_);
+    A.k_proj = make.linear(p + "self_attn.k_proj.weight", kv_heads_ * head_dim_, hidden_);
+    A.v_proj = make.linear(p + "self_attn.v_proj.weight", kv_heads_ * head_dim_, hidden_);
+    A.o_proj = make.linear(p + "self_attn.o_proj.weight", hidden_, heads_ * head_dim_);
+    A.q_norm = make.norm(p + "self_attn.q_norm.weight", head_dim_);
+    A.k_norm = make.norm(p + "self_attn.k_norm.weight", head_dim_);
+    A.heads = heads_;
+    A.kv_heads = kv_heads_;
+    A.head_dim = head_dim_;
+    A.eps = eps_;
     L.post_norm = make.norm(p + "post_attention_layernorm.weight", hidden_);
-    L.gate_proj = make.linear(p + "mlp.gate_proj.weight", ffn_, hidden_);
-    L.up_proj = make.linear(p + "mlp.up_proj.weight", ffn_, hidden_);
-    L.down_proj = make.linear(p + "mlp.down_proj.weight", hidden_, ffn_);
+    L.mlp.gate_proj = make.linear(p + "mlp.gate_proj.weight", ffn_, hidden_);
+    L.mlp.up_proj = make.linear(p + "mlp.up_proj.weight", ffn_, hidden_);
+    L.mlp.down_proj = make.linear(p + "mlp.down_proj.weight", hidden_, ffn_);
     layers_.push_back(L);
   }
   final_norm_ = make.norm("norm.weight", hidden_);
@@ -356,11 +361,9 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
     const auto [cos, sin] = d_.rope_tables(positions);
     const at::Tensor slot = positions.view({B, 1, T, 1}).expand({B, d_.kv_heads_, T, d_.head_dim_});
     for (int64_t l = 0; l < d_.layers_n_; ++l) {
-      const Layer& P = d_.layers_[static_cast<size_t>(l)];
-      const at::Tensor k =
-          rope(d_.rms_norm(d_.heads_of(at::linear(context, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
-      k_[static_cast<size_t>(l)].scatter_(2, slot, k);
-      v_[static_cast<size_t>(l)].scatter_(2, slot, d_.heads_of(at::linear(context, P.v_proj), d_.kv_heads_));
+      const layers::SelfAttention& A = d_.layers_[static_cast<size_t>(l)].attn;
+      k_[static_cast<size_t>(l)].scatter_(2, slot, A.keys(context, cos, sin));
+      v_[static_cast<size_t>(l)].scatter_(2, slot, A.values(context));
     }
   }
 
@@ -401,17 +404,15 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_.head_dim_));
     at::Tensor x = d_.embedding_.index_select(0, tokens.reshape({-1})).view({B, BS, H});
     for (int64_t l = 0; l < d_.layers_n_; ++l) {
-      const Layer& P = d_.layers_[static_cast<size_t>(l)];
+      const layers::SelfAttention& A = d_.layers_[static_cast<size_t>(l)].attn;
       mask_for_layer(attention_, mask, d_.windows_[static_cast<size_t>(l)], window);
       x = d_.layer(l, x, [&](const at::Tensor& h) {
-        const at::Tensor q = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.q_proj), d_.heads_), P.q_norm), cos, sin);
-        const at::Tensor kb = rope(d_.rms_norm(d_.heads_of(at::linear(h, P.k_proj), d_.kv_heads_), P.k_norm), cos, sin);
+        const at::Tensor q = A.queries(h, cos, sin);
         at::Tensor& k = k_[static_cast<size_t>(l)];
         at::Tensor& v = v_[static_cast<size_t>(l)];
-        k.narrow(2, capacity_, BS).copy_(kb);
-        v.narrow(2, capacity_, BS).copy_(d_.heads_of(at::linear(h, P.v_proj), d_.kv_heads_));
-        const at::Tensor a = attention_.attention(l, q.contiguous(), k, v, scale);
-        return at::linear(a.transpose(1, 2).reshape({B, BS, d_.heads_ * d_.head_dim_}), P.o_proj);
+        k.narrow(2, capacity_, BS).copy_(A.keys(h, cos, sin));
+        v.narrow(2, capacity_, BS).copy_(A.values(h));
+        return A.output(attention_.attention(l, q.contiguous(), k, v, scale));
       });
     }
     // Positions 1..K of the block: the proposals for start + 1 .. start + K.
@@ -658,19 +659,13 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
   MaskInput mask = plan.input;
   int64_t window = -1;  // the mask set: per layer, its window (mask_for_layer)
   for (int64_t l = 0; l < layers_n_; ++l) {
-    const Layer& P = layers_[static_cast<size_t>(l)];
+    const layers::SelfAttention& A = layers_[static_cast<size_t>(l)].attn;
     mask_for_layer(attention, mask, windows_[static_cast<size_t>(l)], window);
     x = layer(l, x, [&](const at::Tensor& h) {
-      at::Tensor q = heads_of(at::linear(h, P.q_proj), heads_);
-      q = rope(rms_norm(q, P.q_norm), cos_b, sin_b);
-      const at::Tensor kb = rope(rms_norm(heads_of(at::linear(h, P.k_proj), kv_heads_), P.k_norm), cos_b, sin_b);
-      const at::Tensor kc = rope(rms_norm(heads_of(at::linear(context, P.k_proj), kv_heads_), P.k_norm), cos_c, sin_c);
-      const at::Tensor vb = heads_of(at::linear(h, P.v_proj), kv_heads_);
-      const at::Tensor vc = heads_of(at::linear(context, P.v_proj), kv_heads_);
-      const at::Tensor k = at::cat({kc, kb}, 2);  // [B, Hkv, S + L, D]: context first
-      const at::Tensor v = at::cat({vc, vb}, 2);
-      const at::Tensor a = attention.attention(l, q.contiguous(), k.contiguous(), v.contiguous(), scale);
-      return at::linear(a.transpose(1, 2).reshape({B, L, heads_ * head_dim_}), P.o_proj);
+      const at::Tensor q = A.queries(h, cos_b, sin_b);
+      const at::Tensor k = at::cat({A.keys(context, cos_c, sin_c), A.keys(h, cos_b, sin_b)}, 2);  // context first
+      const at::Tensor v = at::cat({A.values(context), A.values(h)}, 2);                          // [B, Hkv, S + L, D]
+      return A.output(attention.attention(l, q.contiguous(), k.contiguous(), v.contiguous(), scale));
     });
   }
   return x;
@@ -802,10 +797,7 @@ void DFlashDrafter::check_hidden(int64_t hidden) const {
                      " (accepted: a number of heads that divides the hidden size)");
 }
 
-at::Tensor DFlashDrafter::mlp(int64_t l, const at::Tensor& h) const {
-  const Layer& P = layers_[static_cast<size_t>(l)];
-  return at::linear(swiglu(at::linear(h, P.gate_proj), at::linear(h, P.up_proj)), P.down_proj);
-}
+at::Tensor DFlashDrafter::mlp(int64_t l, const at::Tensor& h) const { return layers_[static_cast<size_t>(l)].mlp(h); }
 
 at::Tensor DFlashDrafter::layer(int64_t l, const at::Tensor& x, const Attend& attend) const {
   const Layer& P = layers_[static_cast<size_t>(l)];
@@ -826,16 +818,8 @@ DraftProposal DFlashDrafter::choose(const at::Tensor& states, const at::Tensor& 
   return out;
 }
 
-// RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * w, normalised in float32 for
-// 16-bit types, the weight applied in the compute dtype (ATen's rms_norm: one fused
-// kernel forward and backward on CUDA).
 at::Tensor DFlashDrafter::rms_norm(const at::Tensor& x, const at::Tensor& w) const {
-  return at::rms_norm(x, {x.size(-1)}, w, eps_);
-}
-
-// [B, T, heads * D] -> [B, heads, T, D]
-at::Tensor DFlashDrafter::heads_of(const at::Tensor& x, int64_t heads) const {
-  return x.view({x.size(0), x.size(1), heads, head_dim_}).transpose(1, 2);
+  return layers::rms_norm(x, w, eps_);
 }
 
 // cos/sin of the RoPE angles of `pos` [B, T] as [B, 1, T, D] (broadcast over heads),

@@ -27,6 +27,7 @@
 #include "dflash_labels.hpp"
 
 #include <flashdraft/decoding.hpp>
+#include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
 
@@ -42,7 +43,9 @@
 namespace flashdraft::dflash {
 
 struct Layer {
-  at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, post_norm, gate_proj, up_proj, down_proj;
+  at::Tensor input_norm, post_norm;
+  layers::SelfAttention attn;  // Qwen3's: q/k norms per head
+  layers::SwiGluMlp mlp;
 };
 
 class DFlashDrafter : public Drafter {
@@ -162,7 +165,6 @@ class DFlashDrafter : public Drafter {
   void read_layer_types(const Config& config);
   // Sets `mask` with layer l's window when it differs from the one set last (`current`).
   static void mask_for_layer(AttentionContext& attention, MaskInput& mask, int64_t window, int64_t& current);
-  at::Tensor heads_of(const at::Tensor& x, int64_t heads) const;
   std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos) const;
   const std::pair<at::Tensor, at::Tensor>& context_rope(int64_t B, int64_t S) const;
 

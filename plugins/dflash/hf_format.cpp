@@ -151,32 +151,20 @@ std::vector<int64_t> read_ids(const ConfigReader& r) {
   return ids;
 }
 
-// One size of the layout: its config.json key, the values of the folder and of the
-// experiment's drafter, and where the experiment's value comes from.
-struct Field {
-  const char* key;
-  int64_t found, wanted;
-  const char* from;
-};
-
 void compare(const std::string& file, const Layout& got, const Layout& want) {
-  const Field fields[] = {
-      {"hidden_size", got.hidden, want.hidden, "the target's hidden size ([drafter] hidden)"},
-      {"num_hidden_layers", got.layers, want.layers, "[drafter] layers"},
-      {"num_attention_heads", got.heads, want.heads, "[drafter] heads"},
-      {"num_key_value_heads", got.kv_heads, want.kv_heads, "[drafter] kv_heads"},
-      {"head_dim", got.head_dim, want.head_dim, "[drafter] head_dim, or hidden / heads"},
-      {"intermediate_size", got.intermediate, want.intermediate, "[drafter] ffn, or 3 x hidden"},
-      {"vocab_size", got.vocab, want.vocab, "the target's vocabulary"},
-      {"num_target_layers", got.target_layers, want.target_layers, "the target's decoder layers"},
-      {"block_size", got.block_size, want.block_size, "[drafter] block_size"},
-      {"dflash_config.mask_token_id", got.mask_token, want.mask_token, "[drafter] mask_token"},
-  };
-  for (const Field& f : fields)
-    if (f.found != f.wanted)
-      throw Error(file + ": " + f.key + " = " + std::to_string(f.found) + ", but the experiment's drafter has " +
-                  std::to_string(f.wanted) + " (from " + f.from + "); accepted: a DFlash drafter exported with " +
-                  f.key + " = " + std::to_string(f.wanted));
+  drafter_format::check_sizes(
+      file,
+      {{"hidden_size", got.hidden, want.hidden, "the target's hidden size ([drafter] hidden)"},
+       {"num_hidden_layers", got.layers, want.layers, "[drafter] layers"},
+       {"num_attention_heads", got.heads, want.heads, "[drafter] heads"},
+       {"num_key_value_heads", got.kv_heads, want.kv_heads, "[drafter] kv_heads"},
+       {"head_dim", got.head_dim, want.head_dim, "[drafter] head_dim, or hidden / heads"},
+       {"intermediate_size", got.intermediate, want.intermediate, "[drafter] ffn, or 3 x hidden"},
+       {"vocab_size", got.vocab, want.vocab, "the target's vocabulary"},
+       {"num_target_layers", got.target_layers, want.target_layers, "the target's decoder layers"},
+       {"block_size", got.block_size, want.block_size, "[drafter] block_size"},
+       {"dflash_config.mask_token_id", got.mask_token, want.mask_token, "[drafter] mask_token"}},
+      "a DFlash drafter");
   if (got.target_layer_ids != want.target_layer_ids)
     throw Error(file + ": dflash_config.target_layer_ids = " + list_str(got.target_layer_ids) +
                 ", but the experiment's drafter reads target layers " + list_str(want.target_layer_ids) +

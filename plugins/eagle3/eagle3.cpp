@@ -39,6 +39,7 @@
 #include "hf_format.hpp"
 
 #include <flashdraft/acceptance.hpp>
+#include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
 #include <flashdraft/text.hpp>
@@ -194,14 +195,19 @@ class Eagle3Drafter final : public Drafter {
     fc_ = make.linear("fc.weight", H, 3 * H);
     input_norm_ = make.norm("midlayer.input_layernorm.weight", H);
     hidden_norm_ = make.norm("midlayer.hidden_norm.weight", H);
-    q_proj_ = make.linear("midlayer.self_attn.q_proj.weight", q, 2 * H);
-    k_proj_ = make.linear("midlayer.self_attn.k_proj.weight", kv, 2 * H);
-    v_proj_ = make.linear("midlayer.self_attn.v_proj.weight", kv, 2 * H);
-    o_proj_ = make.linear("midlayer.self_attn.o_proj.weight", H, q);
+    attn_ = layers::SelfAttention{};  // Llama's: no per-head q/k norm
+    attn_.q_proj = make.linear("midlayer.self_attn.q_proj.weight", q, 2 * H);
+    attn_.k_proj = make.linear("midlayer.self_attn.k_proj.weight", kv, 2 * H);
+    attn_.v_proj = make.linear("midlayer.self_attn.v_proj.weight", kv, 2 * H);
+    attn_.o_proj = make.linear("midlayer.self_attn.o_proj.weight", H, q);
+    attn_.heads = heads_;
+    attn_.kv_heads = kv_heads_;
+    attn_.head_dim = head_dim_;
+    attn_.eps = eps_;
     post_norm_ = make.norm("midlayer.post_attention_layernorm.weight", H);
-    gate_proj_ = make.linear("midlayer.mlp.gate_proj.weight", ffn_, H);
-    up_proj_ = make.linear("midlayer.mlp.up_proj.weight", ffn_, H);
-    down_proj_ = make.linear("midlayer.mlp.down_proj.weight", H, ffn_);
+    mlp_.gate_proj = make.linear("midlayer.mlp.gate_proj.weight", ffn_, H);
+    mlp_.up_proj = make.linear("midlayer.mlp.up_proj.weight", ffn_, H);
+    mlp_.down_proj = make.linear("midlayer.mlp.down_proj.weight", H, ffn_);
     final_norm_ = make.norm("norm.weight", H);
     lm_head_ = make.linear("lm_head.weight", draft_vocab_, H);
   }
@@ -267,17 +273,17 @@ class Eagle3Drafter final : public Drafter {
       const at::Tensor e = embedding_.index_select(0, tokens.reshape({-1})).view({B, S, H});
       const at::Tensor x = at::cat({rms_norm(e, input_norm_), rms_norm(h, hidden_norm_)}, -1);
       const auto [cos, sin] = rope_tables(S, i);  // step i of column t sits at position t + i
-      const at::Tensor q = rope(heads_of(at::linear(x, q_proj_), heads_), cos, sin);
-      keys.push_back(rope(heads_of(at::linear(x, k_proj_), kv_heads_), cos, sin));
-      values.push_back(heads_of(at::linear(x, v_proj_), kv_heads_));
+      const at::Tensor q = attn_.queries(x, cos, sin);
+      keys.push_back(attn_.keys(x, cos, sin));
+      values.push_back(attn_.values(x));
       MaskInput mask = plan.mask;
       mask.kv_len = (i + 1) * S;
       attention.set_mask(mask);
       const at::Tensor a = attention.attention(i, q.contiguous(), i == 0 ? keys[0].contiguous() : at::cat(keys, 2),
                                                i == 0 ? values[0].contiguous() : at::cat(values, 2), scale);
-      const at::Tensor mid = h + at::linear(a.transpose(1, 2).reshape({B, S, heads_ * head_dim_}), o_proj_);
+      const at::Tensor mid = h + attn_.output(a);
       const at::Tensor n2 = rms_norm(mid, post_norm_);
-      h = mid + at::linear(swiglu(at::linear(n2, gate_proj_), at::linear(n2, up_proj_)), down_proj_);
+      h = mid + mlp_(n2);
 
       // The counted rows of this step and their targets (rows + 1 + i: the target position).
       // The soft cross-entropy of the counted rows through the engine's LM-head op (the
@@ -378,8 +384,8 @@ class Eagle3Drafter final : public Drafter {
           d_.embedding_.index_select(0, tokens.to(d_.device_, at::kLong).reshape({-1})).view({B, T, H});
       const at::Tensor x = at::cat({d_.rms_norm(e, d_.input_norm_), d_.rms_norm(previous, d_.hidden_norm_)}, -1);
       const auto [cos, sin] = tables(column.clamp_min(0));
-      const at::Tensor k = rope(d_.heads_of(at::linear(x, d_.k_proj_), d_.kv_heads_), cos, sin);
-      const at::Tensor v = d_.heads_of(at::linear(x, d_.v_proj_), d_.kv_heads_);
+      const at::Tensor k = d_.attn_.keys(x, cos, sin);
+      const at::Tensor v = d_.attn_.values(x);
       const at::Tensor slot = at::where(column.lt(0), at::full_like(column, capacity_ - 1), column);
       const at::Tensor where = slot.view({B, 1, T, 1}).expand({B, d_.kv_heads_, T, d_.head_dim_});
       k_.scatter_(2, where, k);
@@ -429,16 +435,16 @@ class Eagle3Drafter final : public Drafter {
         const at::Tensor e = d_.embedding_.index_select(0, token.reshape({-1})).view({B, 1, H});
         const at::Tensor x = at::cat({d_.rms_norm(e, d_.input_norm_), d_.rms_norm(h, d_.hidden_norm_)}, -1);
         const auto [cos, sin] = tables(col + i);  // chain step i at position c + i, as in training
-        const at::Tensor q = rope(d_.heads_of(at::linear(x, d_.q_proj_), d_.heads_), cos, sin);
-        k_.narrow(2, capacity_ + i, 1).copy_(rope(d_.heads_of(at::linear(x, d_.k_proj_), d_.kv_heads_), cos, sin));
-        v_.narrow(2, capacity_ + i, 1).copy_(d_.heads_of(at::linear(x, d_.v_proj_), d_.kv_heads_));
+        const at::Tensor q = d_.attn_.queries(x, cos, sin);
+        k_.narrow(2, capacity_ + i, 1).copy_(d_.attn_.keys(x, cos, sin));
+        v_.narrow(2, capacity_ + i, 1).copy_(d_.attn_.values(x));
         // Step i is query row i of the chain block (the other rows are not read).
         at::Tensor queries = at::zeros({B, d_.heads_, n, d_.head_dim_}, q.options());
         queries.narrow(2, i, 1).copy_(q);
         const at::Tensor a = attention_.attention(i, queries, k_, v_, scale).narrow(2, i, 1);
-        const at::Tensor mid = h + at::linear(a.transpose(1, 2).reshape({B, 1, d_.heads_ * d_.head_dim_}), d_.o_proj_);
+        const at::Tensor mid = h + d_.attn_.output(a);
         const at::Tensor n2 = d_.rms_norm(mid, d_.post_norm_);
-        h = mid + at::linear(swiglu(at::linear(n2, d_.gate_proj_), at::linear(n2, d_.up_proj_)), d_.down_proj_);
+        h = mid + d_.mlp_(n2);
         const at::Tensor logits = at::linear(d_.rms_norm(h, d_.final_norm_), d_.lm_head_).squeeze(1);  // [B, Vd]
         at::Tensor draft;
         if (r.sampling.greedy()) {
@@ -677,10 +683,7 @@ class Eagle3Drafter final : public Drafter {
     r.anchors = anchors;
   }
 
-  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const { return at::rms_norm(x, {x.size(-1)}, w, eps_); }
-  at::Tensor heads_of(const at::Tensor& x, int64_t heads) const {
-    return x.view({x.size(0), x.size(1), heads, head_dim_}).transpose(1, 2);
-  }
+  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const { return layers::rms_norm(x, w, eps_); }
   // cos/sin of angles p * theta^(-2k/D) for positions p = step .. step + S - 1 (the states of
   // unroll step `step`: column t at t + step, as vLLM, SGLang and speculators advance a drafted
   // token's position by one per step), rotate-half layout: [1, 1, S, D].
@@ -698,8 +701,9 @@ class Eagle3Drafter final : public Drafter {
   c10::ScalarType dtype_ = c10::kFloat;
   int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;
   at::Tensor embedding_, target_head_, d2t_, t2d_;
-  at::Tensor fc_, input_norm_, hidden_norm_, q_proj_, k_proj_, v_proj_, o_proj_, post_norm_, gate_proj_, up_proj_,
-      down_proj_, final_norm_, lm_head_;
+  at::Tensor fc_, input_norm_, hidden_norm_, post_norm_, final_norm_, lm_head_;
+  layers::SelfAttention attn_;
+  layers::SwiGluMlp mlp_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
 };
 

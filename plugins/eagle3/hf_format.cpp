@@ -242,25 +242,16 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
                 "model.safetensors is expected)");
   const std::string file = (fs::path(folder) / "config.json").string();
   const Layout got = read_config_file(file);
-  struct Field {
-    const char* key;
-    int64_t found, wanted;
-    const char* from;
-  };
-  const Field fields[] = {
-      {"hidden_size", got.hidden, want.hidden, "the target's hidden size ([drafter] hidden)"},
-      {"num_attention_heads", got.heads, want.heads, "[drafter] heads"},
-      {"num_key_value_heads", got.kv_heads, want.kv_heads, "[drafter] kv_heads"},
-      {"head_dim", got.head_dim, want.head_dim, "[drafter] head_dim, or hidden / heads"},
-      {"intermediate_size", got.intermediate, want.intermediate, "[drafter] intermediate_size"},
-      {"vocab_size", got.vocab, want.vocab, "the target's vocabulary"},
-      {"draft_vocab_size", got.draft_vocab, want.draft_vocab, "[drafter] draft_vocab"},
-  };
-  for (const Field& f : fields)
-    if (f.found != f.wanted)
-      throw Error(file + ": " + f.key + " = " + std::to_string(f.found) + ", but the experiment's drafter has " +
-                  std::to_string(f.wanted) + " (from " + f.from + "); accepted: an EAGLE-3 drafter exported with " +
-                  f.key + " = " + std::to_string(f.wanted));
+  drafter_format::check_sizes(
+      file,
+      {{"hidden_size", got.hidden, want.hidden, "the target's hidden size ([drafter] hidden)"},
+       {"num_attention_heads", got.heads, want.heads, "[drafter] heads"},
+       {"num_key_value_heads", got.kv_heads, want.kv_heads, "[drafter] kv_heads"},
+       {"head_dim", got.head_dim, want.head_dim, "[drafter] head_dim, or hidden / heads"},
+       {"intermediate_size", got.intermediate, want.intermediate, "[drafter] intermediate_size"},
+       {"vocab_size", got.vocab, want.vocab, "the target's vocabulary"},
+       {"draft_vocab_size", got.draft_vocab, want.draft_vocab, "[drafter] draft_vocab"}},
+      "an EAGLE-3 drafter");
   if (got.aux_layer_ids != want.aux_layer_ids)
     throw Error(file + ": eagle_config.eagle_aux_hidden_state_layer_ids names target layers " +
                 list_str(got.aux_layer_ids) +

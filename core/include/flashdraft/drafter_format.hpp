@@ -72,6 +72,18 @@ FLASHDRAFT_API std::unique_ptr<safetensors::Checkpoint> open_checkpoint(const st
 // Copies every tensor of `params` from ck (to the parameter's device and dtype, without
 // autograd); a name ck lacks is a FormatError naming the folder and the tensor.
 FLASHDRAFT_API void copy_into(const std::string& folder, const safetensors::Checkpoint& ck, const NamedTensors& params);
+// One integer of a folder's layout: its key, the folder's value and the experiment's drafter's,
+// and where the experiment's value comes from.
+struct SizeField {
+  const char* key;
+  int64_t found, wanted;
+  const char* from;
+};
+// The first field whose values differ is a FormatError: "<file>: <key> = <found>, but the
+// experiment's drafter has <wanted> (from <from>); accepted: <a drafter> exported with <key> =
+// <wanted>".
+FLASHDRAFT_API void check_sizes(const std::string& file, const std::vector<SizeField>& fields,
+                                const std::string& a_drafter);
 }  // namespace drafter_format
 
 }  // namespace flashdraft

@@ -51,5 +51,13 @@ void copy_into(const std::string& folder, const safetensors::Checkpoint& ck, con
   }
 }
 
+void check_sizes(const std::string& file, const std::vector<SizeField>& fields, const std::string& a_drafter) {
+  for (const SizeField& f : fields)
+    if (f.found != f.wanted)
+      throw FormatError(file + ": " + f.key + " = " + std::to_string(f.found) + ", but the experiment's drafter has " +
+                        std::to_string(f.wanted) + " (from " + f.from + "); accepted: " + a_drafter +
+                        " exported with " + f.key + " = " + std::to_string(f.wanted));
+}
+
 }  // namespace drafter_format
 }  // namespace flashdraft

@@ -18,6 +18,7 @@
 // they never change the real ones).
 #include "hf_config.hpp"
 
+#include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
 #include <flashdraft/safetensors.hpp>
@@ -167,8 +168,7 @@ class HfTarget final : public Target {
       const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
                                      cfg_.rms_eps, cos, sin, fused_);
       const at::Tensor a = attention.attention(l, p.q, p.k, p.v, scale);
-      const at::Tensor o =
-          at::linear(a.transpose(1, 2).reshape({B, S, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
+      const at::Tensor o = at::linear(layers::merge_heads(a), L.o_proj, L.o_bias);
       const auto [x1, h2] = frozen::add_rms_norm(stream, o, L.post_norm, cfg_.rms_eps, fused_);
       pending = at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
       x = x1;
@@ -425,8 +425,7 @@ class HfTarget final : public Target {
 
   // The rest of a layer after attention: output projection, residual, MLP, residual.
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
-    const int64_t B = x.size(0), T = x.size(1);
-    const at::Tensor o = at::linear(a.transpose(1, 2).reshape({B, T, cfg_.heads * cfg_.head_dim}), L.o_proj, L.o_bias);
+    const at::Tensor o = at::linear(layers::merge_heads(a), L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
