@@ -36,6 +36,18 @@ __device__ __forceinline__ float warp_sum(float v) {
 // One block of kNormThreads per row.
 constexpr int kNormThreads = 256;
 
+// 1 / sqrt(mean(x^2) + eps) of a row from each thread's sum of squares `ss` (the CTA's
+// kNormThreads threads, `partial` their shared slots).
+__device__ __forceinline__ float inverse_rms(float ss, float* partial, int64_t H, float eps) {
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+  return rsqrtf(total / float(H) + eps);
+}
+
 template <typename T>
 __global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* sum, const T* __restrict__ w,
                                     T* __restrict__ out, int64_t H, float eps) {
@@ -53,13 +65,7 @@ __global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* 
     }
     ss += v * v;
   }
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
-  const float inv = rsqrtf(total / float(H) + eps);
+  const float inv = inverse_rms(ss, partial, H, eps);
   T* orow = out + row * H;
   // Each thread reads back the values it wrote (or read): no other thread touched them.
   const T* src = dr ? sr : xr;
@@ -101,13 +107,7 @@ __global__ void add_rms_norm_vec_kernel(const T* x, const T* __restrict__ delta,
       cache[i] = a;
     }
   }
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
-  const float inv = rsqrtf(total / float(H) + eps);
+  const float inv = inverse_rms(ss, partial, H, eps);
   T* orow = out + row * H;
 #pragma unroll
   for (int i = 0; i < kNormVecs; ++i) {

@@ -304,18 +304,9 @@ std::vector<int64_t> DFlashDrafter::target_layers(const TargetModel& target) con
 }
 
 AttentionProblem DFlashDrafter::attention_problem() const {
-  AttentionProblem p;
-  p.device = device_;
-  p.dtype = dtype_;
-  p.batch = batch_;
-  p.heads_q = heads_;
-  p.heads_kv = kv_heads_;
-  p.q_len = part_anchors() * block_size_;
-  p.kv_len = seq_len_ + part_anchors() * block_size_;
-  p.head_dim = head_dim_;
-  p.needs_backward = true;
-  p.mask = "dflash";
-  return p;
+  const int64_t L = part_anchors() * block_size_;
+  return AttentionProblem::of(device_, dtype_, batch_, heads_, kv_heads_, L, seq_len_ + L, head_dim_,
+                              /*needs_backward=*/true, "dflash");
 }
 
 const DrafterFormat* DFlashDrafter::format() const {

@@ -149,21 +149,8 @@ inline BlockLabels block_labels(const int64_t* tokens, const uint8_t* loss_mask,
 
 inline BlockLabels block_labels(const int64_t* tokens, const uint8_t* loss_mask, int64_t length, const Anchors& anchors,
                                 int64_t block_size, double gamma) {
-  const size_t n = anchors.anchors.size();
-  BlockLabels out;
-  out.labels.assign(n * static_cast<size_t>(block_size), -1);
-  out.weights.assign(n * static_cast<size_t>(block_size), 0.0);
-  for (size_t b = 0; b < n; ++b) {
-    if (!anchors.valid[b]) continue;
-    for (int64_t j = 1; j < block_size; ++j) {
-      const int64_t p = anchors.anchors[b] + j;
-      if (p >= length || (loss_mask != nullptr && loss_mask[p] == 0)) continue;
-      const size_t slot = b * static_cast<size_t>(block_size) + static_cast<size_t>(j);
-      out.labels[slot] = tokens[p];
-      out.weights[slot] = position_weight(j, gamma);
-    }
-  }
-  return out;
+  return block_labels(tokens, loss_mask, std::vector<int64_t>(anchors.anchors.size(), length), anchors, block_size,
+                      gamma);
 }
 
 }  // namespace flashdraft::dflash

@@ -513,18 +513,8 @@ class Eagle3Drafter final : public Drafter {
   }
 
   AttentionProblem problem(int64_t i) const {
-    AttentionProblem p;
-    p.device = device_;
-    p.dtype = dtype_;
-    p.batch = batch_;
-    p.heads_q = heads_;
-    p.heads_kv = kv_heads_;
-    p.q_len = seq_len_;
-    p.kv_len = (i + 1) * seq_len_;
-    p.head_dim = head_dim_;
-    p.needs_backward = true;
-    p.mask = "eagle3_ttt";
-    return p;
+    return AttentionProblem::of(device_, dtype_, batch_, heads_, kv_heads_, seq_len_, (i + 1) * seq_len_, head_dim_,
+                                /*needs_backward=*/true, "eagle3_ttt");
   }
 
   at::Tensor to_device(const at::Tensor& t) const {

@@ -98,17 +98,8 @@ class HfTarget final : public Target {
   }
 
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {
-    AttentionProblem p;
-    p.device = device_;
-    p.dtype = dtype_;
-    p.batch = batch;
-    p.heads_q = cfg_.heads;
-    p.heads_kv = cfg_.kv_heads;
-    p.q_len = seq_len;
-    p.kv_len = seq_len;
-    p.head_dim = cfg_.head_dim;
-    p.needs_backward = false;
-    return p;
+    return AttentionProblem::of(device_, dtype_, batch, cfg_.heads, cfg_.kv_heads, seq_len, seq_len, cfg_.head_dim,
+                                /*needs_backward=*/false);
   }
 
   int64_t prepare(const std::vector<int64_t>& layers) override {

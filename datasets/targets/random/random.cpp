@@ -74,15 +74,7 @@ class RandomTarget final : public Target {
   // No attention runs; the problem is still a valid one so that the engine's kernel
   // choice for the target stays uniform (forward only, one head of width 128).
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {
-    AttentionProblem p;
-    p.device = device_;
-    p.dtype = dtype_;
-    p.batch = batch;
-    p.heads_q = p.heads_kv = 1;
-    p.q_len = p.kv_len = seq_len;
-    p.head_dim = 128;
-    p.needs_backward = false;
-    return p;
+    return AttentionProblem::of(device_, dtype_, batch, 1, 1, seq_len, seq_len, 128, /*needs_backward=*/false);
   }
 
   int64_t prepare(const std::vector<int64_t>& layers) override {
