@@ -100,7 +100,18 @@ def parse_args(argv=None):
     p.add_argument("--floor", action="store_true", help="print the matmul floor for each --layers and exit")
     p.add_argument("--tflops", type=float, default=693.0, help="matmul rate for --floor (bf16 8192^3 on the H200)")
     p.add_argument("--json-out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--target", default=None, metavar="FOLDER",
+                   help="the co-located pipeline: a Hugging Face checkpoint folder whose model (transformers, bf16, "
+                        "SDPA, output_hidden_states, no gradient) computes each step's hidden states from the step's "
+                        "tokens, in place of the synthetic random states")
+    p.add_argument("--target-ids", nargs="+", type=int, default=[1, 9, 17, 25, 33],
+                   help="with --target: the layers read (id L = transformers' hidden_states[L + 1]); the model is "
+                        "cut after the deepest, its final norm left out (nothing computed past what is read)")
+    p.add_argument("--target-mode", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"],
+                   help="with --target: the target's forward as it is, or under torch.compile")
     a = p.parse_args(argv)
+    if a.target:
+        a.target_layers = len(a.target_ids)
     if a.heads % a.kv_heads:
         p.error("--heads must be a multiple of --kv-heads")
     if a.anchors > a.seq - a.block + 1:
@@ -281,7 +292,32 @@ def make_mask(a, torch, dev):
     return anchors_buf, dflash_mask
 
 
-def make_step(a, torch, model, create_block_mask, attention_kind, dev):
+def load_target(a, torch, dev, mode):
+    """The target's states [B, S, E, H] of tokens [B, S]: transformers' base model from --target
+    cut after the deepest id (its final norm replaced by the identity, so that hidden_states[L + 1]
+    is layer L's output for every id), bf16, SDPA, evaluated without gradient; `mode` "compiled":
+    under torch.compile."""
+    import transformers
+    model = transformers.AutoModel.from_pretrained(a.target, dtype=torch.bfloat16, attn_implementation="sdpa")
+    deepest = max(a.target_ids)
+    model.layers = model.layers[:deepest + 1]
+    model.config.num_hidden_layers = deepest + 1
+    model.norm = torch.nn.Identity()
+    model = model.to(dev).eval().requires_grad_(False)
+    forward = torch.compile(model) if mode == "compiled" else model
+    if model.config.hidden_size != a.hidden or model.config.vocab_size != a.vocab:
+        sys.exit(f"--target {a.target}: hidden {model.config.hidden_size}, vocabulary {model.config.vocab_size}; the "
+                 f"drafter's shape flags say {a.hidden} and {a.vocab}")
+
+    def states(tokens):
+        with torch.no_grad():
+            out = forward(input_ids=tokens, output_hidden_states=True, use_cache=False)
+        return torch.stack([out.hidden_states[i + 1] for i in a.target_ids], dim=2)
+
+    return states
+
+
+def make_step(a, torch, model, create_block_mask, attention_kind, dev, target=None):
     B, S, N, BS, E, H, V = a.batch, a.seq, a.anchors, a.block, a.target_layers, a.hidden, a.vocab
     L = N * BS
     mask_token = V - 1
@@ -304,8 +340,11 @@ def make_step(a, torch, model, create_block_mask, attention_kind, dev):
     from torch.nn.attention.flex_attention import create_mask
 
     def step():
-        hidden = torch.randn(B, S, E, H, device=dev, dtype=torch.bfloat16)  # the synthetic target
         tokens = torch.randint(V, (B, S), device=dev)
+        if target is None:
+            hidden = torch.randn(B, S, E, H, device=dev, dtype=torch.bfloat16)  # the synthetic target
+        else:
+            hidden = target(tokens)
         anchors = torch.stack([torch.randperm(S - BS + 1, device=dev)[:N].sort().values for _ in range(B)])
         anchors_buf.copy_(anchors)
         if attention_kind == "flex":
@@ -331,13 +370,14 @@ def make_step(a, torch, model, create_block_mask, attention_kind, dev):
     return step, fused, sum(p.numel() for p in params)
 
 
-def run_config(a, torch, variant, layers, first_in_process, attention_kind):
+def run_config(a, torch, variant, layers, first_in_process, attention_kind, target_mode=None):
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.manual_seed(a.seed)
     Drafter, create_block_mask, _, _ = build(a, torch)
     model = Drafter(variant, layers, dev, attention_kind)
-    step, fused, n_params = make_step(a, torch, model, create_block_mask, attention_kind, dev)
+    target = load_target(a, torch, dev, target_mode) if target_mode else None
+    step, fused, n_params = make_step(a, torch, model, create_block_mask, attention_kind, dev, target)
     counters = __import__("torch._dynamo.utils", fromlist=["counters"]).counters
     sync()
 
@@ -374,7 +414,7 @@ def run_config(a, torch, variant, layers, first_in_process, attention_kind):
     med = min(statistics.median(times), back_to_back)
     fl = floor_flops(a, layers, a.lm_rows)
     rec = {
-        "impl": f"torch-{variant}+{attention_kind}",
+        "impl": f"torch-{variant}+{attention_kind}" + (f", target transformers-{target_mode}" if target_mode else ""),
         "layers": layers,
         "median_ms": round(1e3 * med, 3),
         "min_ms": round(1e3 * min(times), 3),
@@ -410,7 +450,7 @@ def run_config(a, torch, variant, layers, first_in_process, attention_kind):
           f"{'-' if peak is None else f'{peak:.2f}'} GiB, first step {first:.2f} s"
           f"{'' if first_in_process else ' (not first in process: warm caches)'}, loss {losses[0]:.3f} -> "
           f"{losses[-1]:.3f}, recompiles while measured {rec['recompiled_graphs_while_measured']}", flush=True)
-    del model, step
+    del model, step, target
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return rec
@@ -479,11 +519,12 @@ def main():
     first = True
     for variant in a.variant:
         for layers in a.layers:
-            rec = run_config(a, torch, variant, layers, first, attention_kind)
-            first = False
-            if not rec["finite"]:
-                print(f"non-finite loss in {rec['impl']} layers {layers}", file=sys.stderr)
-                return 1
+            for target_mode in a.target_mode if a.target else [None]:
+                rec = run_config(a, torch, variant, layers, first, attention_kind, target_mode)
+                first = False
+                if not rec["finite"]:
+                    print(f"non-finite loss in {rec['impl']} layers {layers}", file=sys.stderr)
+                    return 1
     return 0
 
 
