@@ -584,3 +584,18 @@ TEST(LmHeadLoss, ChooseLossTakesTheFirstSupportedPreference) {
   EXPECT_EQ(choose_loss({"auto"}, 0, cpu, "error").name(), "auto");
   EXPECT_NE(choose_loss({"auto"}, 0, cpu, "error").report().find("auto: chunked (cpu)"), std::string::npos);
 }
+
+TEST(LmHeadLoss, OnlyTheHeadTrainedGetsItsGradient) {
+  // Rows that need no gradient (a frozen feature) and a trained head: the op's backward gives
+  // the head's gradient alone, equal to the reference's, and says why on a second backward.
+  const HeadProblem hp = head_problem(30, 16, 40, at::kFloat, c10::kCPU, 36);
+  at::Tensor w1 = hp.p.weight.detach().clone().set_requires_grad(true);
+  at::Tensor w2 = hp.p.weight.detach().clone().set_requires_grad(true);
+  LmHeadLossOutput a = lm_head_loss_chunked(head_input(hp, Labels::probs, hp.p.hidden, w1), 8);
+  LmHeadLossOutput b = lm_head_loss_reference(head_input(hp, Labels::probs, hp.p.hidden, w2));
+  a.loss.backward();
+  b.loss.backward();
+  EXPECT_LE(max_rel(w1.grad(), w2.grad()), 1e-5);
+  EXPECT_GT(w2.grad().abs().max().item<double>(), 0.0);
+  EXPECT_THROW(a.loss.backward(), std::runtime_error);
+}

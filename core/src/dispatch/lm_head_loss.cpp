@@ -26,15 +26,17 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
   at::Tensor grad_hidden;  // [R, H], for a unit incoming gradient
   at::Tensor grad_weight;  // [V, H], when the LM head is trained (its edge is the second)
   std::function<void()> on_backward;
+  bool released = false;
 
   std::string name() const override { return "flashdraft::ChunkedLmHeadLossBackward"; }
   void release_variables() override {
     grad_hidden.reset();
     grad_weight.reset();
+    released = true;
   }
 
   variable_list apply(variable_list&& grads) override {
-    if (!grad_hidden.defined())
+    if (released)
       throw std::runtime_error(
           "LM-head loss: backward ran a second time after its saved gradient was freed (pass "
           "retain_graph = true to the first backward to run it twice)");
