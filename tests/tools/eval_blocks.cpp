@@ -67,15 +67,15 @@ int run(int argc, char** argv) {
   const std::string& on_fallback = setup.experiment.attention().string("on_fallback");
   fd::KernelLedger ledger;
   fd::AttentionDispatcher dispatcher(b.choice, b.mask.get(), on_fallback, &ledger, nullptr);
-  // The LM-head loss as the run computes it ([loss]), in the ledger column after the attention calls.
-  const int64_t loss_column = b.drafter->attention_layers() + b.target_calls;
-  dispatcher.set_loss(b.loss_choice, loss_column);
+  // The LM-head loss as the run computes it ([loss]), in the ledger's loss column.
+  const fd::LedgerColumns columns{b.drafter->attention_layers(), b.target_calls};
+  dispatcher.set_loss(b.loss_choice, columns.loss());
   std::unique_ptr<fd::AttentionDispatcher> target_dispatcher;
   std::unique_ptr<fd::OffsetAttention> target_attention;
   if (b.target) {
     target_dispatcher =
         std::make_unique<fd::AttentionDispatcher>(b.target_choice, b.target_mask.get(), on_fallback, &ledger, nullptr);
-    target_attention = std::make_unique<fd::OffsetAttention>(*target_dispatcher, b.drafter->attention_layers());
+    target_attention = std::make_unique<fd::OffsetAttention>(*target_dispatcher, columns.target_begin());
   }
   fd::BatchSource batches(*b.dataset, b.target.get(), b.target_layers, target_attention.get(), b.ctx.device);
   std::unique_ptr<fd::ServedValidation> served;
