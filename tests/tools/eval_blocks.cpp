@@ -90,7 +90,7 @@ int run(int argc, char** argv) {
                           ledger,
                           setup.experiment.eval(),
                           static_cast<uint64_t>(setup.experiment.run().integer("seed")),
-                          loss_column + 1,
+                          columns.count(),
                           b.drafter->positions(),
                           b.target.get(),
                           [&](const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {

@@ -33,6 +33,20 @@ struct TargetModel {
   std::vector<int64_t> exported_layers;
   bool online = false;  // hidden states computed by a Target plugin each step
   std::string source;   // what the target is (checkpoint path, architecture), for the log
+
+  // An online target of `layers` decoder layers (each computable), its sizes from the tensors.
+  static TargetModel online_model(at::Tensor embedding, at::Tensor lm_head, int64_t layers, std::string source) {
+    TargetModel t;
+    t.vocab = lm_head.size(0);
+    t.hidden = embedding.size(1);
+    t.embedding = std::move(embedding);
+    t.lm_head = std::move(lm_head);
+    t.layers = layers;
+    for (int64_t l = 0; l < layers; ++l) t.exported_layers.push_back(l);
+    t.online = true;
+    t.source = std::move(source);
+    return t;
+  }
 };
 
 // One batch of target data.

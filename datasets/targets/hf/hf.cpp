@@ -83,18 +83,11 @@ class HfTarget final : public Target {
   }
 
   TargetModel model() const override {
-    TargetModel t;
-    t.embedding = embed_;
-    t.lm_head = lm_head_;
-    t.vocab = cfg_.vocab;
-    t.hidden = cfg_.hidden;
-    t.layers = cfg_.layers;
-    for (int64_t l = 0; l < cfg_.layers; ++l) t.exported_layers.push_back(l);
-    t.online = true;
-    t.source = cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" +
-               std::to_string(cfg_.layers) + " layers, hidden " + std::to_string(cfg_.hidden) + ", vocab " +
-               std::to_string(cfg_.vocab) + ", " + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") + ")";
-    return t;
+    return TargetModel::online_model(embed_, lm_head_, cfg_.layers,
+                                     cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" +
+                                         std::to_string(cfg_.layers) + " layers, hidden " +
+                                         std::to_string(cfg_.hidden) + ", vocab " + std::to_string(cfg_.vocab) + ", " +
+                                         c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") + ")");
   }
 
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {

@@ -58,17 +58,10 @@ class RandomTarget final : public Target {
   }
 
   TargetModel model() const override {
-    TargetModel t;
-    t.embedding = embedding_;
-    t.lm_head = lm_head_;
-    t.vocab = vocab_;
-    t.hidden = hidden_;
-    t.layers = layers_;
-    for (int64_t l = 0; l < layers_; ++l) t.exported_layers.push_back(l);
-    t.online = true;
-    t.source = "random (synthetic: " + std::to_string(layers_) + " layers, hidden " + std::to_string(hidden_) +
-               ", vocab " + std::to_string(vocab_) + ", " + c10::toString(dtype_) + ")";
-    return t;
+    return TargetModel::online_model(embedding_, lm_head_, layers_,
+                                     "random (synthetic: " + std::to_string(layers_) + " layers, hidden " +
+                                         std::to_string(hidden_) + ", vocab " + std::to_string(vocab_) + ", " +
+                                         c10::toString(dtype_) + ")");
   }
 
   // No attention runs; the problem is still a valid one so that the engine's kernel
