@@ -12,7 +12,7 @@
 #   device run: command `bash bench/pipeline_device.sh`, carry [".deps"], timeout_s 600.
 # Table: median step ms (ours over steps 6-24; the peer's better of synchronised median and
 # back-to-back mean), tokens/s (labelled positions), peak GiB, ours / peer.
-# Before the runs: test_lm_head_loss on the GPU.
+# Before the runs: test_lm_head_loss and test_cuda_ops on the GPU.
 # Files under $OUT: pipeline-device.log (this output), build.log, ours_<L>.log, peer.jsonl, results.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/pipeline-device}
@@ -28,9 +28,11 @@ t0=$(date +%s)
 python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > "$OUT/checkpoint.log" 2>&1 &
 ckpt=$!
 . bench/device_build.sh
-device_build flashdraft_cli flashdraft_all_plugins test_lm_head_loss
-echo "=== test_lm_head_loss (the LM-head loss variants against their definitions on this GPU)"
-"$BUILD/bin/test_lm_head_loss" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -20
+device_build flashdraft_cli flashdraft_all_plugins test_lm_head_loss test_cuda_ops
+for t in test_lm_head_loss test_cuda_ops; do  # the engine's CUDA kernels against their definitions on this GPU
+  echo "=== $t"
+  "$BUILD/bin/$t" 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" | head -20
+done
 wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
 echo "=== checkpoint ready at $(( $(date +%s) - t0 )) s"
 rm -rf "$RUNS" "$OUT/peer.jsonl"
