@@ -11,7 +11,9 @@
 // joins every collective. A run of world size N with accumulate k computes the same
 // step as a single process with accumulate N*k, bit for bit on CPU: micro-batch m of
 // rank r is global micro-batch (step*k + m)*N + r, which fixes both its data and its
-// anchors. A single process with accumulate = 1 runs the plain loss.backward().
+// anchors. A step in P parts (Drafter::step_parts()) makes each micro-batch P micro-batches
+// here that read one batch and one anchor stream (batch_index() divides by P). A single
+// process with accumulate = 1 and one part runs the plain loss.backward().
 //
 // Buckets: trainable tensors, in reverse order (the order the backward produces their
 // gradients), grouped into buckets of about [distributed] bucket_mb. On the step's last
