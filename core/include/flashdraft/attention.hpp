@@ -43,8 +43,8 @@ struct FLASHDRAFT_API AttentionProblem {
   static AttentionProblem of(c10::Device device, c10::ScalarType dtype, int64_t batch, int64_t heads_q,
                              int64_t heads_kv, int64_t q_len, int64_t kv_len, int64_t head_dim, bool needs_backward,
                              std::string mask = {}) {
-    return AttentionProblem{device, dtype, batch, heads_q, heads_kv, q_len, kv_len, head_dim, needs_backward,
-                            std::move(mask)};
+    return AttentionProblem{device, dtype,  batch,    heads_q,        heads_kv,
+                            q_len,  kv_len, head_dim, needs_backward, std::move(mask)};
   }
 };
 
