@@ -93,7 +93,7 @@ double median_ms(const std::function<void()>& fn, int warm = 10, int reps = 30) 
 fd::MaskInput dflash_input(int64_t B, int64_t S, int64_t N, int64_t BS, int64_t pad, uint64_t seed) {
   std::mt19937_64 rng(seed);
   fd::MaskInput in;
-  in.batch = B, in.context_len = S, in.block_size = BS, in.q_len = N * BS, in.kv_len = S + N * BS;
+  in.batch = B, in.blocks.context_len = S, in.blocks.block_size = BS, in.q_len = N * BS, in.kv_len = S + N * BS;
   for (int64_t b = 0; b < B; ++b) {
     std::vector<int64_t> all(S - BS + 1);
     for (int64_t i = 0; i < int64_t(all.size()); ++i) all[i] = i;
@@ -102,8 +102,8 @@ fd::MaskInput dflash_input(int64_t B, int64_t S, int64_t N, int64_t BS, int64_t 
     std::sort(a.begin(), a.end());
     std::vector<uint8_t> valid(N, 1);
     for (int64_t n = N - pad; n < N; ++n) valid[n] = 0;
-    in.anchors.push_back(a);
-    in.block_valid.push_back(valid);
+    in.blocks.anchors.push_back(a);
+    in.blocks.valid.push_back(valid);
   }
   return in;
 }
@@ -138,7 +138,7 @@ int table(const std::string& rows_path, const std::string& xdir) {
     fd::BlockMask m = gen->build(in, 128, 64);
     const double pairs = double(m.visible_pairs()) * (B / m.batch) * (H / m.heads);
     std::ofstream a(xdir + "/dflash_anchors.txt");
-    for (int64_t x : in.anchors[0]) a << x << "\n";
+    for (int64_t x : in.blocks.anchors[0]) a << x << "\n";
     shapes.push_back({"DFlash S=4096, 512x16 (Lq 8192, Lkv 12288)", std::move(m), B, H, in.q_len, in.kv_len, D, pairs});
   }
   {
@@ -256,13 +256,13 @@ int dump(const std::string& xdir, const std::string& config) {
     << "\", \"variant_fwd\": \"" << f.variant << "\", \"variant_bwd\": \"" << g.variant << "\", \"anchors\": [";
   for (int64_t b = 0; b < B; ++b) {
     m << (b ? ", " : "") << "[";
-    for (int64_t n = 0; n < N; ++n) m << (n ? ", " : "") << in.anchors[b][n];
+    for (int64_t n = 0; n < N; ++n) m << (n ? ", " : "") << in.blocks.anchors[b][n];
     m << "]";
   }
   m << "], \"valid\": [";
   for (int64_t b = 0; b < B; ++b) {
     m << (b ? ", " : "") << "[";
-    for (int64_t n = 0; n < N; ++n) m << (n ? ", " : "") << int(in.block_valid[b][n]);
+    for (int64_t n = 0; n < N; ++n) m << (n ? ", " : "") << int(in.blocks.valid[b][n]);
     m << "]";
   }
   m << "]}\n";

@@ -61,8 +61,8 @@ fd::MaskInput dflash_input(std::mt19937_64& rng) {
   const int64_t S = 4096, N = 512, BS = 16;
   fd::MaskInput in;
   in.batch = 1;
-  in.context_len = S;
-  in.block_size = BS;
+  in.blocks.context_len = S;
+  in.blocks.block_size = BS;
   in.q_len = N * BS;
   in.kv_len = S + N * BS;
   // N distinct anchors from the S - BS + 1 positions with BS - 1 tokens after them
@@ -71,8 +71,8 @@ fd::MaskInput dflash_input(std::mt19937_64& rng) {
   std::shuffle(pool.begin(), pool.end(), rng);
   std::vector<int64_t> a(pool.begin(), pool.begin() + N);
   std::sort(a.begin(), a.end());
-  in.anchors = {a};
-  in.block_valid = {std::vector<uint8_t>(static_cast<size_t>(N), 1)};
+  in.blocks.anchors = {a};
+  in.blocks.valid = {std::vector<uint8_t>(static_cast<size_t>(N), 1)};
   return in;
 }
 
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     Case cp{"dflash (last 128 blocks padding)", "S=4096, 512x16: 8192 x 12288", make(reg, "dflash", {}),
             cases.front().inputs};
     for (fd::MaskInput& in : cp.inputs)
-      for (int64_t n = 384; n < 512; ++n) in.block_valid[0][static_cast<size_t>(n)] = 0;
+      for (int64_t n = 384; n < 512; ++n) in.blocks.valid[0][static_cast<size_t>(n)] = 0;
     cases.push_back(std::move(cp));
     // Worst case for the format: one valid block in 7 among the last 128, so each of
     // those q blocks mixes padding rows with a row group that sees ~30 context tiles:
@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
     Case cw{"dflash (last 128: 1 valid in 7, worst case)", "S=4096, 512x16: 8192 x 12288", make(reg, "dflash", {}),
             cases.front().inputs};
     for (fd::MaskInput& in : cw.inputs)
-      for (int64_t n = 384; n < 512; ++n) in.block_valid[0][static_cast<size_t>(n)] = (n % 7 == 0);
+      for (int64_t n = 384; n < 512; ++n) in.blocks.valid[0][static_cast<size_t>(n)] = (n % 7 == 0);
     cases.push_back(std::move(cw));
   }
   fd::MaskInput wide;

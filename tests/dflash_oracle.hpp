@@ -33,15 +33,15 @@ class OracleAttention : public DrafterContext {
     last_q_shape = q.sizes().vec();
     last_k_shape = k.sizes().vec();
     const int64_t B = q.size(0), Hq = q.size(1), Lq = q.size(2), Hkv = k.size(1), Lkv = k.size(2);
-    const int64_t S = input_.context_len, BS = input_.block_size;
+    const int64_t S = input_.blocks.context_len, BS = input_.blocks.block_size;
     at::Tensor mask = at::zeros({B, 1, Lq, Lkv}, at::kBool);
     auto acc = mask.accessor<bool, 4>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < Lq; ++i) {
         const int64_t n = i / BS;
-        if (!input_.block_valid[b][n]) continue;
+        if (!input_.blocks.valid[b][n]) continue;
         // Packed rows: the context of the anchor's document only.
-        const int64_t a = input_.anchors[b][n];
+        const int64_t a = input_.blocks.anchors[b][n];
         int64_t doc0 = 0;
         if (!input_.doc_lengths.empty()) {
           int64_t start = 0;

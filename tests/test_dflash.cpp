@@ -359,7 +359,7 @@ TEST(DFlashDrafter, StepPosesTheAnnouncedAttentionProblem) {
   EXPECT_EQ(attn.last_q_shape, (std::vector<int64_t>{2, prob.heads_q, prob.q_len, prob.head_dim}));
   EXPECT_EQ(attn.last_k_shape, (std::vector<int64_t>{2, prob.heads_kv, prob.kv_len, prob.head_dim}));
   // Anchors: sorted, whole block inside S, first label position carries loss (>= 2).
-  for (const auto& a : attn.input_.anchors) {
+  for (const auto& a : attn.input_.blocks.anchors) {
     ASSERT_EQ(a.size(), 3u);
     for (size_t n = 0; n < a.size(); ++n) {
       EXPECT_GE(a[n] + 1, 2);
@@ -386,8 +386,8 @@ TEST(DFlashDrafter, StepPosesTheAnnouncedAttentionProblem) {
   ASSERT_EQ(v.block_valid.sizes().vec(), (std::vector<int64_t>{2, 3}));
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t n = 0; n < 3; ++n) {
-      const int64_t anchor = attn_eval.input_.anchors[size_t(b)][size_t(n)];
-      EXPECT_EQ(v.block_valid[b][n].item<bool>(), attn_eval.input_.block_valid[size_t(b)][size_t(n)] != 0);
+      const int64_t anchor = attn_eval.input_.blocks.anchors[size_t(b)][size_t(n)];
+      EXPECT_EQ(v.block_valid[b][n].item<bool>(), attn_eval.input_.blocks.valid[size_t(b)][size_t(n)] != 0);
       EXPECT_EQ(v.labels[b][n][0].item<int64_t>(), -1);
       for (int64_t j = 1; j < 4; ++j)
         EXPECT_EQ(v.labels[b][n][j].item<int64_t>(), p.batch.tokens[b][anchor + j].item<int64_t>());

@@ -76,10 +76,10 @@ void write_case(hid_t file, const std::string& name, const std::map<std::string,
   write(file, g + "target/lm_head", p.target.lm_head);
   write(file, g + "target/exported_layers", at::tensor(p.target.exported_layers));
   std::vector<int64_t> anchors, valid;
-  for (size_t b = 0; b < attn.input_.anchors.size(); ++b)
-    for (size_t n = 0; n < attn.input_.anchors[b].size(); ++n) {
-      anchors.push_back(attn.input_.anchors[b][n]);
-      valid.push_back(attn.input_.block_valid[b][n]);
+  for (size_t b = 0; b < attn.input_.blocks.anchors.size(); ++b)
+    for (size_t n = 0; n < attn.input_.blocks.anchors[b].size(); ++n) {
+      anchors.push_back(attn.input_.blocks.anchors[b][n]);
+      valid.push_back(attn.input_.blocks.valid[b][n]);
     }
   write(file, g + "step/anchors", at::tensor(anchors).view({2, 3}));
   write(file, g + "step/block_valid", at::tensor(valid).view({2, 3}));

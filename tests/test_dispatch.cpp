@@ -33,11 +33,11 @@ fd::MaskInput dflash_input(const std::vector<std::vector<int64_t>>& anchors) {
   in.batch = kBatch;
   in.q_len = kQ;
   in.kv_len = kKv;
-  in.context_len = kContext;
-  in.block_size = kBlock;
-  in.anchors = anchors;
-  in.block_valid.assign(kBatch, std::vector<uint8_t>(kAnchors, 1));
-  in.block_valid[1][3] = 0;  // a padding block: rows with no visible key
+  in.blocks.context_len = kContext;
+  in.blocks.block_size = kBlock;
+  in.blocks.anchors = anchors;
+  in.blocks.valid.assign(kBatch, std::vector<uint8_t>(kAnchors, 1));
+  in.blocks.valid[1][3] = 0;  // a padding block: rows with no visible key
   return in;
 }
 

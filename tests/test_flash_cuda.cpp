@@ -137,25 +137,26 @@ std::vector<Case> generator_cases() {
   self.batch = 2, self.q_len = self.kv_len = 301;
   self.doc_lengths = {{90, 130, 81}, {1, 300}};
   fd::MaskInput dflash;  // [context 230 | 11 blocks of 16]: Lq 176, Lkv 406; padding blocks
-  dflash.batch = 2, dflash.context_len = 230, dflash.block_size = 16;
-  dflash.anchors = {{3, 20, 41, 42, 60, 74, 100, 150, 151, 200, 0}, {0, 10, 30, 50, 70, 74, 130, 140, 199, 205, 214}};
-  dflash.block_valid = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1}};
+  dflash.batch = 2, dflash.blocks.context_len = 230, dflash.blocks.block_size = 16;
+  dflash.blocks.anchors = {{3, 20, 41, 42, 60, 74, 100, 150, 151, 200, 0},
+                           {0, 10, 30, 50, 70, 74, 130, 140, 199, 205, 214}};
+  dflash.blocks.valid = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1}};
   dflash.q_len = 11 * 16, dflash.kv_len = 230 + 11 * 16;
   fd::MaskInput eagle3 = self;  // EAGLE-3's fourth unroll step: keys of steps 0..3 (Lkv 1204)
   eagle3.kv_len = 4 * self.q_len;
   // Packed DFlash rows: documents 40 + 100 + 90 and 1 + 229; each block sees its own
   // document's context and stays inside it.
   fd::MaskInput dflash_packed = dflash;
-  dflash_packed.anchors = {{3, 20, 41, 60, 74, 100, 120, 150, 151, 200, 210},
-                           {10, 30, 50, 70, 74, 130, 140, 199, 205, 210, 0}};
-  dflash_packed.block_valid = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}};
+  dflash_packed.blocks.anchors = {{3, 20, 41, 60, 74, 100, 120, 150, 151, 200, 210},
+                                  {10, 30, 50, 70, 74, 130, 140, 199, 205, 210, 0}};
+  dflash_packed.blocks.valid = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0}};
   dflash_packed.doc_lengths = {{40, 100, 90}, {1, 229}};
   // Served decoding: one block of 16 per row after a cache of 230 positions (shorter blocks).
   fd::MaskInput dflash_served;
-  dflash_served.batch = 2, dflash_served.context_len = 230, dflash_served.block_size = 16;
-  dflash_served.anchors = {{140}, {201}};
-  dflash_served.block_valid = {{1}, {1}};
-  dflash_served.block_lengths = {{16}, {7}};
+  dflash_served.batch = 2, dflash_served.blocks.context_len = 230, dflash_served.blocks.block_size = 16;
+  dflash_served.blocks.anchors = {{140}, {201}};
+  dflash_served.blocks.valid = {{1}, {1}};
+  dflash_served.blocks.lengths = {{16}, {7}};
   dflash_served.q_len = 16, dflash_served.kv_len = 230 + 16;
   // The target's cached decoding: 16 queries per row at positions 0.. and 201.. of 246 keys.
   fd::MaskInput decode;
@@ -349,7 +350,7 @@ TEST_F(FlashCuda, TheCtaOrderChangesNoOutputBit) {
   for (Case& c : predicate_cases()) cases.push_back(std::move(c));
   {
     fd::MaskInput in;
-    in.batch = 2, in.context_len = 1024, in.block_size = 16;
+    in.batch = 2, in.blocks.context_len = 1024, in.blocks.block_size = 16;
     std::mt19937_64 rng(base_seed());
     for (int64_t b = 0; b < 2; ++b) {
       std::vector<int64_t> a(1000);  // 64 distinct anchors in [0, 1000), sorted
@@ -357,8 +358,8 @@ TEST_F(FlashCuda, TheCtaOrderChangesNoOutputBit) {
       std::shuffle(a.begin(), a.end(), rng);
       a.resize(64);
       std::sort(a.begin(), a.end());
-      in.anchors.push_back(a);
-      in.block_valid.push_back(std::vector<uint8_t>(64, 1));
+      in.blocks.anchors.push_back(a);
+      in.blocks.valid.push_back(std::vector<uint8_t>(64, 1));
     }
     in.q_len = 64 * 16, in.kv_len = 1024 + 64 * 16;
     std::shared_ptr<fd::MaskGenerator> gen =

@@ -225,22 +225,22 @@ TEST_F(KernelsCpu, FlashMatchesDenseForEveryMaskGenerator) {
   self.batch = 2, self.q_len = self.kv_len = 157;
   self.doc_lengths = {{60, 40, 57}, {1, 156}};
   fd::MaskInput dflash;  // [context 90 | 6 blocks of 16], padding blocks in both rows
-  dflash.batch = 2, dflash.context_len = 90, dflash.block_size = 16;
-  dflash.anchors = {{3, 20, 41, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
-  dflash.block_valid = {{1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1}};
+  dflash.batch = 2, dflash.blocks.context_len = 90, dflash.blocks.block_size = 16;
+  dflash.blocks.anchors = {{3, 20, 41, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
+  dflash.blocks.valid = {{1, 1, 1, 1, 1, 0}, {1, 0, 1, 1, 1, 1}};
   dflash.q_len = 6 * 16, dflash.kv_len = 90 + 6 * 16;
   fd::MaskInput eagle3 = self;  // the third unroll step of EAGLE-3: keys of steps 0..2
   eagle3.kv_len = 3 * self.q_len;
   // Packed DFlash rows: each block sees its own document's context (documents 30 + 60 and 90).
   fd::MaskInput dflash_packed = dflash;
-  dflash_packed.anchors = {{3, 10, 31, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
+  dflash_packed.blocks.anchors = {{3, 10, 31, 42, 60, 74}, {0, 10, 30, 50, 70, 74}};
   dflash_packed.doc_lengths = {{30, 60}, {90}};
   // Served decoding: one block per row after a cache of 90 positions, the second shorter.
   fd::MaskInput dflash_served;
-  dflash_served.batch = 2, dflash_served.context_len = 90, dflash_served.block_size = 16;
-  dflash_served.anchors = {{61}, {17}};
-  dflash_served.block_valid = {{1}, {1}};
-  dflash_served.block_lengths = {{16}, {5}};
+  dflash_served.batch = 2, dflash_served.blocks.context_len = 90, dflash_served.blocks.block_size = 16;
+  dflash_served.blocks.anchors = {{61}, {17}};
+  dflash_served.blocks.valid = {{1}, {1}};
+  dflash_served.blocks.lengths = {{16}, {5}};
   dflash_served.q_len = 16, dflash_served.kv_len = 90 + 16;
   // The target's cached decoding: 16 queries per row at positions 0.. and 70.. of 100 keys.
   fd::MaskInput decode;

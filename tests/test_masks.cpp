@@ -323,8 +323,8 @@ TEST(MaskPrefixLm, MatchesOracleOverRandomDraws) {
 fd::MaskInput random_dflash(std::mt19937_64& rng, int64_t batch, int64_t S, int64_t BS, int64_t N, bool padding) {
   fd::MaskInput in;
   in.batch = batch;
-  in.context_len = S;
-  in.block_size = BS;
+  in.blocks.context_len = S;
+  in.blocks.block_size = BS;
   in.q_len = N * BS;
   in.kv_len = S + N * BS;
   for (int64_t b = 0; b < batch; ++b) {
@@ -340,8 +340,8 @@ fd::MaskInput random_dflash(std::mt19937_64& rng, int64_t batch, int64_t S, int6
           valid[static_cast<size_t>(n)] = 0;
           a[static_cast<size_t>(n)] = uniform(rng, -5, S + 5);  // anything: ignored
         }
-    in.anchors.push_back(a);
-    in.block_valid.push_back(valid);
+    in.blocks.anchors.push_back(a);
+    in.blocks.valid.push_back(valid);
   }
   return in;
 }
@@ -350,10 +350,10 @@ fd::MaskInput random_dflash(std::mt19937_64& rng, int64_t batch, int64_t S, int6
 // "causal" mode only its own row and those before it); padding blocks see nothing.
 Oracle dflash_oracle(const fd::MaskInput& in, bool causal) {
   return [&in, causal](int64_t b, int64_t q, int64_t kv) {
-    const int64_t S = in.context_len, BS = in.block_size;
+    const int64_t S = in.blocks.context_len, BS = in.blocks.block_size;
     const int64_t block = q / BS, row = q % BS;
-    if (!in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(block)]) return false;
-    if (kv < S) return kv < in.anchors[static_cast<size_t>(b)][static_cast<size_t>(block)];
+    if (!in.blocks.valid[static_cast<size_t>(b)][static_cast<size_t>(block)]) return false;
+    if (kv < S) return kv < in.blocks.anchors[static_cast<size_t>(b)][static_cast<size_t>(block)];
     const int64_t first = S + block * BS, last = first + BS - 1;
     if (kv < first || kv > last) return false;
     return !causal || kv - first <= row;
@@ -391,13 +391,13 @@ TEST(MaskDFlash, SlidingWindowMatchesOracle) {
     const int64_t S = uniform(rng, BS, 160);
     const int64_t N = uniform(rng, 1, std::min<int64_t>(12, S - BS + 1));
     fd::MaskInput in = random_dflash(rng, uniform(rng, 1, 3), S, BS, N, draw % 3 != 0);
-    in.window = uniform(rng, 1, 40);
+    in.blocks.window = uniform(rng, 1, 40);
     const Oracle full = dflash_oracle(in, in_block_causal);
     const Oracle oracle = [&in, full](int64_t b, int64_t q, int64_t kv) {
-      const int64_t BS = in.block_size, j = q % BS;
-      const int64_t a = in.anchors[size_t(b)][size_t(q / BS)];
-      const int64_t key_pos = kv < in.context_len ? kv : a + (kv - in.context_len) % BS;
-      return full(b, q, kv) && std::abs(a + j - key_pos) < in.window;
+      const int64_t BS = in.blocks.block_size, j = q % BS;
+      const int64_t a = in.blocks.anchors[size_t(b)][size_t(q / BS)];
+      const int64_t key_pos = kv < in.blocks.context_len ? kv : a + (kv - in.blocks.context_len) % BS;
+      return full(b, q, kv) && std::abs(a + j - key_pos) < in.blocks.window;
     };
     for (int64_t b = 0; b < in.batch; ++b)
       for (int64_t q = 0; q < in.q_len; ++q)
@@ -406,7 +406,7 @@ TEST(MaskDFlash, SlidingWindowMatchesOracle) {
     const fd::MaskGenerator& gen = in_block_causal ? *causal : *bidirectional;
     const std::string problem = check_mask(gen, in, bs.q, bs.kv, oracle, in.batch);
     ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " S " << S << " BS " << BS
-                           << " N " << N << " window " << in.window;
+                           << " N " << N << " window " << in.blocks.window;
   }
   EXPECT_GT(cut, 0);  // not vacuous
 }
@@ -426,13 +426,13 @@ TEST(MaskDFlash, BlockLengthsMatchOracle) {
     for (int64_t b = 0; b < in.batch; ++b) {
       std::vector<int64_t> len;
       for (int64_t n = 0; n < N; ++n) len.push_back(uniform(rng, 1, BS));
-      in.block_lengths.push_back(len);
+      in.blocks.lengths.push_back(len);
     }
     const Oracle full = dflash_oracle(in, in_block_causal);
     const Oracle oracle = [&in, full](int64_t b, int64_t q, int64_t kv) {
-      const int64_t BS = in.block_size, len = in.block_lengths[size_t(b)][size_t(q / BS)];
-      if (q % BS >= len) return false;                                              // a query past the block's tokens
-      if (kv >= in.context_len && (kv - in.context_len) % BS >= len) return false;  // a key past them
+      const int64_t BS = in.blocks.block_size, len = in.blocks.lengths[size_t(b)][size_t(q / BS)];
+      if (q % BS >= len) return false;  // a query past the block's tokens
+      if (kv >= in.blocks.context_len && (kv - in.blocks.context_len) % BS >= len) return false;  // a key past them
       return full(b, q, kv);
     };
     const BlockShape bs = kShapes[static_cast<size_t>(draw / 2) % kShapes.size()];
@@ -442,7 +442,7 @@ TEST(MaskDFlash, BlockLengthsMatchOracle) {
                            << " N " << N;
   }
   fd::MaskInput bad = random_dflash(rng, 1, 40, 8, 2, false);
-  bad.block_lengths = {{8, 9}};
+  bad.blocks.lengths = {{8, 9}};
   try {
     make("dflash")->build(bad, 16, 16);
     FAIL() << "a block length above the block size was accepted";
@@ -463,8 +463,8 @@ TEST(MaskDFlash, DocumentsMatchOracle) {
     const int64_t S = uniform(rng, 2 * BS, 180);
     fd::MaskInput in;
     in.batch = uniform(rng, 1, 3);
-    in.context_len = S;
-    in.block_size = BS;
+    in.blocks.context_len = S;
+    in.blocks.block_size = BS;
     std::vector<std::vector<int64_t>> starts_of;  // per row, the anchors a block may start at
     int64_t N = 0;
     for (int64_t b = 0; b < in.batch; ++b) {
@@ -492,8 +492,8 @@ TEST(MaskDFlash, DocumentsMatchOracle) {
       std::shuffle(pool.begin(), pool.end(), rng);
       std::vector<int64_t> a(pool.begin(), pool.begin() + N);
       std::sort(a.begin(), a.end());
-      in.anchors.push_back(a);
-      in.block_valid.push_back(std::vector<uint8_t>(static_cast<size_t>(N), 1));
+      in.blocks.anchors.push_back(a);
+      in.blocks.valid.push_back(std::vector<uint8_t>(static_cast<size_t>(N), 1));
     }
     in.q_len = N * BS;
     in.kv_len = S + N * BS;
@@ -508,8 +508,8 @@ TEST(MaskDFlash, DocumentsMatchOracle) {
     };
     const Oracle full = dflash_oracle(in, in_block_causal);
     const Oracle oracle = [&in, full, doc_start](int64_t b, int64_t q, int64_t kv) {
-      const int64_t a = in.anchors[size_t(b)][size_t(q / in.block_size)];
-      if (kv < in.context_len && doc_start(b, kv) != doc_start(b, a)) return false;  // another document
+      const int64_t a = in.blocks.anchors[size_t(b)][size_t(q / in.blocks.block_size)];
+      if (kv < in.blocks.context_len && doc_start(b, kv) != doc_start(b, a)) return false;  // another document
       return full(b, q, kv);
     };
     const BlockShape bs = kShapes[static_cast<size_t>(draws / 2) % kShapes.size()];
@@ -521,11 +521,11 @@ TEST(MaskDFlash, DocumentsMatchOracle) {
   // A block that would run past its document's end is refused with a sentence.
   fd::MaskInput bad;
   bad.batch = 1;
-  bad.context_len = 20;
-  bad.block_size = 4;
+  bad.blocks.context_len = 20;
+  bad.blocks.block_size = 4;
   bad.q_len = 4;
   bad.kv_len = 24;
-  bad.anchors = {{7}};
+  bad.blocks.anchors = {{7}};
   bad.doc_lengths = {{9, 11}};
   try {
     make("dflash")->build(bad, 16, 16);
@@ -552,7 +552,7 @@ TEST(MaskDFlash, BlocksNeverSeeOtherBlocksAndPaddingSeesNothing) {
     for (int64_t b = 0; b < in.batch; ++b)
       for (int64_t q = 0; q < in.q_len; ++q) {
         const int64_t n = q / BS;
-        const bool valid = in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)];
+        const bool valid = in.blocks.valid[static_cast<size_t>(b)][static_cast<size_t>(n)];
         int64_t seen_ctx = 0, seen_own = 0;
         for (int64_t kv = 0; kv < in.kv_len; ++kv) {
           const bool on = acc[b][0][q][kv];
@@ -570,7 +570,7 @@ TEST(MaskDFlash, BlocksNeverSeeOtherBlocksAndPaddingSeesNothing) {
         }
         if (valid) {
           // exactly the anchor's prefix of the context and the whole own block
-          EXPECT_EQ(seen_ctx, in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)]);
+          EXPECT_EQ(seen_ctx, in.blocks.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)]);
           EXPECT_EQ(seen_own, BS);
         }
       }
@@ -584,10 +584,10 @@ TEST(MaskDFlash, AnchorsAtTheFirstAndLastValidPosition) {
   for (const BlockShape& bs : kShapes) {
     fd::MaskInput in;
     in.batch = 1;
-    in.context_len = 70;
-    in.block_size = 16;
-    in.anchors = {{0, 20, 54}};
-    in.block_valid = {{1, 1, 1}};
+    in.blocks.context_len = 70;
+    in.blocks.block_size = 16;
+    in.blocks.anchors = {{0, 20, 54}};
+    in.blocks.valid = {{1, 1, 1}};
     in.q_len = 48;
     in.kv_len = 70 + 48;
     const fd::BlockMask m = gen->build(in, bs.q, bs.kv);
@@ -607,7 +607,7 @@ TEST(MaskDFlash, NoValidFlagsMeansEveryBlockIsValid) {
   auto gen = make("dflash");
   fd::MaskInput in = random_dflash(rng, 2, 90, 7, 9, false);
   const fd::BlockMask flagged = gen->build(in, 16, 32);
-  in.block_valid.clear();
+  in.blocks.valid.clear();
   const fd::BlockMask unflagged = gen->build(in, 16, 32);
   EXPECT_TRUE(fd::dense(flagged).equal(fd::dense(unflagged)));
   EXPECT_EQ(flagged.full_index, unflagged.full_index);
@@ -719,11 +719,11 @@ void expect_invalid(F&& f, const std::vector<std::string>& fragments) {
 fd::MaskInput dflash_input(std::vector<int64_t> anchors, int64_t S, int64_t BS) {
   fd::MaskInput in;
   in.batch = 1;
-  in.context_len = S;
-  in.block_size = BS;
+  in.blocks.context_len = S;
+  in.blocks.block_size = BS;
   const int64_t N = static_cast<int64_t>(anchors.size());
-  in.anchors = {std::move(anchors)};
-  in.block_valid = {std::vector<uint8_t>(static_cast<size_t>(N), 1)};
+  in.blocks.anchors = {std::move(anchors)};
+  in.blocks.valid = {std::vector<uint8_t>(static_cast<size_t>(N), 1)};
   in.q_len = N * BS;
   in.kv_len = S + N * BS;
   return in;
@@ -745,14 +745,14 @@ TEST(MaskBadInput, DFlashAnchorsAndBlockSize) {
       },
       {"anchor 193", "no room for the 7 tokens", "<= 192"});
   fd::MaskInput zero = dflash_input({3, 9}, 200, 8);
-  zero.block_size = 0;
+  zero.blocks.block_size = 0;
   zero.q_len = 0;
   zero.kv_len = 200;
   expect_invalid([&] { gen->build(zero, 64, 64); }, {"block size 0"});
   // the last valid anchor S - BS itself is accepted; a padding block's anchor is not checked
   EXPECT_NO_THROW(gen->build(dflash_input({3, 192}, 200, 8), 64, 64));
   fd::MaskInput padded = dflash_input({3, 5000}, 200, 8);
-  padded.block_valid[0][1] = 0;
+  padded.blocks.valid[0][1] = 0;
   EXPECT_NO_THROW(gen->build(padded, 64, 64));
   // tile size 0 (the kernel's block size) is refused by the builder, naming it
   expect_invalid([&] { gen->build(dflash_input({3, 9}, 200, 8), 0, 64); }, {"block size 0x64"});

@@ -5,8 +5,8 @@
 //     - the context strictly before its anchor:  kv < anchors[b][n],
 //     - its own block:  S + n*BS <= kv < S + (n+1)*BS          (in_block = "bidirectional"),
 //                       S + n*BS <= kv <= S + n*BS + j         (in_block = "causal"),
-//   and never another block. A padding block (block_valid[b][n] = 0) sees nothing.
-//   With block_lengths (a server's shorter last block), block n has len = block_lengths[b][n]
+//   and never another block. A padding block (blocks.valid[b][n] = 0) sees nothing.
+//   With blocks.lengths (a server's shorter last block), block n has len = blocks.lengths[b][n]
 //   tokens: its own-block keys end at S + n*BS + len and its queries j >= len see nothing.
 //   With doc_lengths (packed rows: the documents of each row's context, summing to S), the
 //   context a block sees is only its anchor's document: start(anchor's document) <= kv <
@@ -21,7 +21,7 @@
 //
 // Input checks (std::invalid_argument naming the value): block size >= 1; for valid
 // blocks 0 <= anchor <= S - BS (the anchor needs BS - 1 following context tokens, the
-// labels of its block) and anchors strictly increasing; shapes of anchors/block_valid
+// labels of its block) and anchors strictly increasing; shapes of blocks.anchors/valid
 // and Lq = N*BS, Lkv = S + N*BS.
 //
 // [mask] plugin = "dflash"
@@ -52,20 +52,20 @@ class DFlashMask final : public flashdraft::MaskGenerator {
 
   flashdraft::BlockMask build(const flashdraft::MaskInput& in, int64_t bq, int64_t bkv) const override {
     check(in);
-    const int64_t S = in.context_len, BS = in.block_size;
+    const int64_t S = in.blocks.context_len, BS = in.blocks.block_size;
     flashdraft::BlockMaskBuilder builder(in.batch, 1, in.q_len, in.kv_len, bq, bkv);
     flashdraft::masks::RowScratch scratch;
     const bool causal = causal_in_block_;
-    const int64_t W = in.window;
+    const int64_t W = in.blocks.window;
     std::vector<int64_t> doc_start;  // per block of the row: where its anchor's document starts
     for (int64_t b = 0; b < in.batch; ++b) {
-      const int64_t* anchor = in.anchors[static_cast<size_t>(b)].data();
-      doc_start.assign(in.anchors[static_cast<size_t>(b)].size(), 0);
+      const int64_t* anchor = in.blocks.anchors[static_cast<size_t>(b)].data();
+      doc_start.assign(in.blocks.anchors[static_cast<size_t>(b)].size(), 0);
       if (!in.doc_lengths.empty())
         for (size_t n = 0; n < doc_start.size(); ++n) doc_start[n] = document_of(in, b, anchor[n]).first;
       const int64_t* first = doc_start.data();
-      const uint8_t* valid = in.block_valid.empty() ? nullptr : in.block_valid[static_cast<size_t>(b)].data();
-      const int64_t* length = in.block_lengths.empty() ? nullptr : in.block_lengths[static_cast<size_t>(b)].data();
+      const uint8_t* valid = in.blocks.valid.empty() ? nullptr : in.blocks.valid[static_cast<size_t>(b)].data();
+      const int64_t* length = in.blocks.lengths.empty() ? nullptr : in.blocks.lengths[static_cast<size_t>(b)].data();
       flashdraft::masks::add_slice<2>(
           builder, in.q_len, in.kv_len, bq, bkv,
           [=](int64_t q, int64_t* lo, int64_t* hi) {
@@ -90,23 +90,23 @@ class DFlashMask final : public flashdraft::MaskGenerator {
   }
 
   bool visible(const flashdraft::MaskInput& in, int64_t b, int64_t, int64_t q, int64_t kv) const override {
-    if (q < 0 || q >= in.q_len || kv < 0 || kv >= in.kv_len || in.block_size < 1) return false;
-    const int64_t n = q / in.block_size;
-    if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) return false;
-    const int64_t len =
-        in.block_lengths.empty() ? in.block_size : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
-    const int64_t j = q - n * in.block_size;
+    if (q < 0 || q >= in.q_len || kv < 0 || kv >= in.kv_len || in.blocks.block_size < 1) return false;
+    const int64_t n = q / in.blocks.block_size;
+    if (!in.blocks.valid.empty() && !in.blocks.valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) return false;
+    const int64_t len = in.blocks.lengths.empty() ? in.blocks.block_size
+                                                  : in.blocks.lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+    const int64_t j = q - n * in.blocks.block_size;
     if (j >= len) return false;  // past a short block's tokens
-    const int64_t a = in.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
-    if (kv < in.context_len) {
-      if (in.window > 0 && a + j - kv >= in.window) return false;  // outside the sliding window
+    const int64_t a = in.blocks.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
+    if (kv < in.blocks.context_len) {
+      if (in.blocks.window > 0 && a + j - kv >= in.blocks.window) return false;  // outside the sliding window
       return kv < a && (in.doc_lengths.empty() || kv >= document_of(in, b, a).first);
     }
-    const int64_t m = (kv - in.context_len) / in.block_size;  // block of the key
-    const int64_t jk = kv - in.context_len - n * in.block_size;
+    const int64_t m = (kv - in.blocks.context_len) / in.blocks.block_size;  // block of the key
+    const int64_t jk = kv - in.blocks.context_len - n * in.blocks.block_size;
     if (m != n || jk >= len) return false;
-    if (in.window > 0 && (j - jk >= in.window || jk - j >= in.window)) return false;
-    return !causal_in_block_ || kv - in.context_len <= q;
+    if (in.blocks.window > 0 && (j - jk >= in.blocks.window || jk - j >= in.blocks.window)) return false;
+    return !causal_in_block_ || kv - in.blocks.context_len <= q;
   }
 
  private:
@@ -123,7 +123,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
   // Checks doc_lengths (given): one list per batch element, documents of length >= 1
   // covering the context exactly.
   static void check_doc_lengths(const flashdraft::MaskInput& in) {
-    const int64_t S = in.context_len;
+    const int64_t S = in.blocks.context_len;
     if (static_cast<int64_t>(in.doc_lengths.size()) != in.batch)
       throw std::invalid_argument("dflash: doc_lengths has " + s(static_cast<int64_t>(in.doc_lengths.size())) +
                                   " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
@@ -141,22 +141,22 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     }
   }
 
-  // Checks batch element b's per-block lists: N anchors, N block_valid flags and N
-  // block_lengths in 1..BS (those given).
+  // Checks batch element b's per-block lists: N anchors, N blocks.valid flags and N
+  // blocks.lengths in 1..BS (those given).
   static void check_block_shapes(const flashdraft::MaskInput& in, int64_t b, int64_t N) {
-    const int64_t BS = in.block_size;
-    const auto& a = in.anchors[static_cast<size_t>(b)];
+    const int64_t BS = in.blocks.block_size;
+    const auto& a = in.blocks.anchors[static_cast<size_t>(b)];
     if (static_cast<int64_t>(a.size()) != N)
       throw std::invalid_argument("dflash: batch element " + s(b) + " has " + s(static_cast<int64_t>(a.size())) +
                                   " anchors but element 0 has " + s(N) + "; every element needs the same count");
-    if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size()) != N)
-      throw std::invalid_argument("dflash: block_valid of batch element " + s(b) + " has " +
-                                  s(static_cast<int64_t>(in.block_valid[static_cast<size_t>(b)].size())) +
+    if (!in.blocks.valid.empty() && static_cast<int64_t>(in.blocks.valid[static_cast<size_t>(b)].size()) != N)
+      throw std::invalid_argument("dflash: blocks.valid of batch element " + s(b) + " has " +
+                                  s(static_cast<int64_t>(in.blocks.valid[static_cast<size_t>(b)].size())) +
                                   " flags for " + s(N) + " anchors");
-    if (!in.block_lengths.empty()) {
-      const auto& len = in.block_lengths[static_cast<size_t>(b)];
+    if (!in.blocks.lengths.empty()) {
+      const auto& len = in.blocks.lengths[static_cast<size_t>(b)];
       if (static_cast<int64_t>(len.size()) != N)
-        throw std::invalid_argument("dflash: block_lengths of batch element " + s(b) + " has " +
+        throw std::invalid_argument("dflash: blocks.lengths of batch element " + s(b) + " has " +
                                     s(static_cast<int64_t>(len.size())) + " lengths for " + s(N) + " anchors");
       for (int64_t n = 0; n < N; ++n)
         if (len[static_cast<size_t>(n)] < 1 || len[static_cast<size_t>(n)] > BS)
@@ -169,11 +169,11 @@ class DFlashMask final : public flashdraft::MaskGenerator {
   // a block after them, strictly increasing, and (with doc_lengths) each block inside its
   // anchor's document.
   static void check_anchors(const flashdraft::MaskInput& in, int64_t b, int64_t N) {
-    const int64_t S = in.context_len, BS = in.block_size;
-    const auto& a = in.anchors[static_cast<size_t>(b)];
+    const int64_t S = in.blocks.context_len, BS = in.blocks.block_size;
+    const auto& a = in.blocks.anchors[static_cast<size_t>(b)];
     int64_t prev = -1, prev_n = -1;
     for (int64_t n = 0; n < N; ++n) {
-      if (!in.block_valid.empty() && !in.block_valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) continue;
+      if (!in.blocks.valid.empty() && !in.blocks.valid[static_cast<size_t>(b)][static_cast<size_t>(n)]) continue;
       const int64_t x = a[static_cast<size_t>(n)];
       const std::string where = " of batch element " + s(b) + ", block " + s(n);
       if (x < 0 || x >= S)
@@ -187,7 +187,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
       if (!in.doc_lengths.empty()) {
         const auto [d0, d1] = document_of(in, b, x);
         const int64_t len =
-            in.block_lengths.empty() ? BS : in.block_lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
+            in.blocks.lengths.empty() ? BS : in.blocks.lengths[static_cast<size_t>(b)][static_cast<size_t>(n)];
         if (x + len > d1)
           throw std::invalid_argument("dflash: the block at anchor " + s(x) + where + " runs past the end " + s(d1) +
                                       " of its document [" + s(d0) + ", " + s(d1) +
@@ -199,21 +199,22 @@ class DFlashMask final : public flashdraft::MaskGenerator {
   }
 
   static void check(const flashdraft::MaskInput& in) {
-    const int64_t S = in.context_len, BS = in.block_size;
+    const int64_t S = in.blocks.context_len, BS = in.blocks.block_size;
     if (BS < 1) throw std::invalid_argument("dflash: block size " + s(BS) + " is not accepted; it must be at least 1");
     if (S < 0) throw std::invalid_argument("dflash: context length " + s(S) + " is negative");
-    if (in.window < 0) throw std::invalid_argument("dflash: window " + s(in.window) + " is negative (0 = none)");
-    if (in.batch < 1 || static_cast<int64_t>(in.anchors.size()) != in.batch)
-      throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.anchors.size())) +
+    if (in.blocks.window < 0)
+      throw std::invalid_argument("dflash: window " + s(in.blocks.window) + " is negative (0 = none)");
+    if (in.batch < 1 || static_cast<int64_t>(in.blocks.anchors.size()) != in.batch)
+      throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.blocks.anchors.size())) +
                                   " anchor lists for a batch of " + s(in.batch) +
                                   "; one list per batch element is needed");
-    const int64_t N = static_cast<int64_t>(in.anchors[0].size());
+    const int64_t N = static_cast<int64_t>(in.blocks.anchors[0].size());
     if (!in.doc_lengths.empty()) check_doc_lengths(in);
-    if (!in.block_lengths.empty() && static_cast<int64_t>(in.block_lengths.size()) != in.batch)
-      throw std::invalid_argument("dflash: block_lengths has " + s(static_cast<int64_t>(in.block_lengths.size())) +
+    if (!in.blocks.lengths.empty() && static_cast<int64_t>(in.blocks.lengths.size()) != in.batch)
+      throw std::invalid_argument("dflash: blocks.lengths has " + s(static_cast<int64_t>(in.blocks.lengths.size())) +
                                   " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
-    if (!in.block_valid.empty() && static_cast<int64_t>(in.block_valid.size()) != in.batch)
-      throw std::invalid_argument("dflash: block_valid has " + s(static_cast<int64_t>(in.block_valid.size())) +
+    if (!in.blocks.valid.empty() && static_cast<int64_t>(in.blocks.valid.size()) != in.batch)
+      throw std::invalid_argument("dflash: blocks.valid has " + s(static_cast<int64_t>(in.blocks.valid.size())) +
                                   " lists for a batch of " + s(in.batch) + " (give one per batch element, or none)");
     if (in.q_len != N * BS)
       throw std::invalid_argument("dflash: query length " + s(in.q_len) + " is not anchors x block size = " + s(N) +

@@ -368,17 +368,17 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
     mask.batch = B;
     mask.q_len = BS;
     mask.kv_len = capacity_ + BS;
-    mask.context_len = capacity_;
-    mask.block_size = BS;
+    mask.blocks.context_len = capacity_;
+    mask.blocks.block_size = BS;
     for (int64_t b = 0; b < B; ++b) {
       const int64_t c = r.count[static_cast<size_t>(b)];
       if (c < 0 || c > BS - 1)
         throw std::invalid_argument("dflash decoder: " + std::to_string(c) + " proposals asked of row " +
                                     std::to_string(b) + "; a block of " + std::to_string(BS) + " proposes 0.." +
                                     std::to_string(BS - 1));
-      mask.anchors.push_back({r.start[static_cast<size_t>(b)]});
-      mask.block_valid.push_back({static_cast<uint8_t>(c > 0)});
-      mask.block_lengths.push_back({c + 1});
+      mask.blocks.anchors.push_back({r.start[static_cast<size_t>(b)]});
+      mask.blocks.valid.push_back({static_cast<uint8_t>(c > 0)});
+      mask.blocks.lengths.push_back({c + 1});
     }
     DraftProposal out;
     if (K == 0) {
@@ -461,8 +461,8 @@ struct DFlashDrafter::StepPlan {
     input.batch = B;
     input.q_len = L;
     input.kv_len = S + L;
-    input.context_len = S;
-    input.block_size = BS;
+    input.blocks.context_len = S;
+    input.blocks.block_size = BS;
   }
 };
 
@@ -600,8 +600,8 @@ DFlashDrafter::StepPlan DFlashDrafter::plan_step(const Batch& batch, at::Generat
         ++plan.counted;
       }
     }
-    plan.input.anchors.push_back(a.anchors);
-    plan.input.block_valid.push_back(a.valid);
+    plan.input.blocks.anchors.push_back(a.anchors);
+    plan.input.blocks.valid.push_back(a.valid);
   }
   plan.block_tokens = to_device(block_tokens.view({B, L}));
   plan.block_pos = positions.view({B, L});
@@ -710,11 +710,11 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
   if (!training) {
     result.labels = plan.labels.view({B, N, BS});
     std::vector<uint8_t> valid;
-    for (const auto& v : plan.input.block_valid) valid.insert(valid.end(), v.begin(), v.end());
+    for (const auto& v : plan.input.blocks.valid) valid.insert(valid.end(), v.begin(), v.end());
     result.block_valid =
         at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
     std::vector<int64_t> anchor_list;
-    for (const auto& a : plan.input.anchors) anchor_list.insert(anchor_list.end(), a.begin(), a.end());
+    for (const auto& a : plan.input.blocks.anchors) anchor_list.insert(anchor_list.end(), a.begin(), a.end());
     result.anchors = at::tensor(anchor_list, at::TensorOptions().dtype(at::kLong)).view({B, N});
   }
   const std::vector<int64_t> count = plan.position_count;
@@ -776,7 +776,7 @@ void DFlashDrafter::read_layer_types(const Config& config) {
 
 void DFlashDrafter::mask_for_layer(AttentionContext& attention, MaskInput& mask, int64_t window, int64_t& current) {
   if (window == current) return;
-  mask.window = window;
+  mask.blocks.window = window;
   attention.set_mask(mask);
   current = window;
 }

@@ -67,7 +67,7 @@ class DFlashDrafter : public Drafter {
   // positions start .. start + BS - 1 sees the context before start and itself, as in
   // training (the [mask] generator with one anchor per row, the block's keys after a cache
   // of `capacity` context positions); a row's shorter last block keeps its first
-  // count + 1 tokens (MaskInput::block_lengths).
+  // count + 1 tokens (MaskBlocks::lengths).
   const DrafterFormat* format() const override;
   int64_t max_proposals() const override { return block_size_ - 1; }
   std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity) const override;

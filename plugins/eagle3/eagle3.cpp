@@ -401,8 +401,8 @@ class Eagle3Drafter final : public Drafter {
       mask.batch = B;
       mask.q_len = n;
       mask.kv_len = capacity_ + n;
-      mask.context_len = capacity_;
-      mask.block_size = n;
+      mask.blocks.context_len = capacity_;
+      mask.blocks.block_size = n;
       std::vector<int64_t> column(static_cast<size_t>(B), 0);
       for (int64_t b = 0; b < B; ++b) {
         const int64_t c = r.count[static_cast<size_t>(b)], a = r.start[static_cast<size_t>(b)];
@@ -415,9 +415,9 @@ class Eagle3Drafter final : public Drafter {
               "; the chain starts at the column before it, so position 0 cannot be drafted from");
         K = std::max(K, c);
         column[static_cast<size_t>(b)] = std::max<int64_t>(a - 1, 0);
-        mask.anchors.push_back({column[static_cast<size_t>(b)]});
-        mask.block_valid.push_back({static_cast<uint8_t>(c > 0)});
-        mask.block_lengths.push_back({std::max<int64_t>(c, 1)});
+        mask.blocks.anchors.push_back({column[static_cast<size_t>(b)]});
+        mask.blocks.valid.push_back({static_cast<uint8_t>(c > 0)});
+        mask.blocks.lengths.push_back({std::max<int64_t>(c, 1)});
       }
       DraftProposal out;
       const auto long_opts = at::TensorOptions().dtype(at::kLong).device(d_.device_);
