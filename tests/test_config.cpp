@@ -148,6 +148,18 @@ TEST(ExperimentFile, EmptyKernelList) {
              {"bad.toml:11:11", "array has 0 items", "1 to 16 items"});
 }
 
+TEST(ExperimentFile, LossKernelsArePreferencesOfKnownVariants) {
+  const Experiment e = Experiment::parse(kValid, "ok.toml");
+  EXPECT_EQ(e.loss().strings("kernels"), std::vector<std::string>{"auto"});  // the default
+  EXPECT_EQ(e.loss().string("on_fallback"), "error");
+  const Experiment two = Experiment::parse(kValid + "[loss]\nkernels = [\"fused\", \"chunked\"]\n", "ok.toml");
+  EXPECT_EQ(two.loss().strings("kernels"), (std::vector<std::string>{"fused", "chunked"}));
+  // Refused when the file is read, before any data or model is touched.
+  expect_has(error_of(kValid + "[loss]\nkernels = [\"fastest\"]\n"),
+             {"bad.toml:11:12", "[loss] kernels", "\"fastest\" is not accepted", "\"auto\", \"fused\", \"chunked\""});
+  expect_has(error_of(kValid + "[loss]\nkernel = \"fused\"\n"), {"unknown key 'kernel'", "did you mean 'kernels'"});
+}
+
 TEST(ExperimentFile, KernelTableNotATable) {
   expect_has(error_of(kValid + "[kernels]\nflash_cpu = 3\n"),
              {"bad.toml:11:13", "[kernels] flash_cpu", "expected a table"});

@@ -292,7 +292,8 @@ Schema loss_schema() {
                "computed in the forward, never [rows, vocab] float32 logits at once), reference (full logits, plain "
                "autograd), auto (fused on CUDA, chunked elsewhere)")
       .def(std::vector<std::string>{"auto"})
-      .items(1, 4);
+      .items(1, 4)
+      .one_of({"auto", "fused", "chunked", "reference"});
   loss.string("on_fallback",
               "what running a later preference than the first does: stop the run (error) or continue and "
               "record it (warn)")
