@@ -135,6 +135,7 @@ class Run:
     eval_positions: pd.DataFrame | None = None
     kernel_attrs: dict = field(default_factory=dict)
     memory_attrs: dict = field(default_factory=dict)
+    position_names: list = field(default_factory=list)  # the per-position columns' names
     layers: int = 0
     _file: h5py.File | None = field(default=None, repr=False)
 
@@ -191,6 +192,9 @@ class Run:
         self.kernel_names = [_text(s) for s in _read(f["kernels/names"], swmr)] if "kernels/names" in f else []
         self.kernel_attrs = {k: _text(v) for k, v in f["kernels"].attrs.items()} if "kernels" in f else {}
         self.memory_attrs = {k: _text(v) for k, v in f["memory"].attrs.items()} if "memory" in f else {}
+        # The per-position metric's columns by name (logs before 2026-12-04 have none: 1..P).
+        names = _text(f["steps"].attrs.get("position_names", "")) if "steps" in f else ""
+        self.position_names = names.split("\n") if names else []
 
         step = raw["steps/step"].astype(np.int64) if "steps/step" in raw else np.arange(n, dtype=np.int64)
         self._load_steps(raw, step)
@@ -211,10 +215,16 @@ class Run:
         if acc is None or acc.ndim != 2:
             acc = np.zeros((len(step), 0))
         self.positions = pd.DataFrame(acc, index=pd.Index(step, name="step"),
-                                      columns=pd.Index(range(1, acc.shape[1] + 1), name="position"))
+                                      columns=self._position_index(acc.shape[1]))
         for j in range(acc.shape[1]):
             cols[f"acc_{j + 1}"] = acc[:, j]
         self.steps = pd.DataFrame(cols)
+
+    def _position_index(self, width: int) -> pd.Index:
+        """The per-position columns: the drafter's names where the log has them, else 1..P."""
+        if len(self.position_names) == width:
+            return pd.Index(self.position_names, name="position")
+        return pd.Index(range(1, width + 1), name="position")
 
     def _load_memory(self, raw: dict, step: np.ndarray) -> None:
         # Column "peak" is /memory/step (the whole step's peak): "step" is the step number.
@@ -315,7 +325,7 @@ class Run:
                 if name == "position_accuracy":
                     self.eval_positions = pd.DataFrame(
                         a.astype(np.float64), index=pd.Index(step, name="step"),
-                        columns=pd.Index(range(1, a.shape[1] + 1), name="position"))
+                        columns=self._position_index(a.shape[1]))
         # Logs written before served validation: the anchor figure was "tau".
         for old, new in (("tau", "tau_anchor"), ("tau_method", "tau_anchor_method")):
             if old in cols and new not in cols:
@@ -515,11 +525,14 @@ def plot_position_accuracy(run, ax=None):
     im = ax.imshow(np.ma.masked_invalid(data), aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=vmax,
                    interpolation="nearest", extent=(x0, x1, 0.5, data.shape[0] + 0.5))
     ax.set_xlabel("step")
-    ax.set_ylabel("block position (1 = right after the anchor)")
+    named = all(isinstance(c, str) for c in p.columns)
+    ax.set_ylabel("the drafter's positions" if named else "block position (1 = right after the anchor)")
     if data.shape[0] <= 20:
         ax.set_yticks(range(1, data.shape[0] + 1))
+        if named:
+            ax.set_yticklabels(list(p.columns), fontsize=7)
     fig.colorbar(im, ax=ax, label="accuracy")
-    ax.set_title(f"{run.name}: accuracy per block position")
+    ax.set_title(f"{run.name}: accuracy per " + ("position" if named else "block position"))
     return fig
 
 

@@ -350,7 +350,7 @@ TEST(DFlashDrafter, StepPosesTheAnnouncedAttentionProblem) {
   EXPECT_EQ(prob.mask, "dflash");
   EXPECT_EQ(prob.q_len, 3 * 4);
   EXPECT_EQ(prob.kv_len, 14 + 3 * 4);
-  EXPECT_EQ(d->positions(), 3);
+  EXPECT_EQ(d->position_names(), (std::vector<std::string>{"position 1", "position 2", "position 3"}));
   OracleAttention attn;
   at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(3);
   const StepResult r = d->step(p.batch, attn, rng, true);

@@ -295,6 +295,13 @@ void DFlashDrafter::make_parameters(const TargetModel& target, const RunContext&
   make_more_parameters(make);
 }
 
+// Block position j = 1..BS-1 (position 0 is the given token).
+std::vector<std::string> DFlashDrafter::position_names() const {
+  std::vector<std::string> names;
+  for (int64_t j = 1; j < block_size_; ++j) names.push_back("position " + std::to_string(j));
+  return names;
+}
+
 std::vector<int64_t> DFlashDrafter::target_layers(const TargetModel& target) const {
   std::vector<int64_t> ids = layer_ids_.empty() ? default_layer_ids(target) : layer_ids_;
   // An online target computes any layer: labels from it (or "auto") ask for its last one too.

@@ -59,7 +59,7 @@ class DFlashDrafter : public Drafter {
   // labels from the target, its last layer (whose final-normed states give its logits).
   std::vector<int64_t> target_layers(const TargetModel& target) const override;
   int64_t attention_layers() const override { return layers_n_; }
-  int64_t positions() const override { return block_size_ - 1; }
+  std::vector<std::string> position_names() const override;
   std::vector<std::string> scalar_names() const override { return {"tau_sim"}; }
   AttentionProblem attention_problem() const override;
 

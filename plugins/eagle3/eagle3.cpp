@@ -215,7 +215,11 @@ class Eagle3Drafter final : public Drafter {
   std::vector<std::pair<std::string, at::Tensor>> parameters() override { return params_; }
   std::vector<std::pair<std::string, at::Tensor>> buffers() override { return {{"d2t", d2t_}, {"t2d", t2d_}}; }
   int64_t attention_layers() const override { return ttt_; }
-  int64_t positions() const override { return ttt_; }
+  std::vector<std::string> position_names() const override {
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < ttt_; ++i) names.push_back("step " + str(i));
+    return names;
+  }
   std::vector<std::string> scalar_names() const override { return {"tau_sim"}; }
 
   AttentionProblem attention_problem() const override { return problem(0); }

@@ -88,7 +88,7 @@ class MyDrafter final : public Drafter {
     p.head_dim = head_dim_;
     return p;
   }
-  int64_t positions() const override { return 1; }
+  std::vector<std::string> position_names() const override { return {"position 1"}; }
   StepResult step(const Batch& batch, DrafterContext& attention, at::Generator&, bool) override {
     MaskInput in;
     in.batch = batch_;

@@ -44,7 +44,7 @@ class ToyDrafter final : public Drafter {
     p.head_dim = head_dim_;
     return p;
   }
-  int64_t positions() const override { return 1; }
+  std::vector<std::string> position_names() const override { return {"position 1"}; }
   std::vector<std::string> scalar_names() const override { return {"accuracy"}; }
   StepResult step(const Batch& batch, DrafterContext& attention, at::Generator&, bool) override {
     MaskInput in;

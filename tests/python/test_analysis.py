@@ -61,11 +61,13 @@ def test_finished_log_matches_the_file_and_the_cli_output(finished_toy_run):
     for i, v in shown.items():
         assert abs(run.steps["loss"][i] - v) <= 0.5e-4 + 1e-12, (i, v)
     assert all(np.isfinite(run.steps["loss"]))
-    # Per-position accuracy: acc_1 and run.positions[1] are the file's column; the
-    # toy drafter reports the same number as its "accuracy" scalar.
+    # Per-position accuracy: acc_1 and run.positions["position 1"] (the drafter's name of the
+    # column, from the log) are the file's column; the toy drafter reports the same number as
+    # its "accuracy" scalar.
+    assert run.position_names == ["position 1"]
     assert run.positions.shape == (6, 1)
     assert run.positions.index.tolist() == list(range(6))
-    assert run.steps["acc_1"].tolist() == acc[:, 0].tolist() == run.positions[1].tolist()
+    assert run.steps["acc_1"].tolist() == acc[:, 0].tolist() == run.positions["position 1"].tolist()
     assert run.steps["accuracy"].tolist() == acc[:, 0].tolist()
 
     # Kernels: ids map through /kernels/names; backward falls back to other/bwd

@@ -121,6 +121,9 @@ def test_eagle3_trains_against_an_online_hf_target(tmp_path):
             assert all(names[i].startswith("flash_cpu/bwd/") for i in bwd[:, col]), (col, names)
         # The loss of every unroll step through the engine's LM-head op (chunked on the CPU).
         assert all(names[i] == "lm_head_ce/chunked" for i in f["kernels/loss"][:].ravel()), names
+        names = f["steps"].attrs["position_names"]
+        names = names.decode() if isinstance(names, bytes) else names
+        assert names.split("\n") == [f"step {i}" for i in range(TTT)], names  # the unroll steps, named
         loss_kernel = f.attrs["loss_kernel"]
         loss_kernel = loss_kernel.decode() if isinstance(loss_kernel, bytes) else loss_kernel
         assert loss_kernel.startswith("lm_head_ce/chunked"), loss_kernel

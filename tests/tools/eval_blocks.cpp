@@ -91,7 +91,7 @@ int run(int argc, char** argv) {
                           setup.experiment.eval(),
                           static_cast<uint64_t>(setup.experiment.run().integer("seed")),
                           columns.count(),
-                          b.drafter->positions(),
+                          static_cast<int64_t>(b.drafter->position_names().size()),
                           b.target.get(),
                           [&](const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {
                             blocks.add(batch, r, verified);

@@ -212,9 +212,9 @@ class FLASHDRAFT_API Target : public PluginObject {
   virtual std::vector<int64_t> stop_tokens() const { return {}; }
 };
 
-// What one drafter step returns. "Positions" are the drafter's per-position metrics
-// (Drafter::positions()): DFlash's block positions 1..BS-1, EAGLE-3's unroll steps
-// 0..ttt_steps-1. Validation's proposals use the engine's block layout: block n starts at
+// What one drafter step returns. "Positions" are the columns of the drafter's per-position
+// metric, named by Drafter::position_names(): DFlash's block positions 1..BS-1, EAGLE-3's
+// unroll steps 0..ttt_steps-1. Validation's proposals use the engine's block layout: block n starts at
 // anchor n with the token there (position 0, given), then the drafter's proposals for the
 // tokens at anchor + 1 .. anchor + BS - 1 (DFlash: one block of its mask; EAGLE-3: the
 // greedy tokens of its unroll steps 0..ttt_steps-1, BS = ttt_steps + 1).
@@ -262,8 +262,11 @@ class FLASHDRAFT_API Drafter : public PluginObject {
   virtual std::vector<AttentionProblem> attention_problems() const {
     return std::vector<AttentionProblem>(static_cast<size_t>(attention_layers()), attention_problem());
   }
-  // Width of the per-position metrics (BS - 1 for DFlash, ttt_steps for EAGLE-3).
-  virtual int64_t positions() const = 0;
+  // The columns of the per-position metric, named (StepResult::position_accuracy holds one
+  // value per name, in this order; the log's steps/ and eval/position_accuracy carry the names
+  // as their group's attribute "position_names"): DFlash "position 1" .. "position BS-1",
+  // EAGLE-3 "step 0" .. "step ttt_steps-1".
+  virtual std::vector<std::string> position_names() const = 0;
   // Names of the extra scalars StepResult carries (e.g. "tau_sim"), known before the
   // first step (the log declares one column per name).
   virtual std::vector<std::string> scalar_names() const { return {}; }

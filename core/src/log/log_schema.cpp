@@ -19,7 +19,7 @@ std::vector<LogColumn> steps_columns(const LogShape& shape) {
       {"steps/input_tokens_per_s", T::f64, 0, 0,
        "the batches' real input tokens (every non-padding position, prompt included; all micro-batches and ranks) "
        "per second: the rate other trainers report as tokens/s"},
-      {"steps/position_accuracy", T::f64, shape.positions, 0,
+      {"steps/position_accuracy", T::f64, static_cast<int64_t>(shape.position_names.size()), 0,
        "accuracy per position (the drafter's positions: e.g. block positions 1..BS-1, or unroll steps)"},
   };
   for (const auto& n : shape.scalar_names) c.push_back({"steps/" + n, T::f64, 0, 0, "drafter metric"});
@@ -87,7 +87,7 @@ std::vector<LogColumn> eval_columns(const LogShape& shape) {
        "block) or \"data tokens (...)\" (then eval/tau_anchor = eval/tau_data)"},
       {"eval/tau_sim", T::f64, 0, 0, "1 + sum_k prod_{j<=k} acc_j from eval/position_accuracy"},
       {"eval/blocks", T::i64, 0, 0, "blocks (anchors) the acceptance length averages over"},
-      {"eval/position_accuracy", T::f64, shape.positions, 0,
+      {"eval/position_accuracy", T::f64, static_cast<int64_t>(shape.position_names.size()), 0,
        "held-out accuracy per position, as in steps/position_accuracy"},
   };
   if (shape.served_width > 0)

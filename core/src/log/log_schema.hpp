@@ -22,8 +22,8 @@ struct LogColumn {
 // What the widths depend on: the drafter's attention layers, per-position metrics and
 // extra scalars (zero widths give the names only, as `inspect` needs them).
 struct LogShape {
-  LedgerColumns columns;  // the kernel ledger's groups: /kernels/* widths
-  int64_t positions = 0;
+  LedgerColumns columns;                    // the kernel ledger's groups: /kernels/* widths
+  std::vector<std::string> position_names;  // the per-position metric's columns
   std::vector<std::string> scalar_names;
   bool target = false;       // an online target: its forward time per step
   int64_t ranks = 1;         // processes of a data-parallel run: ranks/* columns when > 1

@@ -129,6 +129,11 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
   // Which training batches the steps read: a resumed run must keep them (resume.hpp).
   log.set_group_attribute("steps", "world_size", std::to_string(shape.ranks));
   log.set_group_attribute("steps", "accumulate", std::to_string(shape.accumulate));
+  // The per-position metric's columns by name, one per line (steps/ and eval/position_accuracy).
+  std::string names;
+  for (const std::string& n : shape.position_names) names += (names.empty() ? "" : "\n") + n;
+  log.set_group_attribute("steps", "position_names", names);
+  log.set_group_attribute("eval", "position_names", names);
   log.set_group_attribute("memory", "device", device.str());
   log.set_group_attribute("memory", "method",
                           device.is_cpu() ? "tracking CPU allocator (live tensor bytes)"

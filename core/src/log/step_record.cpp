@@ -43,7 +43,7 @@ void StepRecorder::record(const StepOutcome& o) {
   log_.append("steps/tokens_per_s", o.seconds > 0 ? double(o.tokens) / o.seconds : 0.0);
   log_.append("steps/input_tokens_per_s", o.seconds > 0 ? double(o.input_tokens) / o.seconds : 0.0);
   std::vector<double> acc = o.position_accuracy;
-  acc.resize(static_cast<size_t>(shape_.positions), std::nan(""));
+  acc.resize(shape_.position_names.size(), std::nan(""));
   log_.append("steps/position_accuracy", acc);
   const std::map<std::string, double> scalars(o.scalars.begin(), o.scalars.end());
   for (const auto& n : shape_.scalar_names) {

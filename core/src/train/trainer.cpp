@@ -209,7 +209,7 @@ void Trainer::prepare() {
   prepare_loss(columns.loss());
   std::cout << "precision: " << plugins_.precision.describe() << std::endl;
   shape_ = LogShape{columns,
-                    drafter.positions(),
+                    drafter.position_names(),
                     drafter.scalar_names(),
                     plugins_.target != nullptr,
                     dist_->world(),
@@ -464,7 +464,7 @@ void Trainer::validate(int64_t done) {
                             setup_.experiment.eval(),
                             static_cast<uint64_t>(run_table().integer("seed")),
                             shape_.columns.count(),
-                            shape_.positions,
+                            static_cast<int64_t>(shape_.position_names.size()),
                             plugins_.target.get(),
                             nullptr,
                             served_.get(),
