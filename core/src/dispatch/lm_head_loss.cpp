@@ -2,6 +2,7 @@
 #include "dispatch/lm_head_loss.hpp"
 
 #include "dispatch/cuda_ops.hpp"
+#include "dispatch/dtype_name.hpp"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -400,11 +401,7 @@ LmHeadLossOutput lm_head_loss_fused(const LmHeadLossInput& in, int64_t chunk_row
 }
 
 std::string LossProblem::str() const {
-  const std::string d = dtype == at::kFloat      ? "float32"
-                        : dtype == at::kBFloat16 ? "bfloat16"
-                        : dtype == at::kHalf     ? "float16"
-                                                 : c10::toString(dtype);
-  return "LM-head loss on " + device.str() + " (" + d + ")" +
+  return "LM-head loss on " + device.str() + " (" + dtype_name(dtype) + ")" +
          (vocab > 0 ? ", the target's vocabulary " + std::to_string(vocab) : std::string());
 }
 

@@ -162,16 +162,6 @@ void bind_served(const Setup& s, BoundPlugins& b, const std::vector<KernelCandid
 
 }  // namespace
 
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat: return "float32";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kHalf: return "float16";
-    case c10::kDouble: return "float64";
-    default: return c10::toString(t);
-  }
-}
-
 std::string Precision::describe() const {
   std::string s = "compute " + dtype_name(compute) + ", ";
   s += master == compute ? "weights and AdamW moments in " + dtype_name(master)

@@ -11,6 +11,7 @@
 
 #include "config/setup.hpp"
 #include "dispatch/dispatch.hpp"
+#include "dispatch/dtype_name.hpp"
 
 #include <memory>
 #include <vector>
@@ -24,8 +25,6 @@ struct Precision {
   bool fused = false;                     // the engine's fused AdamW (else torch::optim::AdamW)
   std::string describe() const;
 };
-
-FLASHDRAFT_API std::string dtype_name(c10::ScalarType t);  // "float32", "bfloat16", ...
 
 struct BoundPlugins {
   RunContext ctx;
