@@ -59,6 +59,27 @@ function(flashdraft_add_plugin target)
   endif()
 endfunction()
 
+# flashdraft_add_plugin_library(<target> SOURCES <files...> [LIBRARIES <libs...>]
+#                               [PRIVATE_LIBRARIES <libs...>])
+# A static library of a plugin's parts that tests and other plugins link too (a drafter's
+# serving format, the base of a drafter family): hidden symbols like the plugin's (-fPIC, so
+# a plugin can link it), flashdraft::core and LIBRARIES public, its folder on the include path.
+function(flashdraft_add_plugin_library target)
+  cmake_parse_arguments(P "" "" "SOURCES;LIBRARIES;PRIVATE_LIBRARIES" ${ARGN})
+  if(NOT P_SOURCES)
+    message(FATAL_ERROR "flashdraft_add_plugin_library(${target}): no SOURCES given")
+  endif()
+  add_library(${target} STATIC ${P_SOURCES})
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+  target_link_libraries(${target} PUBLIC flashdraft::core ${P_LIBRARIES} PRIVATE ${P_PRIVATE_LIBRARIES})
+  if(TARGET flashdraft_warnings)
+    target_link_libraries(${target} PRIVATE flashdraft_warnings)
+  endif()
+  target_include_directories(${target} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+  flashdraft_use_pch(${target})
+endfunction()
+
 # flashdraft_use_pch(<executable>): reuse the precompiled LibTorch header in an
 # executable. The PCH is compiled as position-independent library code (-fPIC), so
 # the executable's objects must be too (not -fPIE).

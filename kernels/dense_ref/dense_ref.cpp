@@ -29,19 +29,11 @@
 #include <optional>
 #include <string>
 
+namespace flashdraft {
 namespace {
 
-using flashdraft::AttentionBackward;
-using flashdraft::AttentionForward;
-using flashdraft::AttentionProblem;
-using flashdraft::BlockMaskTensors;
-using flashdraft::BlockSize;
-using flashdraft::Support;
-using flashdraft::kernel_inputs::check_backward_inputs;
-using flashdraft::kernel_inputs::check_inputs;
-
 // Any device, dtype and head dim: the reference checks only the shape contract.
-const flashdraft::kernel_inputs::Accepted kAccepted{"dense_ref", std::nullopt, {}, {}, ""};
+const kernel_inputs::Accepted kAccepted{"dense_ref", std::nullopt, {}, {}, ""};
 
 // GQA: kv head g serves query heads g * group .. (g + 1) * group - 1.
 at::Tensor expand_heads(const at::Tensor& t, int64_t heads_q) {
@@ -84,7 +76,7 @@ class DenseRef : public flashdraft::AttentionKernel {
 
   AttentionForward forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask,
                            double scale) override {
-    check_inputs(kAccepted, q, k, v, mask);
+    kernel_inputs::check_inputs(kAccepted, q, k, v, mask);
     if (k.size(2) == 0)  // no keys at all: every row is empty (a row max over nothing is undefined)
       return {at::zeros_like(q),
               at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<float>::infinity(),
@@ -98,8 +90,8 @@ class DenseRef : public flashdraft::AttentionKernel {
   AttentionBackward backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& out, const at::Tensor& lse, const BlockMaskTensors& mask,
                              double scale) override {
-    check_inputs(kAccepted, q, k, v, mask);
-    check_backward_inputs(kAccepted, dout, out, lse, q);  // out and lse are checked, not read
+    kernel_inputs::check_inputs(kAccepted, q, k, v, mask);
+    kernel_inputs::check_backward_inputs(kAccepted, dout, out, lse, q);  // out and lse are checked, not read
     if (k.size(2) == 0) return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v), "dense_ref"};
     // The engine may call this from inside an autograd backward, where grad mode is off.
     at::AutoGradMode grad_on(true);
@@ -114,6 +106,7 @@ class DenseRef : public flashdraft::AttentionKernel {
 };
 
 }  // namespace
+}  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(kernel, "dense_ref", "0.1.0",
-                  "reference attention: dense fp32 scores, masked softmax, autograd backward", DenseRef)
+                  "reference attention: dense fp32 scores, masked softmax, autograd backward", flashdraft::DenseRef)

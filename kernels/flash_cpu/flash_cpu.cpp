@@ -58,17 +58,8 @@
 #include <string>
 #include <type_traits>
 
+namespace flashdraft {
 namespace {
-
-using flashdraft::AttentionBackward;
-using flashdraft::AttentionForward;
-using flashdraft::AttentionProblem;
-using flashdraft::BlockMask;
-using flashdraft::BlockMaskTensors;
-using flashdraft::BlockSize;
-using flashdraft::Support;
-using flashdraft::kernel_inputs::check_backward_inputs;
-using flashdraft::kernel_inputs::check_inputs;
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstTile = Eigen::Map<const RowMatrix>;
@@ -115,11 +106,11 @@ struct Geometry {
 std::string precision_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : "fp32"; }
 
 // What flash_cpu accepts beyond the contract; supports() and the calls' checks both read it.
-const flashdraft::kernel_inputs::Accepted kAccepted{"flash_cpu",
-                                                    c10::DeviceType::CPU,
-                                                    {at::kFloat, at::kBFloat16},
-                                                    [](int64_t d) { return d >= 1 && d <= kMaxHeadDim; },
-                                                    "1 to " + std::to_string(kMaxHeadDim)};
+const kernel_inputs::Accepted kAccepted{"flash_cpu",
+                                        c10::DeviceType::CPU,
+                                        {at::kFloat, at::kBFloat16},
+                                        [](int64_t d) { return d >= 1 && d <= kMaxHeadDim; },
+                                        "1 to " + std::to_string(kMaxHeadDim)};
 
 // Rows [0, n) x [0, dim) of a tile as fp32: float input is used in place, bf16 input
 // is converted into `scratch`.
@@ -302,69 +293,69 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
     b.acc1 = x;
     return b;
   };
+  // fn(task, buffers) for tasks 0 .. n - 1 over at::parallel_for, each thread with its own scratch.
+  auto for_each_task = [&](int64_t n, auto&& fn) {
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      at::Tensor scratch = at::empty({scratch_size}, at::kFloat);
+      const Buffers buf = carve(scratch);
+      for (int64_t task = begin; task < end; ++task) fn(task, buf);
+    });
+  };
 
   // dK, dV: one task per (b, kv head, KV tile j), over the transposed lists of every
   // query head of the group.
   T* dkd = dk.data_ptr<T>();
   T* dvd = dv.data_ptr<T>();
-  at::parallel_for(0, g.batch * g.heads_kv * g.kv_blocks, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor scratch = at::empty({scratch_size}, at::kFloat);
-    const Buffers buf = carve(scratch);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t j = task % g.kv_blocks, bg = task / g.kv_blocks, hk = bg % g.heads_kv, b = bg / g.heads_kv;
-      const int64_t kn = g.kv_rows(j), kv_off = ((b * g.heads_kv + hk) * g.kv_len + j * g.bkv) * D;
-      ConstTile kt(load_tile(kd + kv_off, kn, D, buf.k), kn, D);
-      ConstTile vt(load_tile(vd + kv_off, kn, D, buf.v), kn, D);
-      Tile dk_acc(buf.acc0, kn, D), dv_acc(buf.acc1, kn, D);
-      dk_acc.setZero();
-      dv_acc.setZero();
-      for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
-        for_each_q_tile(m, g.mask_col(b, h, j), [&](int64_t i, const uint32_t* bitmap) {
-          const int64_t qn = g.q_rows(i), row0 = (b * g.heads_q + h) * g.q_len + i * g.bq;
-          ConstTile qt(load_tile(qd + row0 * D, qn, D, buf.q), qn, D);
-          ConstTile dot(load_tile(dod + row0 * D, qn, D, buf.dout), qn, D);
-          Tile p(buf.p, qn, kn), dp(buf.dp, qn, kn);
-          recompute_p(p, qt, kt, lsed + row0, bitmap, g);
-          dv_acc.noalias() += p.transpose() * dot;
-          dp.noalias() = dot * vt.transpose();
-          softmax_backward(dp, p, deltad + row0);
-          dk_acc.noalias() += scale * (dp.transpose() * qt);
-        });
-      }
-      // Every (b, kv head, tile) is a task, so every row of dK and dV is written,
-      // including tiles no query sees (zeros).
-      for (int64_t x = 0; x < kn * D; ++x) {
-        dkd[kv_off + x] = static_cast<T>(buf.acc0[x]);
-        dvd[kv_off + x] = static_cast<T>(buf.acc1[x]);
-      }
+  for_each_task(g.batch * g.heads_kv * g.kv_blocks, [&](int64_t task, const Buffers& buf) {
+    const int64_t j = task % g.kv_blocks, bg = task / g.kv_blocks, hk = bg % g.heads_kv, b = bg / g.heads_kv;
+    const int64_t kn = g.kv_rows(j), kv_off = ((b * g.heads_kv + hk) * g.kv_len + j * g.bkv) * D;
+    ConstTile kt(load_tile(kd + kv_off, kn, D, buf.k), kn, D);
+    ConstTile vt(load_tile(vd + kv_off, kn, D, buf.v), kn, D);
+    Tile dk_acc(buf.acc0, kn, D), dv_acc(buf.acc1, kn, D);
+    dk_acc.setZero();
+    dv_acc.setZero();
+    for (int64_t h = hk * g.group; h < (hk + 1) * g.group; ++h) {
+      for_each_q_tile(m, g.mask_col(b, h, j), [&](int64_t i, const uint32_t* bitmap) {
+        const int64_t qn = g.q_rows(i), row0 = (b * g.heads_q + h) * g.q_len + i * g.bq;
+        ConstTile qt(load_tile(qd + row0 * D, qn, D, buf.q), qn, D);
+        ConstTile dot(load_tile(dod + row0 * D, qn, D, buf.dout), qn, D);
+        Tile p(buf.p, qn, kn), dp(buf.dp, qn, kn);
+        recompute_p(p, qt, kt, lsed + row0, bitmap, g);
+        dv_acc.noalias() += p.transpose() * dot;
+        dp.noalias() = dot * vt.transpose();
+        softmax_backward(dp, p, deltad + row0);
+        dk_acc.noalias() += scale * (dp.transpose() * qt);
+      });
+    }
+    // Every (b, kv head, tile) is a task, so every row of dK and dV is written,
+    // including tiles no query sees (zeros).
+    for (int64_t x = 0; x < kn * D; ++x) {
+      dkd[kv_off + x] = static_cast<T>(buf.acc0[x]);
+      dvd[kv_off + x] = static_cast<T>(buf.acc1[x]);
     }
   });
 
   // dQ: one task per (b, h, query tile i), over the forward lists.
   T* dqd = dq.data_ptr<T>();
-  at::parallel_for(0, g.batch * g.heads_q * g.q_blocks, 1, [&](int64_t begin, int64_t end) {
-    at::Tensor scratch = at::empty({scratch_size}, at::kFloat);
-    const Buffers buf = carve(scratch);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task % g.q_blocks, bh = task / g.q_blocks, h = bh % g.heads_q, b = bh / g.heads_q;
-      const int64_t qn = g.q_rows(i), row0 = (b * g.heads_q + h) * g.q_len + i * g.bq;
-      const int64_t kv_base = (b * g.heads_kv + h / g.group) * g.kv_len * D;
-      ConstTile qt(load_tile(qd + row0 * D, qn, D, buf.q), qn, D);
-      ConstTile dot(load_tile(dod + row0 * D, qn, D, buf.dout), qn, D);
-      Tile dq_acc(buf.acc0, qn, D);
-      dq_acc.setZero();
-      for_each_kv_tile(m, g.mask_row(b, h, i), [&](int64_t j, const uint32_t* bitmap) {
-        const int64_t kn = g.kv_rows(j), kv_off = kv_base + j * g.bkv * D;
-        ConstTile kt(load_tile(kd + kv_off, kn, D, buf.k), kn, D);
-        ConstTile vt(load_tile(vd + kv_off, kn, D, buf.v), kn, D);
-        Tile p(buf.p, qn, kn), dp(buf.dp, qn, kn);
-        recompute_p(p, qt, kt, lsed + row0, bitmap, g);
-        dp.noalias() = dot * vt.transpose();
-        softmax_backward(dp, p, deltad + row0);
-        dq_acc.noalias() += scale * (dp * kt);
-      });
-      for (int64_t x = 0; x < qn * D; ++x) dqd[row0 * D + x] = static_cast<T>(buf.acc0[x]);
-    }
+  for_each_task(g.batch * g.heads_q * g.q_blocks, [&](int64_t task, const Buffers& buf) {
+    const int64_t i = task % g.q_blocks, bh = task / g.q_blocks, h = bh % g.heads_q, b = bh / g.heads_q;
+    const int64_t qn = g.q_rows(i), row0 = (b * g.heads_q + h) * g.q_len + i * g.bq;
+    const int64_t kv_base = (b * g.heads_kv + h / g.group) * g.kv_len * D;
+    ConstTile qt(load_tile(qd + row0 * D, qn, D, buf.q), qn, D);
+    ConstTile dot(load_tile(dod + row0 * D, qn, D, buf.dout), qn, D);
+    Tile dq_acc(buf.acc0, qn, D);
+    dq_acc.setZero();
+    for_each_kv_tile(m, g.mask_row(b, h, i), [&](int64_t j, const uint32_t* bitmap) {
+      const int64_t kn = g.kv_rows(j), kv_off = kv_base + j * g.bkv * D;
+      ConstTile kt(load_tile(kd + kv_off, kn, D, buf.k), kn, D);
+      ConstTile vt(load_tile(vd + kv_off, kn, D, buf.v), kn, D);
+      Tile p(buf.p, qn, kn), dp(buf.dp, qn, kn);
+      recompute_p(p, qt, kt, lsed + row0, bitmap, g);
+      dp.noalias() = dot * vt.transpose();
+      softmax_backward(dp, p, deltad + row0);
+      dq_acc.noalias() += scale * (dp * kt);
+    });
+    for (int64_t x = 0; x < qn * D; ++x) dqd[row0 * D + x] = static_cast<T>(buf.acc0[x]);
   });
 }
 
@@ -376,13 +367,13 @@ class FlashCpu : public flashdraft::AttentionKernel {
   static void declare(flashdraft::Schema&) {}
 
   Support supports(const AttentionProblem& p) const override {
-    return flashdraft::kernel_inputs::problem_refusals(kAccepted, p).support();
+    return kernel_inputs::problem_refusals(kAccepted, p).support();
   }
   BlockSize block_size(const AttentionProblem&) const override { return {64, 64}; }
 
   AttentionForward forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                            const BlockMaskTensors& mask, double scale) override {
-    check_inputs(kAccepted, q_in, k_in, v_in, mask);
+    kernel_inputs::check_inputs(kAccepted, q_in, k_in, v_in, mask);
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const BlockMask& m = *mask.host;
     const Geometry g(q, k, m, scale);
@@ -398,8 +389,8 @@ class FlashCpu : public flashdraft::AttentionKernel {
   AttentionBackward backward(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                              const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
                              const BlockMaskTensors& mask, double scale) override {
-    check_inputs(kAccepted, q_in, k_in, v_in, mask);
-    check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
+    kernel_inputs::check_inputs(kAccepted, q_in, k_in, v_in, mask);
+    kernel_inputs::check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
     const at::ScalarType t = q_in.scalar_type();
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const at::Tensor dout = dout_in.contiguous(), out = out_in.contiguous(), lse = lse_in.contiguous();
@@ -417,6 +408,8 @@ class FlashCpu : public flashdraft::AttentionKernel {
 };
 
 }  // namespace
+}  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(kernel, "flash_cpu", "0.1.0",
-                  "FlashAttention-2 over a BlockMask on CPU (Eigen tiles), fp32/bf16, O(N) memory", FlashCpu)
+                  "FlashAttention-2 over a BlockMask on CPU (Eigen tiles), fp32/bf16, O(N) memory",
+                  flashdraft::FlashCpu)

@@ -33,23 +33,17 @@
 #include <stdexcept>
 #include <string>
 
+namespace flashdraft {
 namespace {
 
-namespace fc = flashdraft::flash_cuda;
-using flashdraft::AttentionBackward;
-using flashdraft::AttentionForward;
-using flashdraft::AttentionProblem;
-using flashdraft::BlockMaskTensors;
-using flashdraft::BlockSize;
-using flashdraft::Support;
+namespace fc = flash_cuda;
 
 // What flash_cuda accepts beyond the contract; supports() and the calls' checks both read it.
-const flashdraft::kernel_inputs::Accepted kAccepted{
-    "flash_cuda",
-    c10::DeviceType::CUDA,
-    {at::kBFloat16, at::kHalf},
-    [](int64_t d) { return fc::flash_supports_head_dim(static_cast<int>(d)); },
-    fc::flash_supported_head_dims()};
+const kernel_inputs::Accepted kAccepted{"flash_cuda",
+                                        c10::DeviceType::CUDA,
+                                        {at::kBFloat16, at::kHalf},
+                                        [](int64_t d) { return fc::flash_supports_head_dim(static_cast<int>(d)); },
+                                        fc::flash_supported_head_dims()};
 
 // The compute capability and shared memory of CUDA device `device`, or false with the
 // reason they are unknown in *why.
@@ -91,7 +85,7 @@ at::Tensor kernel_ready(const at::Tensor& t) {
 // Throws std::invalid_argument naming the first input that does not fit: the shared checks,
 // then the tile the kernels need.
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const BlockMaskTensors& mask) {
-  flashdraft::kernel_inputs::check_inputs(kAccepted, q, k, v, mask);
+  kernel_inputs::check_inputs(kAccepted, q, k, v, mask);
   const flashdraft::BlockMask& m = *mask.host;
   const fc::TileSize tile = fc::flash_tile_size(static_cast<int>(q.size(3)));
   if (m.block_q != tile.q || m.block_kv != tile.kv)
@@ -176,7 +170,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
   }
 
   Support supports(const AttentionProblem& p) const override {
-    flashdraft::kernel_inputs::Refusals why = flashdraft::kernel_inputs::problem_refusals(kAccepted, p);
+    kernel_inputs::Refusals why = kernel_inputs::problem_refusals(kAccepted, p);
     const fc::ConfigRequest request = config_request();
     const std::string bad_request = fc::flash_config_request_error(request);  // needs no device
     why.add(bad_request);
@@ -240,7 +234,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
                              const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse_in,
                              const BlockMaskTensors& mask, double scale) override {
     check_inputs(q_in, k_in, v_in, mask);
-    flashdraft::kernel_inputs::check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
+    kernel_inputs::check_backward_inputs(kAccepted, dout_in, out_in, lse_in, q_in);
     const c10::cuda::CUDAGuard guard(q_in.device());
     const at::Tensor q = kernel_ready(q_in), k = kernel_ready(k_in), v = kernel_ready(v_in);
     const at::Tensor dout = kernel_ready(dout_in), out = kernel_ready(out_in);
@@ -301,7 +295,9 @@ class FlashCuda : public flashdraft::AttentionKernel {
 };
 
 }  // namespace
+}  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(
     kernel, "flash_cuda", "0.1.0",
-    "fused block-sparse attention on CUDA (mma.sync; wgmma on Hopper; 128x64 tiles), forward and backward", FlashCuda)
+    "fused block-sparse attention on CUDA (mma.sync; wgmma on Hopper; 128x64 tiles), forward and backward",
+    flashdraft::FlashCuda)

@@ -66,40 +66,49 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The 16-bit type's conversions and its m16n8k16 product (T: __nv_bfloat16 or __half).
+#define FD_MMA_M16N8K16(TY)                              \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY \
+      ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "              \
+      "{%8,%9}, {%0,%1,%2,%3};\n"                        \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 template <class T>
-struct Ops;
-template <>
-struct Ops<__nv_bfloat16> {
+struct Ops {
+  static constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  static_assert(kBf16 || std::is_same<T, __half>::value, "flash_cuda runs bf16 and fp16");
+  using Pair = typename std::conditional<kBf16, __nv_bfloat162, __half2>::type;
   __device__ static __forceinline__ uint32_t pack(float a, float b) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    Pair v;
+    if constexpr (kBf16)
+      v = __floats2bfloat162_rn(a, b);
+    else
+      v = __floats2half2_rn(a, b);
     return *reinterpret_cast<uint32_t*>(&v);
   }
   __device__ static __forceinline__ float2 unpack(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&u));
+    if constexpr (kBf16)
+      return __bfloat1622float2(*reinterpret_cast<Pair*>(&u));
+    else
+      return __half22float2(*reinterpret_cast<Pair*>(&u));
   }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (kBf16)
+      FD_MMA_M16N8K16("bf16");
+    else
+      FD_MMA_M16N8K16("f16");
   }
 };
-template <>
-struct Ops<__half> {
-  __device__ static __forceinline__ uint32_t pack(float a, float b) {
-    __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  __device__ static __forceinline__ float2 unpack(uint32_t u) {
-    return __half22float2(*reinterpret_cast<__half2*>(&u));
-  }
-  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+#undef FD_MMA_M16N8K16
+
+// Zeroes a warp's fragments of A x B accumulator tiles (4 fp32 each).
+template <int A, int B>
+__device__ __forceinline__ void zero_acc(float (&x)[A][B][4]) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j) x[i][j][0] = x[i][j][1] = x[i][j][2] = x[i][j][3] = 0.f;
+}
 
 // Swizzled [rows][D] tile: byte offset of 16-byte chunk `chunk` of row `row`.
 template <int D>
@@ -309,6 +318,63 @@ __device__ __forceinline__ RowList row_list(const FlashMask& m, int b, int h, in
   return r;
 }
 
+// The first element of head h of batch row b of a [B, H, L, D] tensor of `p`.
+__device__ __forceinline__ const uint16_t* head_of(const void* t, const Strides& s, int b, int h) {
+  return static_cast<const uint16_t*>(t) + b * s.batch + h * s.head;
+}
+__device__ __forceinline__ uint16_t* head_of(void* t, const Strides& s, int b, int h) {
+  return static_cast<uint16_t*>(t) + b * s.batch + h * s.head;
+}
+// The K and V tiles of entry `it` of a query tile's list of key tiles, into sk and sv.
+template <int D, int NT>
+__device__ __forceinline__ void load_kv_tiles(uint32_t sk, uint32_t sv, const uint16_t* K, const uint16_t* V,
+                                              const FlashParams& p, const RowList& rl, int it, int tid) {
+  int kvb, entry;
+  rl.at(p.mask, it, kvb, entry);
+  load_tile<D, BKV, NT>(sk, K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
+  load_tile<D, BKV, NT>(sv, V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
+}
+// Step `it` of a cp.async pipeline of STAGES stages over n entries: issues the loads of entry
+// it + STAGES - 1 (load(entry, stage)), then waits until entry it's stage has landed, in every
+// thread. Returns that stage.
+template <int STAGES, class Load>
+__device__ __forceinline__ int pipeline_step(int it, int n, Load&& load) {
+  {
+    const int nx = it + STAGES - 1;
+    if (nx < n) load(nx, nx % STAGES);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 1>();
+  __syncthreads();
+  return it % STAGES;
+}
+// The start of a query work item, the same in the forward and the dQ kernels: tile qb of
+// query head h (key head hk) of batch row b (rows q0 ..), the heads of Q, dO, K and V it reads
+// and its list of key tiles (rl.n = 0: it sees no key). `trace` is the kernel's first
+// trace entry.
+struct QueryWork {
+  int qb, h, b, hk, q0;
+  const uint16_t *q, *dout, *k, *v;  // dout: the dQ kernels' (unused by the forward's)
+  RowList rl;
+};
+__device__ __forceinline__ QueryWork query_work(const FlashParams& p, const int* order, int trace) {
+  const int q_blocks = (p.Lq + BQ - 1) / BQ;
+  const QueryItem item = query_item(p, order, q_blocks);
+  trace_begin(p, trace, item.item);
+  QueryWork work;
+  work.qb = item.qb;
+  work.h = item.h;
+  work.b = item.b;
+  work.hk = work.h / (p.Hq / p.Hkv);
+  work.q0 = work.qb * BQ;
+  work.q = head_of(p.q, p.q_strides, work.b, work.h);
+  work.dout = head_of(p.dout, p.dout_strides, work.b, work.h);
+  work.k = head_of(p.k, p.k_strides, work.b, work.hk);
+  work.v = head_of(p.v, p.v_strides, work.b, work.hk);
+  work.rl = row_list(p.mask, work.b, work.h, work.qb, q_blocks);
+  return work;
+}
+
 // Masks a warp's 16 x 64 score tile (rows qrow, qrow + 8 of the 128-row mask tile):
 // partial tiles read their bitmap (2 words per row), a full tile only cuts the ragged
 // kv edge (its out-of-range columns are not part of the mask). mask_by_bits and
@@ -396,10 +462,10 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
   const LaneAddr<D> la(lane);
   const int q0 = qb * BQ;
 
-  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
-  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
-  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
-  uint16_t* O = static_cast<uint16_t*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+  const uint16_t* Q = head_of(p.q, p.q_strides, b, h);
+  const uint16_t* K = head_of(p.k, p.k_strides, b, hk);
+  const uint16_t* V = head_of(p.v, p.v_strides, b, hk);
+  uint16_t* O = head_of(p.out, p.out_strides, b, h);
   float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.Lq;
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
@@ -412,12 +478,7 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
   const uint32_t sQ = smem_addr(smem);
   auto sK = [&](int st) { return sQ + S::kQ + st * 2 * S::kKV; };
   auto sV = [&](int st) { return sQ + S::kQ + st * 2 * S::kKV + S::kKV; };
-  auto load_kv = [&](int it, int st) {
-    int kvb, entry;
-    rl.at(p.mask, it, kvb, entry);
-    load_tile<D, BKV, NT>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
-    load_tile<D, BKV, NT>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
-  };
+  auto load_kv = [&](int it, int st) { load_kv_tiles<D, NT>(sK(st), sV(st), K, V, p, rl, it, tid); };
 
   load_tile<D, BQ, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
   cp_async_commit();
@@ -429,32 +490,19 @@ __global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const Flas
 
   const float sl2 = p.scale * kLog2e;
   float o[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+  zero_acc(o);
   // row r of m-tile mt: tile row warp*WR + mt*16 + g + 8r
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
 
   for (int it = 0; it < rl.n; ++it) {
-    {
-      const int nx = it + STAGES - 1;
-      if (nx < rl.n) load_kv(nx, nx % STAGES);
-      cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();
-    __syncthreads();
-    const int st = it % STAGES;
+    const int st = pipeline_step<STAGES>(it, rl.n, load_kv);
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
 
     float s[MT][8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+    zero_acc(s);
     gemm_abt_mt<T, D, MT>(s, sQ, warp * WR, sK(st), la);
 
     uint32_t pa[MT][4][4];
@@ -670,14 +718,14 @@ __global__ void __launch_bounds__(128, 2)
   const LaneAddr<D> la(lane);
   const int kv0 = kvb * BKV;
 
-  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
-  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  const uint16_t* K = head_of(p.k, p.k_strides, b, hk);
+  const uint16_t* V = head_of(p.v, p.v_strides, b, hk);
   const uint32_t sK = smem_addr(smem), sV = sK + S::kKV;
   auto stage = [&](int st) { return 2 * S::kKV + st * S::kStage; };  // byte offset
   auto load_step = [&](const KvStep& s, int st) {
     const int off = stage(st);
-    const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + s.h * p.q_strides.head;
-    const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + s.h * p.dout_strides.head;
+    const uint16_t* Q = head_of(p.q, p.q_strides, b, s.h);
+    const uint16_t* dO = head_of(p.dout, p.dout_strides, b, s.h);
     load_tile<D, BQ_STEP, 128>(sK + off, Q, p.q_strides.row, s.q0, p.Lq, tid);
     load_tile<D, BQ_STEP, 128>(sK + off + S::kQ, dO, p.dout_strides.row, s.q0, p.Lq, tid);
     load_step_meta(sK + off + 2 * S::kQ, smem + off + 2 * S::kQ, s, p, ws_lse2, ws_delta,
@@ -799,8 +847,7 @@ __global__ void __launch_bounds__(128, 2)
         for (int kk = 0; kk < 4; ++kk)
           ldsm_x4_t(pa[0][kk], sds + tile_off<64>(kk * 16 + (lane / 16) * 8 + lane % 8, 2 * warp + (lane / 8) % 2));
         float acc[1][D / 8][4];
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        zero_acc(acc);
         gemm_pv_mt<T, D, 1>(acc, pa, sK, la);
         float* dst = dq_acc + (((int64_t)b * p.Hq + sFlags[1]) * Lq_pad + sFlags[2] + warp * 16 + g) * D + 2 * t;
 #pragma unroll
@@ -835,8 +882,8 @@ __global__ void __launch_bounds__(128, 2)
   acc_to_smem<T, D>(tdk, warp * 16, dk[0], lane);
   acc_to_smem<T, D>(tdv, warp * 16, dv[0], lane);
   __syncthreads();
-  uint16_t* dK = static_cast<uint16_t*>(p.dk) + b * p.dk_strides.batch + hk * p.dk_strides.head;
-  uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
+  uint16_t* dK = head_of(p.dk, p.dk_strides, b, hk);
+  uint16_t* dV = head_of(p.dv, p.dv_strides, b, hk);
   smem_to_global<D>(dK, p.dk_strides.row, tdk, 0, BKV, kv0, p.Lkv, tid, 128);
   smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid, 128);
   trace_end(p, 0);
@@ -872,11 +919,11 @@ __global__ void __launch_bounds__(256 / MT, MT)
   const LaneAddr<D> la(lane);
   const int q0 = qb * BQ;
 
-  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
-  const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
-  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
-  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
-  uint16_t* dQ = static_cast<uint16_t*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
+  const uint16_t* Q = head_of(p.q, p.q_strides, b, h);
+  const uint16_t* dO = head_of(p.dout, p.dout_strides, b, h);
+  const uint16_t* K = head_of(p.k, p.k_strides, b, hk);
+  const uint16_t* V = head_of(p.v, p.v_strides, b, hk);
+  uint16_t* dQ = head_of(p.dq, p.dq_strides, b, h);
 
   const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
   if (rl.n == 0) {
@@ -887,12 +934,7 @@ __global__ void __launch_bounds__(256 / MT, MT)
   const uint32_t sQ = smem_addr(smem), sdO = sQ + S::kQ;
   auto sK = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV; };
   auto sV = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV + S::kKV; };
-  auto load_kv = [&](int it, int st) {
-    int kvb, entry;
-    rl.at(p.mask, it, kvb, entry);
-    load_tile<D, BKV, NT>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, tid);
-    load_tile<D, BKV, NT>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, tid);
-  };
+  auto load_kv = [&](int it, int st) { load_kv_tiles<D, NT>(sK(st), sV(st), K, V, p, rl, it, tid); };
   load_tile<D, BQ, NT>(sQ, Q, p.q_strides.row, q0, p.Lq, tid);
   load_tile<D, BQ, NT>(sdO, dO, p.dout_strides.row, q0, p.Lq, tid);
   cp_async_commit();
@@ -910,20 +952,10 @@ __global__ void __launch_bounds__(256 / MT, MT)
   }
   const float sl2 = p.scale * kLog2e;
   float dq[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) dq[mt][j][0] = dq[mt][j][1] = dq[mt][j][2] = dq[mt][j][3] = 0.f;
+  zero_acc(dq);
 
   for (int it = 0; it < rl.n; ++it) {
-    {
-      const int nx = it + STAGES - 1;
-      if (nx < rl.n) load_kv(nx, nx % STAGES);
-      cp_async_commit();
-    }
-    cp_async_wait<STAGES - 1>();
-    __syncthreads();
-    const int st = it % STAGES;
+    const int st = pipeline_step<STAGES>(it, rl.n, load_kv);
     int kvb, entry;
     rl.at(p.mask, it, kvb, entry);
     uint32_t pa[MT][4][4];
@@ -933,10 +965,7 @@ __global__ void __launch_bounds__(256 / MT, MT)
     // masked code there, whose apply_mask skips the mask of a full tile at run time.
     auto scores = [&](auto masked_tag) {
       float s[MT][8][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+      zero_acc(s);
       gemm_abt_mt<T, D, MT>(s, sQ, warp * WR, sK(st), la);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -962,10 +991,7 @@ __global__ void __launch_bounds__(256 / MT, MT)
 #pragma unroll
     for (int part = 0; part < DP_PARTS; ++part) {
       float dp[MT][2 * NJ][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < 2 * NJ; ++j) dp[mt][j][0] = dp[mt][j][1] = dp[mt][j][2] = dp[mt][j][3] = 0.f;
+      zero_acc(dp);
       gemm_abt_mt<T, D, MT, 0, NJ>(dp, sdO, warp * WR, sV(st) + part * NJ * 16 * (D * 2), la);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)

@@ -138,6 +138,34 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The mbarriers at the start of a CTA's shared memory (`base`): full[STAGES] and empty[STAGES]
+// of the ring of stages the producer fills, then `once`, the barrier of the tiles loaded once
+// (Q, or K and V; one arrival per producer thread). init(): thread 0 sets them up (a stage is
+// full after `fill` arrivals and empty after the 8 consumer warps'), then every thread waits.
+template <int STAGES>
+struct Barriers {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t full(int st) const { return base + 8 * st; }
+  __device__ __forceinline__ uint32_t empty(int st) const { return base + 8 * (STAGES + st); }
+  __device__ __forceinline__ uint32_t once() const { return base + 8 * (2 * STAGES); }
+  __device__ __forceinline__ void init(int tid, int fill) const {
+    if (tid == 0) {
+      for (int st = 0; st < STAGES; ++st) {
+        mbar_init(full(st), fill);
+        mbar_init(empty(st), 8);
+      }
+      mbar_init(once(), 128);
+    }
+    __syncthreads();
+  }
+};
+// The producer warpgroup keeps REGS registers per thread and gives the rest back for the
+// consumers' setmaxnreg.inc.
+template <int REGS>
+__device__ __forceinline__ void producer_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS) : "memory");
+}
+
 // ---------------------------------------------------------------- dK / dV, warp-specialised
 // One CTA per (pair of 64-key mask columns 2x, 2x + 1, kv head, batch): warpgroups 0 and 1
 // own one column each (its K, V tiles and its dK, dV accumulators), warpgroup 2 is the
@@ -175,31 +203,22 @@ __global__ void __launch_bounds__(384, 1)
   const int kvb0 = 2 * item.c;
   trace_begin(p, 0, item.item);
 
-  const uint32_t bars = s0;
-  auto full = [&](int st) { return bars + 8 * st; };
-  auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
-  const uint32_t kvbar = bars + 8 * (2 * STAGES);
+  const Barriers<STAGES> bar{s0};
+  const uint32_t kvbar = bar.once();
   const uint32_t tiles = s0 + S::kBars;
   auto sK = [&](int w) { return tiles + w * 2 * S::kKV; };
   auto sV = [&](int w) { return sK(w) + S::kKV; };
   auto stage = [&](int st) { return S::kBars + 4 * S::kKV + st * S::kStage; };  // byte offset from s0
-  if (tid == 0) {
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 129);  // 128 copy arrivals + thread 0's, after it wrote the kinds
-      mbar_init(empty(st), 8);
-    }
-    mbar_init(kvbar, 128);
-  }
-  __syncthreads();
+  bar.init(tid, 129);  // a stage: 128 copy arrivals + thread 0's, after it wrote the kinds
 
   if (warp >= 8) {  // ---- producer warpgroup
     // 24: the CTA is launched with 168 x 384 registers and setmaxnreg.inc only takes what
     // the producer gives back: 256 x 240 + 128 x 24 = 168 x 384 (with 32 the consumers'
     // increase waits for ever: measured, a hang)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    producer_registers<24>();
     const int pt = tid - 256;
-    const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
-    const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+    const uint16_t* K = head_of(p.k, p.k_strides, b, hk);
+    const uint16_t* V = head_of(p.v, p.v_strides, b, hk);
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
       load_sw128<D, BKV, 128>(sK(w), K, p.k_strides.row, (kvb0 + w) * BKV, p.Lkv, pt);
@@ -211,12 +230,12 @@ __global__ void __launch_bounds__(384, 1)
     int it = 0;
     auto put = [&](int h, int q0, const int(&ent)[2], int half, int kind_end) {
       const int st = it % STAGES;
-      if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
+      if (it >= STAGES) mbar_wait(bar.empty(st), ((it / STAGES) - 1) & 1);
       const int off = stage(st);
       unsigned char* meta = smem + off + 2 * S::kQ;
       if (!kind_end) {
-        const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
-        const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
+        const uint16_t* Q = head_of(p.q, p.q_strides, b, h);
+        const uint16_t* dO = head_of(p.dout, p.dout_strides, b, h);
         load_sw128<D, BQ_STEP, 128>(s0 + off, Q, p.q_strides.row, q0, p.Lq, pt);
         load_sw128<D, BQ_STEP, 128>(s0 + off + S::kQ, dO, p.dout_strides.row, q0, p.Lq, pt);
         const int64_t row = ((int64_t)b * p.Hq + h) * Lq_pad + q0;
@@ -237,8 +256,8 @@ __global__ void __launch_bounds__(384, 1)
         kind[0] = kind_end ? kEnd : ent[0] == -2 ? kNone : ent[0] == -1 ? kFull : kPart;
         kind[1] = kind_end ? kEnd : ent[1] == -2 ? kNone : ent[1] == -1 ? kFull : kPart;
       }
-      mbar_arrive_on_copies(full(st));
-      if (pt == 0) mbar_arrive(full(st));
+      mbar_arrive_on_copies(bar.full(st));
+      if (pt == 0) mbar_arrive(bar.full(st));
       ++it;
     };
     for (int gi = 0; gi < group; ++gi) {
@@ -298,12 +317,12 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t key0 = 1u << (krow % 32), key1 = 1u << ((krow + 8) % 32);  // their bits in it
   auto release = [&](int st) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty(st));
+    if (lane == 0) mbar_arrive(bar.empty(st));
   };
   mbar_wait(kvbar, 0);
   for (int it = 0;; ++it) {
     const int st = it % STAGES;
-    mbar_wait(full(st), (it / STAGES) & 1);
+    mbar_wait(bar.full(st), (it / STAGES) & 1);
     const int off = stage(st);
     const float* sL = reinterpret_cast<const float*>(smem + off + 2 * S::kQ);
     const int kind = reinterpret_cast<const int*>(sL + 384)[w];
@@ -416,8 +435,8 @@ __global__ void __launch_bounds__(384, 1)
   acc_flat_to_smem<T, D>(tdk, wq * 16, dk, lane);
   acc_flat_to_smem<T, D>(tdv, wq * 16, dv, lane);
   named_barrier(1 + w, 128);
-  uint16_t* dK = static_cast<uint16_t*>(p.dk) + b * p.dk_strides.batch + hk * p.dk_strides.head;
-  uint16_t* dV = static_cast<uint16_t*>(p.dv) + b * p.dv_strides.batch + hk * p.dv_strides.head;
+  uint16_t* dK = head_of(p.dk, p.dk_strides, b, hk);
+  uint16_t* dV = head_of(p.dv, p.dv_strides, b, hk);
   smem_to_global<D>(dK, p.dk_strides.row, tdk, 0, BKV, kv0, p.Lkv, tid % 128, 128);
   smem_to_global<D>(dV, p.dv_strides.row, tdv, 0, BKV, kv0, p.Lkv, tid % 128, 128);
   trace_end(p, 0);
@@ -445,56 +464,38 @@ __global__ void __launch_bounds__(384, 1)
   using S = WgDqSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
-  const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const QueryItem item = query_item(p, order, q_blocks);
-  const int qb = item.qb, h = item.h, b = item.b;
-  trace_begin(p, dq_trace_first(p), item.item);
-  const int hk = h / (p.Hq / p.Hkv);
+  const QueryWork work = query_work(p, order, dq_trace_first(p));
+  const int h = work.h, b = work.b, q0 = work.q0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
-  const int q0 = qb * BQ;
-
-  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
-  const uint16_t* dO = static_cast<const uint16_t*>(p.dout) + b * p.dout_strides.batch + h * p.dout_strides.head;
-  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
-  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
-  uint16_t* dQ = static_cast<uint16_t*>(p.dq) + b * p.dq_strides.batch + h * p.dq_strides.head;
-
-  const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
+  const uint16_t *Q = work.q, *K = work.k, *V = work.v, *dO = work.dout;
+  uint16_t* dQ = head_of(p.dq, p.dq_strides, b, h);
+  const RowList rl = work.rl;
   if (rl.n == 0) {
     zero_rows<D>(dQ, p.dq_strides.row, q0, BQ, p.Lq, tid, 384);
     trace_end(p, dq_trace_first(p));
     return;
   }
-  const uint32_t bars = s0;
-  auto full = [&](int st) { return bars + 8 * st; };
-  auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
-  const uint32_t qbar = bars + 8 * (2 * STAGES);
+  const Barriers<STAGES> bar{s0};
+  const uint32_t qbar = bar.once();
   const uint32_t sQ = s0 + S::kBars, sdO = sQ + S::kQ;
   auto sK = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV; };
   auto sV = [&](int st) { return sK(st) + S::kKV; };
-  if (tid == 0) {
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 128);
-      mbar_init(empty(st), 8);
-    }
-    mbar_init(qbar, 128);
-  }
-  __syncthreads();
+  bar.init(tid, 128);
 
   if (warp >= 8) {  // ---- producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    producer_registers<40>();
     const int pt = tid - 256;
     load_sw128<D, BQ, 128>(sQ, Q, p.q_strides.row, q0, p.Lq, pt);
     load_sw128<D, BQ, 128>(sdO, dO, p.dout_strides.row, q0, p.Lq, pt);
     mbar_arrive_on_copies(qbar);
     for (int it = 0; it < rl.n; ++it) {
       const int st = it % STAGES;
-      if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
+      if (it >= STAGES) mbar_wait(bar.empty(st), ((it / STAGES) - 1) & 1);
       int kvb, entry;
       rl.at(p.mask, it, kvb, entry);
       load_sw128<D, BKV, 128>(sK(st), K, p.k_strides.row, kvb * BKV, p.Lkv, pt);
       load_sw128<D, BKV, 128>(sV(st), V, p.v_strides.row, kvb * BKV, p.Lkv, pt);
-      mbar_arrive_on_copies(full(st));
+      mbar_arrive_on_copies(bar.full(st));
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -515,7 +516,7 @@ __global__ void __launch_bounds__(384, 1)
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
   auto release = [&](int st) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty(st));
+    if (lane == 0) mbar_arrive(bar.empty(st));
   };
   mbar_wait(qbar, 0);
   for (int it = 0; it < rl.n; ++it) {
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(384, 1)
     rl.at(p.mask, it, kvb, entry);
     // the tile's bitmap words, read before the waits: their latency runs under the wait and the products
     const TileMask tm = tile_mask(p.mask, kvb, entry, qrow);
-    mbar_wait(full(st), (it / STAGES) & 1);
+    mbar_wait(bar.full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
     float s[32], dp[32];
     wg::fence();
@@ -641,20 +642,13 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   using S = WgFwdSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
-  const int q_blocks = (p.Lq + BQ - 1) / BQ;
-  const QueryItem item = query_item(p, order, q_blocks);
-  const int qb = item.qb, h = item.h, b = item.b;
-  trace_begin(p, 0, item.item);
-  const int hk = h / (p.Hq / p.Hkv);
+  const QueryWork work = query_work(p, order, 0);
+  const int qb = work.qb, h = work.h, b = work.b;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
-
-  const uint16_t* Q = static_cast<const uint16_t*>(p.q) + b * p.q_strides.batch + h * p.q_strides.head;
-  const uint16_t* K = static_cast<const uint16_t*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
-  const uint16_t* V = static_cast<const uint16_t*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
-  uint16_t* O = static_cast<uint16_t*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+  const uint16_t *Q = work.q, *K = work.k, *V = work.v;
+  uint16_t* O = head_of(p.out, p.out_strides, b, h);
   float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.Lq;
-
-  const RowList rl = row_list(p.mask, b, h, qb, q_blocks);
+  const RowList rl = work.rl;
   if (rl.n == 0) {  // no visible key in the whole tile
     zero_rows<D>(O, p.out_strides.row, qb * BQ, BQ, p.Lq, tid, kWsFwdThreads);
     if (tid < BQ && qb * BQ + tid < p.Lq) lse[qb * BQ + tid] = -INFINITY;
@@ -662,31 +656,22 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
     return;
   }
   const int steps = (rl.n + KVT - 1) / KVT;
-  const uint32_t bars = s0;  // full[STAGES], empty[STAGES], q
-  auto full = [&](int st) { return bars + 8 * st; };
-  auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
-  const uint32_t qbar = bars + 8 * (2 * STAGES);
+  const Barriers<STAGES> bar{s0};
+  const uint32_t qbar = bar.once();
   const uint32_t sQ = s0 + S::kBars;
   auto sK = [&](int st) { return sQ + 2 * S::kQ + st * 2 * S::kKV; };
   auto sV = [&](int st) { return sK(st) + S::kKV; };
-  if (tid == 0) {
-    for (int st = 0; st < STAGES; ++st) {
-      mbar_init(full(st), 128);
-      mbar_init(empty(st), 8);
-    }
-    mbar_init(qbar, 128);
-  }
-  __syncthreads();
+  bar.init(tid, 128);
 
   if (warp >= 8) {  // ---- producer warpgroup: hands its registers to the consumers
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    producer_registers<40>();
     const int pt = tid - 256;
     load_sw128<D, BQ_STEP, 128>(sQ, Q, p.q_strides.row, qb * BQ, p.Lq, pt);
     load_sw128<D, BQ_STEP, 128>(sQ + S::kQ, Q, p.q_strides.row, qb * BQ + BQ_STEP, p.Lq, pt);
     mbar_arrive_on_copies(qbar);
     for (int it = 0; it < steps; ++it) {
       const int st = it % STAGES;
-      if (it >= STAGES) mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
+      if (it >= STAGES) mbar_wait(bar.empty(st), ((it / STAGES) - 1) & 1);
 #pragma unroll
       for (int e = 0; e < KVT; ++e) {
         int kvb = 0, entry;
@@ -697,7 +682,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
         load_sw128<D, BKV, 128, KR>(sK(st), K, p.k_strides.row, kvb * BKV, L, pt, e * BKV);
         load_sw128<D, BKV, 128, KR>(sV(st), V, p.v_strides.row, kvb * BKV, L, pt, e * BKV);
       }
-      mbar_arrive_on_copies(full(st));
+      mbar_arrive_on_copies(bar.full(st));
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -718,7 +703,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   uint32_t pa[4 * KVT][4];
   auto release = [&](int st) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty(st));
+    if (lane == 0) mbar_arrive(bar.empty(st));
   };
   uint32_t qa[D / 16][4];  // this warp's 16 Q rows as A fragments, read from the tile once
   auto issue_s = [&](float(&s)[32 * KVT], int st) {
@@ -741,7 +726,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
 
   if (!active) {
     for (int it = 0; it < steps; ++it) {
-      mbar_wait(full(it % STAGES), (it / STAGES) & 1);
+      mbar_wait(bar.full(it % STAGES), (it / STAGES) & 1);
       release(it % STAGES);
     }
     trace_end(p, 0);
@@ -768,7 +753,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
         tm[e] = tile_mask(p.mask, kvb, entry, qrow);
       }
     }
-    mbar_wait(full(st), (it / STAGES) & 1);
+    mbar_wait(bar.full(st), (it / STAGES) & 1);
     wg::fence_async_smem();
     float s[32 * KVT];
     wg::fence();
