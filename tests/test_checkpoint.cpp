@@ -344,44 +344,41 @@ TEST(Checkpoint, KeepsTheLastKAndExportsWeights) {
 // --- exact greedy acceptance ------------------------------------------------------------
 
 TEST(Validation, GreedyAcceptanceCountsLeadingMatchesHandBuilt) {
-  const int64_t BS = 4;
-  // block 0: matches at 1, 2, miss at 3           -> 2 accepted
-  // block 1: miss at 1 (later matches do not count) -> 0
-  // block 2: padding block                        -> not counted
-  // block 3: match at 1, no label at 2 (sequence end) -> 1
-  // block 4: no label at 1                        -> not counted
-  // block 5: all three match                      -> 3
-  const std::vector<int64_t> labels{-1, 5, 6, 7, -1, 2, 3, 4, -1, 1, 1, 1, -1, 3, -1, -1, -1, -1, 2, 2, -1, 9, 8, 7};
-  const std::vector<int64_t> preds{0, 5, 6, 9, 2, 1, 3, 4, 0, 1, 1, 1, 0, 3, 0, 0, 0, 0, 2, 2, 5, 9, 8, 7};
-  const std::vector<uint8_t> valid{1, 1, 0, 1, 1, 1};
-  const auto a = flashdraft::greedy_acceptance(preds.data(), labels.data(), valid.data(), 6, BS);
-  EXPECT_EQ(a.blocks, 4);
+  const int64_t K = 3;
+  // draft 0: matches at 0, 1, miss at 2            -> 2 accepted
+  // draft 1: miss at 0 (later matches do not count) -> 0
+  // draft 2: match at 0, no label at 1 (sequence end) -> 1
+  // draft 3: no label at 0                        -> not counted
+  // draft 4: all three match                      -> 3
+  const std::vector<int64_t> labels{5, 6, 7, 2, 3, 4, 3, -1, -1, -1, 2, 2, 9, 8, 7};
+  const std::vector<int64_t> tokens{5, 6, 9, 1, 3, 4, 3, 0, 0, 0, 2, 2, 9, 8, 7};
+  const auto a = flashdraft::greedy_acceptance(tokens.data(), labels.data(), 5, K);
+  EXPECT_EQ(a.drafts, 4);
   EXPECT_EQ(a.accepted, 6);  // tau = 1 + 6/4 = 2.5
+  EXPECT_DOUBLE_EQ(a.tau(), 2.5);
 }
 
-TEST(Validation, GreedyAcceptanceMatchesAPlainOracleOnRandomBlocks) {
+TEST(Validation, GreedyAcceptanceMatchesAPlainOracleOnRandomDrafts) {
   std::mt19937_64 gen(std::random_device{}());
   for (int trial = 0; trial < 20; ++trial) {
-    const int64_t BS = 2 + static_cast<int64_t>(gen() % 15), blocks = 1 + static_cast<int64_t>(gen() % 200);
-    std::vector<int64_t> preds(static_cast<size_t>(blocks * BS)), labels(preds.size());
-    std::vector<uint8_t> valid(static_cast<size_t>(blocks));
-    for (auto& v : valid) v = gen() % 5 != 0;
-    for (size_t i = 0; i < preds.size(); ++i) {
+    const int64_t K = 1 + static_cast<int64_t>(gen() % 15), drafts = 1 + static_cast<int64_t>(gen() % 200);
+    std::vector<int64_t> tokens(static_cast<size_t>(drafts * K)), labels(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
       labels[i] = static_cast<int64_t>(gen() % 3);  // small vocabulary: many matches
-      preds[i] = gen() % 4 == 0 ? static_cast<int64_t>(gen() % 3) : labels[i];
+      tokens[i] = gen() % 4 == 0 ? static_cast<int64_t>(gen() % 3) : labels[i];
       if (gen() % 20 == 0) labels[i] = -1;
     }
-    // Oracle: walk each block with an index; count blocks with a label at position 1.
-    int64_t want_blocks = 0, want_accepted = 0;
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (!valid[size_t(b)] || labels[size_t(b * BS + 1)] == -1) continue;
-      ++want_blocks;
-      int64_t j = 1;
-      while (j < BS && labels[size_t(b * BS + j)] != -1 && labels[size_t(b * BS + j)] == preds[size_t(b * BS + j)]) ++j;
-      want_accepted += j - 1;
+    // Oracle: walk each draft with an index; count drafts with a label at column 0.
+    int64_t want_drafts = 0, want_accepted = 0;
+    for (int64_t d = 0; d < drafts; ++d) {
+      if (labels[size_t(d * K)] == -1) continue;
+      ++want_drafts;
+      int64_t j = 0;
+      while (j < K && labels[size_t(d * K + j)] != -1 && labels[size_t(d * K + j)] == tokens[size_t(d * K + j)]) ++j;
+      want_accepted += j;
     }
-    const auto a = flashdraft::greedy_acceptance(preds.data(), labels.data(), valid.data(), blocks, BS);
-    EXPECT_EQ(a.blocks, want_blocks) << "trial " << trial;
+    const auto a = flashdraft::greedy_acceptance(tokens.data(), labels.data(), drafts, K);
+    EXPECT_EQ(a.drafts, want_drafts) << "trial " << trial;
     EXPECT_EQ(a.accepted, want_accepted) << "trial " << trial;
   }
 }

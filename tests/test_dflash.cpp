@@ -309,9 +309,10 @@ TEST(DFlashDrafter, StepInPartsIsTheSameStep) {
   // Validation in parts: one result for the whole anchor draw.
   at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(78), g2 = at::make_generator<at::CPUGeneratorImpl>(78);
   const StepResult v1 = one->step(p.batch, attn, g1, false), v2 = two->step(p.batch, attn, g2, false);
-  EXPECT_TRUE(v2.predictions.equal(v1.predictions));
-  EXPECT_TRUE(v2.labels.equal(v1.labels));
-  EXPECT_TRUE(v2.anchors.equal(v1.anchors));
+  EXPECT_TRUE(v2.drafts.tokens.equal(v1.drafts.tokens));
+  EXPECT_TRUE(v2.drafts.labels.equal(v1.drafts.labels));
+  EXPECT_TRUE(v2.drafts.rows.equal(v1.drafts.rows));
+  EXPECT_TRUE(v2.drafts.starts.equal(v1.drafts.starts));
   EXPECT_NEAR(v2.loss.item<double>(), v1.loss.item<double>(), 1e-6 * v1.loss.item<double>());
   ASSERT_EQ(v2.position_accuracy.size(), v1.position_accuracy.size());
   for (size_t j = 0; j < v1.position_accuracy.size(); ++j)
@@ -376,22 +377,27 @@ TEST(DFlashDrafter, StepPosesTheAnnouncedAttentionProblem) {
   ASSERT_EQ(r.scalars.size(), 1u);
   EXPECT_EQ(r.scalars[0].first, "tau_sim");
   EXPECT_DOUBLE_EQ(r.scalars[0].second, tau);
-  // Validation (training = false) also returns the proposals: labels are the tokens at
-  // anchor + j (j >= 1), -1 at j = 0; block_valid mirrors the mask input.
+  // Validation (training = false) also returns the drafts: one per valid block, row by row in
+  // block order, starting at its anchor; labels are the tokens at anchor + 1 + j.
   OracleAttention attn_eval;
   const StepResult v = d->step(p.batch, attn_eval, rng, false);
   EXPECT_FALSE(v.loss.requires_grad());
-  ASSERT_EQ(v.labels.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
-  ASSERT_EQ(v.predictions.sizes().vec(), (std::vector<int64_t>{2, 3, 4}));
-  ASSERT_EQ(v.block_valid.sizes().vec(), (std::vector<int64_t>{2, 3}));
+  ASSERT_TRUE(v.drafts.defined());
+  int64_t k = 0;
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t n = 0; n < 3; ++n) {
+      if (!attn_eval.input_.blocks.valid[size_t(b)][size_t(n)]) continue;
       const int64_t anchor = attn_eval.input_.blocks.anchors[size_t(b)][size_t(n)];
-      EXPECT_EQ(v.block_valid[b][n].item<bool>(), attn_eval.input_.blocks.valid[size_t(b)][size_t(n)] != 0);
-      EXPECT_EQ(v.labels[b][n][0].item<int64_t>(), -1);
-      for (int64_t j = 1; j < 4; ++j)
-        EXPECT_EQ(v.labels[b][n][j].item<int64_t>(), p.batch.tokens[b][anchor + j].item<int64_t>());
+      ASSERT_LT(k, v.drafts.rows.size(0));
+      EXPECT_EQ(v.drafts.rows[k].item<int64_t>(), b);
+      EXPECT_EQ(v.drafts.starts[k].item<int64_t>(), anchor);
+      for (int64_t j = 0; j < 3; ++j)
+        EXPECT_EQ(v.drafts.labels[k][j].item<int64_t>(), p.batch.tokens[b][anchor + 1 + j].item<int64_t>());
+      ++k;
     }
+  EXPECT_GT(k, 0);
+  ASSERT_EQ(v.drafts.tokens.sizes().vec(), (std::vector<int64_t>{k, 3}));
+  ASSERT_EQ(v.drafts.labels.sizes().vec(), (std::vector<int64_t>{k, 3}));
 }
 
 // --- bad input --------------------------------------------------------------------------------

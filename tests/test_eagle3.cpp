@@ -145,12 +145,12 @@ TEST(Eagle3, WritesOneStepPerKernelForThePythonOracle) {
       write(file, k + "grads/" + name, w.grad());
     }
     for (auto& [name, b] : d->buffers()) write(file, k + "buffers/" + name, b);
-    // Validation (chain drafting) of the same batch: the block layout.
+    // Validation (chain drafting) of the same batch: its drafts.
     StepResult v = d->step(p.batch, *e.dispatcher, rng, false);
-    write(file, k + "eval/predictions", v.predictions);
-    write(file, k + "eval/labels", v.labels);
-    write(file, k + "eval/block_valid", v.block_valid);
-    write(file, k + "eval/anchors", v.anchors);
+    write(file, k + "eval/rows", v.drafts.rows);
+    write(file, k + "eval/starts", v.drafts.starts);
+    write(file, k + "eval/tokens", v.drafts.tokens);
+    write(file, k + "eval/labels", v.drafts.labels);
     write(file, k + "eval/loss", v.loss);
     EXPECT_EQ(d->parameters().size(), 13u);
   }
@@ -222,36 +222,38 @@ TEST(Eagle3, DraftVocabularyCountsTiesAndMaps) {
     }
 }
 
-TEST(Eagle3, ValidationBlocksFollowTheEngineLayout) {
+TEST(Eagle3, ValidationDraftsAreChainsAtSpreadPositions) {
   auto p = problem(11);
   auto d = make_eagle3(kSmall);
   d->bind(p.target, context_with_data(p.batch), 2, 12);
   Engine e("dense_ref", d->attention_problems());
   at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(1);
   const StepResult v = d->step(p.batch, *e.dispatcher, rng, false);
-  ASSERT_EQ(v.predictions.sizes(), at::IntArrayRef({2, 4, 4}));
+  ASSERT_TRUE(v.drafts.defined());
+  const int64_t D = v.drafts.rows.size(0);
+  ASSERT_EQ(v.drafts.tokens.sizes(), at::IntArrayRef({D, 3}));  // ttt_steps columns
+  ASSERT_EQ(v.drafts.labels.sizes(), at::IntArrayRef({D, 3}));
+  EXPECT_GT(D, 4);  // both rows draft
+  EXPECT_LE(D, 8);  // at most eval_blocks = 4 per row
   const at::Tensor tok = p.batch.tokens;
-  for (int64_t b = 0; b < 2; ++b)
-    for (int64_t n = 0; n < 4; ++n) {
-      if (!v.block_valid[b][n].item<bool>()) continue;
-      const int64_t a = v.anchors[b][n].item<int64_t>();
-      EXPECT_EQ(v.predictions[b][n][0].item<int64_t>(), tok[b][a].item<int64_t>());
-      EXPECT_EQ(v.labels[b][n][0].item<int64_t>(), -1);
-      EXPECT_EQ(v.labels[b][n][1].item<int64_t>(), tok[b][a + 1].item<int64_t>());  // the first label always counts
-      for (int64_t j = 1; j < 4; ++j) {
-        const int64_t l = v.labels[b][n][j].item<int64_t>();
-        if (l >= 0) {
-          EXPECT_EQ(l, tok[b][a + j].item<int64_t>());
-        }
-        // Row 1: documents [0, 6) and [6, 10): a label never crosses the document's end.
-        if (b == 1 && a < 6 && a + j >= 6) {
-          EXPECT_EQ(l, -1);
-        }
-        if (b == 1 && a + j >= 10) {
-          EXPECT_EQ(l, -1);
-        }
+  for (int64_t k = 0; k < D; ++k) {
+    const int64_t b = v.drafts.rows[k].item<int64_t>(), a = v.drafts.starts[k].item<int64_t>();
+    ASSERT_TRUE(b == 0 || b == 1);
+    EXPECT_EQ(v.drafts.labels[k][0].item<int64_t>(), tok[b][a + 1].item<int64_t>());  // the first label always counts
+    for (int64_t j = 0; j < 3; ++j) {
+      const int64_t l = v.drafts.labels[k][j].item<int64_t>();
+      if (l >= 0) {
+        EXPECT_EQ(l, tok[b][a + 1 + j].item<int64_t>());
+      }
+      // Row 1: documents [0, 6) and [6, 10): a label never crosses the document's end.
+      if (b == 1 && a < 6 && a + 1 + j >= 6) {
+        EXPECT_EQ(l, -1);
+      }
+      if (b == 1 && a + 1 + j >= 10) {
+        EXPECT_EQ(l, -1);
       }
     }
+  }
 }
 
 std::string config_error(const std::map<std::string, Value>& overrides, const dflash_test::Problem& p) {

@@ -54,10 +54,52 @@ dflash::Anchors part_of(const dflash::Anchors& a, int64_t from, int64_t n) {
   return p;
 }
 
-// Per block position j, the labelled entries of labels [B, N, BS] (-1: none).
+// Per column j, the labelled entries of drafts' labels [D, K] (-1: none).
 std::vector<int64_t> position_counts(const at::Tensor& labels) {
-  const at::Tensor c = labels.ge(0).sum(std::vector<int64_t>{0, 1}).to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor c = labels.ge(0).sum(0).to(at::kCPU, at::kLong).contiguous();
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// Validation's drafts (model.hpp): the valid blocks, row by row in block order, each the
+// proposals and labels of block positions 1 .. BS-1 of predictions and labels [B, N, BS].
+Drafts block_drafts(const at::Tensor& predictions, const at::Tensor& labels, const MaskBlocks& blocks) {
+  std::vector<int64_t> rows, starts, picked;
+  const int64_t N = predictions.size(1), BS = predictions.size(2);
+  for (size_t b = 0; b < blocks.valid.size(); ++b)
+    for (size_t n = 0; n < blocks.valid[b].size(); ++n)
+      if (blocks.valid[b][n]) {
+        rows.push_back(static_cast<int64_t>(b));
+        starts.push_back(blocks.anchors[b][n]);
+        picked.push_back(static_cast<int64_t>(b) * N + static_cast<int64_t>(n));
+      }
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor index = at::tensor(picked, opts);
+  Drafts d;
+  d.rows = at::tensor(rows, opts);
+  d.starts = at::tensor(starts, opts);
+  d.tokens = predictions.to(at::kCPU, at::kLong).reshape({-1, BS}).index_select(0, index).narrow(1, 1, BS - 1);
+  d.labels = labels.to(at::kCPU, at::kLong).reshape({-1, BS}).index_select(0, index).narrow(1, 1, BS - 1);
+  return d;
+}
+
+// Drafts of the parts of one step joined in the order of one part's: by row, each row's
+// blocks part after part (a stable sort by row of the parts side by side).
+Drafts join_drafts(const std::vector<Drafts>& parts) {
+  std::vector<at::Tensor> rows, starts, tokens, labels;
+  for (const Drafts& p : parts) {
+    rows.push_back(p.rows);
+    starts.push_back(p.starts);
+    tokens.push_back(p.tokens);
+    labels.push_back(p.labels);
+  }
+  const at::Tensor all_rows = at::cat(rows);
+  const at::Tensor order = std::get<1>(at::sort(all_rows, std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
+  Drafts d;
+  d.rows = all_rows.index_select(0, order);
+  d.starts = at::cat(starts).index_select(0, order);
+  d.tokens = at::cat(tokens).index_select(0, order);
+  d.labels = at::cat(labels).index_select(0, order);
+  return d;
 }
 
 std::vector<int64_t> block_ends(const dflash::Anchors& a, const std::vector<dflash::Document>& real, int64_t N,
@@ -503,7 +545,7 @@ StepResult DFlashDrafter::step_part(const Batch& batch, DrafterContext& context,
 StepResult DFlashDrafter::validate_in_parts(const Batch& batch, DrafterContext& context, at::Generator& rng) const {
   const at::Generator start = rng.clone();
   StepResult all;
-  std::vector<at::Tensor> predictions, labels, valid, anchors;
+  std::vector<Drafts> drafts;
   std::vector<double> hits, scalar_sums;
   double loss_sum = 0;
   all.loss_weight = 0;
@@ -513,27 +555,21 @@ StepResult DFlashDrafter::validate_in_parts(const Batch& batch, DrafterContext& 
     if (p + 1 == anchor_parts_) rng.set_state(g.get_state());
     loss_sum += r.loss.item<double>() * r.loss_weight;
     all.loss_weight += r.loss_weight;
-    predictions.push_back(r.predictions);
-    labels.push_back(r.labels);
-    valid.push_back(r.block_valid);
-    anchors.push_back(r.anchors);
+    drafts.push_back(r.drafts);
     hits.resize(r.position_accuracy.size(), 0.0);
     // Each position's counted rows: the part's accuracy times its count, summed exactly below.
-    const std::vector<int64_t> counts = position_counts(r.labels);
-    for (size_t j = 0; j < hits.size(); ++j) hits[j] += r.position_accuracy[j] * double(counts[j + 1]);
+    const std::vector<int64_t> counts = position_counts(r.drafts.labels);
+    for (size_t j = 0; j < hits.size(); ++j) hits[j] += r.position_accuracy[j] * double(counts[j]);
     scalar_sums.resize(r.scalars.size(), 0.0);
     for (size_t k = 0; k < r.scalars.size(); ++k) scalar_sums[k] += r.scalars[k].second * double(r.tokens);
     all.tokens += r.tokens;
     all.scalars = r.scalars;
   }
   all.loss = at::scalar_tensor(all.loss_weight > 0 ? loss_sum / all.loss_weight : 0.0, at::kFloat);
-  all.predictions = at::cat(predictions, 1);
-  all.labels = at::cat(labels, 1);
-  all.block_valid = at::cat(valid, 1);
-  all.anchors = at::cat(anchors, 1);
-  const std::vector<int64_t> counts = position_counts(all.labels);
+  all.drafts = join_drafts(drafts);
+  const std::vector<int64_t> counts = position_counts(all.drafts.labels);
   for (size_t j = 0; j < hits.size(); ++j)
-    all.position_accuracy.push_back(counts[j + 1] > 0 ? hits[j] / double(counts[j + 1]) : 0.0);
+    all.position_accuracy.push_back(counts[j] > 0 ? hits[j] / double(counts[j]) : 0.0);
   for (size_t k = 0; k < all.scalars.size(); ++k)
     all.scalars[k].second = all.tokens > 0 ? scalar_sums[k] / double(all.tokens) : 0.0;
   if (!all.scalars.empty() && all.scalars[0].first == "tau_sim")
@@ -709,20 +745,11 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
   const at::Tensor hits =
       at::zeros({BS}, plan.rows.options()).index_add_(0, plan.row_position, chosen.eq(wanted).to(at::kLong));
   if (!training) {
-    // Validation: the block proposals, so the engine can measure the exact greedy
-    // acceptance length (rows without a label keep -1: they end a block anyway).
-    result.predictions =
-        at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, chosen).view({B, N, BS}).to(at::kCPU);
-  }
-  if (!training) {
-    result.labels = plan.labels.view({B, N, BS});
-    std::vector<uint8_t> valid;
-    for (const auto& v : plan.input.blocks.valid) valid.insert(valid.end(), v.begin(), v.end());
-    result.block_valid =
-        at::tensor(at::ArrayRef<uint8_t>(valid), at::TensorOptions().dtype(at::kByte)).view({B, N}).to(at::kBool);
-    std::vector<int64_t> anchor_list;
-    for (const auto& a : plan.input.blocks.anchors) anchor_list.insert(anchor_list.end(), a.begin(), a.end());
-    result.anchors = at::tensor(anchor_list, at::TensorOptions().dtype(at::kLong)).view({B, N});
+    // Validation: the valid blocks as drafts, so the engine can measure the exact greedy
+    // acceptance length (rows without a label keep -1: they end a draft anyway).
+    const at::Tensor predictions =
+        at::full({B * L}, -1, plan.rows.options()).index_copy_(0, plan.rows, chosen).view({B, N, BS});
+    result.drafts = block_drafts(predictions, plan.labels.view({B, N, BS}), plan.input.blocks);
   }
   const std::vector<int64_t> count = plan.position_count;
   const std::vector<std::pair<std::string, at::Tensor>> scalars = extra.scalars;

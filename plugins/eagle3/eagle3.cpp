@@ -33,9 +33,9 @@
 //   mask). Each step's loss goes through the engine's LM-head op ([loss] kernels): the
 //   trained draft head, the distributions as soft labels, the counted rows weighted 1.
 // Metrics: per step, accuracy = draft argmax == target argmax (draft vocabulary) over the
-//   counted positions; tau_sim from them. Validation returns the engine's block layout
-//   (BS = ttt_steps + 1): block n anchored at a = t+1 for up to eval_blocks positions t per
-//   sequence, block[0] = x_a, block[j] = the step j-1 greedy token at t, labels x_{a+j}.
+//   counted positions; tau_sim from them. Validation returns drafts (model.hpp): for up to
+//   eval_blocks positions t per sequence, a draft starting at a = t+1 whose column j is the
+//   step j greedy token at t (a proposal for x_{a+1+j}), labels x_{a+1+j}.
 #include "hf_format.hpp"
 
 #include <flashdraft/acceptance.hpp>
@@ -638,43 +638,40 @@ class Eagle3Drafter final : public Drafter {
     return t;
   }
 
-  // Validation's proposals in the engine's block layout (see the top of this file).
+  // Validation's drafts (model.hpp's Drafts; see the top of this file): at most eval_blocks
+  // per row, at positions t spread evenly over those whose step-0 proposal counts; the draft
+  // starts at t + 1 and holds the greedy tokens of unroll steps 0 .. ttt_steps-1 there.
   void proposals(const Batch& batch, const Plan& plan, const std::vector<at::Tensor>& greedy, StepResult& r) const {
-    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = eval_blocks_, BS = ttt_ + 1;
+    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = eval_blocks_, K = ttt_;
     std::vector<at::Tensor> g;
     for (const auto& t : greedy) g.push_back(t.to(at::kCPU, at::kLong));
-    const at::Tensor chains = at::stack(g, 0).contiguous();  // [n, B, S]
+    const at::Tensor chains = at::stack(g, 0).contiguous();  // [K, B, S]
     const int64_t* ch = chains.data_ptr<int64_t>();
     const int64_t* tok = plan.tokens_cpu.data_ptr<int64_t>();
     const uint8_t* lm = plan.mask_cpu.defined() ? plan.mask_cpu.data_ptr<uint8_t>() : nullptr;
-    at::Tensor pred = at::full({B, N, BS}, -1, at::kLong), lab = at::full({B, N, BS}, -1, at::kLong);
-    at::Tensor valid = at::zeros({B, N}, at::kBool), anchors = at::zeros({B, N}, at::kLong);
+    std::vector<int64_t> rows, starts, tokens, labels;
     for (int64_t b = 0; b < B; ++b) {
       std::vector<int64_t> cand;  // positions t whose step-0 prediction x_{t+2} counts
       for (int64_t t = 0; t + 2 < S; ++t)
         if (t + 2 < plan.doc_end[size_t(b * S + t)] && (!lm || lm[b * S + t + 2])) cand.push_back(t);
-      const int64_t C = static_cast<int64_t>(cand.size()), take = std::min(C, N);
-      int64_t last_anchor = 0;
-      for (int64_t k = 0; k < N; ++k) {
-        if (k >= take) {
-          anchors[b][k] = last_anchor;
-          continue;
-        }
+      const int64_t C = static_cast<int64_t>(cand.size());
+      for (int64_t k = 0; k < std::min(C, N); ++k) {
         const int64_t t = cand[size_t(C <= N ? k : (N == 1 ? 0 : k * (C - 1) / (N - 1)))], a = t + 1;
         const int64_t end = plan.doc_end[size_t(b * S + t)];
-        valid[b][k] = true;
-        anchors[b][k] = last_anchor = a;
-        pred[b][k][0] = tok[b * S + a];
-        for (int64_t j = 1; j < BS; ++j) {
-          pred[b][k][j] = ch[((j - 1) * B + b) * S + t];
-          if (a + j < end && (!lm || lm[b * S + a + j])) lab[b][k][j] = tok[b * S + a + j];
+        rows.push_back(b);
+        starts.push_back(a);
+        for (int64_t j = 1; j <= K; ++j) {
+          tokens.push_back(ch[((j - 1) * B + b) * S + t]);
+          labels.push_back(a + j < end && (!lm || lm[b * S + a + j]) ? tok[b * S + a + j] : -1);
         }
       }
     }
-    r.predictions = pred;
-    r.labels = lab;
-    r.block_valid = valid;
-    r.anchors = anchors;
+    const auto opts = at::TensorOptions().dtype(at::kLong);
+    const int64_t D = static_cast<int64_t>(rows.size());
+    r.drafts.rows = at::tensor(rows, opts);
+    r.drafts.starts = at::tensor(starts, opts);
+    r.drafts.tokens = at::tensor(tokens, opts).view({D, K});
+    r.drafts.labels = at::tensor(labels, opts).view({D, K});
   }
 
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const { return layers::rms_norm(x, w, eps_); }

@@ -215,16 +215,12 @@ def test_validation_is_chain_drafting(export, problem, kernel):
     with torch.no_grad():
         loss, _, chains, _ = problem.run(params, train=False)
     assert abs(loss.item() - float(export[f"{kernel}/eval/loss"])) <= TOL * abs(loss.item())
-    pred = export[f"{kernel}/eval/predictions"]
-    valid = export[f"{kernel}/eval/block_valid"]
-    anchors = export[f"{kernel}/eval/anchors"]
+    drafted = export[f"{kernel}/eval/tokens"]
+    rows, starts = export[f"{kernel}/eval/rows"], export[f"{kernel}/eval/starts"]
     checked = 0
-    for b in range(pred.shape[0]):
-        for n in range(pred.shape[1]):
-            if not valid[b, n]:
-                continue
-            t = int(anchors[b, n]) - 1
-            for j in range(1, pred.shape[2]):
-                assert pred[b, n, j] == int(chains[j - 1][b, t]), (b, n, j)
-                checked += 1
+    for d in range(drafted.shape[0]):  # draft d: unroll step j's greedy token at t = start - 1
+        b, t = int(rows[d]), int(starts[d]) - 1
+        for j in range(drafted.shape[1]):
+            assert drafted[d, j] == int(chains[j][b, t]), (d, j)
+            checked += 1
     assert checked >= 12

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from conftest import BINARY_DIR, CLI
+from drafts import by_row
 from hf_models import make_model
 from test_eagle3_oracle import rms_norm, rope
 from tokens_tiny_tokenizer import CORPUS, PLAIN, make_tokenizer, prepare_data
@@ -286,7 +287,7 @@ def test_plain_pytorch_reader_reproduces_the_engine(trained, tmp_path):
                        timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     print(p.stdout.strip())
-    dump = load_file(str(tmp_path / "blocks.safetensors"))
+    dump = by_row(load_file(str(tmp_path / "blocks.safetensors")))
     cfg = json.loads((trained["folder"] / "config.json").read_text())
     w = load_file(str(trained["folder"] / "model.safetensors"))
     target = transformers.AutoModelForCausalLM.from_pretrained(trained["target"], dtype=torch.float32).eval()

@@ -30,6 +30,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from conftest import BINARY_DIR, CLI
+from drafts import by_row
 
 TOOL = BINARY_DIR / "bin" / "eval_blocks"
 STEPS = 240
@@ -108,7 +109,7 @@ def eval_blocks(exp: Path, out: Path):
     from safetensors import safe_open
     with safe_open(str(out), "pt") as f:
         meta = f.metadata()
-    return load_file(str(out)), meta
+    return by_row(load_file(str(out))), meta
 
 
 @pytest.fixture(scope="module")

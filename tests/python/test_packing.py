@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import BINARY_DIR, CLI
+from drafts import by_row
 from hf_models import make_model
 
 TOOL = BINARY_DIR / "bin" / "eval_blocks"
@@ -104,7 +105,7 @@ def blocks(setup, name, pack, documents):
     out = setup["tmp"] / f"{name}.safetensors"
     p = subprocess.run([str(TOOL), str(exp), str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    d = load_file(str(out))
+    d = by_row(load_file(str(out)))
     found = {}
     for r in range(d["tokens"].shape[0]):
         docs, begin = [], 0

@@ -88,6 +88,7 @@ import transformers
 from safetensors.torch import load_file
 
 from conftest import BINARY_DIR, CLI
+from drafts import by_row
 from hf_models import make_model
 from tokens_tiny_tokenizer import CORPUS, PLAIN, make_tokenizer, prepare_data
 
@@ -186,7 +187,7 @@ def eval_blocks(exp: Path, out: Path):
         pytest.fail(f"{tool} was not built")
     p = subprocess.run([str(tool), str(exp), str(out)], capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0, p.stdout + p.stderr
-    return load_file(str(out))
+    return by_row(load_file(str(out)))
 
 
 def experiment(path: Path, drafter: str, **keys) -> Path:
@@ -365,7 +366,7 @@ def zlab_block_states(world, model, dump, rows):
     for r in rows:
         hs, logits, _ = target_pass(world, tokens[r, :int(dump["lengths"][r])])
         context = extract_context_feature(hs, model.target_layer_ids)
-        for n in range(ANCHORS):
+        for n in range(anchors.shape[1]):
             if not valid[r, n]:
                 continue
             a = int(anchors[r, n])
@@ -487,7 +488,7 @@ def packed_batch(world, dump, rows, aux_ids):
         parts["pos"].append(torch.arange(S))
         parts["anchors"].append(anchors[r] + start)
         parts["valid"].append(valid[r].bool())
-        for n in range(ANCHORS):
+        for n in range(anchors.shape[1]):
             for j in range(1, BS):
                 if valid[r, n]:  # our labelled positions are the data's loss mask at anchor + j
                     assert (lab[r, n, j] >= 0) == bool(mask[int(anchors[r, n]) + j]), (r, n, j)

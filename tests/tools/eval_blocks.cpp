@@ -1,16 +1,17 @@
 // eval_blocks: one validation of an experiment's drafter, as `flashdraft run` does it
-// before step 0 (the drafter bound, [drafter] init applied), with every held-out block
+// before step 0 (the drafter bound, [drafter] init applied), with every held-out draft
 // written out, for the tests that check the export, the import and target verification
 // against plain PyTorch and transformers (tests/python/test_hf_export.py).
 //
 //   eval_blocks EXP.toml OUT.safetensors
-// OUT (blocks of every held-out batch, batches concatenated along the first axis):
-//   tokens [R, S], lengths [R], anchors [R, N], predictions [R, N, BS], labels [R, N, BS]
-//   (the data's, -1 = none), block_valid [R, N] (uint8), verified [R, N, BS] (the labels of
-//   target verification; absent without an online target), loss [batches] (float64),
-//   documents [R, 16] (each row's document lengths, 0-padded), tau_anchor, tau_data,
-//   tau_served* (float64 scalars), the served walks per response (served_*, served_data_*);
-//   metadata tau_anchor_method, tau_served_method.
+// OUT (every held-out batch, batches concatenated along the first axis):
+//   tokens [R, S], lengths [R], documents [R, 16] (each row's document lengths, 0-padded);
+//   the drafts (model.hpp's Drafts) of every batch: draft_rows [D] (the row of tokens, over
+//   all batches), draft_starts [D], draft_tokens [D, K], draft_labels [D, K] (the data's,
+//   -1 = none), verified [D, K] (the labels of target verification; absent without an online
+//   target); loss [batches] (float64), tau_anchor, tau_data, tau_served* (float64 scalars),
+//   the served walks per response (served_*, served_data_*); metadata tau_anchor_method,
+//   tau_served_method.
 // Errors: one line on stderr, exit status 1.
 #include "config/setup.hpp"
 #include "dispatch/dispatch.hpp"
@@ -25,6 +26,7 @@
 
 #include <iostream>
 #include <map>
+#include <stdexcept>
 
 namespace fd = flashdraft;
 
@@ -33,13 +35,16 @@ namespace {
 struct Blocks {
   std::map<std::string, std::vector<at::Tensor>> rows;
   std::vector<double> losses;
+  int64_t rows_seen = 0;
   void add(const fd::Batch& batch, const fd::StepResult& r, const at::Tensor& verified) {
+    if (!r.drafts.defined()) throw std::runtime_error("the drafter returned no drafts from validation");
     rows["tokens"].push_back(batch.tokens.to(at::kCPU, at::kLong));
     rows["lengths"].push_back(batch.lengths.to(at::kCPU, at::kLong));
-    rows["anchors"].push_back(r.anchors.to(at::kCPU, at::kLong));
-    rows["predictions"].push_back(r.predictions.to(at::kCPU, at::kLong));
-    rows["labels"].push_back(r.labels.to(at::kCPU, at::kLong));
-    rows["block_valid"].push_back(r.block_valid.to(at::kCPU, at::kByte));
+    rows["draft_rows"].push_back(r.drafts.rows.to(at::kCPU, at::kLong) + rows_seen);
+    rows["draft_starts"].push_back(r.drafts.starts.to(at::kCPU, at::kLong));
+    rows["draft_tokens"].push_back(r.drafts.tokens.to(at::kCPU, at::kLong));
+    rows["draft_labels"].push_back(r.drafts.labels.to(at::kCPU, at::kLong));
+    rows_seen += batch.tokens.size(0);
     // [rows, 16]: each row's document lengths (packed rows), 0-padded; a row without
     // documents: its length.
     at::Tensor docs = at::zeros({batch.tokens.size(0), 16}, at::kLong);

@@ -1,5 +1,5 @@
-// Acceptance length of block proposals: what speculative decoding with greedy
-// verification would accept. Used by the engine's validation and by drafters' metrics
+// Acceptance length of drafts: what speculative decoding with greedy verification would
+// accept. Used by the engine's validation and by drafters' metrics
 // (one definition, header-only so plugins share it).
 #pragma once
 
@@ -19,27 +19,26 @@ inline double simulated_tau(const std::vector<double>& accuracy) {
   return tau;
 }
 
-// Exact greedy acceptance: in each valid block (block_valid[b] != 0, labels[b][1] >= 0)
-// the target accepts drafted tokens j = 1, 2, ... while predictions[b][j] == labels[b][j]
-// (labels < 0 end the block: no target token to verify against). tau = 1 + accepted /
-// blocks (the +1 is the token the target emits itself after the last accepted one).
-// predictions, labels: [blocks, block_size]; block_valid: [blocks] (null: all valid).
+// Exact greedy acceptance of drafts (model.hpp's Drafts): in each draft the target accepts
+// drafted tokens j = 0, 1, ... while tokens[d][j] == labels[d][j] (a label < 0 ends the
+// draft: no target token to verify against); a draft whose first label is < 0 is not
+// counted. tau = 1 + accepted / drafts (the +1 is the token the target emits itself after
+// the last accepted one). tokens, labels: [drafts, width], row-major.
 struct Acceptance {
-  int64_t blocks = 0;
+  int64_t drafts = 0;
   int64_t accepted = 0;
-  double tau() const { return blocks > 0 ? 1.0 + double(accepted) / double(blocks) : 0.0; }
+  double tau() const { return drafts > 0 ? 1.0 + double(accepted) / double(drafts) : 0.0; }
 };
 
-inline Acceptance greedy_acceptance(const int64_t* predictions, const int64_t* labels, const uint8_t* block_valid,
-                                    int64_t blocks, int64_t block_size) {
+inline Acceptance greedy_acceptance(const int64_t* tokens, const int64_t* labels, int64_t drafts, int64_t width) {
   Acceptance out;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t* pred = predictions + b * block_size;
-    const int64_t* lab = labels + b * block_size;
-    if ((block_valid && !block_valid[b]) || block_size < 2 || lab[1] < 0) continue;
+  for (int64_t d = 0; d < drafts; ++d) {
+    const int64_t* tok = tokens + d * width;
+    const int64_t* lab = labels + d * width;
+    if (width < 1 || lab[0] < 0) continue;
     int64_t accepted = 0;
-    for (int64_t j = 1; j < block_size && lab[j] >= 0 && pred[j] == lab[j]; ++j) ++accepted;
-    ++out.blocks;
+    for (int64_t j = 0; j < width && lab[j] >= 0 && tok[j] == lab[j]; ++j) ++accepted;
+    ++out.drafts;
     out.accepted += accepted;
   }
   return out;

@@ -212,12 +212,25 @@ class FLASHDRAFT_API Target : public PluginObject {
   virtual std::vector<int64_t> stop_tokens() const { return {}; }
 };
 
+// Validation's drafts (StepResult::drafts), in a layout no drafter has to fake: a list of D
+// drafts, each continuing row rows[d] of the batch after position starts[d] (whose token is
+// the data's): tokens[d][j] is the drafter's greedy proposal for position starts[d] + 1 + j,
+// labels[d][j] the data's token there, -1 = none (past the document, outside the loss mask:
+// the draft's acceptance ends there). Column j is the per-position metric's column j
+// (Drafter::position_names()[j]: DFlash's block position j + 1, EAGLE-3's unroll step j).
+// The engine measures the exact greedy acceptance of every draft on the data's tokens and,
+// with an online target, by the target's verification (Target::verify).
+struct Drafts {
+  at::Tensor rows;    // [D] int64
+  at::Tensor starts;  // [D] int64
+  at::Tensor tokens;  // [D, K] int64
+  at::Tensor labels;  // [D, K] int64
+  bool defined() const { return tokens.defined() && labels.defined() && rows.defined() && starts.defined(); }
+};
+
 // What one drafter step returns. "Positions" are the columns of the drafter's per-position
 // metric, named by Drafter::position_names(): DFlash's block positions 1..BS-1, EAGLE-3's
-// unroll steps 0..ttt_steps-1. Validation's proposals use the engine's block layout: block n starts at
-// anchor n with the token there (position 0, given), then the drafter's proposals for the
-// tokens at anchor + 1 .. anchor + BS - 1 (DFlash: one block of its mask; EAGLE-3: the
-// greedy tokens of its unroll steps 0..ttt_steps-1, BS = ttt_steps + 1).
+// unroll steps 0..ttt_steps-1.
 struct StepResult {
   at::Tensor loss;                                      // scalar, differentiable
   std::vector<double> position_accuracy;                // per position (see above)
@@ -227,17 +240,13 @@ struct StepResult {
   // over): the weight of this batch when batches are joined (gradient accumulation, data
   // parallel). -1 = not given: `tokens` stands for it.
   double loss_weight = -1;
-  // Optional, for validation (training == false): the drafter's block proposals, so the
-  // engine can measure the exact greedy acceptance length. Undefined = not provided.
-  at::Tensor predictions;  // [B, N, BS] int64: argmax token at every block position
-  at::Tensor labels;       // [B, N, BS] int64: the target's token there, -1 = none
-                           // (position 0, past the sequence, outside the loss mask)
-  at::Tensor block_valid;  // [B, N] bool: real blocks (false = padding blocks)
+  // Optional, for validation (training == false): the drafter's drafts, so that the engine
+  // can measure the exact greedy acceptance length. Undefined = not provided.
+  Drafts drafts;
   // Optional: fills position_accuracy, scalars and tokens from device tensors. The engine
   // calls it after the backward and the optimizer step have been queued, so that reading
   // the metrics does not stall the device between the passes. Empty: they are filled.
   std::function<void(StepResult&)> deferred;
-  at::Tensor anchors;  // [B, N] int64: position of each block's first token (target verification)
 };
 
 class FLASHDRAFT_API Drafter : public PluginObject {

@@ -20,42 +20,36 @@ namespace flashdraft {
 
 namespace {
 
-// Counts over every block of the held-out set: the acceptance and, per position, the
-// correct and counted predictions (pooled, not a mean of batch ratios).
+// Counts over every draft of the held-out set: the acceptance and, per position, the
+// correct and counted proposals (pooled, not a mean of batch ratios).
 struct EvalTally {
   Acceptance acceptance;
   std::vector<int64_t> correct, count;
   explicit EvalTally(int64_t positions)
       : correct(static_cast<size_t>(positions), 0), count(static_cast<size_t>(positions), 0) {}
 
-  // Acceptance of the block proposals in `r` against `labels` ([B, N, BS]).
+  // Acceptance of the drafts in `r` against `labels` ([D, K]).
   static Acceptance accepted(const StepResult& r, const at::Tensor& labels) {
-    const at::Tensor pred = r.predictions.to(at::kCPU, at::kLong).contiguous();
+    const at::Tensor tok = r.drafts.tokens.to(at::kCPU, at::kLong).contiguous();
     const at::Tensor lab = labels.to(at::kCPU, at::kLong).contiguous();
-    const int64_t bs = pred.size(-1), blocks = pred.numel() / bs;
-    const at::Tensor valid = r.block_valid.defined() ? r.block_valid.to(at::kCPU, at::kByte).contiguous().view({-1})
-                                                     : at::ones({blocks}, at::kByte);
-    return greedy_acceptance(pred.data_ptr<int64_t>(), lab.data_ptr<int64_t>(), valid.data_ptr<uint8_t>(), blocks, bs);
+    return greedy_acceptance(tok.data_ptr<int64_t>(), lab.data_ptr<int64_t>(), tok.size(0), tok.size(1));
   }
 
   void add(const StepResult& r) {
-    const at::Tensor pred = r.predictions.to(at::kCPU, at::kLong).contiguous();
-    const at::Tensor lab = r.labels.to(at::kCPU, at::kLong).contiguous();
-    const int64_t bs = pred.size(-1), blocks = pred.numel() / bs;
-    const at::Tensor valid = r.block_valid.defined() ? r.block_valid.to(at::kCPU, at::kByte).contiguous().view({-1})
-                                                     : at::ones({blocks}, at::kByte);
-    const int64_t* p = pred.data_ptr<int64_t>();
+    const at::Tensor tok = r.drafts.tokens.to(at::kCPU, at::kLong).contiguous();
+    const at::Tensor lab = r.drafts.labels.to(at::kCPU, at::kLong).contiguous();
+    const int64_t drafts = tok.size(0), width = tok.size(1);
+    const int64_t* t = tok.data_ptr<int64_t>();
     const int64_t* l = lab.data_ptr<int64_t>();
-    const uint8_t* v = valid.data_ptr<uint8_t>();
-    const Acceptance a = greedy_acceptance(p, l, v, blocks, bs);
-    acceptance.blocks += a.blocks;
+    const Acceptance a = greedy_acceptance(t, l, drafts, width);
+    acceptance.drafts += a.drafts;
     acceptance.accepted += a.accepted;
     const int64_t positions = static_cast<int64_t>(count.size());
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t j = 1; j < bs && j - 1 < positions; ++j)
-        if (v[b] && l[b * bs + j] >= 0) {
-          ++count[static_cast<size_t>(j - 1)];
-          correct[static_cast<size_t>(j - 1)] += p[b * bs + j] == l[b * bs + j];
+    for (int64_t d = 0; d < drafts; ++d)
+      for (int64_t j = 0; j < width && j < positions; ++j)
+        if (l[d * width + j] >= 0) {
+          ++count[static_cast<size_t>(j)];
+          correct[static_cast<size_t>(j)] += t[d * width + j] == l[d * width + j];
         }
   }
 };
@@ -167,7 +161,7 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
     StepResult r = c.drafter.step(batch, c.dispatcher, eval_rng, /*training=*/false);
     loss_sum += r.loss.item<double>();
     for (size_t j = 0; j < acc_sum.size() && j < r.position_accuracy.size(); ++j) acc_sum[j] += r.position_accuracy[j];
-    if (!r.predictions.defined() || !r.labels.defined()) {
+    if (!r.drafts.defined()) {
       exact = false;
       continue;
     }
@@ -176,7 +170,7 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
     verified = verified && labels.defined();
     if (verified) {
       const Acceptance a = EvalTally::accepted(r, labels);
-      by_target.blocks += a.blocks;
+      by_target.drafts += a.drafts;
       by_target.accepted += a.accepted;
     }
     if (c.observer) c.observer(batch, r, labels);
@@ -188,9 +182,9 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
     out.position_accuracy[j] =
         exact ? (tally.count[j] > 0 ? double(tally.correct[j]) / double(tally.count[j]) : 0.0) : acc_sum[j] / double(n);
   out.loss = loss_sum / double(n);
-  out.blocks = tally.acceptance.blocks;
+  out.blocks = tally.acceptance.drafts;
   out.tau_data = exact && out.blocks > 0 ? tally.acceptance.tau() : std::nan("");
-  verified = verified && exact && by_target.blocks == out.blocks;
+  verified = verified && exact && by_target.drafts == out.blocks;
   out.tau_anchor = verified ? (out.blocks > 0 ? by_target.tau() : std::nan("")) : out.tau_data;
   out.tau_anchor_method = verified   ? "target verification"
                           : c.target ? "data tokens (the target or the drafter cannot verify)"
