@@ -249,14 +249,7 @@ void DFlashDrafter::bind(const TargetModel& target, const RunContext& ctx, int64
   if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
   resolve_labels(target, ctx);
   resolve_features(target);
-  device_ = ctx.device;
-  dtype_ = ctx.dtype;
-  batch_ = batch_size;
-  seq_len_ = seq_len;
-  vocab_ = target.vocab;
-  // Frozen target parts: detached copies, so no gradient can reach the target's tensors.
-  embedding_ = target.embedding.detach().to(device_, dtype_);
-  lm_head_ = target.lm_head.detach().to(device_, dtype_);
+  bind_run(target, ctx, batch_size, seq_len);  // the frozen embedding and LM head among it
 
   make_parameters(target, ctx);
 }
@@ -721,7 +714,7 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
   // same ops, so data-parallel ranks agree on what ran.
   LmHeadLossInput in;
   in.hidden = final_states.index_select(0, plan.rows);
-  in.weight = lm_head_;
+  in.weight = target_head_;
   in.labels = plan.row_labels;
   in.row_weights = plan.row_weights;
   in.weight_sum = by_positions_ ? double(plan.counted) : plan.weight_sum;
@@ -832,7 +825,7 @@ at::Tensor DFlashDrafter::layer(int64_t l, const at::Tensor& x, const Attend& at
 
 DraftProposal DFlashDrafter::choose(const at::Tensor& states, const at::Tensor& last, const Sampling& sampling) const {
   (void)last;
-  const at::Tensor logits = at::linear(states, lm_head_);
+  const at::Tensor logits = at::linear(states, target_head_);
   DraftProposal out;
   if (sampling.greedy()) {
     out.tokens = logits.argmax(-1);

@@ -26,6 +26,7 @@
 
 #include "dflash_labels.hpp"
 
+#include <flashdraft/bound_run.hpp>
 #include <flashdraft/decoding.hpp>
 #include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
@@ -48,7 +49,7 @@ struct Layer {
   layers::SwiGluMlp mlp;
 };
 
-class DFlashDrafter : public Drafter {
+class DFlashDrafter : public Drafter, protected BoundRun {
  public:
   static void declare(Schema& s);
   explicit DFlashDrafter(const Config& config);
@@ -135,10 +136,7 @@ class DFlashDrafter : public Drafter {
   bool by_positions_ = true, separate_documents_ = true;
   dflash::AnchorRule anchor_rule_ = dflash::AnchorRule::response;
   std::string labels_, labels_config_;  // resolved at bind ("auto" -> target_kl or data); as configured
-  c10::Device device_ = c10::kCPU;
-  c10::ScalarType dtype_ = c10::kFloat;
-  int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;
-  at::Tensor embedding_, lm_head_, fc_, hidden_norm_, final_norm_;
+  at::Tensor fc_, hidden_norm_, final_norm_;
   std::vector<Layer> layers_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
 

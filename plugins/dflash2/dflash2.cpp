@@ -137,7 +137,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     // it, else the last, which it took.
     const at::Tensor contains = c.contains;
     const at::Tensor position = candidates.eq(rows.wanted.unsqueeze(1)).to(at::kByte).argmax(1);
-    const at::Tensor unary = dflash2::candidate_logits(h, c.values, lm_head_, candidates);
+    const at::Tensor unary = dflash2::candidate_logits(h, c.values, target_head_, candidates);
     const at::Tensor context = selector_context(h, rows.previous);
     const at::Tensor scores = unary + transition(context, candidates);
     const at::Tensor ce = at::cross_entropy_loss(scores.to(at::kFloat), position, {}, at::Reduction::None);  // [R]
@@ -165,7 +165,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
 
   DraftProposal choose(const at::Tensor& states, const at::Tensor& last, const Sampling& sampling) const override {
     const int64_t B = states.size(0), K = states.size(1);
-    const at::Tensor logits = at::linear(states, lm_head_);  // [B, K, V]
+    const at::Tensor logits = at::linear(states, target_head_);  // [B, K, V]
     auto [unary, candidates] = at::topk(logits, top_k_, -1, true, true);
     const at::Tensor hp = at::linear(states, projection_);  // [B, K, R]
     at::Tensor previous = last.to(at::kLong);
@@ -261,7 +261,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     const at::Tensor missing = c.indices.eq(wanted.unsqueeze(1)).any(1).logical_not();
     c.contains = missing.logical_not();
     // The wanted token's logit h . W[wanted] where it takes the last place.
-    const at::Tensor wanted_logit = (h.to(at::kFloat) * lm_head_.index_select(0, wanted).to(at::kFloat)).sum(-1);
+    const at::Tensor wanted_logit = (h.to(at::kFloat) * target_head_.index_select(0, wanted).to(at::kFloat)).sum(-1);
     c.indices.select(1, top_k_ - 1).copy_(at::where(missing, wanted, c.last_indices));
     c.values.select(1, top_k_ - 1).copy_(at::where(missing, wanted_logit.to(c.values.scalar_type()), c.last_values));
     return c;

@@ -39,6 +39,7 @@
 #include "hf_format.hpp"
 
 #include <flashdraft/acceptance.hpp>
+#include <flashdraft/bound_run.hpp>
 #include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
@@ -57,7 +58,7 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-class Eagle3Drafter final : public Drafter {
+class Eagle3Drafter final : public Drafter, protected BoundRun {
  public:
   static void declare(Schema& s) {
     s.integer("hidden", "drafter width; must equal the target's hidden size (0 = the target's)")
@@ -180,13 +181,7 @@ class Eagle3Drafter final : public Drafter {
                                           ", for the target's logits; export them or give a [target])");
       feature_index_.push_back(found);
     }
-    device_ = ctx.device;
-    dtype_ = ctx.dtype;
-    batch_ = batch_size;
-    seq_len_ = seq_len;
-    vocab_ = target.vocab;
-    embedding_ = target.embedding.detach().to(device_, dtype_);
-    target_head_ = target.lm_head.detach().to(device_, dtype_);
+    bind_run(target, ctx, batch_size, seq_len);
     count_vocabulary(ctx);
 
     params_.clear();
@@ -688,10 +683,7 @@ class Eagle3Drafter final : public Drafter {
   int64_t hidden_, heads_, kv_heads_, head_dim_, ffn_, ttt_, draft_vocab_, vocab_batches_, eval_blocks_;
   std::vector<int64_t> layer_ids_, feature_index_;
   double decay_, rope_theta_, eps_, init_std_;
-  c10::Device device_ = c10::kCPU;
-  c10::ScalarType dtype_ = c10::kFloat;
-  int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;
-  at::Tensor embedding_, target_head_, d2t_, t2d_;
+  at::Tensor d2t_, t2d_;
   at::Tensor fc_, input_norm_, hidden_norm_, post_norm_, final_norm_, lm_head_;
   layers::SelfAttention attn_;
   layers::SwiGluMlp mlp_;
