@@ -267,43 +267,52 @@ TEST(DFlashDrafter, GradientCheckFloat64) {
 
 // A step in parts ([drafter] anchor_parts) is the same step: the parts' losses weighted by
 // their loss weights give the one-part loss, their weighted gradients its gradient (as the
-// engine's GradientSync adds them), and validation in parts gives the same proposals,
-// accuracy and loss. float64, fresh random weights and data, anchors 4 in 1 and 2 parts.
+// engine's GradientSync adds them: the context's keys and values computed once, their
+// gradients gathered over the parts and taken back in the last part's backward), and
+// validation in parts gives the same drafts, accuracy and loss. float64, fresh random weights
+// and data, 2 layers, anchors 6 in 1, 2 and 3 parts.
 TEST(DFlashDrafter, StepInPartsIsTheSameStep) {
   auto cfg = small_drafter();
-  cfg["anchors"] = int64_t{4};
+  cfg["anchors"] = int64_t{6};
+  cfg["layers"] = int64_t{2};
   auto one = make_drafter(cfg);
-  cfg["anchor_parts"] = int64_t{2};
-  auto two = make_drafter(cfg);
   auto p = dflash_test::random_problem(20, 16, {0, 1, 2}, 2, 14, at::kDouble, 321);
   one->bind(p.target, context(at::kDouble, 5), 2, 14);
-  two->bind(p.target, context(at::kDouble, 5), 2, 14);
-  EXPECT_EQ(two->step_parts(), 2);
-  EXPECT_EQ(two->attention_problem().q_len, 2 * 4);
   OracleAttention attn;
   at::Generator rng = at::make_generator<at::CPUGeneratorImpl>(77);
   StepResult r1 = one->step(p.batch, attn, rng, true);
   r1.loss.backward();
-  double weight = 0, loss_sum = 0;
-  for (int64_t part = 0; part < 2; ++part) {
-    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(77);
-    Batch b = p.batch;
-    b.part = part;
-    StepResult r = two->step(b, attn, g, true);
-    (r.loss * r.loss_weight).backward();
-    weight += r.loss_weight;
-    loss_sum += r.loss.item<double>() * r.loss_weight;
-  }
-  EXPECT_EQ(weight, r1.loss_weight);
-  EXPECT_NEAR(loss_sum / weight, r1.loss.item<double>(), 1e-12 * r1.loss.item<double>());
-  const auto p1 = one->parameters(), p2 = two->parameters();
-  ASSERT_EQ(p1.size(), p2.size());
-  for (size_t i = 0; i < p1.size(); ++i) {
-    ASSERT_TRUE(p1[i].second.detach().equal(p2[i].second.detach())) << p1[i].first;  // the same initial weights
-    const at::Tensor g2 = p2[i].second.grad() / weight;
-    EXPECT_LE((g2 - p1[i].second.grad()).abs().max().item<double>(),
-              1e-10 * p1[i].second.grad().abs().max().item<double>() + 1e-14)
-        << p1[i].first;
+  const auto p1 = one->parameters();
+  std::unique_ptr<Drafter> two;
+  for (int64_t parts : {3, 2}) {  // the validation checks below use the 2-part drafter
+    cfg["anchor_parts"] = parts;
+    two = make_drafter(cfg);
+    two->bind(p.target, context(at::kDouble, 5), 2, 14);
+    EXPECT_EQ(two->step_parts(), parts);
+    EXPECT_EQ(two->attention_problem().q_len, 6 / parts * 4);
+    double weight = 0, loss_sum = 0;
+    for (int64_t part = 0; part < parts; ++part) {
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(77);
+      Batch b = p.batch;
+      b.part = part;
+      StepResult r = two->step(b, attn, g, true);
+      EXPECT_EQ(r.more_roots.size(), part + 1 == parts ? 2u * 2u : 0u) << part;  // K and V of 2 layers, last part
+      flashdraft::backward(r, r.loss_weight);
+      weight += r.loss_weight;
+      loss_sum += r.loss.item<double>() * r.loss_weight;
+    }
+    EXPECT_EQ(weight, r1.loss_weight);
+    EXPECT_NEAR(loss_sum / weight, r1.loss.item<double>(), 1e-12 * r1.loss.item<double>());
+    const auto p2 = two->parameters();
+    ASSERT_EQ(p1.size(), p2.size());
+    for (size_t i = 0; i < p1.size(); ++i) {
+      ASSERT_TRUE(p1[i].second.detach().equal(p2[i].second.detach())) << p1[i].first;  // the same initial weights
+      ASSERT_TRUE(p2[i].second.grad().defined()) << p1[i].first;
+      const at::Tensor g2 = p2[i].second.grad() / weight;
+      EXPECT_LE((g2 - p1[i].second.grad()).abs().max().item<double>(),
+                1e-10 * p1[i].second.grad().abs().max().item<double>() + 1e-14)
+          << parts << " parts: " << p1[i].first;
+    }
   }
   EXPECT_GT(p1[0].second.grad().abs().max().item<double>(), 1e-6);
   // Validation in parts: one result for the whole anchor draw.

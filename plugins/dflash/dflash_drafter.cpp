@@ -528,8 +528,10 @@ StepResult DFlashDrafter::step_part(const Batch& batch, DrafterContext& context,
     throw std::invalid_argument("batch.part " + std::to_string(part) + " is not one of this drafter's " +
                                 std::to_string(anchor_parts_) + " parts");
   const StepPlan plan = plan_step(batch, rng, part);
-  const at::Tensor x = decoder(batch, plan, context);
-  return loss_and_metrics(batch, x, plan, context, training);
+  const at::Tensor x = decoder(batch, plan, context, training);
+  StepResult r = loss_and_metrics(batch, x, plan, context, training);
+  if (training && anchor_parts_ > 1 && part + 1 == anchor_parts_) r.more_roots = take_shared_roots();
+  return r;
 }
 
 // Every part from the same anchor draw (the generator's state before the first), the
@@ -667,14 +669,21 @@ void DFlashDrafter::index_target_positions(StepPlan& plan, const std::vector<int
 }
 
 // The context features and the decoder layers: the block tokens' final states [B, L, H].
-at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const {
+at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention,
+                                  bool training) const {
   const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), L = part_anchors() * block_size_;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  const at::Tensor index = at::tensor(feature_index_, long_opts);
-  const at::Tensor feats = batch.hidden.index_select(2, batch.hidden.is_cuda() ? to_device(index) : index)
-                               .reshape({B, S, -1})
-                               .to(device_, dtype_);
-  const at::Tensor context = rms_norm(at::linear(feats, fc_), hidden_norm_);
+  // The context features (fc over the target's states): for every part, or only for part 0
+  // of a training step in parts, whose later parts share its keys and values (context_kv).
+  const bool shared = training && anchor_parts_ > 1;
+  at::Tensor context;
+  if (!shared || batch.part == 0) {
+    const at::Tensor index = at::tensor(feature_index_, long_opts);
+    const at::Tensor feats = batch.hidden.index_select(2, batch.hidden.is_cuda() ? to_device(index) : index)
+                                 .reshape({B, S, -1})
+                                 .to(device_, dtype_);
+    context = rms_norm(at::linear(feats, fc_), hidden_norm_);
+  }
   const std::pair<at::Tensor, at::Tensor> packed_rope =
       plan.context_pos.defined() ? rope_tables(plan.context_pos) : std::pair<at::Tensor, at::Tensor>();
   const std::pair<at::Tensor, at::Tensor>& rope_c = plan.context_pos.defined() ? packed_rope : context_rope(B, S);
@@ -690,12 +699,48 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
     mask_for_layer(attention, mask, windows_[static_cast<size_t>(l)], window);
     x = layer(l, x, [&](const at::Tensor& h) {
       const at::Tensor q = A.queries(h, cos_b, sin_b);
-      const at::Tensor k = at::cat({A.keys(context, cos_c, sin_c), A.keys(h, cos_b, sin_b)}, 2);  // context first
-      const at::Tensor v = at::cat({A.values(context), A.values(h)}, 2);                          // [B, Hkv, S + L, D]
+      const auto [kc, vc] = context_kv(l, context, cos_c, sin_c, batch, shared);
+      const at::Tensor k = at::cat({kc, A.keys(h, cos_b, sin_b)}, 2);  // context first
+      const at::Tensor v = at::cat({vc, A.values(h)}, 2);              // [B, Hkv, S + L, D]
       return A.output(attention.attention(l, q.contiguous(), k.contiguous(), v.contiguous(), scale));
     });
   }
   return x;
+}
+
+std::pair<at::Tensor, at::Tensor> DFlashDrafter::context_kv(int64_t l, const at::Tensor& context,
+                                                            const at::Tensor& cos_c, const at::Tensor& sin_c,
+                                                            const Batch& batch, bool shared) const {
+  const layers::SelfAttention& A = layers_[static_cast<size_t>(l)].attn;
+  if (!shared) return {A.keys(context, cos_c, sin_c), A.values(context)};
+  const size_t i = static_cast<size_t>(l);
+  SharedContext& s = shared_;
+  if (batch.part == 0) {
+    if (l == 0) s = SharedContext{batch.tokens.data_ptr(), {}, {}, {}, {}};
+    s.real_k.push_back(A.keys(context, cos_c, sin_c));
+    s.real_v.push_back(A.values(context));
+    s.leaf_k.push_back(s.real_k.back().detach().requires_grad_());
+    s.leaf_v.push_back(s.real_v.back().detach().requires_grad_());
+  } else if (s.tokens != batch.tokens.data_ptr() || s.real_k.size() <= i) {
+    throw std::logic_error("dflash: part " + std::to_string(batch.part) +
+                           " of a step in parts came without part 0 of "
+                           "its batch (the parts of a step run in order on one batch)");
+  }
+  if (batch.part + 1 == anchor_parts_) return {s.real_k[i], s.real_v[i]};
+  return {s.leaf_k[i], s.leaf_v[i]};
+}
+
+// The last part's: the real keys and values with the gradients the earlier parts gathered in
+// their copies; the shared state is released (the result holds what the backward needs).
+std::vector<std::pair<at::Tensor, at::Tensor>> DFlashDrafter::take_shared_roots() const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> roots;
+  SharedContext& s = shared_;
+  for (size_t i = 0; i < s.real_k.size(); ++i) {
+    if (s.leaf_k[i].grad().defined()) roots.emplace_back(s.real_k[i], s.leaf_k[i].grad());
+    if (s.leaf_v[i].grad().defined()) roots.emplace_back(s.real_v[i], s.leaf_v[i].grad());
+  }
+  shared_ = SharedContext{};
+  return roots;
 }
 
 // The loss through the engine's LM-head op over the rows that carry one (position 0

@@ -155,7 +155,8 @@ class DFlashDrafter : public Drafter, protected BoundRun {
   // Validation of a run in parts: every part in turn (no gradient), one result.
   StepResult validate_in_parts(const Batch& batch, DrafterContext& context, at::Generator& rng) const;
   void index_target_positions(StepPlan& plan, const std::vector<int64_t>& row_source) const;
-  at::Tensor decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention) const;
+  // The block states after every layer; `training` parts share their context (below).
+  at::Tensor decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention, bool training) const;
   StepResult loss_and_metrics(const Batch& batch, const at::Tensor& x, const StepPlan& plan, LossContext& loss,
                               bool training) const;
   std::vector<int64_t> default_layer_ids(const TargetModel& target) const;
@@ -167,6 +168,21 @@ class DFlashDrafter : public Drafter, protected BoundRun {
   const std::pair<at::Tensor, at::Tensor>& context_rope(int64_t B, int64_t S) const;
 
   mutable std::pair<at::Tensor, at::Tensor> context_rope_;  // context_rope()'s cache
+
+  // A training step in parts computes the context's keys and values (every layer's, from the
+  // fc features) once: part 0 computes them (`real`) and every part before the last reads
+  // detached copies (`leaf`) that gather its gradient; the last part reads the real ones and
+  // hands the gathered gradients to the engine as more roots of its backward
+  // (StepResult::more_roots), so one backward takes them through fc and the projections.
+  struct SharedContext {
+    const void* tokens = nullptr;  // the batch the keys and values are of
+    std::vector<at::Tensor> real_k, real_v, leaf_k, leaf_v;
+  };
+  mutable SharedContext shared_;
+  // Layer l's context keys and values for this part (computed, or shared: see above).
+  std::pair<at::Tensor, at::Tensor> context_kv(int64_t l, const at::Tensor& context, const at::Tensor& cos_c,
+                                               const at::Tensor& sin_c, const Batch& batch, bool shared) const;
+  std::vector<std::pair<at::Tensor, at::Tensor>> take_shared_roots() const;
 };
 
 }  // namespace flashdraft::dflash

@@ -247,7 +247,17 @@ struct StepResult {
   // calls it after the backward and the optimizer step have been queued, so that reading
   // the metrics does not stall the device between the passes. Empty: they are filled.
   std::function<void(StepResult&)> deferred;
+  // Optional (steps in parts): tensors of this part's graph that earlier parts' backwards
+  // reached through detached copies, each with the gradient those copies gathered (weighted
+  // as the engine weighs the parts). backward() runs them in the same pass as the loss, so
+  // that every parameter's gradient is whole when that pass ends (the data-parallel
+  // all-reduce starts from it).
+  std::vector<std::pair<at::Tensor, at::Tensor>> more_roots;
 };
+
+// The backward of a step's result: d(loss * scale) and, in the same pass, more_roots with
+// their gradients (as they are: already weighted).
+FLASHDRAFT_API void backward(const StepResult& r, double scale = 1.0);
 
 class FLASHDRAFT_API Drafter : public PluginObject {
  public:

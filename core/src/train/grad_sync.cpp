@@ -148,7 +148,7 @@ double GradientSync::backward(StepResult& r, int64_t micro) {
   if (plain()) {
     // One process, one micro-batch: the loss and the metrics are read once the backward
     // is queued (reading them first would stall the device between the passes).
-    r.loss.backward();
+    flashdraft::backward(r);
     loss = loss_value.item<double>();
   } else {
     loss = loss_value.item<double>();
@@ -180,14 +180,14 @@ double GradientSync::backward(StepResult& r, int64_t micro) {
     weights_reduce_ = dist_.all_reduce_async(weights_, "the all-reduce of the loss weights");
   }
   armed_ = last && dist_.active();
-  (r.loss * weight).backward();
+  flashdraft::backward(r, weight);
   armed_ = false;
   return loss;
 }
 
 at::Tensor GradientSync::queue_backward(StepResult& r) {
   if (!plain()) throw std::logic_error("GradientSync::queue_backward: only a single process with one micro-batch");
-  r.loss.backward();
+  flashdraft::backward(r);
   const at::Tensor loss = r.loss.detach();
   r.loss = at::Tensor();
   return loss;
