@@ -6,6 +6,7 @@
 //     with a sentence naming the file and the problem; --resume latest skips them;
 //   - /eval rows: exact greedy tau against a plain oracle, bounds that tie it to the
 //     per-position accuracies, and tau rising with training.
+#include "eval/eval.hpp"
 #include "log/run_log.hpp"
 #include "train/checkpoint.hpp"
 #include "train/trainer.hpp"
@@ -381,6 +382,42 @@ TEST(Validation, GreedyAcceptanceMatchesAPlainOracleOnRandomDrafts) {
     EXPECT_EQ(a.drafts, want_drafts) << "trial " << trial;
     EXPECT_EQ(a.accepted, want_accepted) << "trial " << trial;
   }
+}
+
+// A drafter's drafts that do not fit the batch stop validation with a sentence naming what
+// is wrong, instead of reading past the tensors.
+TEST(Validation, DraftsThatDoNotFitTheBatchAreRefusedWithASentence) {
+  auto drafts = [](at::Tensor rows, at::Tensor starts, at::Tensor tokens, at::Tensor labels) {
+    flashdraft::Drafts d;
+    d.rows = rows, d.starts = starts, d.tokens = tokens, d.labels = labels;
+    return d;
+  };
+  const auto L = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor rows = at::tensor({0, 1, 1}, L), starts = at::tensor({2, 0, 9}, L);
+  const at::Tensor tokens = at::randint(0, 50, {3, 4}, L), labels = at::randint(-1, 50, {3, 4}, L);
+  EXPECT_NO_THROW(flashdraft::check_drafts(drafts(rows, starts, tokens, labels), 2, 10, 4));
+  EXPECT_NO_THROW(
+      flashdraft::check_drafts(drafts(rows, starts, tokens.narrow(1, 0, 2), labels.narrow(1, 0, 2)), 2, 10, 4));
+  auto message = [&](const flashdraft::Drafts& d) {
+    try {
+      flashdraft::check_drafts(d, 2, 10, 4);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(
+      message(drafts(rows, starts, tokens, labels.narrow(1, 0, 3))).find("have tokens [3, 4] Long and labels [3, 3]"),
+      std::string::npos);
+  EXPECT_NE(message(drafts(rows.narrow(0, 0, 2), starts, tokens, labels)).find("have rows [2] Long and starts [3]"),
+            std::string::npos);
+  EXPECT_NE(message(drafts(at::tensor({0, 2, 1}, L), starts, tokens, labels)).find("name rows 0..2"),
+            std::string::npos);
+  EXPECT_NE(message(drafts(rows, at::tensor({2, 0, 10}, L), tokens, labels)).find("start at 0..10"), std::string::npos);
+  EXPECT_NE(message(drafts(rows, starts, tokens.to(at::kFloat), labels)).find("not of integers"), std::string::npos);
+  const std::string wide = message(drafts(rows, starts, at::zeros({3, 5}, L), at::zeros({3, 5}, L)));
+  EXPECT_NE(wide.find("have 5 columns for 4 metric columns"), std::string::npos) << wide;
+  EXPECT_NE(wide.find("rows in 0..1 and starts in 0..9"), std::string::npos) << wide;
 }
 
 TEST(Validation, EvalRowsTauBoundsAndTauRisesWithTraining) {

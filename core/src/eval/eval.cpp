@@ -15,6 +15,8 @@
 #include <cmath>
 #include <iomanip>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 namespace flashdraft {
 
@@ -54,7 +56,41 @@ struct EvalTally {
   }
 };
 
+std::string shape_of(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "] " + std::string(c10::toString(t.scalar_type()));
+}
+
 }  // namespace
+
+void check_drafts(const Drafts& d, int64_t rows, int64_t seq_len, int64_t positions) {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument("validation: the drafter's drafts (StepResult::drafts) " + why +
+                                "; expected rows and starts [D], tokens and labels [D, K] of integers with K <= " +
+                                std::to_string(positions) + " (its metric columns), rows in 0.." +
+                                std::to_string(rows - 1) + " and starts in 0.." + std::to_string(seq_len - 1));
+  };
+  const at::Tensor* all[] = {&d.rows, &d.starts, &d.tokens, &d.labels};
+  for (const at::Tensor* t : all)
+    if (!at::isIntegralType(t->scalar_type(), /*includeBool=*/false))
+      fail("hold a " + shape_of(*t) + " tensor that is not of integers");
+  if (d.tokens.dim() != 2 || !d.labels.sizes().equals(d.tokens.sizes()))
+    fail("have tokens " + shape_of(d.tokens) + " and labels " + shape_of(d.labels));
+  const int64_t D = d.tokens.size(0);
+  if (d.rows.dim() != 1 || d.rows.size(0) != D || d.starts.dim() != 1 || d.starts.size(0) != D)
+    fail("have rows " + shape_of(d.rows) + " and starts " + shape_of(d.starts) + " for " + std::to_string(D) +
+         " drafts");
+  if (d.tokens.size(1) > positions)
+    fail("have " + std::to_string(d.tokens.size(1)) + " columns for " + std::to_string(positions) + " metric columns");
+  if (D == 0) return;
+  const at::Tensor r = d.rows.to(at::kCPU, at::kLong), s = d.starts.to(at::kCPU, at::kLong);
+  const int64_t rmin = r.min().item<int64_t>(), rmax = r.max().item<int64_t>();
+  const int64_t smin = s.min().item<int64_t>(), smax = s.max().item<int64_t>();
+  if (rmin < 0 || rmax >= rows) fail("name rows " + std::to_string(rmin) + ".." + std::to_string(rmax));
+  if (smin < 0 || smax >= seq_len) fail("start at " + std::to_string(smin) + ".." + std::to_string(smax));
+}
 
 ServedValidation::ServedValidation(BoundPlugins& b, const Config& eval, uint64_t seed, const std::string& on_fallback,
                                    AttentionDispatcher::EventSink events)
@@ -165,6 +201,7 @@ std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done) {
       exact = false;
       continue;
     }
+    check_drafts(r.drafts, batch.tokens.size(0), batch.tokens.size(1), c.positions);
     tally.add(r);
     const at::Tensor labels = verified ? target_verified_labels(*c.target, batch, r) : at::Tensor();
     verified = verified && labels.defined();

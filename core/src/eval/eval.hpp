@@ -98,6 +98,12 @@ struct EvalContext {
   std::string served_off;              // why (for the log and the console)
 };
 
+// Throws std::invalid_argument with a sentence when a drafter's validation drafts do not
+// fit a batch of `rows` x `seq_len` tokens and its `positions` metric columns (model.hpp's
+// Drafts: rows and starts [D], tokens and labels [D, K] integer, K <= positions, every row in
+// 0 .. rows - 1 and every start in 0 .. seq_len - 1).
+FLASHDRAFT_API void check_drafts(const Drafts& d, int64_t rows, int64_t seq_len, int64_t positions);
+
 // nullopt when the dataset has no held-out batch.
 FLASHDRAFT_API std::optional<EvalResult> evaluate(const EvalContext& c, int64_t done);
 FLASHDRAFT_API void record_eval(RunLog& log, const EvalResult& r);
