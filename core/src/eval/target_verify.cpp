@@ -4,8 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 namespace flashdraft {
@@ -15,7 +13,7 @@ at::Tensor target_verified_labels(Target& target, const Batch& batch, const Step
   const at::Tensor tokens = batch.tokens.to(at::kCPU, at::kLong).contiguous();
   const int64_t B = tokens.size(0), S = tokens.size(1);
   const at::Tensor rows = r.drafts.rows.to(at::kCPU, at::kLong).contiguous();
-  const at::Tensor starts = r.drafts.starts.to(at::kCPU, at::kLong).clamp(0, S - 1).contiguous();
+  const at::Tensor starts = r.drafts.starts.to(at::kCPU, at::kLong).contiguous();  // in range: check_drafts
   const at::Tensor drafted = r.drafts.tokens.to(at::kCPU, at::kLong).contiguous();
   const int64_t D = drafted.size(0), K = drafted.size(1);
   if (D == 0) return at::full({0, K}, -1, at::kLong);
@@ -24,12 +22,7 @@ at::Tensor target_verified_labels(Target& target, const Batch& batch, const Step
   // blocks at position 0, whose choices are not read.
   std::vector<int64_t> slot(static_cast<size_t>(D)), per_row(static_cast<size_t>(B), 0);
   const int64_t* row = rows.data_ptr<int64_t>();
-  for (int64_t d = 0; d < D; ++d) {
-    if (row[d] < 0 || row[d] >= B)
-      throw std::invalid_argument("validation drafts: draft " + std::to_string(d) + " names row " +
-                                  std::to_string(row[d]) + " of a batch of " + std::to_string(B) + " rows");
-    slot[size_t(d)] = per_row[size_t(row[d])]++;
-  }
+  for (int64_t d = 0; d < D; ++d) slot[size_t(d)] = per_row[size_t(row[d])]++;
   const int64_t N = *std::max_element(per_row.begin(), per_row.end());
   at::Tensor anchors = at::zeros({B, N}, at::kLong), blocks = at::zeros({B, N, K + 1}, at::kLong);
   const int64_t* tok = tokens.data_ptr<int64_t>();

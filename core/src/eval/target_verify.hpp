@@ -15,8 +15,9 @@
 
 namespace flashdraft {
 
-// [D, K] int64 labels from the target's greedy choices for the drafts in `r` (r.drafts);
-// undefined when the target cannot verify or the drafter gave no drafts.
+// [D, K] int64 labels from the target's greedy choices for the drafts in `r` (r.drafts,
+// already checked against the batch by check_drafts); undefined when the target cannot
+// verify or the drafter gave no drafts.
 at::Tensor target_verified_labels(Target& target, const Batch& batch, const StepResult& r);
 
 }  // namespace flashdraft
