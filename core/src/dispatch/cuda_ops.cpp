@@ -40,6 +40,24 @@ void same_device(const at::Tensor& a, const at::Tensor& b, const char* an, const
           std::string(bn) + " is on " + b.device().str() + " but " + an + " is on " + a.device().str());
 }
 
+// The row kernels' logits: a CUDA [rows, V] tensor with contiguous rows.
+void check_logits(const at::Tensor& logits, const char* op, const char* what) {
+  require(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1,
+          std::string(op) + ": " + what + " must be a CUDA [rows, V] tensor with contiguous rows, got " +
+              c10::str(logits.sizes()));
+}
+
+// A per-row vector the row kernels read beside `logits` (labels, a row index, row weights):
+// contiguous [rows] of `dtype` on the logits' device.
+void check_per_row(const at::Tensor& logits, const at::Tensor& v, at::ScalarType dtype, const char* op,
+                   const char* what) {
+  const int64_t rows = logits.size(0);
+  require(v.dim() == 1 && v.size(0) == rows && v.scalar_type() == dtype && v.is_contiguous(),
+          std::string(op) + ": " + what + " must be contiguous " + (dtype == at::kLong ? "int64" : "float32") + " [" +
+              std::to_string(rows) + "]");
+  same_device(logits, v, "the logits", what);
+}
+
 }  // namespace
 
 bool cuda_ops_built() { return true; }
@@ -51,18 +69,10 @@ bool runs_on(const at::Tensor& t) {
 
 CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& row_weights, double grad_scale,
                bool write_grad) {
-  require(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1,
-          "ce_rows: logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(logits.sizes()));
+  check_logits(logits, "ce_rows", "logits");
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  require(labels.dim() == 1 && labels.size(0) == rows && labels.scalar_type() == at::kLong && labels.is_contiguous(),
-          "ce_rows: labels must be contiguous int64 [" + std::to_string(rows) + "]");
-  same_device(logits, labels, "the logits", "labels");
-  if (write_grad) {
-    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
-                row_weights.is_contiguous(),
-            "ce_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
-    same_device(logits, row_weights, "the logits", "row weights");
-  }
+  check_per_row(logits, labels, at::kLong, "ce_rows", "labels");
+  if (write_grad) check_per_row(logits, row_weights, at::kFloat, "ce_rows", "row weights");
   const c10::cuda::CUDAGuard guard(logits.device());
   const auto f = logits.options().dtype(at::kFloat);
   CeRows out{at::empty({rows}, f), at::empty({rows}, logits.options().dtype(at::kLong))};
@@ -75,26 +85,15 @@ CeRows ce_rows(at::Tensor& logits, const at::Tensor& labels, const at::Tensor& r
 
 KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& target_rows, double temperature,
                const at::Tensor& row_weights, double grad_scale, bool write_grad) {
-  require(draft.is_cuda() && draft.dim() == 2 && draft.stride(1) == 1,
-          "kl_rows: draft logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(draft.sizes()));
+  check_logits(draft, "kl_rows", "draft logits");
   const int64_t rows = draft.size(0), vocab = draft.size(1);
   require(target.dim() == 2 && target.size(1) == vocab && target.stride(1) == 1 &&
               target.scalar_type() == draft.scalar_type() && (target_rows.defined() || target.size(0) == rows),
           "kl_rows: target logits must be [rows or indexed, " + std::to_string(vocab) + "] in the draft's dtype, got " +
               c10::str(target.sizes()));
   same_device(draft, target, "the draft logits", "the target logits");
-  if (target_rows.defined()) {
-    require(target_rows.dim() == 1 && target_rows.size(0) == rows && target_rows.scalar_type() == at::kLong &&
-                target_rows.is_contiguous(),
-            "kl_rows: target_rows must be contiguous int64 [" + std::to_string(rows) + "]");
-    same_device(draft, target_rows, "the draft logits", "target_rows");
-  }
-  if (write_grad) {
-    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
-                row_weights.is_contiguous(),
-            "kl_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
-    same_device(draft, row_weights, "the draft logits", "row weights");
-  }
+  if (target_rows.defined()) check_per_row(draft, target_rows, at::kLong, "kl_rows", "target_rows");
+  if (write_grad) check_per_row(draft, row_weights, at::kFloat, "kl_rows", "row weights");
   const c10::cuda::CUDAGuard guard(draft.device());
   const auto l = draft.options().dtype(at::kLong);
   KlRows out{at::empty({rows}, draft.options().dtype(at::kFloat)), at::empty({rows}, l), at::empty({rows}, l)};
@@ -109,27 +108,15 @@ KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& ta
 
 ProbRows prob_rows(at::Tensor& draft, const at::Tensor& probs, const at::Tensor& rows_of, const at::Tensor& row_weights,
                    double grad_scale, bool write_grad) {
-  require(
-      draft.is_cuda() && draft.dim() == 2 && draft.stride(1) == 1,
-      "prob_rows: draft logits must be a CUDA [rows, V] tensor with contiguous rows, got " + c10::str(draft.sizes()));
+  check_logits(draft, "prob_rows", "draft logits");
   const int64_t rows = draft.size(0), vocab = draft.size(1);
   require(probs.dim() == 2 && probs.size(1) == vocab && probs.stride(1) == 1 && probs.scalar_type() == at::kFloat &&
               (rows_of.defined() || probs.size(0) == rows),
           "prob_rows: the distributions must be float32 [rows or indexed, " + std::to_string(vocab) +
               "] with contiguous rows, got " + c10::str(probs.sizes()) + " " + c10::toString(probs.scalar_type()));
   same_device(draft, probs, "the draft logits", "the distributions");
-  if (rows_of.defined()) {
-    require(
-        rows_of.dim() == 1 && rows_of.size(0) == rows && rows_of.scalar_type() == at::kLong && rows_of.is_contiguous(),
-        "prob_rows: prob_rows must be contiguous int64 [" + std::to_string(rows) + "]");
-    same_device(draft, rows_of, "the draft logits", "prob_rows");
-  }
-  if (write_grad) {
-    require(row_weights.dim() == 1 && row_weights.size(0) == rows && row_weights.scalar_type() == at::kFloat &&
-                row_weights.is_contiguous(),
-            "prob_rows: row weights must be contiguous float32 [" + std::to_string(rows) + "]");
-    same_device(draft, row_weights, "the draft logits", "row weights");
-  }
+  if (rows_of.defined()) check_per_row(draft, rows_of, at::kLong, "prob_rows", "the distributions' row index");
+  if (write_grad) check_per_row(draft, row_weights, at::kFloat, "prob_rows", "row weights");
   const c10::cuda::CUDAGuard guard(draft.device());
   const auto l = draft.options().dtype(at::kLong);
   ProbRows out{at::empty({rows}, draft.options().dtype(at::kFloat)), at::empty({rows}, l), at::empty({rows}, l)};
