@@ -105,27 +105,26 @@ void MemoryTracker::install() {
 
 bool MemoryTracker::installed() { return g_installed.load(); }
 
-int64_t MemoryTracker::live_bytes(c10::Device device) {
-  if (device.is_cpu()) return g_live.load();
+namespace {
+
+// Bytes allocated on `device` now, or at their peak since the last reset.
+int64_t allocated_bytes(c10::Device device, bool peak) {
+  if (device.is_cpu()) return peak ? g_peak.load() : g_live.load();
 #ifdef FLASHDRAFT_ENGINE_CUDA
   if (device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+    const auto& bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    return peak ? bytes.peak : bytes.current;
   }
 #endif
   throw std::invalid_argument("memory tracking: device " + device.str() + " is not tracked (cpu, cuda are)");
 }
 
-int64_t MemoryTracker::peak_bytes(c10::Device device) {
-  if (device.is_cpu()) return g_peak.load();
-#ifdef FLASHDRAFT_ENGINE_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.has_index() ? device.index() : 0);
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  }
-#endif
-  throw std::invalid_argument("memory tracking: device " + device.str() + " is not tracked (cpu, cuda are)");
-}
+}  // namespace
+
+int64_t MemoryTracker::live_bytes(c10::Device device) { return allocated_bytes(device, /*peak=*/false); }
+
+int64_t MemoryTracker::peak_bytes(c10::Device device) { return allocated_bytes(device, /*peak=*/true); }
 
 void MemoryTracker::reset_peak(c10::Device device) {
   if (device.is_cpu()) {
