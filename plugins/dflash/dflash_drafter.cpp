@@ -678,10 +678,16 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
   const bool shared = training && anchor_parts_ > 1;
   at::Tensor context;
   if (!shared || batch.part == 0) {
-    const at::Tensor index = at::tensor(feature_index_, long_opts);
-    const at::Tensor feats = batch.hidden.index_select(2, batch.hidden.is_cuda() ? to_device(index) : index)
-                                 .reshape({B, S, -1})
-                                 .to(device_, dtype_);
+    // The layers read: consecutive exported ones (every one, or all but the last that labels
+    // from the target add) are a view of the batch's states, rows of E x H with the n x H
+    // read contiguous (no copy of [B, S, E, H] for fc's backward to hold); others are gathered.
+    const int64_t first = feature_index_.front(), n = static_cast<int64_t>(feature_index_.size());
+    bool run = true;
+    for (int64_t e = 0; e < n; ++e) run = run && feature_index_[static_cast<size_t>(e)] == first + e;
+    const at::Tensor index = run ? at::Tensor() : at::tensor(feature_index_, long_opts);
+    const at::Tensor picked = run ? batch.hidden.narrow(2, first, n)
+                                  : batch.hidden.index_select(2, batch.hidden.is_cuda() ? to_device(index) : index);
+    const at::Tensor feats = picked.reshape({B, S, -1}).to(device_, dtype_);
     context = rms_norm(at::linear(feats, fc_), hidden_norm_);
   }
   const std::pair<at::Tensor, at::Tensor> packed_rope =
