@@ -58,6 +58,21 @@ void check_per_row(const at::Tensor& logits, const at::Tensor& v, at::ScalarType
   same_device(logits, v, "the logits", what);
 }
 
+// The second operand of the two-distribution row kernels (the target's logits, given
+// distributions): [rows, V] of `dtype` with contiguous rows, or [any, V] read through
+// `index` ([rows] int64), on the draft logits' device.
+void check_targets(const at::Tensor& draft, const at::Tensor& t, at::ScalarType dtype, const at::Tensor& index,
+                   const char* op, const char* what, const char* index_what) {
+  const int64_t rows = draft.size(0), vocab = draft.size(1);
+  require(t.dim() == 2 && t.size(1) == vocab && t.stride(1) == 1 && t.scalar_type() == dtype &&
+              (index.defined() || t.size(0) == rows),
+          std::string(op) + ": " + what + " must be " + c10::toString(dtype) + " [rows or indexed, " +
+              std::to_string(vocab) + "] with contiguous rows, got " + c10::str(t.sizes()) + " " +
+              c10::toString(t.scalar_type()));
+  same_device(draft, t, "the draft logits", what);
+  if (index.defined()) check_per_row(draft, index, at::kLong, op, index_what);
+}
+
 }  // namespace
 
 bool cuda_ops_built() { return true; }
@@ -87,12 +102,7 @@ KlRows kl_rows(at::Tensor& draft, const at::Tensor& target, const at::Tensor& ta
                const at::Tensor& row_weights, double grad_scale, bool write_grad) {
   check_logits(draft, "kl_rows", "draft logits");
   const int64_t rows = draft.size(0), vocab = draft.size(1);
-  require(target.dim() == 2 && target.size(1) == vocab && target.stride(1) == 1 &&
-              target.scalar_type() == draft.scalar_type() && (target_rows.defined() || target.size(0) == rows),
-          "kl_rows: target logits must be [rows or indexed, " + std::to_string(vocab) + "] in the draft's dtype, got " +
-              c10::str(target.sizes()));
-  same_device(draft, target, "the draft logits", "the target logits");
-  if (target_rows.defined()) check_per_row(draft, target_rows, at::kLong, "kl_rows", "target_rows");
+  check_targets(draft, target, draft.scalar_type(), target_rows, "kl_rows", "the target logits", "target_rows");
   if (write_grad) check_per_row(draft, row_weights, at::kFloat, "kl_rows", "row weights");
   const c10::cuda::CUDAGuard guard(draft.device());
   const auto l = draft.options().dtype(at::kLong);
@@ -110,12 +120,7 @@ ProbRows prob_rows(at::Tensor& draft, const at::Tensor& probs, const at::Tensor&
                    double grad_scale, bool write_grad) {
   check_logits(draft, "prob_rows", "draft logits");
   const int64_t rows = draft.size(0), vocab = draft.size(1);
-  require(probs.dim() == 2 && probs.size(1) == vocab && probs.stride(1) == 1 && probs.scalar_type() == at::kFloat &&
-              (rows_of.defined() || probs.size(0) == rows),
-          "prob_rows: the distributions must be float32 [rows or indexed, " + std::to_string(vocab) +
-              "] with contiguous rows, got " + c10::str(probs.sizes()) + " " + c10::toString(probs.scalar_type()));
-  same_device(draft, probs, "the draft logits", "the distributions");
-  if (rows_of.defined()) check_per_row(draft, rows_of, at::kLong, "prob_rows", "the distributions' row index");
+  check_targets(draft, probs, at::kFloat, rows_of, "prob_rows", "the distributions", "the distributions' row index");
   if (write_grad) check_per_row(draft, row_weights, at::kFloat, "prob_rows", "row weights");
   const c10::cuda::CUDAGuard guard(draft.device());
   const auto l = draft.options().dtype(at::kLong);
