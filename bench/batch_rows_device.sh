@@ -6,7 +6,7 @@
 # block sees only its own conversation), B = 1, 2, 4, 512 anchors per row; the
 # Qwen3-8B-shaped random checkpoint as the online target (34 layers run), a 1-layer DFlash
 # drafter learning the data's tokens, flash_cuda in both.
-#   device run: command `bash bench/batch_rows_device.sh`, carry [".deps"], timeout_s 600.
+#   device run: command `bash bench/batch_rows_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 # Table: median step ms over steps 4..16, real input tokens/s (padding not counted), labelled
 # positions/s, peak GiB, per B and row layout.
 # Files under $OUT: batch-rows-device.log (this output), build.log, <layout>_<B>.log, results.md.

@@ -1,12 +1,44 @@
-# Sourced by the device scripts: `device_build TARGET...` configures build-gpu against the GPU
-# machine's torch (tests on, benchmarks off; .deps carries TOML++) and builds the targets with
-# -j16, logs in $OUT/configure.log and $OUT/build.log; on failure it prints the errors and
-# exits the script. Sets ROOT and BUILD.
+# Sourced by the device scripts: `device_build TARGET...` gives the targets' programs in
+# $BUILD. When the call carries build-device/ (scripts/stage-device-build, here) built from
+# exactly these sources, against this machine's torch version, with every target staged, and
+# its CLI loads every plugin here, it uses that (no build; the libraries from this torch).
+# Otherwise it configures build-gpu against the GPU machine's torch (tests on, benchmarks off;
+# .deps carries TOML++) and builds the targets with -j16, logs in $OUT/configure.log and
+# $OUT/build.log; on failure it prints the errors and exits the script. Sets ROOT and BUILD.
 ROOT=$(pwd)
 BUILD=$ROOT/build-gpu
+# Sets why to the reason the staged build cannot be used, or to nothing (and LD_LIBRARY_PATH to
+# its libraries and this torch's, ahead of the runpaths it was linked with) when it can.
+staged_build_refusal() {
+  local stage=$ROOT/build-device t torch_lib ld
+  why=""
+  [ -f "$stage/SOURCES.sha256" ] || { why="no build-device/ carried"; return; }
+  [ "$(python3 -c 'import torch;print(torch.__version__)')" = "$(cat "$stage/TORCH_VERSION")" ] ||
+    { why="staged against torch $(cat "$stage/TORCH_VERSION")"; return; }
+  sha256sum --quiet -c "$stage/SOURCES.sha256" > "$OUT/staged-sources.log" 2>&1 ||
+    { why="sources changed since it was staged ($(grep -c FAILED "$OUT/staged-sources.log") files)"; return; }
+  for t in "$@"; do
+    grep -qx "$t" "$stage/TARGETS" || { why="$t was not staged"; return; }
+  done
+  torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  ld="$stage/lib:$torch_lib:$(dirname "$torch_lib")/../nvidia/cu13/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  LD_LIBRARY_PATH=$ld "$stage/bin/flashdraft" plugins > "$OUT/staged-plugins.log" 2>&1 ||
+    { why="its CLI does not run here: $(grep -m1 -iE "error|cannot|undefined" "$OUT/staged-plugins.log")"; return; }
+  ! grep -q "^rejected files" "$OUT/staged-plugins.log" ||
+    { why="a plugin does not load here: $(grep -A1 "^rejected files" "$OUT/staged-plugins.log" | tail -1)"; return; }
+  export LD_LIBRARY_PATH=$ld
+}
 device_build() {
-  local t0 rc prefix
+  local t0 rc prefix why
   t0=$(date +%s)
+  staged_build_refusal "$@"
+  if [ -z "$why" ]; then
+    BUILD=$ROOT/build-device
+    echo "=== staged build of $* (build-device/, sources match; $(grep -m1 "^plugins (" "$OUT/staged-plugins.log")) in $(( $(date +%s) - t0 )) s"
+    return
+  fi
+  echo "=== building here: the staged build is not used ($why)"
+  BUILD=$ROOT/build-gpu
   prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
     -DCMAKE_PREFIX_PATH="$prefix;$ROOT/.deps/usr" > "$OUT/configure.log" 2>&1 ||

@@ -4,7 +4,7 @@
 # SwiGLU 12288, vocabulary 151936, S = 3072, 512 anchors x 16, batch 1, bf16, flash_cuda;
 # the synthetic "random" target), DFlash-2 at speculators' defaults (conv_kernel_size 2,
 # conv_group_size 16, selector_rank 256, selector_top_k 16).
-#   device run: command `bash bench/dflash2_device.sh`, carry [".deps"], timeout_s 600.
+#   device run: command `bash bench/dflash2_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 # 1. build the engine, the plugins and test_dflash2 against that machine's torch;
 # 2. test_dflash2 (the selector's hand-written backward against autograd, float32 and bf16 on
 #    the GPU) and test_lm_head_loss's top-k cases (the candidates from the LM-head op's logits);

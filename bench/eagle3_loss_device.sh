@@ -8,7 +8,7 @@
 #   chunked    rows in chunks, gradients (rows and head) computed in the forward in ATen
 #   fused      one GEMM, the soft-label row kernel (core/cuda/lm_head_ce.cu prob_rows) writing
 #              the gradient over the bf16 logits, the two gradient GEMMs
-#   device run: command `bash bench/eagle3_loss_device.sh`, carry [".deps"], timeout_s 600.
+#   device run: command `bash bench/eagle3_loss_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 # 1. build the engine, the plugins, test_lm_head_loss and test_eagle3 against the machine's torch;
 # 2. test_lm_head_loss (every CUDA case: soft labels and the trained head's gradient against the
 #    float64 definition, fp32 and bf16) and test_eagle3;

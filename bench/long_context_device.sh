@@ -3,7 +3,7 @@
 # (bench/long_context.toml: the Qwen3-8B-shaped target with YaRN factor 4, 34 of its 36
 # layers run; a 5-layer DFlash drafter, 512 anchors per 3072 tokens, its steps in parts of
 # 1820 blocks; B = 1; flash_cuda in the drafter and in the target).
-#   device run: command `bash bench/long_context_device.sh [S ...]`, carry [".deps"], timeout_s 600
+#   device run: command `bash bench/long_context_device.sh [S ...]`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600
 #   (default lengths: 32768 65536 131072; STEPS=n sets the steps per length, default 4).
 # 1. build the engine and the plugins; meanwhile the random checkpoint (--yarn 4) and one shard
 #    of random-token conversations of the longest length;
@@ -25,25 +25,7 @@ longest=$(echo $LENGTHS | tr ' ' '\n' | sort -n | tail -1)
 python3 scripts/make-random-checkpoint --preset qwen3-8b --yarn 4 --out /tmp/qwen3-8b-yarn4 --device cuda \
   > "$OUT/checkpoint.log" 2>&1 &
 ckpt=$!
-python3 - "$longest" <<'PY' > "$OUT/tokens.log" 2>&1 &
-import os, sys
-import h5py, numpy as np
-S, n = int(sys.argv[1]), 3
-os.makedirs("/tmp/long-tokens", exist_ok=True)
-rng = np.random.default_rng(0)
-tokens = rng.integers(0, 151643, size=n * S, dtype=np.int32)
-mask = np.ones(n * S, dtype=np.uint8)
-for i in range(n):
-    mask[i * S: i * S + 16] = 0  # a short "prompt" per conversation
-with h5py.File("/tmp/long-tokens/shard-00000.h5", "w") as f:
-    f.create_dataset("tokens", data=tokens)
-    f.create_dataset("loss_mask", data=mask)
-    f.create_dataset("offsets", data=np.arange(n + 1, dtype=np.int64) * S)
-    f.create_dataset("lines", data=np.arange(1, n + 1, dtype=np.int64))
-    f.attrs.update(format="flashdraft-tokens-v1", vocab_size=151936, tokenizer="random ids",
-                   source="bench/long_context_device.sh")
-print(f"{n} conversations of {S} random tokens")
-PY
+python3 bench/long_tokens.py "$longest" /tmp/long-tokens > "$OUT/tokens.log" 2>&1 &
 toks=$!
 . bench/device_build.sh
 device_build flashdraft_cli flashdraft_all_plugins

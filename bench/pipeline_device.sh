@@ -9,7 +9,7 @@
 #   peer  bench/dflash_peer.py --target: transformers' model (bf16, SDPA, output_hidden_states,
 #         cut after layer 33, no gradient, under torch.compile) feeding the compiled DFlash step
 #         (flex_attention); TARGET_MODE="eager compiled" adds the eager target.
-#   device run: command `bash bench/pipeline_device.sh`, carry [".deps"], timeout_s 600.
+#   device run: command `bash bench/pipeline_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 # Table: median step ms (ours over steps 6-24; the peer's better of synchronised median and
 # back-to-back mean), tokens/s (labelled positions), peak GiB, ours / peer.
 # Before the runs: test_lm_head_loss and test_cuda_ops on the GPU.

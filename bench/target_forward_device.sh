@@ -4,7 +4,7 @@
 # checkpoint with random bf16 weights made here; the 1-layer DFlash drafter reads layers
 # 1, 9, 17, 25, 33 and learns the data's tokens (labels = "data"), so 34 of the 36 decoder layers
 # run; S = 3072, B = 1).
-#   device run: command `bash bench/target_forward_device.sh`, carry [".deps"], timeout_s 600.
+#   device run: command `bash bench/target_forward_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 # 1. build the engine, the plugins, test_cuda_ops and tests/tools/target_states; make the
 #    checkpoint meanwhile;
 # 2. test_cuda_ops' frozen-layer case (the fused norm / q-k-v RoPE / SwiGLU kernels against
@@ -24,24 +24,15 @@ set -uo pipefail
 OUT=${OUT:-/tmp/target-forward-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/target-forward-device.log") 2>&1
-ROOT=$(pwd)
-BUILD=$ROOT/build-gpu
 CKPT=/tmp/qwen3-8b-random
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 t0=$(date +%s)
 python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > /tmp/checkpoint.log 2>&1 &
 ckpt=$!
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DFLASHDRAFT_BUILD_TESTS=ON -DFLASHDRAFT_BUILD_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$ROOT/.deps/usr" > /tmp/configure.log 2>&1 ||
-  { tail -30 /tmp/configure.log; echo "CONFIGURE FAILED"; exit 1; }
-cmake --build "$BUILD" -j16 --target flashdraft_cli flashdraft_all_plugins test_cuda_ops target_states \
-  > "$OUT/build.log" 2>&1
-rc=$?
-echo "=== build: rc $rc in $(( $(date +%s) - t0 )) s"
-[ $rc -eq 0 ] || { grep -B2 -A10 -E "error" "$OUT/build.log" | head -50; exit 1; }
+. bench/device_build.sh
+device_build flashdraft_cli flashdraft_all_plugins test_cuda_ops target_states
 echo "=== test_cuda_ops"
 "$BUILD/bin/test_cuda_ops" > /tmp/test_cuda_ops.log 2>&1
 echo "rc $?"

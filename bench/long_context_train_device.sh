@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# On the GPU machine: S = 131072 trained for 20 steps (bench/long_context.toml: the
+# Qwen3-8B-shaped target with YaRN factor 4, a 5-layer DFlash drafter, 21840 anchors in 13
+# parts, B = 1, flash_cuda in both), over as many back-to-back device calls as it takes. A
+# step there is 27-41 s by the arithmetic of bench/RESULTS.md "long_context", so 20 of them do
+# not fit in one 10-minute call: each call trains until its deadline, then SIGTERM makes the
+# run finish the step in flight and write its checkpoint, and the next call resumes it
+# (`--resume latest`, the same log). Everything lives under runs/long-context/ (ignored by
+# git), which a machine keeps between calls while it stays warm (30 s after a call): make the
+# next call at once. A call that finds a log but no checkpoint, or none of it, says so.
+#   device run: command `bash bench/long_context_train_device.sh`, carry [".deps", "build-device"]
+#   after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600; again
+#   until it prints "20 of 20 steps".
+#   S (default 131072), STEPS (20), DEADLINE (seconds after the start at which the run is
+#   told to stop; default 470: the step in flight and the checkpoint take the rest), FRESH=1
+#   starts over. For a smoke test elsewhere: CKPT (a checkpoint folder to use, not made here),
+#   EDIT (sed expressions applied to the experiment file last), MIN_LEFT (default 60 s),
+#   LIMIT (the call's seconds, default 590).
+# Files under $OUT: long-context-train.log (this output), run.log, results.md (at the end).
+set -uo pipefail
+OUT=${OUT:-/tmp/long-context-train}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/long-context-train.log") 2>&1
+S=${S:-131072}
+STEPS=${STEPS:-20}
+DEADLINE=${DEADLINE:-470}
+LIMIT=${LIMIT:-590}
+HERE=$(pwd)/runs/long-context
+RUNS=$HERE/runs
+NAME=long_$S
+t0=$(date +%s)
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+[ "${FRESH:-0}" = 1 ] && rm -rf "$HERE"
+mkdir -p "$HERE"
+resume=""
+if [ -f "$RUNS/$NAME.h5" ]; then
+  if ! ls -d "$RUNS"/checkpoints/step_* > /dev/null 2>&1; then
+    echo "runs/long-context has the log of $NAME but no checkpoint to resume from; FRESH=1 starts over"
+    exit 1
+  fi
+  resume="--resume latest"
+  echo "=== resuming $NAME from $(ls -d "$RUNS"/checkpoints/step_* | tail -1)"
+elif [ -d "$HERE/checkpoint" ] || [ -d "$HERE/tokens" ]; then
+  echo "=== no log of $NAME yet: a fresh run on the kept checkpoint and tokens"
+else
+  echo "=== nothing kept in runs/long-context (a fresh machine): a fresh run"
+fi
+ckpt=""
+if [ -n "${CKPT:-}" ]; then
+  rm -rf "$HERE/checkpoint" && ln -s "$(cd "$CKPT" && pwd)" "$HERE/checkpoint"
+elif [ ! -f "$HERE/checkpoint/config.json" ]; then
+  python3 scripts/make-random-checkpoint --preset qwen3-8b --yarn 4 --out "$HERE/checkpoint" --device cuda \
+    > "$OUT/checkpoint.log" 2>&1 &
+  ckpt=$!
+fi
+if [ ! -f "$HERE/tokens/shard-00000.h5" ]; then
+  python3 bench/long_tokens.py "$S" "$HERE/tokens" > "$OUT/tokens.log" 2>&1 || { tail -5 "$OUT/tokens.log"; exit 1; }
+fi
+. bench/device_build.sh
+device_build flashdraft_cli flashdraft_all_plugins
+[ -z "$ckpt" ] || wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
+echo "=== checkpoint and tokens ready at $(( $(date +%s) - t0 )) s"
+parts=$(( (S / 6 + 1819) / 1820 ))
+anchors=$(( S / 6 / parts * parts ))
+# The same experiment file in every call (a resumed run continues this one).
+sed -e "s/^name = .*/name = \"$NAME\"/" -e "s/^steps = .*/steps = $STEPS/" -e "s/^seq_len = .*/seq_len = $S/" \
+  -e "s/^anchors = .*/anchors = $anchors/" -e "s/^anchor_parts = .*/anchor_parts = $parts/" \
+  -e "s|^path = \"/tmp/qwen3-8b-yarn4\"|path = \"$HERE/checkpoint\"|" -e "s|^path = \"/tmp/long-tokens\"|path = \"$HERE/tokens\"|" \
+  -e "${EDIT:-}" bench/long_context.toml > "$HERE/$NAME.toml"
+printf '\n[checkpoint]\nenabled = true\nevery = 0\nkeep = 1\n' >> "$HERE/$NAME.toml"
+before=$(python3 -c "import h5py,sys; print(len(h5py.File(sys.argv[1],'r')['steps/loss']))" "$RUNS/$NAME.h5" 2>/dev/null || echo 0)
+left=$(( DEADLINE - ($(date +%s) - t0) ))
+echo "=== $NAME: $anchors anchors in $parts parts; $before steps in the log; training until SIGTERM in $left s"
+[ $left -gt "${MIN_LEFT:-60}" ] || { echo "too little time left in this call"; exit 1; }
+timeout -s TERM -k $(( LIMIT - DEADLINE )) $left "$BUILD/bin/flashdraft" run "$HERE/$NAME.toml" --out "$RUNS" $resume \
+  >> "$OUT/run.log" 2>&1
+echo "rc $? at $(( $(date +%s) - t0 )) s"
+grep -E "^error|^step +[0-9]+/|interrupted|resume|out of memory|CUDA|checkpoint" "$OUT/run.log" | cut -c1-240 | tail -30
+echo "$before" >> "$HERE/segments.txt"
+python3 - "$RUNS/$NAME.h5" "$STEPS" "$HERE/segments.txt" "$S" <<'PY' | tee "$OUT/results.md"
+import math, statistics, sys
+import h5py
+path, steps, seg, S = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+f = h5py.File(path, "r")
+st, loss = f["steps/step_time_s"][:], f["steps/loss"][:]
+tgt = f["steps/target_time_s"][:] if "steps/target_time_s" in f else []
+starts = sorted({int(x) for x in open(seg).read().split()})  # each call's first step (warm-up)
+warm = [i for i in range(len(st)) if i not in starts]
+med = 1e3 * statistics.median(st[warm]) if warm else float("nan")
+tmed = 1e3 * statistics.median(tgt[warm]) if warm and len(tgt) else float("nan")
+peak = max(f["memory/step"][:]) / 2**30
+names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["kernels/names"][:]]
+fwd = f["kernels/forward"][:]
+used = sorted({names[i] for row in fwd for i in row if i >= 0})
+finite = all(math.isfinite(x) for x in loss)
+print(f"{len(st)} of {steps} steps in {len(starts)} call(s) (each call's first step at {starts})")
+print("| S | steps | median step ms | target forward ms | peak GiB | loss first -> last | finite | attention kernels |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+print(f"| {S} | {len(st)} | {med:.0f} | {tmed:.0f} | {peak:.1f} | "
+      f"{loss[0]:.3f} -> {loss[-1]:.3f} | {finite} | {', '.join(used)} |")
+print("per-step loss:", " ".join(f"{x:.3f}" for x in loss))
+PY
+echo "=== done at $(( $(date +%s) - t0 )) s"
