@@ -2,7 +2,7 @@
 # $BUILD. When the call carries build-device/ (scripts/stage-device-build, here) built from
 # exactly these sources, against this machine's torch version, with every target staged, and
 # its CLI loads every plugin and runs two quickstart steps here, it uses that (no build; the
-# libraries from this torch).
+# libraries from this torch; the staged tests find their plugins through FLASHDRAFT_PLUGIN_DIR).
 # Otherwise it configures build-gpu against the GPU machine's torch (tests on, benchmarks off;
 # .deps carries TOML++) and builds the targets with -j16, logs in $OUT/configure.log and
 # $OUT/build.log; on failure it prints the errors and exits the script. Sets ROOT and BUILD.
@@ -33,7 +33,7 @@ staged_build_refusal() {
   LD_LIBRARY_PATH=$ld HDF5_DISABLE_VERSION_CHECK=2 OMP_NUM_THREADS=4 timeout 120 "$stage/bin/flashdraft" run \
     experiments/quickstart.toml --steps 2 --out /tmp/staged-check > "$OUT/staged-check.log" 2>&1 ||
     { why="its quickstart run failed here: $(grep -m1 -iE "error|abort|mismatch" "$OUT/staged-check.log")"; return; }
-  export LD_LIBRARY_PATH=$ld HDF5_DISABLE_VERSION_CHECK=2
+  export LD_LIBRARY_PATH=$ld HDF5_DISABLE_VERSION_CHECK=2 FLASHDRAFT_PLUGIN_DIR=$stage/plugins
 }
 device_build() {
   local t0 rc prefix why

@@ -32,6 +32,11 @@ t0=$(date +%s)
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 [ "${FRESH:-0}" = 1 ] && rm -rf "$HERE"
+# The other device scripts' 16 GB checkpoints and runs, left on a warm machine, would leave too
+# little of its 64 GB disk for this one's checkpoint (16 GB), the drafter's (~13 GB, two while
+# the next is written) and the build.
+rm -rf /tmp/qwen3-8b-random /tmp/qwen3-8b-yarn4 /tmp/long-context-runs /tmp/pipeline-runs
+df -h . | tail -1
 mkdir -p "$HERE"
 resume=""
 if [ -f "$RUNS/$NAME.h5" ]; then

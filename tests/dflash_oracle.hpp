@@ -8,6 +8,7 @@
 
 #include <flashdraft/model.hpp>
 
+#include "built_plugins.hpp"
 #include "dispatch/lm_head_loss.hpp"
 #include "registry/registry.hpp"
 
@@ -102,7 +103,7 @@ inline Config make_config(const Schema& schema, const std::map<std::string, Valu
 
 // Loads the dflash drafter plugin from the build's plugin folder.
 inline std::unique_ptr<Drafter> make_drafter(const std::map<std::string, Value>& overrides) {
-  static Registry registry({FLASHDRAFT_PLUGIN_DIR});
+  static Registry registry({built_plugin_dir()});
   const FoundPlugin& p = registry.get(PluginKind::drafter, "dflash");
   return create_as<Drafter>(registry, p, make_config(registry.schema(p), overrides));
 }

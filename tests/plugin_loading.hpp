@@ -3,6 +3,7 @@
 // (every key of the plugin's schema at its default unless overridden).
 #pragma once
 
+#include "built_plugins.hpp"
 #include "registry/registry.hpp"
 
 #include <flashdraft/config.hpp>
@@ -16,7 +17,7 @@
 namespace test {
 
 inline const flashdraft::Registry& plugins() {
-  static const flashdraft::Registry reg({FLASHDRAFT_PLUGIN_DIR});
+  static const flashdraft::Registry reg({built_plugin_dir()});
   return reg;
 }
 

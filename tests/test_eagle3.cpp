@@ -5,6 +5,7 @@
 // own key length, every column of the ledger filled forward and backward); the draft
 // vocabulary (counts, ties, the d2t/t2d convention); validation's block layout; and the
 // bad-input sentences.
+#include "built_plugins.hpp"
 #include "dflash_oracle.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/ledger.hpp"
@@ -20,7 +21,7 @@ using namespace flashdraft;
 namespace {
 
 std::unique_ptr<Drafter> make_eagle3(const std::map<std::string, Value>& overrides) {
-  static Registry registry({FLASHDRAFT_PLUGIN_DIR});
+  static Registry registry({built_plugin_dir()});
   const FoundPlugin& p = registry.get(PluginKind::drafter, "eagle3");
   return create_as<Drafter>(registry, p, dflash_test::make_config(registry.schema(p), overrides));
 }

@@ -1,6 +1,7 @@
 // The embedded default data: generated once and reused from its HDF5 cache; batches
 // are deterministic; the tokens are the target's greedy continuation of its own last
 // hidden states (checked through the exported LM head, written plainly here).
+#include "built_plugins.hpp"
 #include "dflash_oracle.hpp"
 
 #include <gtest/gtest.h>
@@ -22,7 +23,7 @@ void remove_tree(const fs::path& dir) {
 }
 
 std::unique_ptr<Dataset> make_dataset(const std::map<std::string, Value>& over) {
-  static Registry registry({FLASHDRAFT_PLUGIN_DIR});
+  static Registry registry({built_plugin_dir()});
   const FoundPlugin& p = registry.get(PluginKind::dataset, "embedded");
   return create_as<Dataset>(registry, p, dflash_test::make_config(registry.schema(p), over));
 }

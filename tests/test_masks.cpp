@@ -14,6 +14,7 @@
 #include <flashdraft/attention.hpp>
 #include <flashdraft/mask_generator.hpp>
 
+#include "built_plugins.hpp"
 #include "registry/registry.hpp"
 
 #include <ATen/ATen.h>
@@ -35,7 +36,7 @@ namespace {
 constexpr int kDraws = 200;
 
 const fd::Registry& registry() {
-  static const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
+  static const fd::Registry reg({built_plugin_dir()});
   return reg;
 }
 

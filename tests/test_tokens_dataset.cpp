@@ -4,6 +4,7 @@
 // padded and packed rows, the held-out split, the order per seed and epoch, resuming,
 // and the sentences that refuse bad shards. ReadsShardsOfPrepareData reads the shards of
 // scripts/prepare-data (run by tests/python/test_tokens_dataset.py) against h5py's view.
+#include "built_plugins.hpp"
 #include "dflash_oracle.hpp"
 #include "train/checkpoint.hpp"
 
@@ -122,7 +123,7 @@ std::vector<Conversation> write_conversations(const fs::path& dir, int64_t n, in
 // --- the plugin ----------------------------------------------------------------------------
 std::unique_ptr<Dataset> open_dataset(const std::map<std::string, Value>& over, uint64_t run_seed = 3,
                                       std::vector<std::string>* said = nullptr) {
-  static Registry registry({FLASHDRAFT_PLUGIN_DIR});
+  static Registry registry({built_plugin_dir()});
   const FoundPlugin& p = registry.get(PluginKind::dataset, "tokens");
   auto d = create_as<Dataset>(registry, p, dflash_test::make_config(registry.schema(p), over));
   RunContext ctx;

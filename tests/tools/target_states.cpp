@@ -9,6 +9,7 @@
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
 //     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head.
 //     Errors: one line on stderr, exit status 1.
+#include "../built_plugins.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/ledger.hpp"
 #include "registry/registry.hpp"
@@ -51,7 +52,7 @@ int run(int argc, char** argv) {
   std::vector<int64_t> layers;
   std::stringstream ls(argv[5]);
   for (std::string item; std::getline(ls, item, ',');) layers.push_back(std::stoll(item));
-  const fd::Registry reg({FLASHDRAFT_PLUGIN_DIR});
+  const fd::Registry reg({built_plugin_dir()});
   std::map<std::string, fd::Value> values = {{"path", std::string(argv[2])}, {"dtype", dtype}};
   if (argc > 9) values["kernels"] = std::string(argv[9]);
   auto target = create<fd::Target>(reg, fd::PluginKind::target, argv[1], values);
