@@ -12,7 +12,8 @@
 #   device run: command `bash bench/pipeline_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 # Table: median step ms (ours over steps 6-24; the peer's better of synchronised median and
 # back-to-back mean), tokens/s (labelled positions), peak GiB, ours / peer.
-# Before the runs: test_lm_head_loss and test_cuda_ops on the GPU.
+# Before the runs: test_lm_head_loss and test_cuda_ops on the GPU. Ours profiles steps 3-4 (not in
+# the median): device time per op family, and the device's idle gaps with the host ops behind them.
 # Files under $OUT: pipeline-device.log (this output), build.log, ours_<L>.log, peer.jsonl, results.md.
 set -uo pipefail
 OUT=${OUT:-/tmp/pipeline-device}
@@ -40,9 +41,12 @@ for L in 1 5; do
   sed -e "s/^name = .*/name = \"ours_$L\"/" -e "s/^steps = .*/steps = 24/" -e "s/^layers = .*/layers = $L/" \
     -e 's/^\[drafter\]$/[drafter]\nlabels = "data"/' -e "s|^path = .*|path = \"$CKPT\"|" \
     bench/qwen3_8b_hf_target.toml > "/tmp/ours_$L.toml"
-  timeout -k 5 150 "$BUILD/bin/flashdraft" run "/tmp/ours_$L.toml" --out "$RUNS" > "$OUT/ours_$L.log" 2>&1
+  timeout -k 5 150 "$BUILD/bin/flashdraft" run "/tmp/ours_$L.toml" --out "$RUNS" --profile 3:5 > "$OUT/ours_$L.log" 2>&1
   echo "=== ours, $L drafter layers: rc $? at $(( $(date +%s) - t0 )) s"
   grep -E "^error|^step +24/" "$OUT/ours_$L.log" | cut -c1-200
+  # steps 3-4 under the profiler (outside the median): device time by family and its idle gaps
+  grep -E "^profile:|^  (matrix|attention|elementwise|copies|RMSNorm|other)" "$OUT/ours_$L.log"
+  sed -n '/device idle between/,/^step/p' "$OUT/ours_$L.log" | grep -v "^step" | head -13
 done
 timeout -k 5 360 python3 bench/dflash_peer.py --variant compiled --layers 1 5 --target $CKPT \
   --target-mode $TARGET_MODE --steps 10 --warmup 3 --json-out "$OUT/peer.jsonl" 2>&1 | grep -vE "^W[0-9]|Warning" | tail -8

@@ -1,6 +1,8 @@
 // End-to-end runs of the CLI with the toy plugins: the kernel ledger and fallbacks,
-// kernel selection, and the run log under SWMR reading and SIGKILL.
+// kernel selection, and the run log under SWMR reading and SIGKILL; the profiler's account
+// of the device's idle time.
 #include "log/run_log.hpp"
+#include "train/profile.hpp"
 
 #include "cli_runner.hpp"
 
@@ -10,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <thread>
 
 using flashdraft::LogReader;
@@ -231,4 +234,45 @@ TEST(Engine, StepInPartsTrainsTheSameRun) {
   EXPECT_EQ(one.f64("eval/tau_anchor")[0], four.f64("eval/tau_anchor")[0]);  // before step 1
   const std::vector<double> pa = one.f64("memory/backward"), pb = four.f64("memory/backward");
   EXPECT_LT(*std::max_element(pb.begin(), pb.end()), *std::max_element(pa.begin(), pa.end()));
+}
+
+// --profile's idle account on made-up spans (the CPU has no device kernels): the gaps between
+// kernels of every stream merged, each long gap named by the host op overlapping it most.
+TEST(Engine, ProfilerNamesTheHostOpsTheDeviceWaitedFor) {
+  using flashdraft::TimedSpan;
+  const std::vector<TimedSpan> kernels = {{0, 10, "a", 0},  {12, 20, "b", 0},   {50, 60, "c", 0},
+                                          {55, 70, "d", 0}, {110, 120, "e", 0}, {200, 210, "f", 0}};
+  // Gaps: 10..12 (short), 20..50, 70..110 (60..70 is covered by the second stream), 120..200.
+  const std::vector<TimedSpan> host = {{20, 55, "aten::to", 1},
+                                       {20, 50, "cudaStreamSynchronize", 1},  // a synchronize inside a copy: both named
+                                       {60, 115, "aten::mm", 2},
+                                       {108, 109, "cudaLaunchKernel", 2},  // the outer op overlaps the gap most
+                                       {0, 5, "aten::empty", 1}};          // during a kernel: no gap
+  const flashdraft::DeviceIdle idle = flashdraft::device_idle(kernels, host, 5);
+  EXPECT_EQ(idle.idle_ns, 2 + 30 + 40 + 80);
+  EXPECT_EQ(idle.long_gaps, 3);
+  ASSERT_EQ(idle.causes.size(), 3u);
+  EXPECT_EQ(idle.causes[0], (std::pair<double, std::string>{80, "(no host op)"}));
+  EXPECT_EQ(idle.causes[1], (std::pair<double, std::string>{40, "aten::mm"}));
+  EXPECT_EQ(idle.causes[2], (std::pair<double, std::string>{30, "aten::to > cudaStreamSynchronize"}));
+  // Unsorted input and a threshold above every gap: the same idle time, no long gaps.
+  const flashdraft::DeviceIdle none = flashdraft::device_idle({kernels.rbegin(), kernels.rend()}, host, 100);
+  EXPECT_EQ(none.idle_ns, 152);
+  EXPECT_EQ(none.long_gaps, 0);
+  EXPECT_TRUE(none.causes.empty());
+  EXPECT_EQ(flashdraft::device_idle({}, host, 5).idle_ns, 0);
+}
+
+// --profile on the CPU: the table of host ops, no device section.
+TEST(Engine, ProfileWindowPrintsItsTable) {
+  const std::string dir = test::temp_dir("engine-profile");
+  const std::string exp = experiment(dir, "prof", 4, "[attention]\nkernels = [\"toy_kernel\"]\n");
+  std::vector<std::string> args = run_args(exp);
+  args.insert(args.end(), {"--profile", "1:3"});
+  std::string out;
+  ASSERT_EQ(test::run_cli(args, &out), 0) << out;
+  EXPECT_NE(out.find("profile: steps 1..2, wall "), std::string::npos) << out;
+  EXPECT_NE(out.find("longest host ops"), std::string::npos) << out;
+  EXPECT_EQ(out.find("device idle"), std::string::npos) << out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/prof.trace.json"));
 }

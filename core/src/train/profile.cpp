@@ -13,6 +13,7 @@
 #include <map>
 #include <regex>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 namespace flashdraft {
@@ -59,7 +60,59 @@ void print_longest(std::ostream& os, const std::string& title,
     os << "    " << std::setw(8) << top[i].first / steps << "  " << top[i].second << "\n";
 }
 
+// For each host span, its depth and outermost ancestor within its thread.
+struct Nesting {
+  std::vector<int> depth;
+  std::vector<size_t> root;
+};
+Nesting nest(const std::vector<TimedSpan>& host) {  // host sorted by (thread, start, -end)
+  Nesting n{std::vector<int>(host.size()), std::vector<size_t>(host.size())};
+  std::vector<size_t> open;
+  for (size_t i = 0; i < host.size(); ++i) {
+    const TimedSpan& h = host[i];
+    while (!open.empty() && (host[open.back()].thread != h.thread || host[open.back()].end < h.end)) open.pop_back();
+    n.depth[i] = static_cast<int>(open.size());
+    n.root[i] = open.empty() ? i : n.root[open.front()];
+    open.push_back(i);
+  }
+  return n;
+}
+
 }  // namespace
+
+DeviceIdle device_idle(std::vector<TimedSpan> kernels, std::vector<TimedSpan> host, int64_t min_gap_ns) {
+  DeviceIdle r;
+  if (kernels.empty()) return r;
+  std::sort(kernels.begin(), kernels.end(), [](const TimedSpan& a, const TimedSpan& b) { return a.start < b.start; });
+  std::sort(host.begin(), host.end(), [](const TimedSpan& a, const TimedSpan& b) {
+    return std::tie(a.thread, a.start, b.end) < std::tie(b.thread, b.start, a.end);
+  });
+  const Nesting n = nest(host);
+  std::map<std::string, double> by_cause;
+  int64_t busy_until = kernels.front().end;
+  for (const TimedSpan& k : kernels) {
+    const int64_t a = busy_until, b = k.start;
+    busy_until = std::max(busy_until, k.end);
+    if (b <= a) continue;
+    r.idle_ns += double(b - a);
+    if (b - a < min_gap_ns) continue;
+    ++r.long_gaps;
+    size_t best = host.size();
+    int64_t best_overlap = 0;
+    for (size_t i = 0; i < host.size(); ++i) {
+      const int64_t overlap = std::min(b, host[i].end) - std::max(a, host[i].start);
+      if (overlap > best_overlap || (overlap > 0 && overlap == best_overlap && n.depth[i] > n.depth[best]))
+        best = i, best_overlap = overlap;
+    }
+    std::string cause = "(no host op)";
+    if (best < host.size())
+      cause = n.root[best] == best ? host[best].name : host[n.root[best]].name + " > " + host[best].name;
+    by_cause[cause] += double(b - a);
+  }
+  for (const auto& [cause, ns] : by_cause) r.causes.emplace_back(ns, cause);
+  std::sort(r.causes.rbegin(), r.causes.rend());
+  return r;
+}
 
 ProfileWindow parse_profile_window(const std::string& text) {
   ProfileWindow w;
@@ -119,14 +172,18 @@ void StepProfiler::after_step(int64_t step) {
   std::map<std::string, std::pair<double, int64_t>> kernels;   // name -> (ms, calls)
   std::map<std::string, std::pair<double, int64_t>> host_ops;  // CPU-side ops, inclusive ms
   double busy = 0;
+  std::vector<TimedSpan> device_spans, host_spans;
   for (const auto& e : result->events()) {
+    const auto start = static_cast<int64_t>(e.startNs()), end = static_cast<int64_t>(e.endNs());
     if (e.deviceType() == c10::DeviceType::CPU) {
       auto& h = host_ops[e.name().substr(0, 90)];
       h.first += double(e.durationNs()) / 1e6;
       ++h.second;
+      host_spans.push_back({start, end, e.name().substr(0, 60), e.startThreadId()});
       continue;
     }
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    device_spans.push_back({start, end, std::string(), 0});
     const double d = double(e.durationNs()) / 1e6;
     const std::string name = e.name();
     ms[family_of(name)] += d;
@@ -155,6 +212,15 @@ void StepProfiler::after_step(int64_t step) {
     os << "\n";
   }
   print_longest(os, "longest host ops (ms/step, inclusive of the ops they call)", host_ops, steps);
+  if (!device_spans.empty()) {
+    constexpr int64_t kLongGapNs = 20000;
+    const DeviceIdle idle = device_idle(std::move(device_spans), std::move(host_spans), kLongGapNs);
+    os << "  device idle between its kernels: " << idle.idle_ns / 1e6 / steps << " ms/step; "
+       << double(idle.long_gaps) / steps << " gaps of 20 us or more per step, by the host op overlapping each most"
+       << " (ms/step):\n";
+    for (size_t i = 0; i < idle.causes.size() && i < 12; ++i)
+      os << "    " << std::setw(8) << idle.causes[i].first / 1e6 / steps << "  " << idle.causes[i].second << "\n";
+  }
   std::cout << os.str() << std::flush;
 }
 

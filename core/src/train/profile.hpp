@@ -1,7 +1,8 @@
 // `flashdraft run --profile A:B`: LibTorch's profiler (Kineto) over steps A..B-1. Writes
 // a Chrome trace next to the log and prints where the device time went, per op family
 // (matrix products, attention, LM-head loss parts, norms, elementwise, copies, optimizer),
-// as milliseconds per step and shares of the device's busy time.
+// as milliseconds per step and shares of the device's busy time, and where the device sat idle
+// waiting for the host (device_idle).
 #pragma once
 
 #include <flashdraft/export.hpp>
@@ -22,6 +23,22 @@ struct ProfileWindow {
 // Parses "A:B" (0-based steps, B exclusive) or "A" (one step); throws
 // std::invalid_argument with a sentence.
 FLASHDRAFT_API ProfileWindow parse_profile_window(const std::string& text);
+
+// Where the device waited for the host: the gaps between its kernels (kernels of every stream
+// merged) inside the profiled window, and for each gap of at least `min_gap_ns` the host op
+// that overlapped it most, named "outermost > that op" (deeper ops win ties: a synchronize
+// inside a copy names both). Times in one clock, nanoseconds.
+struct TimedSpan {
+  int64_t start = 0, end = 0;
+  std::string name;
+  uint64_t thread = 0;  // host spans nest within their thread
+};
+struct DeviceIdle {
+  double idle_ns = 0;                                  // every gap between the first and last kernel
+  int64_t long_gaps = 0;                               // gaps of at least min_gap_ns
+  std::vector<std::pair<double, std::string>> causes;  // ns of long gaps per host op, longest first
+};
+FLASHDRAFT_API DeviceIdle device_idle(std::vector<TimedSpan> kernels, std::vector<TimedSpan> host, int64_t min_gap_ns);
 
 class FLASHDRAFT_API StepProfiler {
  public:
