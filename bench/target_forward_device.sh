@@ -69,7 +69,7 @@ for k in engine aten; do
   timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$OUT/run_$k.log" 2>&1
   echo "=== run kernels = $k: rc $?"
   grep -E "^target|^error|^step +24/" "$OUT/run_$k.log" | head -5
-  grep -A28 "^profile" "$OUT/run_$k.log" | head -30
+  grep -A44 "^profile" "$OUT/run_$k.log" | grep -v "^step" | head -46
 done
 
 echo "=== hidden states at the real shape against transformers"
