@@ -45,7 +45,7 @@ if [ -f "$RUNS/$NAME.h5" ]; then
     exit 1
   fi
   resume="--resume latest"
-  echo "=== resuming $NAME from $(ls -d "$RUNS"/checkpoints/step_* | tail -1)"
+  echo "=== resuming $NAME from $(ls -d "$RUNS"/checkpoints/step_* | sort -V | tail -1)"
 elif [ -d "$HERE/checkpoint" ] || [ -d "$HERE/tokens" ]; then
   echo "=== no log of $NAME yet: a fresh run on the kept checkpoint and tokens"
 else
@@ -74,9 +74,10 @@ sed -e "s/^name = .*/name = \"$NAME\"/" -e "s/^steps = .*/steps = $STEPS/" -e "s
   -e "s|^path = \"/tmp/qwen3-8b-yarn4\"|path = \"$HERE/checkpoint\"|" -e "s|^path = \"/tmp/long-tokens\"|path = \"$HERE/tokens\"|" \
   -e "${EDIT:-}" bench/long_context.toml > "$HERE/$NAME.toml"
 printf '\n[checkpoint]\nenabled = true\nevery = 0\nkeep = 1\n' >> "$HERE/$NAME.toml"
-before=$(python3 -c "import h5py,sys; print(len(h5py.File(sys.argv[1],'r')['steps/loss']))" "$RUNS/$NAME.h5" 2>/dev/null || echo 0)
+before=0  # the step this call starts at (a resumed run's log is cut back to its checkpoint's)
+[ -z "$resume" ] || before=$(ls -d "$RUNS"/checkpoints/step_* | sed 's/.*step_//' | sort -n | tail -1)
 left=$(( DEADLINE - ($(date +%s) - t0) ))
-echo "=== $NAME: $anchors anchors in $parts parts; $before steps in the log; training until SIGTERM in $left s"
+echo "=== $NAME: $anchors anchors in $parts parts; from step $before; training until SIGTERM in $left s"
 [ $left -gt "${MIN_LEFT:-60}" ] || { echo "too little time left in this call"; exit 1; }
 timeout -s TERM -k $(( LIMIT - DEADLINE )) $left "$BUILD/bin/flashdraft" run "$HERE/$NAME.toml" --out "$RUNS" $resume \
   >> "$OUT/run.log" 2>&1
