@@ -216,7 +216,8 @@ void StepProfiler::after_step(int64_t step) {
     constexpr int64_t kLongGapNs = 20000;
     const DeviceIdle idle = device_idle(std::move(device_spans), std::move(host_spans), kLongGapNs);
     os << "  device idle between its kernels: " << idle.idle_ns / 1e6 / steps << " ms/step; "
-       << double(idle.long_gaps) / steps << " gaps of 20 us or more per step, by the host op overlapping each most"
+       << double(idle.long_gaps) / steps << " gaps of " << kLongGapNs / 1000
+       << " us or more per step, by the host op overlapping each most"
        << " (ms/step):\n";
     for (size_t i = 0; i < idle.causes.size() && i < 12; ++i)
       os << "    " << std::setw(8) << idle.causes[i].first / 1e6 / steps << "  " << idle.causes[i].second << "\n";
