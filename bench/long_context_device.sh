@@ -5,7 +5,8 @@
 # 1820 blocks; B = 1; flash_cuda in the drafter and in the target).
 #   device run: command `bash bench/long_context_device.sh [S ...]`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600
 #   (default lengths: 32768 65536 131072; STEPS=n sets the steps per length, default 4).
-# 1. build the engine and the plugins; meanwhile the random checkpoint (--yarn 4) and one shard
+# 1. build the engine and the plugins; meanwhile the random checkpoint (--yarn 4; one already in
+#    /tmp/qwen3-8b-yarn4 is used as it is) and one shard
 #    of random-token conversations of the longest length;
 # 2. per length, one process: `flashdraft run` for STEPS steps;
 # 3. the table: median step ms over the steps after the first, target forward ms, peak GiB,
@@ -22,14 +23,21 @@ date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 t0=$(date +%s)
 longest=$(echo $LENGTHS | tr ' ' '\n' | sort -n | tail -1)
-python3 scripts/make-random-checkpoint --preset qwen3-8b --yarn 4 --out /tmp/qwen3-8b-yarn4 --device cuda \
-  > "$OUT/checkpoint.log" 2>&1 &
-ckpt=$!
+# A checkpoint already on this machine (a warm machine after another long-context call, or a
+# link to runs/long-context/checkpoint) is used as it is: it is the same preset.
+ckpt=""
+if [ ! -f /tmp/qwen3-8b-yarn4/config.json ]; then
+  python3 scripts/make-random-checkpoint --preset qwen3-8b --yarn 4 --out /tmp/qwen3-8b-yarn4 --device cuda \
+    > "$OUT/checkpoint.log" 2>&1 &
+  ckpt=$!
+else
+  echo "=== using the checkpoint already in /tmp/qwen3-8b-yarn4 ($(readlink -f /tmp/qwen3-8b-yarn4))"
+fi
 python3 bench/long_tokens.py "$longest" /tmp/long-tokens > "$OUT/tokens.log" 2>&1 &
 toks=$!
 . bench/device_build.sh
 device_build flashdraft_cli flashdraft_all_plugins
-wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
+[ -z "$ckpt" ] || wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
 wait $toks || { tail -20 "$OUT/tokens.log"; exit 1; }
 echo "=== checkpoint and tokens ready at $(( $(date +%s) - t0 )) s"
 rm -rf "$RUNS"
