@@ -4,7 +4,9 @@
 # layers run; a 5-layer DFlash drafter, 512 anchors per 3072 tokens, its steps in parts of
 # 1820 blocks; B = 1; flash_cuda in the drafter and in the target).
 #   device run: command `bash bench/long_context_device.sh [S ...]`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600
-#   (default lengths: 32768 65536 131072; STEPS=n sets the steps per length, default 4).
+#   (default lengths: 32768 65536 131072; STEPS=n sets the steps per length, default 4;
+#   ANCHORS=n the same n anchors at every length instead of S / 6, e.g. 512 for the first
+#   long-context table).
 # 1. build the engine and the plugins; meanwhile the random checkpoint (--yarn 4; one already in
 #    /tmp/qwen3-8b-yarn4 is used as it is) and one shard
 #    of random-token conversations of the longest length;
@@ -42,8 +44,9 @@ wait $toks || { tail -20 "$OUT/tokens.log"; exit 1; }
 echo "=== checkpoint and tokens ready at $(( $(date +%s) - t0 )) s"
 rm -rf "$RUNS"
 for S in $LENGTHS; do
-  parts=$(( (S / 6 + 1819) / 1820 ))
-  anchors=$(( S / 6 / parts * parts ))
+  want=${ANCHORS:-$(( S / 6 ))}
+  parts=$(( (want + 1819) / 1820 ))
+  anchors=$(( want / parts * parts ))
   sed -e "s/^name = .*/name = \"long_$S\"/" -e "s/^steps = .*/steps = $STEPS/" -e "s/^seq_len = .*/seq_len = $S/" \
     -e "s/^anchors = .*/anchors = $anchors/" -e "s/^anchor_parts = .*/anchor_parts = $parts/" \
     bench/long_context.toml > "/tmp/long_$S.toml"
