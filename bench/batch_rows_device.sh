@@ -71,7 +71,7 @@ for layout in ("padded", "packed"):
     base = None
     for B in (1, 2, 4):
         try:
-            f = h5py.File(f"{runs}/{layout}_{B}.h5", "r")
+            f = h5py.File(f"{runs}/{layout}_{B}.h5", "r", swmr=True)
             st = f["steps/step_time_s"][3:]
             med = 1e3 * statistics.median(st)
             itps = statistics.median(f["steps/input_tokens_per_s"][3:])

@@ -49,7 +49,7 @@ base = {}
 for L in (1, 5):
     for name in (f"dflash_step_{L}", f"dflash2_step_{L}"):
         try:
-            f = h5py.File(f"{runs}/{name}.h5", "r")
+            f = h5py.File(f"{runs}/{name}.h5", "r", swmr=True)
         except OSError as e:
             print(f"| {name} | {L} | no log ({e}) | | | | | |")
             continue

@@ -143,7 +143,7 @@ done
 python3 - <<'PY' | tee "$OUT/loss_curve.txt"
 import h5py, numpy as np
 def load(v, seed):
-    f = h5py.File(f"/tmp/loss-curve/loss_curve_{v}_{seed}.h5", "r")
+    f = h5py.File(f"/tmp/loss-curve/loss_curve_{v}_{seed}.h5", "r", swmr=True)
     names = [n.decode() if isinstance(n, bytes) else n for n in f["kernels/names"][:]]
     return f["steps/loss"][:], sorted({names[i] for i in f["kernels/loss"][:].ravel() if i >= 0})
 runs = {(v, s): load(v, s) for v in ("fused", "reference") for s in (0, 1, 2)}
@@ -219,7 +219,7 @@ for L, name, impl in ((1, "dflash_step_1_read", "flashdraft, every step read"), 
         print(subprocess.run([os.path.join(build, "bin", "flashdraft"), "inspect", path], capture_output=True, text=True).stdout)
         rows[L].insert(0, {"impl": impl, "layers": L, "failed": "h5py absent: see inspect output"})
         continue
-    f = h5py.File(path, "r")
+    f = h5py.File(path, "r", swmr=True)
     st = f["steps/step_time_s"][:]
     if len(st) == 0:
         rows[L].insert(0, {"impl": impl, "layers": L, "failed": "no step in the run log"})

@@ -47,7 +47,7 @@ def names(f):
 rates = {}
 for gpus, path in ((1, sys.argv[1]), (2, sys.argv[2])):
     try:
-        f = h5py.File(path, "r")
+        f = h5py.File(path, "r", swmr=True)
     except OSError as e:
         print(f"{gpus} GPU(s): no log ({e})"); continue
     tps = f["steps/tokens_per_s"][:]  # loss-carrying tokens of every rank per second

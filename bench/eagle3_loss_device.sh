@@ -46,7 +46,7 @@ runs = sys.argv[1]
 rows, base = [], None
 for v in ("reference", "chunked", "fused"):
     try:
-        f = h5py.File(f"{runs}/eagle3_loss_{v}.h5", "r")
+        f = h5py.File(f"{runs}/eagle3_loss_{v}.h5", "r", swmr=True)
     except OSError as e:
         print(f"| {v} | no log ({e}) |")
         continue

@@ -59,7 +59,7 @@ try:
 except ImportError:
     print(subprocess.run([os.path.join(build, "bin", "flashdraft"), "inspect", path], capture_output=True, text=True).stdout)
     sys.exit("h5py absent: the inspect output above has the figures")
-f = h5py.File(path, "r")
+f = h5py.File(path, "r", swmr=True)
 st = f["steps/step_time_s"][:]
 if len(st) == 0:
     sys.exit("no step in the run log")

@@ -36,7 +36,7 @@ try:
     import h5py
 except ImportError:
     raise SystemExit(1)
-f = h5py.File(sys.argv[1], "r")
+f = h5py.File(sys.argv[1], "r", swmr=True)
 t = f["steps/target_time_s"][:]; s = f["steps/step_time_s"][:]; m = f["memory/step"][:]
 print(f"target forward: median {1e3 * statistics.median(t[2:]):.1f} ms (steps 3-20), first {1e3 * t[0]:.1f} ms")
 print(f"step (target + drafter fwd/bwd + optimizer): median {1e3 * statistics.median(s[2:]):.1f} ms, first {s[0]:.2f} s")

@@ -55,7 +55,7 @@ for labels in ("data", "target_argmax", "target_kl"):
     path = f"/tmp/labels-runs/labels_{labels}.h5"
     try:
         import h5py
-        f = h5py.File(path, "r")
+        f = h5py.File(path, "r", swmr=True)
         s, t, loss = f["steps/step_time_s"][:], f["steps/target_time_s"][:], f["steps/loss"][:]
         m = f["memory/step"][:]
     except Exception as e:  # no h5py: read what inspect prints

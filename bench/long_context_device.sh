@@ -63,7 +63,7 @@ print("| S | anchors (parts) | steps | median step ms | target forward ms | draf
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for S in lengths:
     try:
-        f = h5py.File(f"{runs}/long_{S}.h5", "r")
+        f = h5py.File(f"{runs}/long_{S}.h5", "r", swmr=True)
     except OSError as e:
         print(f"| {S} | | 0 | no log ({e.__class__.__name__}) | | | | | | |")
         continue

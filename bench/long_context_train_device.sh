@@ -2,7 +2,7 @@
 # On the GPU machine: S = 131072 trained for 20 steps (bench/long_context.toml: the
 # Qwen3-8B-shaped target with YaRN factor 4, a 5-layer DFlash drafter, 21840 anchors in 13
 # parts, B = 1, flash_cuda in both), over as many back-to-back device calls as it takes. A
-# step there is 27-41 s by the arithmetic of bench/RESULTS.md "long_context", so 20 of them do
+# step there is 31.2 s (measured; 27-41 s by the arithmetic of bench/RESULTS.md "long_context"), so 20 of them do
 # not fit in one 10-minute call: each call trains until its deadline, then SIGTERM makes the
 # run finish the step in flight and write its checkpoint, and the next call resumes it
 # (`--resume latest`, the same log). Everything lives under runs/long-context/ (ignored by
@@ -12,7 +12,9 @@
 #   after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600; again
 #   until it prints "20 of 20 steps".
 #   S (default 131072), STEPS (20), DEADLINE (seconds after the start at which the run is
-#   told to stop; default 470: the step in flight and the checkpoint take the rest), FRESH=1
+#   told to stop; default 400: the step in flight, 31 s at 131072, and the drafter's checkpoint,
+#   14 GB, take the rest: in the first call, 2026-12-05, with 500 the checkpoint was still being
+#   written when the call's 590 s ran out, over 60 s after the last step), FRESH=1
 #   starts over. For a smoke test elsewhere: CKPT (a checkpoint folder to use, not made here),
 #   EDIT (sed expressions applied to the experiment file last), MIN_LEFT (default 60 s),
 #   LIMIT (the call's seconds, default 590).
@@ -23,7 +25,7 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/long-context-train.log") 2>&1
 S=${S:-131072}
 STEPS=${STEPS:-20}
-DEADLINE=${DEADLINE:-470}
+DEADLINE=${DEADLINE:-400}
 LIMIT=${LIMIT:-590}
 HERE=$(pwd)/runs/long-context
 RUNS=$HERE/runs
@@ -88,7 +90,7 @@ python3 - "$RUNS/$NAME.h5" "$STEPS" "$HERE/segments.txt" "$S" <<'PY' | tee "$OUT
 import math, statistics, sys
 import h5py
 path, steps, seg, S = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-f = h5py.File(path, "r")
+f = h5py.File(path, "r", swmr=True)
 st, loss = f["steps/step_time_s"][:], f["steps/loss"][:]
 tgt = f["steps/target_time_s"][:] if "steps/target_time_s" in f else []
 starts = sorted({int(x) for x in open(seg).read().split()})  # each call's first step (warm-up)

@@ -67,7 +67,7 @@ print("| drafter layers | ours step ms | ours tokens/s | ours peak GiB | peer st
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for L in (1, 5):
     try:
-        f = h5py.File(f"{runs}/ours_{L}.h5", "r")
+        f = h5py.File(f"{runs}/ours_{L}.h5", "r", swmr=True)
         st = f["steps/step_time_s"][:]
         med = 1e3 * statistics.median(st[5:])
         tps = statistics.median(f["steps/tokens_per_s"][5:])

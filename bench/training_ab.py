@@ -130,7 +130,7 @@ def run_arm(out: Path, target: Path, data: Path, arm: str, seed: int, steps: int
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     if p.returncode != 0:
         raise RuntimeError(f"{exp}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    with h5py.File(out / name / f"{name}.h5", "r") as f:
+    with h5py.File(out / name / f"{name}.h5", "r", swmr=True) as f:
         return float(f["eval/tau_served"][-1])
 
 
