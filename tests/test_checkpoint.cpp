@@ -206,7 +206,10 @@ TEST(Checkpoint, InterruptedRunCheckpointsWhereItStoppedAndLatestContinuesIt) {
   ASSERT_NE(at, std::string::npos) << out1;
   const int stopped = std::stoi(out1.substr(at + 24));
   ASSERT_LT(stopped, kEvery) << "interrupt after the first periodic checkpoint; the test wants one before it";
-  EXPECT_TRUE(contains(out1, "checkpoint: " + dir + "/checkpoints/step_" + std::to_string(stopped))) << out1;
+  EXPECT_TRUE(contains(out1, "checkpoint: writing step " + std::to_string(stopped) + " ...\ncheckpoint: " + dir +
+                                 "/checkpoints/step_" + std::to_string(stopped) + " ("))
+      << out1;
+  EXPECT_TRUE(contains(out1, " GB in ")) << out1;
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/.tmp-step_12-999"));  // cleared by the write
 
   std::string out;
@@ -311,6 +314,37 @@ TEST(Checkpoint, CheckpointOfAnotherDrafterShapeIsRefused) {
       << out;
   // The refused resumes left the log as it was.
   EXPECT_EQ(LogReader(dir + "/tiny.h5").f64("steps/loss"), reference().loss);
+}
+
+// A checkpoint is refused before its first byte when the disk cannot hold it (a 14 GB
+// drafter checkpoint beside a kept one fills a small disk half-way through otherwise), with
+// the sizes, what the kept ones take and what would make room.
+TEST(Checkpoint, ACheckpointThatDoesNotFitIsRefusedWithTheSpaceItNeeds) {
+  using flashdraft::checkpoint::space_refusal;
+  // Room to spare: 1/16 of the checkpoint, at least 1 MiB, at most 64 MiB.
+  const uintmax_t mib = uintmax_t(1) << 20;
+  EXPECT_EQ(space_refusal("step_8", 1000, 1000 + mib, "/r", 0, 0, 2), "");
+  EXPECT_NE(space_refusal("step_8", 1000, 1000 + mib - 1, "/r", 0, 0, 2), "");
+  EXPECT_EQ(space_refusal("step_8", 320 * mib, 340 * mib, "/r", 0, 0, 2), "");
+  EXPECT_NE(space_refusal("step_8", 320 * mib, 340 * mib - 1, "/r", 0, 0, 2), "");
+  EXPECT_EQ(space_refusal("step_8", 16000 * mib, 16064 * mib, "/r", 0, 0, 2), "");
+  EXPECT_NE(space_refusal("step_8", 16000 * mib, 16064 * mib - 1, "/r", 0, 0, 2), "");
+  EXPECT_EQ(space_refusal("step_8", 30'000'000, 10'000'000, "/r", 0, 0, 2),
+            "cannot write checkpoint step_8: it needs 30.0 MB and /r has 10.0 MB free; free space there, lower "
+            "[checkpoint] keep, or write the run elsewhere (--out)");
+  EXPECT_EQ(space_refusal("step_2", 14'000'000'000, 9'800'000'000, "/runs/x/checkpoints", 1, 14'050'000'000, 1),
+            "cannot write checkpoint step_2: it needs 14.00 GB and /runs/x/checkpoints has 9.80 GB free (the 1 "
+            "checkpoint kept there take 14.05 GB; [checkpoint] keep = 1 holds the newest until a new one is whole); "
+            "free space there, lower [checkpoint] keep, or write the run elsewhere (--out)");
+  EXPECT_EQ(space_refusal("step_4", 3'000'000'000, 1'000'000'000, "/c", 0, 0, 2),
+            "cannot write checkpoint step_4: it needs 3.00 GB and /c has 1.00 GB free; free space there, lower "
+            "[checkpoint] keep, or write the run elsewhere (--out)");
+  // folder_bytes, which sizes both: every file below the folder, nested ones too.
+  const std::string dir = test::temp_dir("ckpt-bytes");
+  fs::create_directories(dir + "/a/b");
+  test::write_file(dir + "/x", std::string(1000, 'x'));
+  test::write_file(dir + "/a/b/y", std::string(2345, 'y'));
+  EXPECT_EQ(flashdraft::checkpoint::folder_bytes(dir), 3345u);
 }
 
 TEST(Checkpoint, KeepsTheLastKAndExportsWeights) {

@@ -376,6 +376,20 @@ class EmbeddedDataset final : public Dataset {
 
   void generate() {
     const int64_t n = n_train_ + n_eval_, E = static_cast<int64_t>(exported_.size());
+    // The cache's size is known from the shapes: refuse now, not after generating it, when
+    // its folder cannot hold it (HDF5 would fail half-way through the write).
+    const double need = 8.0 * n * seq_len_ + 4.0 * n * seq_len_ * E * hidden_ + 8.0 * vocab_ * hidden_;
+    std::error_code ec;
+    const fs::space_info space = fs::space(fs::path(path_).parent_path(), ec);
+    const double spare = 16 << 20;  // the target's checkpoint written beside it, the run's log
+    if (!ec && static_cast<double>(space.available) < need + spare) {
+      char sizes[128];
+      std::snprintf(sizes, sizeof sizes,
+                    "it needs %.1f MB (%.1f MB with the files beside it) and the folder has %.1f MB free", need / 1e6,
+                    (need + spare) / 1e6, static_cast<double>(space.available) / 1e6);
+      throw std::runtime_error("data: cannot write the embedded data's cache " + path_ + ": " + sizes +
+                               "; free space there or write the run elsewhere (--out)");
+    }
     say_("data: generating " + path_ + " (" + std::to_string(n) + " sequences of " + std::to_string(seq_len_) +
          " tokens from a " + std::to_string(layers_) + "-layer target, hidden " + std::to_string(hidden_) + ", vocab " +
          std::to_string(vocab_) + ")");

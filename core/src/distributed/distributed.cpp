@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <c10/util/Logging.h>
+
 #ifdef FLASHDRAFT_ENGINE_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -206,7 +208,24 @@ std::unique_ptr<Distributed> Distributed::connect(const Launch& launch, const Co
 Distributed::Distributed() = default;
 Distributed::~Distributed() = default;
 
+namespace {
+// While a failure is diagnosed the store may be gone with the rank that hosted it: c10d would
+// log each failed probe as a warning with its C++ stack trace, before the sentence that says
+// the same. Only errors are logged meanwhile.
+class QuietC10Warnings {
+ public:
+  QuietC10Warnings() : level_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = std::max(level_, 2); }
+  ~QuietC10Warnings() { FLAGS_caffe2_log_level = level_; }
+  QuietC10Warnings(const QuietC10Warnings&) = delete;
+  QuietC10Warnings& operator=(const QuietC10Warnings&) = delete;
+
+ private:
+  int level_;
+};
+}  // namespace
+
 std::string Distributed::diagnose(const std::string& what, const std::string& cause) {
+  const QuietC10Warnings quiet;
   std::ostringstream os;
   os << "distributed: " << what << " failed at rank " << rank_ << " of " << world_ << " (" << first_line(cause)
      << "); ";

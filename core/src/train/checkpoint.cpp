@@ -261,25 +261,73 @@ void remove_tree(const fs::path& path) {
       16, FTW_DEPTH | FTW_PHYS);
 }
 
+uintmax_t folder_bytes(const fs::path& dir) {
+  uintmax_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+std::string space_refusal(const std::string& name, uintmax_t need, uintmax_t available, const fs::path& root,
+                          int64_t kept, uintmax_t kept_bytes, int64_t keep) {
+  // Room to spare for the log's growth and the filesystem's own blocks: 1/16 of the
+  // checkpoint, between 1 and 64 MiB.
+  const uintmax_t spare = std::clamp<uintmax_t>(need / 16, uintmax_t(1) << 20, uintmax_t(64) << 20);
+  if (available >= need + spare) return "";
+  auto gb = [](uintmax_t b) {
+    char s[32];
+    if (b >= 1000000000u)
+      std::snprintf(s, sizeof(s), "%.2f GB", static_cast<double>(b) / 1e9);
+    else
+      std::snprintf(s, sizeof(s), "%.1f MB", static_cast<double>(b) / 1e6);
+    return std::string(s);
+  };
+  std::string why = "cannot write checkpoint " + name + ": it needs " + gb(need) + " and " + root.string() + " has " +
+                    gb(available) + " free";
+  if (kept > 0)
+    why += " (the " + std::to_string(kept) + " checkpoint" + (kept == 1 ? "" : "s") + " kept there take " +
+           gb(kept_bytes) + "; [checkpoint] keep = " + std::to_string(keep) +
+           " holds the newest until a new one is whole)";
+  return why + "; free space there, lower [checkpoint] keep, or write the run elsewhere (--out)";
+}
+
 fs::path write(const fs::path& root, Manifest m, const State& state, int64_t keep) {
   fs::create_directories(root);
   // Leftovers of writes that crashed are never checkpoints; clear them.
   for (const auto& e : fs::directory_iterator(root))
     if (e.path().filename().string().rfind(".tmp-step_", 0) == 0) remove_tree(e.path());
   const std::string name = "step_" + std::to_string(m.step);
-  const fs::path tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
-  fs::create_directories(tmp);
-
   const std::vector<std::pair<std::string, std::string>> files = archive_files(m, state);
-  m.files.clear();
-  for (const auto& [fname, bytes] : files) {
-    write_durable(tmp / fname, bytes);
-    m.files.push_back({fname, static_cast<int64_t>(bytes.size()), fnv1a64(bytes.data(), bytes.size())});
+  {
+    uintmax_t need = 0, kept_bytes = 0;
+    for (const auto& f : files) need += f.second.size();
+    const std::vector<fs::path> kept = list(root);
+    for (const auto& k : kept) kept_bytes += folder_bytes(k);
+    std::error_code ec;
+    const fs::space_info space = fs::space(root, ec);
+    if (!ec) {
+      const std::string why =
+          space_refusal(name, need, space.available, root, static_cast<int64_t>(kept.size()), kept_bytes, keep);
+      if (!why.empty()) throw Error(why);
+    }
   }
 
-  // The manifest, last; its final line "complete" marks it whole.
-  write_durable(tmp / kManifest, manifest_text(m));
-  fsync_dir(tmp);
+  const fs::path tmp = root / (".tmp-" + name + "-" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  try {
+    m.files.clear();
+    for (const auto& [fname, bytes] : files) {
+      write_durable(tmp / fname, bytes);
+      m.files.push_back({fname, static_cast<int64_t>(bytes.size()), fnv1a64(bytes.data(), bytes.size())});
+    }
+    // The manifest, last; its final line "complete" marks it whole.
+    write_durable(tmp / kManifest, manifest_text(m));
+    fsync_dir(tmp);
+  } catch (...) {
+    remove_tree(tmp);  // a half-written checkpoint is never one; give its space back now
+    throw;
+  }
 
   // Into place: rename is atomic. A folder of the same step (from an abandoned timeline)
   // is moved aside first and removed after.

@@ -91,9 +91,22 @@ struct State {
 FLASHDRAFT_API void remove_tree(const std::filesystem::path& path);
 
 // Writes <root>/step_<manifest.step> atomically (see above) and deletes all but the
-// newest `keep` step_* folders under root. Returns the folder written.
+// newest `keep` step_* folders under root. Returns the folder written. Refuses (Error,
+// space_refusal's sentence) before writing when the disk cannot hold it; a write that fails
+// half-way removes what it wrote.
 FLASHDRAFT_API std::filesystem::path write(const std::filesystem::path& root, Manifest manifest, const State& state,
                                            int64_t keep);
+
+// write()'s check before it writes a byte: "" when `need` bytes fit in the `available`
+// ones (with 1/16 of them, 1 to 64 MiB, to spare), else the sentence it throws: the checkpoint, the bytes it
+// needs and those free under root, what the kept ones take (keep holds the newest `keep`
+// until a new one is whole), and what would make room.
+FLASHDRAFT_API std::string space_refusal(const std::string& name, uintmax_t need, uintmax_t available,
+                                         const std::filesystem::path& root, int64_t kept, uintmax_t kept_bytes,
+                                         int64_t keep);
+
+// The bytes of the files under a folder (a checkpoint's size).
+FLASHDRAFT_API uintmax_t folder_bytes(const std::filesystem::path& dir);
 
 // step_* folders under root, newest (largest step) first. Other names are ignored.
 FLASHDRAFT_API std::vector<std::filesystem::path> list(const std::filesystem::path& root);

@@ -480,15 +480,6 @@ void Trainer::validate(int64_t done) {
   std::cout << eval_line(*r) << std::endl;
 }
 
-// The bytes under a folder (a checkpoint just written), for its line.
-static uintmax_t folder_bytes(const fs::path& dir) {
-  uintmax_t total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::recursive_directory_iterator(dir, ec))
-    if (e.is_regular_file(ec)) total += e.file_size(ec);
-  return total;
-}
-
 void Trainer::save(int64_t done) {
   // A large drafter's checkpoint (fp32 master weights and two AdamW moments: 12 bytes a value)
   // takes a minute on a slow disk: say so before, and what it took after.
@@ -498,10 +489,21 @@ void Trainer::save(int64_t done) {
       save_checkpoint(checkpoint_, done, *log_.log, model_tensors(), *optimizer_, anchors_, plugins_.ctx.device);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_checkpoint_ = done;
+  const uintmax_t bytes = checkpoint::folder_bytes(dir);
   char took[64];
-  std::snprintf(took, sizeof(took), " (%.2f GB in %.1f s)", static_cast<double>(folder_bytes(dir)) / 1e9, s);
+  std::snprintf(took, sizeof(took), " (%.2f GB in %.1f s)", static_cast<double>(bytes) / 1e9, s);
   std::cout << "checkpoint: " << dir.string() << took << std::endl;
   events_.add(current_step_, "checkpoint", "wrote " + dir.string() + took);
+  // The next one is written beside the kept ones: say now, not at the next checkpoint, when it
+  // will not fit.
+  std::error_code ec;
+  const fs::space_info space = fs::space(checkpoint_.root, ec);
+  if (!ec && done < steps_) {
+    const std::string why =
+        checkpoint::space_refusal("", bytes, space.available, checkpoint_.root, 0, 0, checkpoint_.keep);
+    if (!why.empty())  // "cannot write checkpoint : it needs ..." -> "... will not fit: it needs ..."
+      std::cout << "warning: the next checkpoint will not fit" << why.substr(why.find(": it needs")) << std::endl;
+  }
 }
 
 // The end of a finished run: the event, the trained drafter in the documented HDF5 layout
