@@ -12,11 +12,13 @@
 #   after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600; again
 #   until it prints "20 of 20 steps".
 #   S (default 131072), STEPS (20), DEADLINE (seconds after the start at which the run is
-#   told to stop; default 400: the step in flight, 31 s at 131072, and the drafter's checkpoint,
+#   told to stop; default 380: the step in flight, 31 s at 131072, and the drafter's checkpoint,
 #   14 GB, take the rest: in the first call, 2026-12-05, with 500 the checkpoint was still being
-#   written when the call's 590 s ran out, over 60 s after the last step), FRESH=1
+#   written when the call's 590 s ran out, over 60 s after the last step; a resumed run whose
+#   remaining steps fit in the call is not stopped early), FRESH=1
 #   starts over. For a smoke test elsewhere: CKPT (a checkpoint folder to use, not made here),
-#   EDIT (sed expressions applied to the experiment file last), MIN_LEFT (default 60 s),
+#   EDIT (sed expressions applied to the experiment file last), MIN_LEFT (default 60 s), LOAD_S
+#   (the seconds a resumed call allows for loading the checkpoint, default 90),
 #   LIMIT (the call's seconds, default 590).
 # Files under $OUT: long-context-train.log (this output), run.log, results.md (at the end).
 set -uo pipefail
@@ -25,8 +27,10 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/long-context-train.log") 2>&1
 S=${S:-131072}
 STEPS=${STEPS:-20}
-DEADLINE=${DEADLINE:-400}
+deadline_given=${DEADLINE:-}
+DEADLINE=${DEADLINE:-380}
 LIMIT=${LIMIT:-590}
+[ "$DEADLINE" -le $(( LIMIT - 20 )) ] || DEADLINE=$(( LIMIT - 20 ))  # the call's end comes first
 HERE=$(pwd)/runs/long-context
 RUNS=$HERE/runs
 NAME=long_$S
@@ -78,6 +82,23 @@ sed -e "s/^name = .*/name = \"$NAME\"/" -e "s/^steps = .*/steps = $STEPS/" -e "s
 printf '\n[checkpoint]\nenabled = true\nevery = 0\nkeep = 1\n' >> "$HERE/$NAME.toml"
 before=0  # the step this call starts at (a resumed run's log is cut back to its checkpoint's)
 [ -z "$resume" ] || before=$(ls -d "$RUNS"/checkpoints/step_* | sed 's/.*step_//' | sort -n | tail -1)
+# A resumed run whose remaining steps fit in this call (at the log's median step time, with
+# 90 s for loading the checkpoint) is not told to stop: it finishes, and a final checkpoint cut
+# off by the call's end loses nothing (every step is in the log).
+if [ -n "$resume" ] && [ -z "$deadline_given" ]; then
+  step_s=$(python3 - "$RUNS/$NAME.h5" "$before" <<'PY'
+import statistics, sys
+import h5py
+st = h5py.File(sys.argv[1], "r", swmr=True)["steps/step_time_s"][1:int(sys.argv[2])]
+print(int(statistics.median(st)) + 1 if len(st) else 0)
+PY
+)
+  need=$(( (STEPS - before) * step_s + ${LOAD_S:-90} ))
+  if [ "$step_s" -gt 0 ] && [ $(( $(date +%s) - t0 + need )) -lt $(( LIMIT - 20 )) ]; then
+    DEADLINE=$(( LIMIT - 20 ))
+    echo "=== the $(( STEPS - before )) steps left fit in this call (${step_s} s each, ${need} s with the load): no early stop"
+  fi
+fi
 left=$(( DEADLINE - ($(date +%s) - t0) ))
 echo "=== $NAME: $anchors anchors in $parts parts; from step $before; training until SIGTERM in $left s"
 [ $left -gt "${MIN_LEFT:-60}" ] || { echo "too little time left in this call"; exit 1; }
