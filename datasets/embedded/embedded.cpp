@@ -374,10 +374,9 @@ class EmbeddedDataset final : public Dataset {
     say_("data: the target as a Hugging Face checkpoint: " + folder);
   }
 
-  void generate() {
-    const int64_t n = n_train_ + n_eval_, E = static_cast<int64_t>(exported_.size());
-    // The cache's size is known from the shapes: refuse now, not after generating it, when
-    // its folder cannot hold it (HDF5 would fail half-way through the write).
+  // The cache's size is known from the shapes: refuse before generating it, not after, when
+  // its folder cannot hold it (HDF5 would fail half-way through the write).
+  void check_cache_space(int64_t n, int64_t E) const {
     const double need = 8.0 * n * seq_len_ + 4.0 * n * seq_len_ * E * hidden_ + 8.0 * vocab_ * hidden_;
     std::error_code ec;
     const fs::space_info space = fs::space(fs::path(path_).parent_path(), ec);
@@ -390,6 +389,11 @@ class EmbeddedDataset final : public Dataset {
       throw std::runtime_error("data: cannot write the embedded data's cache " + path_ + ": " + sizes +
                                "; free space there or write the run elsewhere (--out)");
     }
+  }
+
+  void generate() {
+    const int64_t n = n_train_ + n_eval_, E = static_cast<int64_t>(exported_.size());
+    check_cache_space(n, E);
     say_("data: generating " + path_ + " (" + std::to_string(n) + " sequences of " + std::to_string(seq_len_) +
          " tokens from a " + std::to_string(layers_) + "-layer target, hidden " + std::to_string(hidden_) + ", vocab " +
          std::to_string(vocab_) + ")");
