@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -345,6 +346,98 @@ TEST(Checkpoint, ACheckpointThatDoesNotFitIsRefusedWithTheSpaceItNeeds) {
   test::write_file(dir + "/x", std::string(1000, 'x'));
   test::write_file(dir + "/a/b/y", std::string(2345, 'y'));
   EXPECT_EQ(flashdraft::checkpoint::folder_bytes(dir), 3345u);
+}
+
+namespace {
+// FNV-1a 64, written out plainly: the reference for the checkpoint's checksums.
+uint64_t plain_fnv(const unsigned char* p, size_t n, uint64_t h = 1469598103934665603ULL) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+}  // namespace
+
+// Format 2's checksum (the FNV-1a 64 of the chunks' FNV-1a 64s, little-endian) against a
+// sequential reference, on random bytes, at sizes around the chunk boundaries and with 1, 3 or
+// every thread.
+TEST(Checkpoint, ChunkedChecksumEqualsTheSequentialDefinition) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<unsigned char> bytes(5000);
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  for (size_t chunk : {size_t(1), size_t(7), size_t(64), size_t(1000), size_t(1) << 26}) {
+    for (size_t size : {size_t(0), size_t(1), size_t(7), size_t(63), size_t(64), size_t(65), size_t(1000), size_t(4099),
+                        size_t(5000)}) {
+      const size_t pieces = std::max<size_t>(1, (size + chunk - 1) / chunk);
+      uint64_t want = 1469598103934665603ULL;
+      for (size_t i = 0; i < pieces; ++i) {
+        const size_t begin = std::min(size, i * chunk), end = std::min(size, begin + chunk);
+        const uint64_t v = plain_fnv(bytes.data() + begin, end - begin);
+        unsigned char le[8];
+        for (int b = 0; b < 8; ++b) le[b] = static_cast<unsigned char>(v >> (8 * b));
+        want = plain_fnv(le, 8, want);
+      }
+      for (unsigned threads : {1u, 3u, 0u})
+        EXPECT_EQ(flashdraft::checkpoint::chunked_checksum(bytes.data(), size, chunk, threads), want)
+            << "size " << size << " chunk " << chunk << " threads " << threads;
+    }
+  }
+  // One flipped bit anywhere changes it.
+  const uint64_t whole = flashdraft::checkpoint::chunked_checksum(bytes.data(), bytes.size(), 64);
+  bytes[std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(rng)] ^= 1;
+  EXPECT_NE(flashdraft::checkpoint::chunked_checksum(bytes.data(), bytes.size(), 64), whole);
+}
+
+// A checkpoint written by format 1 (whole-file FNV-1a 64 checksums) still reads; format 1's
+// line with format 2's sums is a damaged manifest (the checksums do not match).
+TEST(Checkpoint, FormatOneCheckpointsStillRead) {
+  const Reference& ref = reference();
+  const std::string dir = test::temp_dir("ckpt-format1") + "/step_16";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(ref.dir + "/checkpoints/step_16"))
+    fs::copy_file(e.path(), dir + "/" + e.path().filename().string());
+  std::string text;
+  {
+    std::ifstream in(dir + "/manifest");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  ASSERT_EQ(text.rfind("flashdraft-checkpoint 2\n", 0), 0u) << text;
+  const auto wrote = flashdraft::checkpoint::weights(ref.dir + "/checkpoints/step_16");
+  // Format 1 with format 2's sums: refused.
+  std::string one = "flashdraft-checkpoint 1\n" + text.substr(text.find('\n') + 1);
+  test::write_file(dir + "/manifest", one);
+  try {
+    flashdraft::checkpoint::weights(dir);
+    ADD_FAILURE() << "format 1 with chunked sums was read";
+  } catch (const flashdraft::checkpoint::Error& e) {
+    EXPECT_TRUE(contains(e.what(), "checksum")) << e.what();
+  }
+  // Format 1 with whole-file sums: read, the same tensors.
+  std::istringstream lines(text.substr(text.find('\n') + 1));
+  std::string line;
+  one = "flashdraft-checkpoint 1\n";
+  while (std::getline(lines, line)) {
+    if (line.rfind("file ", 0) == 0) {
+      std::istringstream f(line.substr(5));
+      std::string bytes, sum, name;
+      f >> bytes >> sum >> name;
+      std::ifstream in(dir + "/" + name, std::ios::binary);
+      const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::ostringstream hex;
+      hex << std::hex << std::setw(16) << std::setfill('0')
+          << plain_fnv(reinterpret_cast<const unsigned char*>(content.data()), content.size());
+      line = "file " + bytes + " " + hex.str() + " " + name;
+      EXPECT_NE(hex.str(), sum) << name;  // the two formats' sums differ
+    }
+    one += line + "\n";
+  }
+  test::write_file(dir + "/manifest", one);
+  const auto read = flashdraft::checkpoint::weights(dir);
+  ASSERT_EQ(read.size(), wrote.size());
+  for (size_t i = 0; i < read.size(); ++i) {
+    EXPECT_EQ(read[i].first, wrote[i].first);
+    EXPECT_TRUE(read[i].second.equal(wrote[i].second)) << read[i].first;
+  }
 }
 
 TEST(Checkpoint, KeepsTheLastKAndExportsWeights) {

@@ -18,12 +18,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -31,7 +33,8 @@ namespace flashdraft::checkpoint {
 
 namespace {
 
-constexpr const char* kFormat = "flashdraft-checkpoint 1";
+constexpr const char* kFormat = "flashdraft-checkpoint 2";
+constexpr const char* kFormat1 = "flashdraft-checkpoint 1";  // whole-file FNV-1a 64 checksums
 constexpr const char* kWeights = "weights.pt";
 constexpr const char* kOptimizer = "optimizer.pt";
 constexpr const char* kRng = "rng.pt";
@@ -111,7 +114,8 @@ void open_archive(const fs::path& dir, const Manifest& m, const std::string& nam
   if (static_cast<int64_t>(bytes.size()) != entry->bytes)
     throw Error("checkpoint file " + path.string() + " has " + std::to_string(bytes.size()) +
                 " bytes, the manifest says " + std::to_string(entry->bytes) + " (truncated or overwritten)");
-  const uint64_t sum = fnv1a64(bytes.data(), bytes.size());
+  const uint64_t sum =
+      m.format == 1 ? fnv1a64(bytes.data(), bytes.size()) : chunked_checksum(bytes.data(), bytes.size());
   if (sum != entry->checksum)
     throw Error("checkpoint file " + path.string() + " has checksum " + hex(sum) + ", the manifest says " +
                 hex(entry->checksum) + " (the file was changed or corrupted after it was written)");
@@ -248,6 +252,36 @@ std::string manifest_text(const Manifest& m) {
 
 }  // namespace
 
+uint64_t chunked_checksum(const void* data, size_t size, size_t chunk, unsigned threads) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const size_t n = chunk == 0 ? 1 : std::max<size_t>(1, (size + chunk - 1) / chunk);
+  std::vector<uint64_t> sums(n);
+  auto piece = [&](size_t i) {
+    const size_t begin = std::min(size, i * chunk), end = chunk == 0 ? size : std::min(size, begin + chunk);
+    sums[i] = fnv1a64(p + begin, end - begin);
+  };
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  const size_t workers = std::min<size_t>(threads, n);
+  if (workers <= 1) {
+    for (size_t i = 0; i < n; ++i) piece(i);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (size_t w = 0; w < workers; ++w)
+      pool.emplace_back([&] {
+        for (size_t i = next++; i < n; i = next++) piece(i);
+      });
+    for (auto& t : pool) t.join();
+  }
+  uint64_t h = fnv1a64(nullptr, 0);
+  for (uint64_t v : sums) {
+    unsigned char le[8];
+    for (int b = 0; b < 8; ++b) le[b] = static_cast<unsigned char>(v >> (8 * b));
+    h = fnv1a64(le, 8, h);
+  }
+  return h;
+}
+
 void remove_tree(const fs::path& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return;
@@ -318,8 +352,8 @@ fs::path write(const fs::path& root, Manifest m, const State& state, int64_t kee
   try {
     m.files.clear();
     for (const auto& [fname, bytes] : files) {
+      m.files.push_back({fname, static_cast<int64_t>(bytes.size()), chunked_checksum(bytes.data(), bytes.size())});
       write_durable(tmp / fname, bytes);
-      m.files.push_back({fname, static_cast<int64_t>(bytes.size()), fnv1a64(bytes.data(), bytes.size())});
     }
     // The manifest, last; its final line "complete" marks it whole.
     write_durable(tmp / kManifest, manifest_text(m));
@@ -371,9 +405,10 @@ Manifest read_manifest(const fs::path& dir) {
   auto bad = [&](const std::string& why) {
     return Error("checkpoint manifest " + path.string() + " is damaged: " + why);
   };
-  if (!std::getline(in, line) || line != kFormat)
-    throw bad("first line is \"" + line + "\", expected \"" + kFormat + "\"");
+  if (!std::getline(in, line) || (line != kFormat && line != kFormat1))
+    throw bad("first line is \"" + line + "\", expected \"" + kFormat + "\" (or \"" + kFormat1 + "\")");
   Manifest m;
+  m.format = line == kFormat1 ? 1 : 2;
   bool complete = false, have_step = false;
   while (std::getline(in, line)) {
     if (line == "complete") {

@@ -15,8 +15,9 @@
 //                 "cuda_default" (the default generator of the run's GPU)
 //   manifest      text, written last: format, step, data position, run-log row counts,
 //                 the drafter's plugin and config, every tensor's name and shape, and
-//                 every file's size and FNV-1a 64 checksum; its last line is
-//                 "complete".
+//                 every file's size and checksum (format 2: chunked_checksum, the FNV-1a 64
+//                 of the file's 64 MiB chunks' FNV-1a 64s, computed on every core; format 1,
+//                 still read: FNV-1a 64 of the whole file); its last line is "complete".
 // Format choice: LibTorch archives (torch::serialize::OutputArchive), because the
 // optimizer serialises itself into one; the weights export below is HDF5 so that other
 // tools can read it without LibTorch.
@@ -58,8 +59,14 @@ class FLASHDRAFT_API Error : public std::runtime_error {
 struct FileEntry {
   std::string name;
   int64_t bytes = 0;
-  uint64_t checksum = 0;  // FNV-1a 64 of the bytes
+  uint64_t checksum = 0;  // chunked_checksum of the bytes (a format-1 manifest: their FNV-1a 64)
 };
+
+// The checksum of a checkpoint file (format 2): FNV-1a 64 over the little-endian FNV-1a 64s
+// of its `chunk`-byte pieces (the last one shorter), the pieces hashed on up to `threads`
+// threads (0: every core). A 14 GB optimizer state takes ~1 s on 16 cores instead of ~15.
+FLASHDRAFT_API uint64_t chunked_checksum(const void* data, size_t size, size_t chunk = size_t(64) << 20,
+                                         unsigned threads = 0);
 
 struct TensorEntry {
   std::string name;
@@ -67,6 +74,7 @@ struct TensorEntry {
 };
 
 struct Manifest {
+  int format = 2;                           // the manifest's format: 2 (written now) or 1 (still read)
   int64_t step = 0;                         // optimizer steps completed; the run continues with this step
   int64_t data_position = 0;                // index of the next training batch
   std::string log_file;                     // the run log's file name, in the run's out folder
