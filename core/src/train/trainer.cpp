@@ -491,7 +491,10 @@ void Trainer::save(int64_t done) {
   last_checkpoint_ = done;
   const uintmax_t bytes = checkpoint::folder_bytes(dir);
   char took[64];
-  std::snprintf(took, sizeof(took), " (%.2f GB in %.1f s)", static_cast<double>(bytes) / 1e9, s);
+  if (bytes >= 1000000000u)
+    std::snprintf(took, sizeof(took), " (%.2f GB in %.1f s)", static_cast<double>(bytes) / 1e9, s);
+  else
+    std::snprintf(took, sizeof(took), " (%.1f MB in %.1f s)", static_cast<double>(bytes) / 1e6, s);
   std::cout << "checkpoint: " << dir.string() << took << std::endl;
   events_.add(current_step_, "checkpoint", "wrote " + dir.string() + took);
   // The next one is written beside the kept ones: say now, not at the next checkpoint, when it
