@@ -254,10 +254,11 @@ std::string manifest_text(const Manifest& m) {
 
 uint64_t chunked_checksum(const void* data, size_t size, size_t chunk, unsigned threads) {
   const auto* p = static_cast<const unsigned char*>(data);
-  const size_t n = chunk == 0 ? 1 : std::max<size_t>(1, (size + chunk - 1) / chunk);
+  chunk = std::max<size_t>(chunk, 1);
+  const size_t n = std::max<size_t>(1, (size + chunk - 1) / chunk);
   std::vector<uint64_t> sums(n);
   auto piece = [&](size_t i) {
-    const size_t begin = std::min(size, i * chunk), end = chunk == 0 ? size : std::min(size, begin + chunk);
+    const size_t begin = std::min(size, i * chunk), end = std::min(size, begin + chunk);
     sums[i] = fnv1a64(p + begin, end - begin);
   };
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -303,25 +304,26 @@ uintmax_t folder_bytes(const fs::path& dir) {
   return total;
 }
 
+std::string size_text(uintmax_t bytes) {
+  char s[32];
+  if (bytes >= 1000000000u)
+    std::snprintf(s, sizeof(s), "%.2f GB", static_cast<double>(bytes) / 1e9);
+  else
+    std::snprintf(s, sizeof(s), "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return s;
+}
+
 std::string space_refusal(const std::string& name, uintmax_t need, uintmax_t available, const fs::path& root,
                           int64_t kept, uintmax_t kept_bytes, int64_t keep) {
   // Room to spare for the log's growth and the filesystem's own blocks: 1/16 of the
   // checkpoint, between 1 and 64 MiB.
   const uintmax_t spare = std::clamp<uintmax_t>(need / 16, uintmax_t(1) << 20, uintmax_t(64) << 20);
   if (available >= need + spare) return "";
-  auto gb = [](uintmax_t b) {
-    char s[32];
-    if (b >= 1000000000u)
-      std::snprintf(s, sizeof(s), "%.2f GB", static_cast<double>(b) / 1e9);
-    else
-      std::snprintf(s, sizeof(s), "%.1f MB", static_cast<double>(b) / 1e6);
-    return std::string(s);
-  };
-  std::string why = "cannot write checkpoint " + name + ": it needs " + gb(need) + " and " + root.string() + " has " +
-                    gb(available) + " free";
+  std::string why = "cannot write checkpoint " + name + ": it needs " + size_text(need) + " and " + root.string() +
+                    " has " + size_text(available) + " free";
   if (kept > 0)
     why += " (the " + std::to_string(kept) + " checkpoint" + (kept == 1 ? "" : "s") + " kept there take " +
-           gb(kept_bytes) + "; [checkpoint] keep = " + std::to_string(keep) +
+           size_text(kept_bytes) + "; [checkpoint] keep = " + std::to_string(keep) +
            " holds the newest until a new one is whole)";
   return why + "; free space there, lower [checkpoint] keep, or write the run elsewhere (--out)";
 }

@@ -490,11 +490,9 @@ void Trainer::save(int64_t done) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   last_checkpoint_ = done;
   const uintmax_t bytes = checkpoint::folder_bytes(dir);
-  char took[64];
-  if (bytes >= 1000000000u)
-    std::snprintf(took, sizeof(took), " (%.2f GB in %.1f s)", static_cast<double>(bytes) / 1e9, s);
-  else
-    std::snprintf(took, sizeof(took), " (%.1f MB in %.1f s)", static_cast<double>(bytes) / 1e6, s);
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%.1f s)", s);
+  const std::string took = " (" + checkpoint::size_text(bytes) + " in " + seconds;
   std::cout << "checkpoint: " << dir.string() << took << std::endl;
   events_.add(current_step_, "checkpoint", "wrote " + dir.string() + took);
   // The next one is written beside the kept ones: say now, not at the next checkpoint, when it
