@@ -14,14 +14,18 @@ set -uo pipefail
 OUT=${OUT:-/tmp/batch-rows-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/batch-rows-device.log") 2>&1
-RUNS=/tmp/batch-rows-runs
+RUNS=${RUNS:-/tmp/batch-rows-runs}  # RUNS=$OUT/runs brings the run logs back with the call
 CKPT=/tmp/qwen3-8b-random
 DATA=/tmp/uneven-tokens
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 t0=$(date +%s)
-python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > "$OUT/checkpoint.log" 2>&1 &
-ckpt=$!
+if [ -f $CKPT/config.json ]; then  # made by an earlier script of the same call, or of a call on this warm machine
+  echo "=== using the checkpoint already in $CKPT"; ckpt=
+else
+  python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > "$OUT/checkpoint.log" 2>&1 &
+  ckpt=$!
+fi
 python3 - "$DATA" <<'PY' > "$OUT/tokens.log" 2>&1
 import os, sys
 import h5py, numpy as np
@@ -46,7 +50,7 @@ PY
 cat "$OUT/tokens.log"
 . bench/device_build.sh
 device_build flashdraft_cli flashdraft_all_plugins
-wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
+[ -z "$ckpt" ] || wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
 echo "=== checkpoint ready at $(( $(date +%s) - t0 )) s"
 rm -rf "$RUNS"
 for pack in false true; do
