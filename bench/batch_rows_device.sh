@@ -53,8 +53,8 @@ device_build flashdraft_cli flashdraft_all_plugins
 [ -z "$ckpt" ] || wait $ckpt || { tail -20 "$OUT/checkpoint.log"; exit 1; }
 echo "=== checkpoint ready at $(( $(date +%s) - t0 )) s"
 rm -rf "$RUNS"
-for pack in false true; do
-  for B in 1 2 4; do
+for B in 1 2 4; do  # B by B, padded then packed: a call cut short still compares the layouts
+  for pack in false true; do
     name=$([ $pack = true ] && echo packed || echo padded)_$B
     sed -e "s/^name = .*/name = \"$name\"/" -e "s/^steps = .*/steps = 16/" -e "s|^path = .*|path = \"$CKPT\"|" \
       -e 's/^\[drafter\]$/[drafter]\nlabels = "data"/' -e '/^\[dataset\]$/,$d' bench/qwen3_8b_hf_target.toml > "/tmp/$name.toml"
