@@ -7,7 +7,7 @@
 # Qwen3-8B-shaped random checkpoint as the online target (34 layers run), a 1-layer DFlash
 # drafter learning the data's tokens, flash_cuda in both.
 #   device run: command `bash bench/batch_rows_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
-# Table: median step ms over steps 4..16, real input tokens/s (padding not counted), labelled
+# Table: median step ms over steps 4..STEPS (STEPS=16 unless set), real input tokens/s (padding not counted), labelled
 # positions/s, peak GiB, per B and row layout.
 # Files under $OUT: batch-rows-device.log (this output), build.log, <layout>_<B>.log, results.md.
 set -uo pipefail
@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp/batch-rows-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/batch-rows-device.log") 2>&1
 RUNS=${RUNS:-/tmp/batch-rows-runs}  # RUNS=$OUT/runs brings the run logs back with the call
+STEPS=${STEPS:-16}
 CKPT=/tmp/qwen3-8b-random
 DATA=/tmp/uneven-tokens
 date -u
@@ -56,13 +57,13 @@ rm -rf "$RUNS"
 for B in 1 2 4; do  # B by B, padded then packed: a call cut short still compares the layouts
   for pack in false true; do
     name=$([ $pack = true ] && echo packed || echo padded)_$B
-    sed -e "s/^name = .*/name = \"$name\"/" -e "s/^steps = .*/steps = 16/" -e "s|^path = .*|path = \"$CKPT\"|" \
+    sed -e "s/^name = .*/name = \"$name\"/" -e "s/^steps = .*/steps = $STEPS/" -e "s|^path = .*|path = \"$CKPT\"|" \
       -e 's/^\[drafter\]$/[drafter]\nlabels = "data"/' -e '/^\[dataset\]$/,$d' bench/qwen3_8b_hf_target.toml > "/tmp/$name.toml"
     printf '[dataset]\nplugin = "tokens"\npath = "%s"\nseq_len = 3072\nbatch_size = %s\npack = %s\neval_sequences = 0\n\n[mask]\nplugin = "dflash"\n' \
       "$DATA" "$B" "$pack" >> "/tmp/$name.toml"
     timeout -k 5 120 "$BUILD/bin/flashdraft" run "/tmp/$name.toml" --out "$RUNS" > "$OUT/$name.log" 2>&1
     echo "=== $name: rc $? at $(( $(date +%s) - t0 )) s"
-    grep -E "^error|^step +16/" "$OUT/$name.log" | cut -c1-200
+    grep -E "^error|^step +$STEPS/" "$OUT/$name.log" | cut -c1-200
   done
 done
 python3 - "$RUNS" <<'PY' | tee "$OUT/results.md"
