@@ -140,6 +140,36 @@ def test_packed_documents_do_not_see_each_other(tmp_path):
     assert rel(ours["hidden"][0, 10:, 0], whole.hidden_states[2][0, 10:]) > 1e-3
 
 
+def test_a_conversation_past_the_checkpoints_length_is_warned_of_once(tmp_path):
+    """max_position_embeddings = 16: a padded row of 24 real tokens is warned of (once, with the
+    length, the limit and config.json); rows whose real tokens fit are not, whatever the padding,
+    nor packed documents that each fit; YaRN's factor x its pretraining length (64 x 4 = 256)
+    extends the limit past a smaller max_position_embeddings."""
+    folder = tmp_path / "qwen3"
+    make_model(folder, "qwen3", seed=5)
+    edit_config(folder, max_position_embeddings=16)
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 30), generator=g)
+    p, ours = run_target(folder, tokens, torch.tensor([24, 9]), [1], tmp_path)
+    assert p.returncode == 0, p.stderr
+    warnings = [line for line in p.stdout.splitlines() if line.startswith("warning: target:")]
+    assert len(warnings) == 1, p.stdout
+    assert "a conversation of 24 tokens runs past the 16 positions" in warnings[0], warnings[0]
+    assert str(folder / "config.json") in warnings[0] and "seq_len <= 16" in warnings[0], warnings[0]
+    for lengths, documents in [([16, 9], None), ([30, 30], [[10, 14, 6], [16, 14, 0]])]:
+        docs = None if documents is None else torch.tensor(documents)
+        p, _ = run_target(folder, tokens, torch.tensor(lengths), [1], tmp_path, documents=docs)
+        assert p.returncode == 0 and "warning: target:" not in p.stdout, (lengths, documents, p.stdout)
+    docs = torch.tensor([[10, 20, 0], [30, 0, 0]])  # a packed document of 20 and an unpacked row of 30
+    p, _ = run_target(folder, tokens, torch.tensor([30, 30]), [1], tmp_path, documents=docs)
+    assert "a conversation of 30 tokens runs past the 16 positions" in p.stdout, p.stdout
+    yarn = tmp_path / "qwen3_yarn"
+    make_model(yarn, "qwen3_yarn", seed=5)
+    edit_config(yarn, max_position_embeddings=16)
+    p, _ = run_target(yarn, tokens, torch.tensor([30, 9]), [1], tmp_path)
+    assert p.returncode == 0 and "warning: target:" not in p.stdout, p.stdout
+
+
 def test_only_the_requested_layers_are_loaded_and_run(tmp_path):
     folder = tmp_path / "llama"
     make_model(folder, "llama", seed=5)

@@ -57,6 +57,7 @@ int run(int argc, char** argv) {
   if (argc > 9) values["kernels"] = std::string(argv[9]);
   auto target = create<fd::Target>(reg, fd::PluginKind::target, argv[1], values);
   fd::RunContext ctx;
+  ctx.say = [](const std::string& line) { std::cout << line << "\n"; };
   if (argc > 8) ctx.device = c10::Device(argv[8]);
   target->open(ctx);
   const fd::TargetModel model = target->model();

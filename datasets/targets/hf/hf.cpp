@@ -122,6 +122,7 @@ class HfTarget final : public Target {
     if (deepest >= static_cast<int64_t>(layers_.size()))
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
     const MaskInput docs = document_mask(batch, B, S);
+    warn_past_max_position(batch, S);
     attention.set_mask(docs);
     const at::Tensor tokens = batch.tokens.to(device_, at::kLong);
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
@@ -468,6 +469,32 @@ class HfTarget final : public Target {
     if (say_) say_("target: loaded all " + std::to_string(cfg_.layers) + " decoder layers (target verification)");
   }
 
+  // Once per run: a conversation longer than the checkpoint's length (hf::ModelConfig::max_position)
+  // gives the drafter states at positions the target was not made for; transformers runs them
+  // without a word.
+  void warn_past_max_position(const Batch& batch, int64_t S) {
+    if (warned_past_max_position_ || cfg_.max_position <= 0 || !say_) return;
+    int64_t longest = 0;
+    const int64_t B = batch.tokens.size(0);
+    const at::Tensor lengths = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong) : at::Tensor();
+    for (int64_t b = 0; b < B; ++b) {
+      const bool packed = static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[size_t(b)].empty();
+      if (packed)
+        for (int64_t len : batch.documents[size_t(b)]) longest = std::max(longest, std::min(len, S));
+      else
+        longest = std::max(longest, lengths.defined() ? std::min(lengths[b].item<int64_t>(), S) : S);
+    }
+    if (longest <= cfg_.max_position) return;
+    warned_past_max_position_ = true;
+    const std::string m = std::to_string(cfg_.max_position);
+    say_("warning: target: a conversation of " + std::to_string(longest) + " tokens runs past the " + m +
+         " positions the checkpoint is made for (" + cfg_.path +
+         ": max_position_embeddings, or rope_scaling's factor x its original length); its hidden states from "
+         "position " +
+         m + " on are ones a server of this model never produces. Give [dataset] seq_len <= " + m +
+         ", or a checkpoint whose rope_scaling covers the length (said once)");
+  }
+
   // Each position's place in its document ([B, S] int64 on the device): p minus the start
   // of p's document (0..S-1 for a row of one document).
   at::Tensor document_positions(const MaskInput& docs, int64_t B, int64_t S) const {
@@ -509,6 +536,7 @@ class HfTarget final : public Target {
   Config config_;
   std::string path_, dtype_name_;
   bool fused_ = true;  // [target] kernels = "engine"
+  bool warned_past_max_position_ = false;
   hf::ModelConfig cfg_;
   std::unique_ptr<safetensors::Checkpoint> checkpoint_;
   c10::Device device_ = c10::kCPU;

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -178,6 +179,11 @@ ModelConfig read_config(const std::string& folder) {
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
   c.rms_eps = r.real(j, "rms_norm_eps", 1e-6);
   read_rope(r, c);
+  if (r.has("max_position_embeddings"))
+    c.max_position = static_cast<int64_t>(r.real(j, "max_position_embeddings", 0.0));
+  if (c.rope.type != "default")
+    c.max_position =
+        std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM", qwen3 = c.architecture == "Qwen3ForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM";
   c.qk_norm = qwen3;

@@ -30,6 +30,10 @@ struct ModelConfig {
   bool o_bias = false;         // attention_bias (Llama, Qwen3): biases on q, k, v and o
   int tie_embeddings = -1;     // 1 / 0 as config.json says; -1: not said (the weights decide)
   int64_t sliding_window = 0;  // 0: full attention (Mistral may set a window)
+  // The longest position the checkpoint is made for: max_position_embeddings, or a RoPE
+  // scaling's factor x its pretraining length where that is longer (as vLLM takes a model's
+  // length); 0 when config.json says neither.
+  int64_t max_position = 0;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
   // one (what transformers' generate stops at), else config.json's; empty when neither says.
   std::vector<int64_t> eos;
