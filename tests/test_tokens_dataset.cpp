@@ -240,8 +240,9 @@ TEST(TokensDataset, PaddedRowsSplitAndCoverage) {
   Fixture f;
   std::vector<std::string> said;
   auto d = open_dataset(f.config({}), 3, &said);
-  ASSERT_EQ(said.size(), 2u);
+  ASSERT_EQ(said.size(), 3u);  // the files, the split, how full the rows are
   EXPECT_NE(said[0].find("2 shards, 40 conversations"), std::string::npos) << said[0];
+  EXPECT_EQ(said[2].rfind("data: the training rows hold ", 0), 0u) << said[2];
   EXPECT_FALSE(d->target().embedding.defined());
   EXPECT_EQ(d->target().vocab, 0);
   EXPECT_EQ(d->source(), f.dir.string() + ": shard-000.h5, shard-001.h5");
@@ -349,6 +350,46 @@ TEST(TokensDataset, PackedRowsHoldWholeConversations) {
   for (int64_t c : eval) EXPECT_EQ(train.count(c), 0u) << "held-out conversation " << c << " in training";
   if (documents_of(d->train_batch(0)) == nullptr)
     std::cout << "note: this plugin API has no Batch::documents; rows were checked by decomposition only\n";
+}
+
+// The data line that says how full the rows are and what seq_len cuts off, against the
+// numbers counted here from the conversations written (every one trains: no held-out set,
+// min_loss_tokens 0).
+TEST(TokensDataset, SaysHowFullTheRowsAreAndWhatSeqLenCuts) {
+  Fixture f;
+  auto fill_line = [&](const std::map<std::string, Value>& over) {
+    std::vector<std::string> said;
+    open_dataset(f.config(over), 3, &said);
+    for (const std::string& s : said)
+      if (s.rfind("data: the training rows hold ", 0) == 0) return s;
+    ADD_FAILURE() << "no fill line among " << said.size() << " lines";
+    return std::string();
+  };
+  int64_t kept = 0, cut = 0, dropped = 0;
+  for (const Conversation& c : f.convs) {
+    const auto len = static_cast<int64_t>(c.tokens.size());
+    kept += std::min<int64_t>(len, 20);
+    if (len > 20) ++cut, dropped += len - 20;
+  }
+  ASSERT_GT(cut, 0);
+  char pct[64];
+  const double fill = 100.0 * double(kept) / double(40 * 20);  // padded: a row per conversation
+  std::snprintf(pct, sizeof pct, "%.1f%% tokens, %.1f%% padding", fill, 100.0 - fill);
+  const std::string padded = fill_line({{"seq_len", int64_t{20}}, {"eval_sequences", int64_t{0}}});
+  EXPECT_NE(padded.find(pct), std::string::npos) << padded;
+  EXPECT_NE(padded.find(std::to_string(cut) + " conversations longer than seq_len = 20 lose their last " +
+                        std::to_string(dropped) + " tokens"),
+            std::string::npos)
+      << padded;
+  EXPECT_EQ(padded.find("pack = true") != std::string::npos, fill < 75.0) << padded;
+  // Rows of 60 hold every conversation (the longest is 50); packed, they are fuller than padded.
+  const std::string packed = fill_line({{"seq_len", int64_t{60}}, {"eval_sequences", int64_t{0}}, {"pack", true}});
+  EXPECT_NE(packed.find("no conversation is longer than seq_len = 60"), std::string::npos) << packed;
+  EXPECT_EQ(packed.find("pack = true"), std::string::npos) << packed;
+  const std::string loose = fill_line({{"seq_len", int64_t{60}}, {"eval_sequences", int64_t{0}}});
+  EXPECT_NE(loose.find("(pack = true puts several conversations in a row)"), std::string::npos) << loose;
+  auto percent = [](const std::string& s) { return std::stod(s.substr(s.find("hold ") + 5)); };
+  EXPECT_GT(percent(packed), 2 * percent(loose)) << packed << "\n" << loose;
 }
 
 // --- refusals ---------------------------------------------------------------------------------

@@ -416,6 +416,26 @@ class TokensDataset final : public Dataset {
     return rows;
   }
 
+  // How much of the training rows the tokens fill, and what seq_len cuts off: the numbers
+  // that tell padded steps from packed ones, and a seq_len that drops the ends of answers.
+  std::string fill_line(const std::vector<int64_t>& train) const {
+    int64_t kept = 0, cut = 0, dropped = 0;
+    for (int64_t c : train) {
+      kept += row_length(c);
+      const int64_t len = starts_[c + 1] - starts_[c];
+      if (len > seq_len_) ++cut, dropped += len - seq_len_;
+    }
+    const double fill = 100.0 * double(kept) / double(train_rows_.size() * seq_len_);
+    char pct[64];
+    std::snprintf(pct, sizeof pct, "%.1f%% tokens, %.1f%% padding", fill, 100.0 - fill);
+    std::string line = "data: the training rows hold " + std::string(pct);
+    if (!pack_ && fill < 75.0) line += " (pack = true puts several conversations in a row)";
+    const std::string S = std::to_string(seq_len_);
+    if (cut == 0) return line + "; no conversation is longer than seq_len = " + S;
+    return line + "; " + std::to_string(cut) + " conversations longer than seq_len = " + S + " lose their last " +
+           std::to_string(dropped) + " tokens";
+  }
+
   void split_and_pack() {
     const int64_t n = conversations();
     std::vector<int64_t> all(static_cast<size_t>(n));
@@ -452,6 +472,7 @@ class TokensDataset final : public Dataset {
          " held out in " + std::to_string(eval_batches()) + " batches; " + std::to_string(left_out) +
          " left out (fewer than min_loss_tokens = " + std::to_string(min_loss_tokens_) +
          " assistant tokens within seq_len)");
+    if (train_rows_.size() > 0) say_(fill_line(train));
     if (train_rows_.size() < batch_)
       config_.fail("batch_size", "batch_size = " + std::to_string(batch_) + " exceeds the " +
                                      std::to_string(train_rows_.size()) + " training rows of " + folder_);
