@@ -432,7 +432,8 @@ class TokensDataset final : public Dataset {
     if (!pack_ && fill < 75.0) line += " (pack = true puts several conversations in a row)";
     const std::string S = std::to_string(seq_len_);
     if (cut == 0) return line + "; no conversation is longer than seq_len = " + S;
-    return line + "; " + std::to_string(cut) + " conversations longer than seq_len = " + S + " lose their last " +
+    return line + "; " + std::to_string(cut) + (cut == 1 ? " conversation" : " conversations") +
+           " longer than seq_len = " + S + (cut == 1 ? " loses its last " : " lose their last ") +
            std::to_string(dropped) + " tokens";
   }
 
