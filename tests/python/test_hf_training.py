@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from conftest import CLI
-from hf_models import make_model
+from hf_models import edit_config, make_model
 from tokens_tiny_tokenizer import CORPUS, PLAIN, make_tokenizer, prepare_data
 
 EXPERIMENT = """
@@ -120,6 +120,26 @@ def test_validate_refuses_a_layer_the_target_lacks(tmp_path):
         assert p.returncode == 2, p.stdout + p.stderr
         assert "target layer 7 does not exist" in p.stderr, p.stderr
     assert runs[0].stderr.splitlines()[0] == runs[1].stderr.splitlines()[0]
+
+
+def test_a_plugins_warning_is_kept_in_the_run_log(tmp_path):
+    """A target whose config.json says 8 positions, rows of up to 64 tokens: the target's warning
+    is printed once and kept in the log's events (kind "warning", the line without its prefix);
+    no other event is a warning."""
+    model, data = setup(tmp_path)
+    edit_config(model, max_position_embeddings=8)
+    exp = experiment(tmp_path, model, data)
+    exp.write_text(exp.read_text().replace("steps = 50", "steps = 3"))
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    said = [line for line in p.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(said) == 1 and "runs past the 8 positions the checkpoint is made for" in said[0], p.stdout
+    with h5py.File(tmp_path / "run" / "hf_tiny.h5", "r") as f:
+        kinds = [k.decode() if isinstance(k, bytes) else k for k in f["events/kind"][:]]
+        messages = [m.decode() if isinstance(m, bytes) else m for m in f["events/message"][:]]
+    warnings = [m for k, m in zip(kinds, messages) if k == "warning"]
+    assert warnings == [said[0][len("warning: "):]], (kinds, messages)
+    assert "finished" in kinds, kinds
 
 
 def test_resume_with_an_online_target_continues_exactly(tmp_path):

@@ -70,7 +70,9 @@ struct RunContext {
   c10::Device device = c10::kCPU;
   c10::ScalarType dtype = c10::kFloat;  // compute dtype of the drafter
   uint64_t seed = 0;
-  std::function<void(const std::string&)> say;  // progress lines on the console
+  // Progress lines on the console; a line that starts with "warning: " is also kept in the
+  // run log's events (kind "warning", the rest of the line as the message).
+  std::function<void(const std::string&)> say;
   // Batch `index` of the training stream (the dataset's own: tokens, loss mask, lengths,
   // documents; hidden states only where the dataset carries them), for drafters that derive
   // state from the data when they bind (EAGLE-3 counts its draft vocabulary). Empty when the

@@ -46,7 +46,7 @@ std::vector<LogColumn> memory_kernel_event_columns(const LogShape& shape) {
        "variant id of the LM-head loss op: forward, backward; -1 = no call (also for a drafter with its own loss)"},
       {"kernels/names", T::str, 0, 256, "variant names; ids index this list"},
       {"events/step", T::i64, 0, 0, "step of the event (-1: before step 0)"},
-      {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, interrupted, finished, ..."},
+      {"events/kind", T::str, 0, 32, "fallback, nan, oom, error, warning, interrupted, finished, ..."},
       {"events/message", T::str, 0, 2048, "what happened"},
   };
 }

@@ -169,6 +169,22 @@ std::string Precision::describe() const {
   return s + (fused ? ", fused AdamW" : ", torch::optim::AdamW");
 }
 
+void SaidWarnings::say(const std::string& line) {
+  std::cout << line << std::endl;
+  const std::string prefix = "warning: ";
+  if (line.compare(0, prefix.size(), prefix) != 0) return;
+  if (to_)
+    to_(line.substr(prefix.size()));
+  else
+    waiting_.push_back(line.substr(prefix.size()));
+}
+
+void SaidWarnings::sink(std::function<void(const std::string&)> to) {
+  to_ = std::move(to);
+  for (const std::string& w : waiting_) to_(w);
+  waiting_.clear();
+}
+
 BoundPlugins bind_plugins(const Setup& s) {
   const Config& run = s.experiment.run();
   const uint64_t seed = static_cast<uint64_t>(run.integer("seed"));
@@ -187,7 +203,7 @@ BoundPlugins bind_plugins(const Setup& s) {
   b.ctx.dtype = dtype_of(run.string("dtype"), device);
   b.precision = precision_of(s, device, b.ctx.dtype);
   b.ctx.seed = seed;
-  b.ctx.say = [](const std::string& line) { std::cout << line << std::endl; };
+  b.ctx.say = [warnings = b.warnings](const std::string& line) { warnings->say(line); };
 
   const PluginUse& dataset = s.use(PluginKind::dataset);
   const PluginUse& drafter = s.use(PluginKind::drafter);

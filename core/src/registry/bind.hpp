@@ -13,7 +13,9 @@
 #include "dispatch/dispatch.hpp"
 #include "dispatch/dtype_name.hpp"
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace flashdraft {
@@ -26,8 +28,22 @@ struct Precision {
   std::string describe() const;
 };
 
+// RunContext::say for a run: every line to the console, and a line that starts with
+// "warning: " also to the sink (the trainer's run-log events), or kept until a sink is set
+// (warnings said while the plugins bind, before the log exists).
+class SaidWarnings {
+ public:
+  void say(const std::string& line);
+  void sink(std::function<void(const std::string&)> to);
+
+ private:
+  std::function<void(const std::string&)> to_;
+  std::vector<std::string> waiting_;
+};
+
 struct BoundPlugins {
-  RunContext ctx;
+  RunContext ctx;  // its say goes through `warnings`
+  std::shared_ptr<SaidWarnings> warnings = std::make_shared<SaidWarnings>();
   Precision precision;
   std::unique_ptr<Dataset> dataset;
   std::unique_ptr<Drafter> drafter;

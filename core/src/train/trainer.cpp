@@ -188,6 +188,7 @@ void Trainer::share_weights() {
 // Every stage before step 0.
 void Trainer::prepare() {
   plugins_ = bind_plugins(setup_);
+  plugins_.warnings->sink([this](const std::string& w) { events_.add(current_step_, "warning", w); });
   const KernelChoice& choice = plugins_.choice;
   std::cout << choice.report();
   if (choice.fallback)
@@ -503,7 +504,7 @@ void Trainer::save(int64_t done) {
     const std::string why =
         checkpoint::space_refusal("", bytes, space.available, checkpoint_.root, 0, 0, checkpoint_.keep);
     if (!why.empty())  // "cannot write checkpoint : it needs ..." -> "... will not fit: it needs ..."
-      std::cout << "warning: the next checkpoint will not fit" << why.substr(why.find(": it needs")) << std::endl;
+      plugins_.ctx.say("warning: the next checkpoint will not fit" + why.substr(why.find(": it needs")));
   }
 }
 
