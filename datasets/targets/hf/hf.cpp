@@ -121,8 +121,9 @@ class HfTarget final : public Target {
     for (int64_t l : layers) deepest = std::max(deepest, l);
     if (deepest >= static_cast<int64_t>(layers_.size()))
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
-    const MaskInput docs = document_mask(batch, B, S);
-    warn_past_max_position(batch, S);
+    const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
+    warn_past_max_position(rows);
+    const MaskInput docs = document_mask(rows, S);
     attention.set_mask(docs);
     const at::Tensor tokens = batch.tokens.to(device_, at::kLong);
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
@@ -197,7 +198,7 @@ class HfTarget final : public Target {
     const at::Tensor block_tokens = blocks.to(device_, at::kLong).reshape({B, N * BS});
     at::Tensor xc = embed_.index_select(0, batch.tokens.to(device_, at::kLong).reshape({-1})).view({B, S, cfg_.hidden});
     at::Tensor xb = embed_.index_select(0, block_tokens.reshape({-1})).view({B, N * BS, cfg_.hidden});
-    const at::Tensor context_pos = document_positions(document_mask(batch, B, S), B, S);  // [B, S]
+    const at::Tensor context_pos = document_positions(document_mask(row_documents(batch, B, S), S), B, S);  // [B, S]
     const auto [cos_c, sin_c] = rope_tables(context_pos);
     const auto [cos_b, sin_b] =
         rope_tables((context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
@@ -443,7 +444,7 @@ class HfTarget final : public Target {
   std::pair<at::Tensor, at::Tensor> verify_masks(const Batch& batch, const at::Tensor& anchor, int64_t S,
                                                  int64_t BS) const {
     const int64_t B = anchor.size(0), N = anchor.size(1), L = N * BS;
-    const MaskInput docs = document_mask(batch, B, S);
+    const MaskInput docs = document_mask(row_documents(batch, B, S), S);
     std::vector<int64_t> doc_ids;
     for (const auto& row : docs.doc_lengths)
       for (size_t d = 0; d < row.size(); ++d) doc_ids.insert(doc_ids.end(), static_cast<size_t>(row[d]), int64_t(d));
@@ -472,18 +473,11 @@ class HfTarget final : public Target {
   // Once per run: a conversation longer than the checkpoint's length (hf::ModelConfig::max_position)
   // gives the drafter states at positions the target was not made for; transformers runs them
   // without a word.
-  void warn_past_max_position(const Batch& batch, int64_t S) {
+  void warn_past_max_position(const std::vector<std::vector<int64_t>>& rows) {
     if (warned_past_max_position_ || cfg_.max_position <= 0 || !say_) return;
     int64_t longest = 0;
-    const int64_t B = batch.tokens.size(0);
-    const at::Tensor lengths = batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong) : at::Tensor();
-    for (int64_t b = 0; b < B; ++b) {
-      const bool packed = static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[size_t(b)].empty();
-      if (packed)
-        for (int64_t len : batch.documents[size_t(b)]) longest = std::max(longest, std::min(len, S));
-      else
-        longest = std::max(longest, lengths.defined() ? std::min(lengths[b].item<int64_t>(), S) : S);
-    }
+    for (const auto& row : rows)
+      for (int64_t len : row) longest = std::max(longest, len);
     if (longest <= cfg_.max_position) return;
     warned_past_max_position_ = true;
     const std::string m = std::to_string(cfg_.max_position);
@@ -510,20 +504,27 @@ class HfTarget final : public Target {
     return pos.to(device_);
   }
 
-  // Causal within each document: a packed row's documents, or [length, padding].
-  static MaskInput document_mask(const Batch& batch, int64_t B, int64_t S) {
-    MaskInput in;
-    in.batch = B;
-    in.q_len = S;
-    in.kv_len = S;
+  // Each row's documents, padding not counted: a packed row's conversations, else [its length].
+  static std::vector<std::vector<int64_t>> row_documents(const Batch& batch, int64_t B, int64_t S) {
     const at::Tensor lengths =
         batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+    std::vector<std::vector<int64_t>> rows;
     for (int64_t b = 0; b < B; ++b) {
-      std::vector<int64_t> docs;
       if (static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[static_cast<size_t>(b)].empty())
-        docs = batch.documents[static_cast<size_t>(b)];
+        rows.push_back(batch.documents[static_cast<size_t>(b)]);
       else
-        docs = {lengths.defined() ? std::min(lengths.data_ptr<int64_t>()[b], S) : S};
+        rows.push_back({lengths.defined() ? std::min(lengths.data_ptr<int64_t>()[b], S) : S});
+    }
+    return rows;
+  }
+
+  // Causal within each document: a row's documents, then its padding as one more.
+  static MaskInput document_mask(const std::vector<std::vector<int64_t>>& rows, int64_t S) {
+    MaskInput in;
+    in.batch = static_cast<int64_t>(rows.size());
+    in.q_len = S;
+    in.kv_len = S;
+    for (std::vector<int64_t> docs : rows) {
       int64_t used = 0;
       for (int64_t d : docs) used += d;
       if (used < S) docs.push_back(S - used);  // padding: a document of its own
