@@ -21,7 +21,7 @@ DATA=/tmp/uneven-tokens
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 t0=$(date +%s)
-if [ -f $CKPT/config.json ]; then  # made by an earlier script of the same call, or of a call on this warm machine
+if [ -f $CKPT/config.json ]; then  # made whole (config.json is written last) by an earlier script of this call or machine
   echo "=== using the checkpoint already in $CKPT"; ckpt=
 else
   python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > "$OUT/checkpoint.log" 2>&1 &
