@@ -14,7 +14,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/batch-rows-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/batch-rows-device.log") 2>&1
-RUNS=${RUNS:-/tmp/batch-rows-runs}  # RUNS=$OUT/runs brings the run logs back with the call
+RUNS=${RUNS:-/tmp/batch-rows-runs}  # the run folders hold more files than a device call brings back (8):
+# the tables are printed in this output and written to $OUT/results.md
 STEPS=${STEPS:-16}
 CKPT=/tmp/qwen3-8b-random
 DATA=/tmp/uneven-tokens

@@ -20,7 +20,8 @@ OUT=${OUT:-/tmp/pipeline-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/pipeline-device.log") 2>&1
 TARGET_MODE=${TARGET_MODE:-compiled}
-RUNS=${RUNS:-/tmp/pipeline-runs}  # RUNS=$OUT/runs brings the run logs back with the call
+RUNS=${RUNS:-/tmp/pipeline-runs}  # the run folders hold more files than a device call brings back (8):
+# the tables are printed in this output and written to $OUT/results.md
 CKPT=/tmp/qwen3-8b-random
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
