@@ -263,6 +263,40 @@ TEST(Engine, ProfilerNamesTheHostOpsTheDeviceWaitedFor) {
   EXPECT_EQ(flashdraft::device_idle({}, host, 5).idle_ns, 0);
 }
 
+// --profile's parts of a step on made-up spans: a kernel belongs to the innermost named range
+// holding its launching op's start; a part's span runs from its first kernel to its last, per
+// occurrence; kernels launched outside every range (or by no known op) are counted apart.
+TEST(Engine, ProfilerSplitsDeviceTimeByPartOfTheStep) {
+  using flashdraft::LaunchedKernel;
+  const std::vector<flashdraft::TimedSpan> ranges = {{0, 100, "target_forward", 1},
+                                                     {100, 200, "drafter_forward", 1},  // step 1
+                                                     {300, 400, "target_forward", 1},
+                                                     {320, 330, "inner", 1}};  // step 2, a range inside
+  const std::vector<LaunchedKernel> kernels = {
+      {10, 40, "gemm", 5},     {45, 50, "norm", 20},    {60, 90, "gemm", 50},  // target 1: span 10..90
+      {95, 150, "gemm", 150},                                                  // drafter (runs on past 100)
+      {400, 430, "gemm", 310}, {440, 460, "attn", 325},                        // target 2; inner
+      {500, 505, "adam", 500}, {510, 512, "copy", -1}};                        // outside; unknown launch
+  const std::vector<flashdraft::PartTime> parts = flashdraft::device_parts(kernels, ranges);
+  ASSERT_EQ(parts.size(), 4u);
+  EXPECT_EQ(parts[0].part, "target_forward");
+  EXPECT_EQ(parts[0].kernel_ns, 30 + 5 + 30 + 30);
+  EXPECT_EQ(parts[0].span_ns, 80 + 30);  // 10..90, then 400..430
+  EXPECT_EQ(parts[0].occurrences, 2);
+  ASSERT_EQ(parts[0].kernels.size(), 2u);
+  EXPECT_EQ(parts[0].kernels[0], (std::pair<double, std::string>{90, "gemm (3 calls)"}));
+  EXPECT_EQ(parts[0].kernels[1], (std::pair<double, std::string>{5, "norm (1 calls)"}));
+  EXPECT_EQ(parts[1].part, "drafter_forward");
+  EXPECT_EQ(parts[1].kernel_ns, 55);
+  EXPECT_EQ(parts[1].span_ns, 55);
+  EXPECT_EQ(parts[2].part, "inner");
+  EXPECT_EQ(parts[2].kernel_ns, 20);
+  EXPECT_EQ(parts[3].part, "(outside the named parts)");
+  EXPECT_EQ(parts[3].kernel_ns, 7);
+  EXPECT_EQ(parts[3].span_ns, 7);
+  EXPECT_TRUE(flashdraft::device_parts({}, ranges).empty());
+}
+
 // --profile on the CPU: the table of host ops, no device section.
 TEST(Engine, ProfileWindowPrintsItsTable) {
   const std::string dir = test::temp_dir("engine-profile");

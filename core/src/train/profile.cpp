@@ -60,6 +60,18 @@ void print_longest(std::ostream& os, const std::string& title,
     os << "    " << std::setw(8) << top[i].first / steps << "  " << top[i].second << "\n";
 }
 
+// The device time of the step's parts (device_parts), ms per step, with each part's longest kernels.
+void print_parts(std::ostream& os, const std::vector<PartTime>& parts, double steps) {
+  os << "  device time by part of the step (ms/step; span: its first kernel's start to its last kernel's end):\n";
+  for (const PartTime& p : parts) {
+    os << "    " << std::left << std::setw(26) << p.part << std::right << " kernels " << std::setw(8)
+       << p.kernel_ns / 1e6 / steps << "  span " << std::setw(8) << p.span_ns / 1e6 / steps << "  span - kernels "
+       << std::setw(7) << (p.span_ns - p.kernel_ns) / 1e6 / steps << "\n";
+    for (size_t i = 0; i < p.kernels.size() && i < 8; ++i)
+      os << "      " << std::setw(8) << p.kernels[i].first / 1e6 / steps << "  " << p.kernels[i].second << "\n";
+  }
+}
+
 // For each host span, its depth and outermost ancestor within its thread.
 struct Nesting {
   std::vector<int> depth;
@@ -112,6 +124,59 @@ DeviceIdle device_idle(std::vector<TimedSpan> kernels, std::vector<TimedSpan> ho
   for (const auto& [cause, ns] : by_cause) r.causes.emplace_back(ns, cause);
   std::sort(r.causes.rbegin(), r.causes.rend());
   return r;
+}
+
+std::vector<PartTime> device_parts(const std::vector<LaunchedKernel>& kernels, const std::vector<TimedSpan>& ranges) {
+  const std::string outside = "(outside the named parts)";
+  struct Occurrence {
+    int64_t first = INT64_MAX, last = INT64_MIN;
+  };
+  std::vector<Occurrence> occurrence(ranges.size() + 1);  // per range, then the rest
+  std::map<std::string, size_t> index;                    // part name -> row
+  std::vector<PartTime> parts;
+  std::vector<std::map<std::string, std::pair<double, int64_t>>> by_name;
+  auto row = [&](const std::string& part) {
+    const auto [it, fresh] = index.emplace(part, parts.size());
+    if (fresh) {
+      parts.push_back(PartTime{part, 0, 0, 0, {}});
+      by_name.emplace_back();
+    }
+    return it->second;
+  };
+  for (const TimedSpan& r : ranges) row(r.name);
+  for (const LaunchedKernel& k : kernels) {
+    size_t in = ranges.size();  // the innermost (latest-starting) range holding the launch
+    for (size_t i = 0; i < ranges.size(); ++i)
+      if (k.launched_at >= ranges[i].start && k.launched_at <= ranges[i].end &&
+          (in == ranges.size() || ranges[i].start >= ranges[in].start))
+        in = i;
+    const size_t r = row(in < ranges.size() ? ranges[in].name : outside);
+    parts[r].kernel_ns += double(k.end - k.start);
+    auto& n = by_name[r][k.name];
+    n.first += double(k.end - k.start);
+    ++n.second;
+    occurrence[in].first = std::min(occurrence[in].first, k.start);
+    occurrence[in].last = std::max(occurrence[in].last, k.end);
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (occurrence[i].last < occurrence[i].first) continue;
+    PartTime& p = parts[row(ranges[i].name)];
+    p.span_ns += double(occurrence[i].last - occurrence[i].first);
+    ++p.occurrences;
+  }
+  if (occurrence[ranges.size()].last >= occurrence[ranges.size()].first) {  // no span: kernels only
+    PartTime& p = parts[row(outside)];
+    p.span_ns = p.kernel_ns;
+    p.occurrences = 1;
+  }
+  for (size_t r = 0; r < parts.size(); ++r) {
+    for (const auto& [name, t] : by_name[r])
+      parts[r].kernels.emplace_back(t.first, name + " (" + std::to_string(t.second) + " calls)");
+    std::sort(parts[r].kernels.rbegin(), parts[r].kernels.rend());
+  }
+  parts.erase(std::remove_if(parts.begin(), parts.end(), [](const PartTime& p) { return p.occurrences == 0; }),
+              parts.end());
+  return parts;
 }
 
 ProfileWindow parse_profile_window(const std::string& text) {
@@ -172,18 +237,27 @@ void StepProfiler::after_step(int64_t step) {
   std::map<std::string, std::pair<double, int64_t>> kernels;   // name -> (ms, calls)
   std::map<std::string, std::pair<double, int64_t>> host_ops;  // CPU-side ops, inclusive ms
   double busy = 0;
-  std::vector<TimedSpan> device_spans, host_spans;
+  std::vector<TimedSpan> device_spans, host_spans, ranges;
+  std::vector<LaunchedKernel> launched;  // launched_at holds the launching op's correlation id until below
+  std::map<uint64_t, int64_t> op_start;  // host op correlation id -> its start
+  const std::string kPartPrefix = "flashdraft::";
   for (const auto& e : result->events()) {
     const auto start = static_cast<int64_t>(e.startNs()), end = static_cast<int64_t>(e.endNs());
     if (e.deviceType() == c10::DeviceType::CPU) {
+      // Ops and ranges (a kernel's linked id is its launching op's); not the CUDA API calls,
+      // whose ids are CUPTI's own.
+      if (e.correlationId() != 0 && e.name().rfind("cu", 0) != 0) op_start[e.correlationId()] = start;
+      if (e.name().rfind(kPartPrefix, 0) == 0) ranges.push_back({start, end, e.name().substr(kPartPrefix.size()), 0});
       auto& h = host_ops[e.name().substr(0, 90)];
       h.first += double(e.durationNs()) / 1e6;
       ++h.second;
       host_spans.push_back({start, end, e.name().substr(0, 60), e.startThreadId()});
       continue;
     }
-    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    // The named ranges' device-side copies (GPU user annotations) are not kernels.
+    if (e.deviceType() != c10::DeviceType::CUDA || e.name().rfind(kPartPrefix, 0) == 0) continue;
     device_spans.push_back({start, end, std::string(), 0});
+    launched.push_back({start, end, e.name().substr(0, 90), static_cast<int64_t>(e.linkedCorrelationId())});
     const double d = double(e.durationNs()) / 1e6;
     const std::string name = e.name();
     ms[family_of(name)] += d;
@@ -205,6 +279,13 @@ void StepProfiler::after_step(int64_t step) {
     os << "  " << std::left << std::setw(42) << f << std::right << std::setw(8) << t / steps << std::setw(7)
        << std::setprecision(1) << (busy > 0 ? 100.0 * t / busy : 0.0) << "%" << std::setprecision(2) << "\n";
   print_longest(os, "longest kernels (ms/step)", kernels, steps);
+  if (!ranges.empty() && !launched.empty()) {
+    for (LaunchedKernel& k : launched) {
+      const auto it = op_start.find(static_cast<uint64_t>(k.launched_at));
+      k.launched_at = k.launched_at != 0 && it != op_start.end() ? it->second : -1;
+    }
+    print_parts(os, device_parts(launched, ranges), steps);
+  }
   // The host's side: where the time between the device's kernels can go.
   if (!host_phases_.empty()) {
     os << "  host time per step by phase (ms):";

@@ -40,6 +40,26 @@ struct DeviceIdle {
 };
 FLASHDRAFT_API DeviceIdle device_idle(std::vector<TimedSpan> kernels, std::vector<TimedSpan> host, int64_t min_gap_ns);
 
+// The device time of each named part of a step: the engine marks the online target's forward,
+// the drafter's forward, the backward and the optimizer as host ranges ("flashdraft::target_forward"
+// ...); a kernel belongs to the range that holds the start of the host op that launched it
+// (`launched_at`, host ns; < 0: no known launching op). Per part: the kernels' time, and the span
+// from its first kernel's start to its last kernel's end summed over the part's occurrences
+// (span - kernels: the device idle, or running another part's kernels, inside the part).
+struct LaunchedKernel {
+  int64_t start = 0, end = 0;  // device ns
+  std::string name;
+  int64_t launched_at = -1;  // host ns
+};
+struct PartTime {
+  std::string part;  // the range's name; "(outside the named parts)" for the rest
+  double kernel_ns = 0, span_ns = 0;
+  int64_t occurrences = 0;
+  std::vector<std::pair<double, std::string>> kernels;  // ns per kernel name (with its calls), longest first
+};
+FLASHDRAFT_API std::vector<PartTime> device_parts(const std::vector<LaunchedKernel>& kernels,
+                                                  const std::vector<TimedSpan>& ranges);
+
 class FLASHDRAFT_API StepProfiler {
  public:
   StepProfiler(ProfileWindow window, std::string trace_path);

@@ -4,6 +4,7 @@
 #include "train/grad_sync.hpp"
 #include "train/memory.hpp"
 
+#include <ATen/record_function.h>
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 #include <torch/types.h>
@@ -78,17 +79,22 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
     o.host.emplace_back("batch", lap(t));
 
     MemoryTracker::reset_peak(c.device);
-    StepResult result = c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
+    StepResult result = [&] {
+      RECORD_USER_SCOPE("flashdraft::drafter_forward");  // named ranges in --profile's trace
+      return c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
+    }();
     o.peak_forward = std::max(o.peak_forward, MemoryTracker::peak_bytes(c.device));
     o.host.emplace_back("forward", lap(t));
 
     MemoryTracker::reset_peak(c.device);
     if (queue) {
+      RECORD_USER_SCOPE("flashdraft::backward");
       queued_loss = grads.queue_backward(result);
       queued_result = std::move(result);
     } else {
       // The loss is read after the backward has been queued (reading it earlier would stall
       // the device between the passes); a non-finite loss still stops before the update.
+      RECORD_USER_SCOPE("flashdraft::backward");
       const double loss = grads.backward(result, micro);
       if (!std::isfinite(loss)) {
         c.optimizer.zero_grad();
@@ -107,8 +113,12 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
                            : c.optimizer.guards()
                                ? at::scalar_tensor(o.loss, at::TensorOptions().dtype(at::kFloat).device(c.device))
                                : at::Tensor();
-  const at::Tensor norm = c.optimizer.step(o.lr, c.grad_clip, guard);
-  c.optimizer.zero_grad();
+  const at::Tensor norm = [&](const at::Tensor& finite) {
+    RECORD_USER_SCOPE("flashdraft::optimizer");  // (the macro declares a variable named guard)
+    at::Tensor n = c.optimizer.step(o.lr, c.grad_clip, finite);
+    c.optimizer.zero_grad();
+    return n;
+  }(guard);
   o.peak_optimizer = MemoryTracker::peak_bytes(c.device);
   o.host.emplace_back("optimizer", lap(t));
   o.kernels = c.ledger;
