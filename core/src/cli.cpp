@@ -49,7 +49,7 @@ const char* help_for(const std::string& cmd) {
            "  --steps N          number of steps (overrides [run].steps)\n"
            "  --plugin-path DIRS extra plugin folders, ':'-separated, searched first\n"
            "  --profile A:B      profile steps A..B-1 (LibTorch's profiler): a Chrome trace <out>/<name>.trace.json\n"
-           "                     and a table of device time per op family\n"
+           "                     and tables of device time per op family and per part of the step\n"
            "Progress: one line per step (loss, metrics, step time, peak memory, kernels that ran).\n"
            "Exit status: 0 finished, 1 failed (the log keeps every finished step), 2 bad experiment,\n"
            "130 interrupted (Ctrl-C finishes the step in flight, then stops).\n";
