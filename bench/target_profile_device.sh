@@ -10,7 +10,8 @@
 #    and the median /steps/target_time_s over steps 13-16;
 # 2. the target's products two ways: each shape alone (median of 20, as target_forward_device.sh's
 #    floor), and all 34 layers' products back to back with each layer's own weights (median of 10),
-#    to tell whether the products run slower in sequence than alone.
+#    to tell whether the products run slower in sequence than alone; the target's causal attention
+#    through torch's SDPA (cuDNN, flash), for the attention's share.
 set -uo pipefail
 OUT=${OUT:-/tmp/target-profile-device}
 mkdir -p "$OUT"
@@ -49,6 +50,17 @@ def chain():
         for name in shapes: torch.nn.functional.linear(acts[name], w[name])
 seq = timed(chain, 10)
 flop = 2 * L * sum(m * k * n for m, k, n in shapes.values())
+from torch.nn.attention import SDPBackend, sdpa_kernel
+qa = torch.randn(1, 32, S, 128, device="cuda", dtype=torch.bfloat16)
+ka, va = (torch.randn(1, 8, S, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+for b in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+    try:
+        with sdpa_kernel(b):
+            ms = timed(lambda: torch.nn.functional.scaled_dot_product_attention(qa, ka, va, is_causal=True, enable_gqa=True), 20)
+        print(f"causal attention [1, 32 / 8, {S}, 128], SDPA {b.name}: {ms:.3f} ms, x 34 = {34 * ms:.2f} ms "
+              f"({4 * S * S / 2 * 32 * 128 / ms / 1e9:.0f} TFLOP/s)")
+    except Exception as e:
+        print(f"SDPA {b.name}: {type(e).__name__}: {str(e)[:120]}")
 print(f"34 layers' products: alone, summed {L * alone:.2f} ms ({flop / (L * alone) / 1e9:.0f} TFLOP/s); "
       f"back to back, each layer its own weights {seq:.2f} ms ({flop / seq / 1e9:.0f} TFLOP/s)")
 PY
