@@ -17,8 +17,8 @@ Batch BatchSource::with_hidden_states(Batch batch) {
   if (!target_) return batch;
   DeviceMark start(device_);
   {
-    RECORD_USER_SCOPE("flashdraft::target_forward");  // a named range in --profile's trace
-    at::NoGradGuard frozen;                           // the target is frozen: no graph
+    RECORD_USER_SCOPE("flashdraft/target_forward");  // a named range in --profile's trace
+    at::NoGradGuard frozen;                          // the target is frozen: no graph
     batch.hidden = target_->hidden_states(batch, layers_, *attention_);
   }
   target_timing_ = std::make_shared<const TargetTiming>(TargetTiming{std::move(start), DeviceMark(device_)});

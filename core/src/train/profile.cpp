@@ -238,15 +238,17 @@ void StepProfiler::after_step(int64_t step) {
   std::map<std::string, std::pair<double, int64_t>> host_ops;  // CPU-side ops, inclusive ms
   double busy = 0;
   std::vector<TimedSpan> device_spans, host_spans, ranges;
-  std::vector<LaunchedKernel> launched;  // launched_at holds the launching op's correlation id until below
-  std::map<uint64_t, int64_t> op_start;  // host op correlation id -> its start
-  const std::string kPartPrefix = "flashdraft::";
+  std::vector<LaunchedKernel> launched;
+  std::map<uint64_t, int64_t> api_start, op_start;  // correlation id -> start: CUDA API calls, ops
+  const std::string kPartPrefix = "flashdraft/";    // the engine's named parts of a step
+  // Where kernels were launched from: host ops by their own correlation ids (a kernel's linked
+  // id), CUDA API calls by CUPTI's (the id of the kernel each launched).
+  for (const auto& e : result->events())
+    if (e.deviceType() == c10::DeviceType::CPU && e.correlationId() != 0)
+      (e.name().rfind("cu", 0) == 0 ? api_start : op_start)[e.correlationId()] = static_cast<int64_t>(e.startNs());
   for (const auto& e : result->events()) {
     const auto start = static_cast<int64_t>(e.startNs()), end = static_cast<int64_t>(e.endNs());
     if (e.deviceType() == c10::DeviceType::CPU) {
-      // Ops and ranges (a kernel's linked id is its launching op's); not the CUDA API calls,
-      // whose ids are CUPTI's own.
-      if (e.correlationId() != 0 && e.name().rfind("cu", 0) != 0) op_start[e.correlationId()] = start;
       if (e.name().rfind(kPartPrefix, 0) == 0) ranges.push_back({start, end, e.name().substr(kPartPrefix.size()), 0});
       auto& h = host_ops[e.name().substr(0, 90)];
       h.first += double(e.durationNs()) / 1e6;
@@ -257,7 +259,16 @@ void StepProfiler::after_step(int64_t step) {
     // The named ranges' device-side copies (GPU user annotations) are not kernels.
     if (e.deviceType() != c10::DeviceType::CUDA || e.name().rfind(kPartPrefix, 0) == 0) continue;
     device_spans.push_back({start, end, std::string(), 0});
-    launched.push_back({start, end, e.name().substr(0, 90), static_cast<int64_t>(e.linkedCorrelationId())});
+    // The op the kernel is linked to, where it has one; else its CUDA API call (kernels that
+    // plugins launch themselves), which must have started before the kernel did.
+    const auto op = op_start.find(e.linkedCorrelationId());
+    const auto api = api_start.find(e.correlationId());
+    int64_t launched_at = -1;
+    if (e.linkedCorrelationId() != 0 && op != op_start.end())
+      launched_at = op->second;
+    else if (e.correlationId() != 0 && api != api_start.end() && api->second <= start)
+      launched_at = api->second;
+    launched.push_back({start, end, e.name().substr(0, 90), launched_at});
     const double d = double(e.durationNs()) / 1e6;
     const std::string name = e.name();
     ms[family_of(name)] += d;
@@ -279,13 +290,7 @@ void StepProfiler::after_step(int64_t step) {
     os << "  " << std::left << std::setw(42) << f << std::right << std::setw(8) << t / steps << std::setw(7)
        << std::setprecision(1) << (busy > 0 ? 100.0 * t / busy : 0.0) << "%" << std::setprecision(2) << "\n";
   print_longest(os, "longest kernels (ms/step)", kernels, steps);
-  if (!ranges.empty() && !launched.empty()) {
-    for (LaunchedKernel& k : launched) {
-      const auto it = op_start.find(static_cast<uint64_t>(k.launched_at));
-      k.launched_at = k.launched_at != 0 && it != op_start.end() ? it->second : -1;
-    }
-    print_parts(os, device_parts(launched, ranges), steps);
-  }
+  if (!ranges.empty() && !launched.empty()) print_parts(os, device_parts(launched, ranges), steps);
   // The host's side: where the time between the device's kernels can go.
   if (!host_phases_.empty()) {
     os << "  host time per step by phase (ms):";

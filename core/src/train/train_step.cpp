@@ -80,7 +80,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
 
     MemoryTracker::reset_peak(c.device);
     StepResult result = [&] {
-      RECORD_USER_SCOPE("flashdraft::drafter_forward");  // named ranges in --profile's trace
+      RECORD_USER_SCOPE("flashdraft/drafter_forward");  // named ranges in --profile's trace
       return c.drafter.step(batch, c.dispatcher, c.anchors, /*training=*/true);
     }();
     o.peak_forward = std::max(o.peak_forward, MemoryTracker::peak_bytes(c.device));
@@ -88,13 +88,13 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
 
     MemoryTracker::reset_peak(c.device);
     if (queue) {
-      RECORD_USER_SCOPE("flashdraft::backward");
+      RECORD_USER_SCOPE("flashdraft/backward");
       queued_loss = grads.queue_backward(result);
       queued_result = std::move(result);
     } else {
       // The loss is read after the backward has been queued (reading it earlier would stall
       // the device between the passes); a non-finite loss still stops before the update.
-      RECORD_USER_SCOPE("flashdraft::backward");
+      RECORD_USER_SCOPE("flashdraft/backward");
       const double loss = grads.backward(result, micro);
       if (!std::isfinite(loss)) {
         c.optimizer.zero_grad();
@@ -114,7 +114,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool queue) {
                                ? at::scalar_tensor(o.loss, at::TensorOptions().dtype(at::kFloat).device(c.device))
                                : at::Tensor();
   const at::Tensor norm = [&](const at::Tensor& finite) {
-    RECORD_USER_SCOPE("flashdraft::optimizer");  // (the macro declares a variable named guard)
+    RECORD_USER_SCOPE("flashdraft/optimizer");  // (the macro declares a variable named guard)
     at::Tensor n = c.optimizer.step(o.lr, c.grad_clip, finite);
     c.optimizer.zero_grad();
     return n;
