@@ -41,7 +41,7 @@ struct DeviceIdle {
 FLASHDRAFT_API DeviceIdle device_idle(std::vector<TimedSpan> kernels, std::vector<TimedSpan> host, int64_t min_gap_ns);
 
 // The device time of each named part of a step: the engine marks the online target's forward,
-// the drafter's forward, the backward and the optimizer as host ranges ("flashdraft::target_forward"
+// the drafter's forward, the backward and the optimizer as host ranges ("flashdraft/target_forward"
 // ...); a kernel belongs to the range that holds the start of the host op that launched it
 // (`launched_at`, host ns; < 0: no known launching op). Per part: the kernels' time, and the span
 // from its first kernel's start to its last kernel's end summed over the part's occurrences
