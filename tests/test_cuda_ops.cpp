@@ -412,8 +412,8 @@ void expect_agree(const at::Tensor& got, const at::Tensor& want, const std::stri
 
 }  // namespace
 
-// Shapes: the kernels' fast paths (16-byte vectors, a head in registers: H, I multiples of 8,
-// D = 64 P) and their general ones (H = 1100 and I = 1001 break the vectors, D = 96).
+// Shapes: the kernels' fast paths (16-byte vectors: H, I multiples of 8; a head in one load per
+// lane: D = 64, 128, 256) and their general ones (H = 1100 and I = 1001 break the vectors, D = 96).
 struct FrozenShape {
   int64_t H, D, I;
 };
@@ -421,7 +421,8 @@ struct FrozenShape {
 TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
   REQUIRE_CUDA_OPS();
   at::manual_seed(11);
-  for (const FrozenShape shape : {FrozenShape{4096, 128, 1000}, FrozenShape{1100, 96, 1001}})
+  for (const FrozenShape shape : {FrozenShape{4096, 128, 1000}, FrozenShape{1024, 64, 512}, FrozenShape{2048, 256, 512},
+                                  FrozenShape{1100, 96, 1001}})
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
       const std::string name = std::string(c10::toString(dtype)) + " H " + std::to_string(shape.H) + " D " +

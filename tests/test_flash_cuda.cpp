@@ -626,6 +626,60 @@ TEST_F(FlashCuda, StridedInputs) {
   EXPECT_LE(lse_relative_error(got.lse, want.lse), 1e-2);
 }
 
+// The output is laid out [B, L, H, D] in memory (the head merge before an output projection
+// is a view), the backward reads a dout in that layout as it comes, and a forward keeps its
+// CTA order for the next forward under the very same mask tensors: a run of forwards under
+// one mask, another mask of the same sizes, a fresh copy of the first mask's lists and other
+// sizes each give dense_ref's result.
+TEST_F(FlashCuda, OutputLayoutAndTheKeptCtaOrder) {
+  std::shared_ptr<fd::AttentionKernel> flash = flash_cuda("auto"), dense = dense_ref();
+  const c10::Device dev(c10::kCUDA, 0);
+  const fd::BlockMask causal =
+      build_from_predicate(2, 1, 300, 300, [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q; });
+  const fd::BlockMask window =
+      build_from_predicate(2, 1, 300, 300, [](int64_t, int64_t, int64_t q, int64_t k) { return k <= q && q - k < 70; });
+  const fd::BlockMask small =
+      build_from_predicate(2, 1, 200, 200, [](int64_t b, int64_t, int64_t q, int64_t k) { return k <= q + b; });
+  const fd::BlockMaskTensors causal_t = fd::to_tensors(causal, dev), window_t = fd::to_tensors(window, dev);
+  const fd::BlockMaskTensors causal_again = fd::to_tensors(causal, dev), small_t = fd::to_tensors(small, dev);
+  struct Call {
+    const char* what;
+    const fd::BlockMaskTensors* mask;
+    int64_t L;
+  };
+  const Call calls[] = {{"causal", &causal_t, 300},
+                        {"causal, kept order", &causal_t, 300},
+                        {"window, same sizes", &window_t, 300},
+                        {"causal, fresh lists", &causal_again, 300},
+                        {"other sizes", &small_t, 200},
+                        {"causal, after other sizes", &causal_t, 300}};
+  const auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+  uint64_t seed = base_seed() + 123;
+  for (const Call& c : calls) {
+    SCOPED_TRACE(c.what);
+    at::manual_seed(seed++);
+    const at::Tensor q = at::randn({2, 8, c.L, 128}, opt), k = at::randn({2, 2, c.L, 128}, opt);
+    const at::Tensor v = at::randn({2, 2, c.L, 128}, opt);
+    const fd::AttentionForward got = flash->forward(q, k, v, *c.mask, 0.088);
+    const fd::AttentionForward want =
+        dense->forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), *c.mask, 0.088);
+    ASSERT_EQ(got.out.sizes(), q.sizes());
+    EXPECT_FALSE(got.out.is_view());
+    EXPECT_TRUE(got.out.transpose(1, 2).is_contiguous()) << got.out.strides();
+    EXPECT_LE(relative_error(got.out, want.out), 2e-2);
+    EXPECT_LE(lse_relative_error(got.lse, want.lse), 2e-2);
+    // dout in the output's layout, as a head merge's backward gives it
+    const at::Tensor dout = at::randn({2, c.L, 8, 128}, opt).transpose(1, 2);
+    ASSERT_EQ(dout.strides(), got.out.strides());
+    const fd::AttentionBackward g = flash->backward(dout, q, k, v, got.out, got.lse, *c.mask, 0.088);
+    const fd::AttentionBackward w = dense->backward(dout.to(at::kFloat), q.to(at::kFloat), k.to(at::kFloat),
+                                                    v.to(at::kFloat), want.out, want.lse, *c.mask, 0.088);
+    EXPECT_LE(relative_error(g.dq, w.dq), 2e-2);
+    EXPECT_LE(relative_error(g.dk, w.dk), 2e-2);
+    EXPECT_LE(relative_error(g.dv, w.dv), 2e-2);
+  }
+}
+
 // The cases themselves, without a GPU: every mask builds at 128 x 64, matches its
 // predicate element by element, and the cases meant to have empty rows have them.
 TEST(FlashCudaCases, MasksBuildAndMatchTheirPredicates) {

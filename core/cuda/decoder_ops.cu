@@ -11,6 +11,7 @@
 #include "ops_common.cuh"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace flashdraft::cuda_ops {
 namespace {
@@ -184,6 +185,124 @@ __global__ void qkv_rope_reg_kernel(const T* __restrict__ qkv, const T* __restri
   }
 }
 
+// E values of T in one load or store of E * sizeof(T) bytes (4, 8 or 16; 32 as two 16-byte ones).
+template <int Bytes>
+struct RawBytes;
+template <>
+struct RawBytes<4> {
+  using type = uint32_t;
+};
+template <>
+struct RawBytes<8> {
+  using type = uint2;
+};
+template <>
+struct RawBytes<16> {
+  using type = uint4;
+};
+template <>
+struct RawBytes<32> {
+  struct alignas(16) type {
+    uint4 a, b;
+  };
+};
+
+template <typename T, int E>
+struct VecN {
+  union {
+    typename RawBytes<E * sizeof(T)>::type raw;
+    T v[E];
+  };
+};
+
+template <typename T, int E>
+__device__ __forceinline__ VecN<T, E> load_n(const T* p) {
+  VecN<T, E> r;
+  r.raw = *reinterpret_cast<const decltype(r.raw)*>(p);
+  return r;
+}
+template <typename T, int E>
+__device__ __forceinline__ void store_n(T* p, const VecN<T, E>& r) {
+  *reinterpret_cast<decltype(r.raw)*>(p) = r.raw;
+}
+
+// The same for D = 32 E (E in 2, 4, 8: D = 64, 128, 256), one block of kQkvWarps warps per
+// token, its warps taking the token's head slots in turn, kQkvUnroll slots' loads in flight
+// at once. Lane l holds the E consecutive values j = E l .. E l + E - 1 of a head in one
+// load; the rotate_half partner of value j (j -+ D/2) is lane l ^ 16's value at the same
+// place, read with one shuffle; the token's cos and sin are loaded once for all its heads.
+// Each value is rounded as in qkv_rope_reg_kernel; only the order of the norm's sum of
+// squares differs (float32).
+constexpr int kQkvUnroll = 4;
+
+template <typename T, int E>
+__global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
+                                    const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
+                                    const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
+                                    T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_, int64_t Hq,
+                                    int64_t Hkv) {
+  constexpr int64_t D = 32 * E;
+  using V = VecN<T, E>;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool first_half = lane < 16;
+  const int64_t slots = Hq + 2 * Hkv, tokens = B * T_;
+  float qw[E], kw[E];
+  {
+    V w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) w.v[e] = from_float<T>(1.f);
+    const V wq = q_norm ? load_n<T, E>(q_norm + lane * E) : w, wk = k_norm ? load_n<T, E>(k_norm + lane * E) : w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) qw[e] = to_float(wq.v[e]), kw[e] = to_float(wk.v[e]);
+  }
+  for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
+    const int64_t t = token % T_, b = token / T_;
+    const T* row = qkv + token * slots * D + lane * E;
+    const int64_t tb = table_batch == 1 ? 0 : b;
+    const V c = load_n<T, E>(cos + (tb * T_ + t) * D + lane * E);
+    const V s = load_n<T, E>(sin + (tb * T_ + t) * D + lane * E);
+    for (int64_t first = warp; first < slots; first += kQkvUnroll * kQkvWarps) {
+      V a[kQkvUnroll];
+#pragma unroll
+      for (int u = 0; u < kQkvUnroll; ++u) {
+        const int64_t slot = first + u * kQkvWarps;
+        if (slot < slots) a[u] = load_n<T, E>(row + slot * D);
+      }
+#pragma unroll
+      for (int u = 0; u < kQkvUnroll; ++u) {
+        const int64_t slot = first + u * kQkvWarps;
+        if (slot >= slots) break;
+        if (slot >= Hq + Hkv) {  // v: moved to [B, Hkv, T, D]
+          store_n<T, E>(v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D + lane * E, a[u]);
+          continue;
+        }
+        const bool is_q = slot < Hq;
+        float x[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[e] = to_float(a[u].v[e]);
+        if (is_q ? q_norm != nullptr : k_norm != nullptr) {
+          float ss = 0.f;
+#pragma unroll
+          for (int e = 0; e < E; ++e) ss += x[e] * x[e];
+          const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
+#pragma unroll
+          for (int e = 0; e < E; ++e) x[e] = round_to<T>(mul(is_q ? qw[e] : kw[e], round_to<T>(mul(x[e], inv))));
+        }
+        V o;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          // rotate_half(x) = (-x2, x1): the first half takes -partner, the second +partner
+          const float partner = __shfl_xor_sync(0xffffffffu, x[e], 16);
+          const float r = first_half ? -partner : partner;
+          o.v[e] = from_float<T>(add(round_to<T>(mul(x[e], to_float(c.v[e]))), round_to<T>(mul(r, to_float(s.v[e])))));
+        }
+        T* out = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
+        store_n<T, E>(out + lane * E, o);
+      }
+    }
+  }
+}
+
 template <typename T>
 __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm, const T* __restrict__ k_norm,
                                 float eps, const T* __restrict__ cos, const T* __restrict__ sin, int64_t table_batch,
@@ -261,6 +380,11 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
 
 }  // namespace
 
+namespace {
+// A null pointer (an absent norm weight) counts as aligned.
+bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+}  // namespace
+
 void add_rms_norm(DType dtype, const void* x, const void* delta, void* sum, const void* w, void* out, int64_t rows,
                   int64_t H, float eps, void* stream) {
   if (rows <= 0) return;
@@ -295,6 +419,26 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
     const E *in = static_cast<const E*>(qkv), *qn = static_cast<const E*>(q_norm), *kn = static_cast<const E*>(k_norm);
     const E *c = static_cast<const E*>(cos), *s = static_cast<const E*>(sin);
     E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
+    const bool vec = aligned_to(in, D / 32 * sizeof(E)) && aligned_to(c, D / 32 * sizeof(E)) &&
+                     aligned_to(s, D / 32 * sizeof(E)) && aligned_to(qo, D / 32 * sizeof(E)) &&
+                     aligned_to(ko, D / 32 * sizeof(E)) && aligned_to(vo, D / 32 * sizeof(E)) &&
+                     aligned_to(qn, D / 32 * sizeof(E)) && aligned_to(kn, D / 32 * sizeof(E));
+    const dim3 token_grid(static_cast<unsigned>(std::min<int64_t>(B * T, 1 << 30)));
+    if (vec && D == 64) {
+      qkv_rope_vec_kernel<E, 2>
+          <<<token_grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+      return;
+    }
+    if (vec && D == 128) {
+      qkv_rope_vec_kernel<E, 4>
+          <<<token_grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+      return;
+    }
+    if (vec && D == 256) {
+      qkv_rope_vec_kernel<E, 8>
+          <<<token_grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+      return;
+    }
     switch (D) {
       case 64:
         qkv_rope_reg_kernel<E, 1>

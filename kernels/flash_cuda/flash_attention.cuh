@@ -132,6 +132,9 @@ struct FlashParams {
   // forward: flash_forward_workspace_bytes(params), backward: flash_backward_workspace_bytes(
   // params); device memory, 16-byte aligned, contents need not be initialised.
   void* workspace = nullptr;
+  // forward: the workspace already holds the CTA order that an earlier forward computed with
+  // this mask, these sizes and this configuration on this stream: no work-order launch.
+  bool order_ready = false;
   FlashMask mask;
   cudaStream_t stream = nullptr;
   Schedule schedule = Schedule::longest_first;

@@ -17,7 +17,7 @@ void launch_fwd(const FlashParams& p) {
   static const bool allowed = allow_smem(kernel, smem, "forward");
   (void)allowed;
   int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
-  launch_schedule(p, order, nullptr, 1, false);
+  if (!p.order_ready) launch_schedule(p, order, nullptr, 1, false);
   kernel<<<query_items(p), kFwdWarps * 32, smem, p.stream>>>(p, order);
   check_launch("forward");
 }

@@ -902,7 +902,7 @@ void launch_fwd(const FlashParams& p) {
   static const bool allowed = allow_smem(kernel, smem, "forward (sm90a)");
   (void)allowed;
   int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
-  launch_schedule(p, order, nullptr, 2, true);
+  if (!p.order_ready) launch_schedule(p, order, nullptr, 2, true);
   kernel<<<query_items(p), kWsFwdThreads, smem, p.stream>>>(p, order);
   check_launch("forward (sm90a)");
 }

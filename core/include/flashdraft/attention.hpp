@@ -1,8 +1,9 @@
 // AttentionKernel: a fused or reference attention backend over a BlockMask.
 //   q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lkv, D]; Hq % Hkv == 0 (GQA: head h reads kv
-//   head h / (Hq / Hkv)). out: like q; lse: [B, Hq, Lq] float32, natural log of the
-//   softmax denominator of the scaled scores (-inf for rows with no visible key,
-//   whose output is 0 and whose gradients are 0).
+//   head h / (Hq / Hkv)). out: q's shape, any strides the kernel likes (not a view: it owns
+//   its storage); lse: [B, Hq, Lq] float32, natural log of the softmax denominator of the
+//   scaled scores (-inf for rows with no visible key, whose output is 0 and whose
+//   gradients are 0). The backward's dout comes contiguous or with out's strides.
 // A kernel answers supports() for a problem with a reason (data shown to the user and
 // written to the log), and reports the concrete variant that ran on every call.
 #pragma once

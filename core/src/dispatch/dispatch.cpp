@@ -189,7 +189,9 @@ struct KernelAttentionBackward final : public torch::autograd::Node {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor qs = q.unpack(), ks = k.unpack(), vs = v.unpack();
     const at::Tensor os = out.unpack(shared_from_this());
-    const at::Tensor dout = grads[0].contiguous();
+    // dout contiguous, or as it comes when it has the output's strides (a kernel that wrote its
+    // output in another layout, e.g. flash_cuda's [B, L, H, D], reads that layout).
+    const at::Tensor dout = grads[0].strides() == os.strides() ? grads[0] : grads[0].contiguous();
     AttentionBackward r = dispatcher->kernel().backward(dout, qs, ks, vs, os, lse, mask->tensors, scale);
     check_shape(*dispatcher, "dq", r.dq, qs);
     check_shape(*dispatcher, "dk", r.dk, ks);
