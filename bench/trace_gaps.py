@@ -8,7 +8,8 @@ part's kernels are those inside the device-side ranges of `flashdraft/PART` (one
 profiled step). For every idle gap between two of them it tells whether the second kernel's
 launch call had already returned before the first one ended (the host was ahead: the gap is
 the device's own, launch to launch) or came later (the host was behind: the gap is host
-time), and sums the gaps by the pair of kernels around them.
+time), and sums the gaps by the pair of kernels around them; and how long the device sat idle
+before the part's first kernel.
 """
 import collections
 import json
@@ -40,9 +41,12 @@ def main():
     by_pair = collections.Counter()
     host_by_pair = collections.Counter()
     sizes = collections.Counter()
-    busy = 0.0
+    busy = before = 0.0
     for lo, hi in ranges:
         inside = [k for k in kernels if lo <= k["ts"] < hi]
+        ends = [k["ts"] + k["dur"] for k in kernels if k["ts"] < lo]
+        if inside and ends:
+            before += max(0.0, inside[0]["ts"] - max(ends))
         busy += sum(k["dur"] for k in inside)
         for a, b in zip(inside, inside[1:]):
             end = a["ts"] + a["dur"]
@@ -62,6 +66,7 @@ def main():
     print(f"{part}: {steps} profiled steps; per step: range {span / steps / 1e3:.2f} ms, kernels "
           f"{busy / steps / 1e3:.2f} ms, idle gaps between kernels {total_gap / steps / 1e3:.2f} ms, of which the "
           f"next launch returned after the last kernel ended (host behind) {host_gap / steps / 1e3:.2f} ms")
+    print(f"  device idle between the kernel before the part and its first kernel: {before / steps / 1e3:.2f} ms")
     print("  gaps by size (count per step): " +
           ", ".join(f"{k} {sizes[k] / steps:.0f}" for k in ("< 2 us", "2-5 us", "5-20 us", ">= 20 us")))
     print("  largest gap totals by the kernels around them (ms per step; host behind in brackets):")

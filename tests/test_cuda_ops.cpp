@@ -415,19 +415,21 @@ void expect_agree(const at::Tensor& got, const at::Tensor& want, const std::stri
 // Shapes: the kernels' fast paths (16-byte vectors: H, I multiples of 8; a head in one load per
 // lane: D = 64, 128, 256) and their general ones (H = 1100 and I = 1001 break the vectors, D = 96).
 struct FrozenShape {
-  int64_t H, D, I;
+  int64_t H, D, I, Hq, Hkv;
 };
 
 TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
   REQUIRE_CUDA_OPS();
   at::manual_seed(11);
-  for (const FrozenShape shape : {FrozenShape{4096, 128, 1000}, FrozenShape{1024, 64, 512}, FrozenShape{2048, 256, 512},
-                                  FrozenShape{1100, 96, 1001}})
+  // Qwen3-8B's heads (32 / 8 at D = 128: 48 head slots per token), and smaller ones.
+  for (const FrozenShape shape : {FrozenShape{4096, 128, 1000, 32, 8}, FrozenShape{1024, 64, 512, 8, 2},
+                                  FrozenShape{2048, 256, 512, 16, 4}, FrozenShape{1100, 96, 1001, 8, 2}})
     for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
       const std::string name = std::string(c10::toString(dtype)) + " H " + std::to_string(shape.H) + " D " +
-                               std::to_string(shape.D) + " I " + std::to_string(shape.I);
-      const int64_t B = 2, T = 37, H = shape.H, Hq = 8, Hkv = 2, D = shape.D, I = shape.I;
+                               std::to_string(shape.D) + " I " + std::to_string(shape.I) + " heads " +
+                               std::to_string(shape.Hq) + "/" + std::to_string(shape.Hkv);
+      const int64_t B = 2, T = 37, H = shape.H, Hq = shape.Hq, Hkv = shape.Hkv, D = shape.D, I = shape.I;
       const at::Tensor x = at::randn({B, T, H}, opts), delta = at::randn({B, T, H}, opts);
       const at::Tensor w = 1 + 0.1 * at::randn({H}, opts);
       const auto [s_f, n_f] = frozen::add_rms_norm(x, delta, w, 1e-6, true);

@@ -11,7 +11,6 @@
 #include "ops_common.cuh"
 
 #include <algorithm>
-#include <cstdint>
 
 namespace flashdraft::cuda_ops {
 namespace {
@@ -185,121 +184,71 @@ __global__ void qkv_rope_reg_kernel(const T* __restrict__ qkv, const T* __restri
   }
 }
 
-// E values of T in one load or store of E * sizeof(T) bytes (4, 8 or 16; 32 as two 16-byte ones).
-template <int Bytes>
-struct RawBytes;
-template <>
-struct RawBytes<4> {
-  using type = uint32_t;
-};
-template <>
-struct RawBytes<8> {
-  using type = uint2;
-};
-template <>
-struct RawBytes<16> {
-  using type = uint4;
-};
-template <>
-struct RawBytes<32> {
-  struct alignas(16) type {
-    uint4 a, b;
-  };
-};
-
-template <typename T, int E>
-struct VecN {
-  union {
-    typename RawBytes<E * sizeof(T)>::type raw;
-    T v[E];
-  };
-};
-
-template <typename T, int E>
-__device__ __forceinline__ VecN<T, E> load_n(const T* p) {
-  VecN<T, E> r;
-  r.raw = *reinterpret_cast<const decltype(r.raw)*>(p);
-  return r;
-}
-template <typename T, int E>
-__device__ __forceinline__ void store_n(T* p, const VecN<T, E>& r) {
-  *reinterpret_cast<decltype(r.raw)*>(p) = r.raw;
-}
-
-// The same for D = 32 E (E in 2, 4, 8: D = 64, 128, 256), one block of kQkvWarps warps per
-// token, its warps taking the token's head slots in turn, kQkvUnroll slots' loads in flight
-// at once. Lane l holds the E consecutive values j = E l .. E l + E - 1 of a head in one
-// load; the rotate_half partner of value j (j -+ D/2) is lane l ^ 16's value at the same
-// place, read with one shuffle; the token's cos and sin are loaded once for all its heads.
+// The same with 16-byte vectors: each thread takes E = 16 / sizeof(T) values of a head's first
+// half and the E values D/2 further (the rotate_half pairs), TPH = D / (2 E) threads per head
+// (a power of two, at most 32: adjacent lanes, which sum the norm's squares with shuffles
+// among themselves); a token's head slots x TPH threads in x, tokens in y (grid-stride).
 // Each value is rounded as in qkv_rope_reg_kernel; only the order of the norm's sum of
 // squares differs (float32).
-constexpr int kQkvUnroll = 4;
-
-template <typename T, int E>
+template <typename T, int D>
 __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
                                     const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
                                     const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
                                     T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_, int64_t Hq,
                                     int64_t Hkv) {
-  constexpr int64_t D = 32 * E;
-  using V = VecN<T, E>;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool first_half = lane < 16;
+  constexpr int E = Vec16<T>::E, half = D / 2, TPH = half / E;
+  static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "threads per head: a power of two up to 32");
   const int64_t slots = Hq + 2 * Hkv, tokens = B * T_;
-  float qw[E], kw[E];
-  {
-    V w;
-#pragma unroll
-    for (int e = 0; e < E; ++e) w.v[e] = from_float<T>(1.f);
-    const V wq = q_norm ? load_n<T, E>(q_norm + lane * E) : w, wk = k_norm ? load_n<T, E>(k_norm + lane * E) : w;
-#pragma unroll
-    for (int e = 0; e < E; ++e) qw[e] = to_float(wq.v[e]), kw[e] = to_float(wk.v[e]);
-  }
-  for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
+  const int64_t th = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, slot = th / TPH;
+  if (slot >= slots) return;  // whole heads leave together (blockDim is a multiple of TPH)
+  const int lane = threadIdx.x & 31, j = int(th % TPH) * E;
+  const unsigned group = TPH == 32 ? 0xffffffffu : ((1u << TPH) - 1u) << (lane & ~(TPH - 1));
+  const bool is_v = slot >= Hq + Hkv, is_q = slot < Hq;
+  const T* norm = is_v ? nullptr : is_q ? q_norm : k_norm;
+  Vec16<T> w1, w2;
+  if (norm) w1 = load16(norm + j), w2 = load16(norm + half + j);
+  for (int64_t token = blockIdx.y; token < tokens; token += gridDim.y) {
     const int64_t t = token % T_, b = token / T_;
-    const T* row = qkv + token * slots * D + lane * E;
-    const int64_t tb = table_batch == 1 ? 0 : b;
-    const V c = load_n<T, E>(cos + (tb * T_ + t) * D + lane * E);
-    const V s = load_n<T, E>(sin + (tb * T_ + t) * D + lane * E);
-    for (int64_t first = warp; first < slots; first += kQkvUnroll * kQkvWarps) {
-      V a[kQkvUnroll];
+    const T* in = qkv + (token * slots + slot) * D;
+    const Vec16<T> a1 = load16(in + j), a2 = load16(in + half + j);
+    if (is_v) {  // moved to [B, Hkv, T, D]
+      T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
+      store16(o + j, a1);
+      store16(o + half + j, a2);
+      continue;
+    }
+    float x1[E], x2[E];
 #pragma unroll
-      for (int u = 0; u < kQkvUnroll; ++u) {
-        const int64_t slot = first + u * kQkvWarps;
-        if (slot < slots) a[u] = load_n<T, E>(row + slot * D);
-      }
+    for (int e = 0; e < E; ++e) x1[e] = to_float(a1.v[e]), x2[e] = to_float(a2.v[e]);
+    if (norm) {
+      float ss = 0.f;
 #pragma unroll
-      for (int u = 0; u < kQkvUnroll; ++u) {
-        const int64_t slot = first + u * kQkvWarps;
-        if (slot >= slots) break;
-        if (slot >= Hq + Hkv) {  // v: moved to [B, Hkv, T, D]
-          store_n<T, E>(v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D + lane * E, a[u]);
-          continue;
-        }
-        const bool is_q = slot < Hq;
-        float x[E];
+      for (int e = 0; e < E; ++e) ss += x1[e] * x1[e] + x2[e] * x2[e];
 #pragma unroll
-        for (int e = 0; e < E; ++e) x[e] = to_float(a[u].v[e]);
-        if (is_q ? q_norm != nullptr : k_norm != nullptr) {
-          float ss = 0.f;
+      for (int o = TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(group, ss, o);
+      const float inv = rsqrtf(ss / float(D) + eps);
 #pragma unroll
-          for (int e = 0; e < E; ++e) ss += x[e] * x[e];
-          const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
-#pragma unroll
-          for (int e = 0; e < E; ++e) x[e] = round_to<T>(mul(is_q ? qw[e] : kw[e], round_to<T>(mul(x[e], inv))));
-        }
-        V o;
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          // rotate_half(x) = (-x2, x1): the first half takes -partner, the second +partner
-          const float partner = __shfl_xor_sync(0xffffffffu, x[e], 16);
-          const float r = first_half ? -partner : partner;
-          o.v[e] = from_float<T>(add(round_to<T>(mul(x[e], to_float(c.v[e]))), round_to<T>(mul(r, to_float(s.v[e])))));
-        }
-        T* out = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
-        store_n<T, E>(out + lane * E, o);
+      for (int e = 0; e < E; ++e) {
+        x1[e] = round_to<T>(mul(to_float(w1.v[e]), round_to<T>(mul(x1[e], inv))));
+        x2[e] = round_to<T>(mul(to_float(w2.v[e]), round_to<T>(mul(x2[e], inv))));
       }
     }
+    const int64_t tb = table_batch == 1 ? 0 : b;
+    const T* ct = cos + (tb * T_ + t) * D;
+    const T* st = sin + (tb * T_ + t) * D;
+    const Vec16<T> c1 = load16(ct + j), c2 = load16(ct + half + j), s1 = load16(st + j), s2 = load16(st + half + j);
+    Vec16<T> o1, o2;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      // rotate_half(x) = (-x2, x1)
+      o1.v[e] =
+          from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
+      o2.v[e] =
+          from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
+    }
+    T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
+    store16(o + j, o1);
+    store16(o + half + j, o2);
   }
 }
 
@@ -380,11 +329,6 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
 
 }  // namespace
 
-namespace {
-// A null pointer (an absent norm weight) counts as aligned.
-bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-}  // namespace
-
 void add_rms_norm(DType dtype, const void* x, const void* delta, void* sum, const void* w, void* out, int64_t rows,
                   int64_t H, float eps, void* stream) {
   if (rows <= 0) return;
@@ -419,26 +363,18 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
     const E *in = static_cast<const E*>(qkv), *qn = static_cast<const E*>(q_norm), *kn = static_cast<const E*>(k_norm);
     const E *c = static_cast<const E*>(cos), *s = static_cast<const E*>(sin);
     E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
-    const bool vec = aligned_to(in, D / 32 * sizeof(E)) && aligned_to(c, D / 32 * sizeof(E)) &&
-                     aligned_to(s, D / 32 * sizeof(E)) && aligned_to(qo, D / 32 * sizeof(E)) &&
-                     aligned_to(ko, D / 32 * sizeof(E)) && aligned_to(vo, D / 32 * sizeof(E)) &&
-                     aligned_to(qn, D / 32 * sizeof(E)) && aligned_to(kn, D / 32 * sizeof(E));
-    const dim3 token_grid(static_cast<unsigned>(std::min<int64_t>(B * T, 1 << 30)));
-    if (vec && D == 64) {
-      qkv_rope_vec_kernel<E, 2>
-          <<<token_grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
-      return;
-    }
-    if (vec && D == 128) {
-      qkv_rope_vec_kernel<E, 4>
-          <<<token_grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
-      return;
-    }
-    if (vec && D == 256) {
-      qkv_rope_vec_kernel<E, 8>
-          <<<token_grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
-      return;
-    }
+    const bool vec = aligned16(in) && aligned16(c) && aligned16(s) && aligned16(qo) && aligned16(ko) && aligned16(vo) &&
+                     (!qn || aligned16(qn)) && (!kn || aligned16(kn));
+    auto launch_vec = [&](auto kernel, int tph) {
+      constexpr int threads = 128;  // a multiple of every TPH
+      const dim3 g(static_cast<unsigned>(((Hq + 2 * Hkv) * tph + threads - 1) / threads),
+                   static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
+      kernel<<<g, threads, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+    };
+    constexpr int VE = Vec16<E>::E;
+    if (vec && D == 64) return launch_vec(qkv_rope_vec_kernel<E, 64>, 32 / VE);
+    if (vec && D == 128) return launch_vec(qkv_rope_vec_kernel<E, 128>, 64 / VE);
+    if (vec && D == 256) return launch_vec(qkv_rope_vec_kernel<E, 256>, 128 / VE);
     switch (D) {
       case 64:
         qkv_rope_reg_kernel<E, 1>

@@ -79,7 +79,8 @@ class HfTarget final : public Target {
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
     final_norm_ = load("model.norm.weight");
     const at::Tensor exponents = at::arange(0, cfg_.head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
-    inv_freq_ = scaled_inv_freq(at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)));
+    inv_freq_ = scaled_inv_freq(at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)))
+                    .to(device_);  // once: a copy from pageable memory at every forward waits for the device's queue
   }
 
   TargetModel model() const override {
@@ -125,13 +126,17 @@ class HfTarget final : public Target {
     warn_past_max_position(rows);
     const MaskInput docs = document_mask(rows, S);
     attention.set_mask(docs);
-    const at::Tensor tokens = batch.tokens.to(device_, at::kLong);
+    const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
     at::Tensor cos, sin;
     if (batch.documents.empty()) {
-      const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
-      const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.to(device_).unsqueeze(0);  // [S, D/2], fp32
-      std::tie(cos, sin) = cos_sin(at::cat({freqs, freqs}, -1));
+      // Rows of one conversation: the tables of positions 0..S-1, made once per length.
+      if (!plain_cos_.defined() || plain_cos_.size(0) != S) {
+        const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
+        const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);  // [S, D/2], fp32
+        std::tie(plain_cos_, plain_sin_) = cos_sin(at::cat({freqs, freqs}, -1));
+      }
+      cos = plain_cos_, sin = plain_sin_;
     } else {
       // Packed rows: positions count from each document's start, as the conversation alone.
       std::tie(cos, sin) = rope_tables(document_positions(docs, B, S));
@@ -434,7 +439,7 @@ class HfTarget final : public Target {
 
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them.
   std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions) const {
-    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_.to(device_);
+    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
     return cos_sin(at::cat({freqs, freqs}, -1).unsqueeze(1));
   }
 
@@ -501,7 +506,15 @@ class HfTarget final : public Target {
         start += len;
       }
     }
-    return pos.to(device_);
+    return to_device(pos);
+  }
+
+  // A host tensor on the device without waiting for the device's queue: through pinned memory,
+  // asynchronously (a plain .to(device) from pageable memory synchronises the stream, and the
+  // device then idles while the host queues the next kernels).
+  at::Tensor to_device(const at::Tensor& host) const {
+    if (!device_.is_cuda() || !host.device().is_cpu()) return host.to(device_);
+    return host.contiguous().pin_memory().to(device_, /*non_blocking=*/true);
   }
 
   // Each row's documents, padding not counted: a packed row's conversations, else [its length].
@@ -545,6 +558,7 @@ class HfTarget final : public Target {
   std::function<void(const std::string&)> say_;
   bool tied_ = false;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
+  at::Tensor plain_cos_, plain_sin_;  // hidden_states()' tables for positions 0..S-1, the last S asked
   std::vector<DecoderLayer> layers_;
 };
 
