@@ -13,6 +13,7 @@ before the part's first kernel.
 """
 import collections
 import json
+import signal
 import sys
 
 
@@ -75,4 +76,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     main()
