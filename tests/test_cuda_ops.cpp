@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 using namespace flashdraft;
@@ -450,6 +451,17 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
         expect_agree(f.q, p.q, tag + " q");
         expect_agree(f.k, p.k, tag + " k");
         EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
+      }
+      {
+        // A q|k|v buffer one element off 16-byte alignment takes the unvectorised kernels.
+        const at::Tensor shifted =
+            at::empty({qkv.numel() + 1}, opts).narrow(0, 1, qkv.numel()).view(qkv.sizes()).copy_(qkv);
+        ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.data_ptr()) % 16, 0u);
+        const frozen::Qkv f = frozen::qkv_rope(shifted, Hq, Hkv, qn, kn, 1e-6, cos, sin, true);
+        const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, false);
+        expect_agree(f.q, p.q, name + " qkv_rope unaligned q");
+        expect_agree(f.k, p.k, name + " qkv_rope unaligned k");
+        EXPECT_TRUE(at::equal(f.v, p.v)) << name << " qkv_rope unaligned v";
       }
       // Per-sequence tables [B, 1, T, D] (packed rows: positions from each document's start).
       const at::Tensor bpos = at::stack({pos, pos.flip(0)});
