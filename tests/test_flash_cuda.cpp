@@ -40,6 +40,7 @@
 #include <flashdraft/mask_generator.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -677,6 +678,20 @@ TEST_F(FlashCuda, OutputLayoutAndTheKeptCtaOrder) {
     EXPECT_LE(relative_error(g.dq, w.dq), 2e-2);
     EXPECT_LE(relative_error(g.dk, w.dk), 2e-2);
     EXPECT_LE(relative_error(g.dv, w.dv), 2e-2);
+  }
+  // Under c10::InferenceMode (served validation), with mask lists made there (inference tensors,
+  // which have no version counter): twice, the second with the kept order.
+  c10::InferenceMode inference;
+  const fd::BlockMaskTensors inference_t = fd::to_tensors(window, dev);
+  ASSERT_TRUE(inference_t.full_offset.is_inference());
+  at::manual_seed(seed);
+  const at::Tensor q = at::randn({2, 8, 300, 128}, opt), k = at::randn({2, 2, 300, 128}, opt);
+  const at::Tensor v = at::randn({2, 2, 300, 128}, opt);
+  const fd::AttentionForward want =
+      dense->forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), inference_t, 0.088);
+  for (int call = 0; call < 2; ++call) {
+    const fd::AttentionForward got = flash->forward(q, k, v, inference_t, 0.088);
+    EXPECT_LE(relative_error(got.out, want.out), 2e-2) << "inference mode, call " << call;
   }
 }
 

@@ -152,6 +152,10 @@ struct OrderKey {
   }
 };
 
+// A tensor's version counter; -1 for an inference tensor (made under c10::InferenceMode, as
+// served validation's masks are), which has none.
+int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
+
 // Sizes, scale, dtype and stream shared by forward and backward.
 fc::FlashParams base_params(const at::Tensor& q, const at::Tensor& k, double scale) {
   fc::FlashParams p;
@@ -255,7 +259,7 @@ class FlashCuda : public flashdraft::AttentionKernel {
     // The variable that regroups the heads (benchmarks) is read at each launch: no keeping.
     OrderKey key;
     key.full_offset = mask.full_offset, key.part_offset = mask.part_offset;
-    key.full_version = mask.full_offset._version(), key.part_version = mask.part_offset._version();
+    key.full_version = version_of(mask.full_offset), key.part_version = version_of(mask.part_offset);
     key.B = p.B, key.Hq = p.Hq, key.Hkv = p.Hkv, key.Lq = p.Lq, key.Lkv = p.Lkv, key.D = p.D;
     key.device = q.device().index(), key.config = config, key.schedule = schedule_, key.stream = p.stream;
     const char* regroup = std::getenv("FLASHDRAFT_FLASH_CUDA_GROUP_HEADS");
