@@ -413,8 +413,9 @@ void expect_agree(const at::Tensor& got, const at::Tensor& want, const std::stri
 
 }  // namespace
 
-// Shapes: the kernels' fast paths (16-byte vectors: H, I multiples of 8; a head in one load per
-// lane: D = 64, 128, 256) and their general ones (H = 1100 and I = 1001 break the vectors, D = 96).
+// Shapes: the kernels' fast paths (16-byte vectors: H, I multiples of 8; the q|k|v RoPE at
+// D = 64, 128, 256) and their general ones (H = 1100 and I = 1001 break the vectors, D = 96, and
+// an unaligned q|k|v buffer).
 struct FrozenShape {
   int64_t H, D, I, Hq, Hkv;
 };
@@ -453,7 +454,7 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
         EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
       }
       {
-        // A q|k|v buffer one element off 16-byte alignment takes the unvectorised kernels.
+        // A q|k|v buffer one element off 16-byte alignment takes the general (unvectorised) kernel.
         const at::Tensor shifted =
             at::empty({qkv.numel() + 1}, opts).narrow(0, 1, qkv.numel()).view(qkv.sizes()).copy_(qkv);
         ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.data_ptr()) % 16, 0u);

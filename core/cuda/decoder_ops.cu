@@ -11,6 +11,7 @@
 #include "ops_common.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace flashdraft::cuda_ops {
 namespace {
@@ -123,80 +124,22 @@ __global__ void add_rms_norm_vec_kernel(const T* x, const T* __restrict__ delta,
   }
 }
 
-// One warp per (token, head slot); lanes take the pairs (j, j + D/2).
-constexpr int kQkvWarps = 8;
+// q|k|v RoPE for D = 64, 128, 256 with 16-byte vectors (every row 16-byte aligned): each thread
+// takes E = 16 / sizeof(T) values of a head's first half and the E values D/2 further (the
+// rotate_half pairs), TPH = D / (2 E) threads per head (a power of two, at most 32: adjacent
+// lanes, which sum the norm's squares with shuffles among themselves); a token's head slots x
+// TPH threads in x, tokens in y (grid-stride). Each value is rounded as in qkv_rope_kernel
+// (below); only the order of the norm's sum of squares differs (float32).
+template <typename T, int D>
+constexpr int kRopeThreadsPerHead = D / 2 / Vec16<T>::E;
 
-// The same for D = 64 P (P <= 4): lane l holds the pairs j = l + 32 i, i < P, in registers,
-// so the head is read once.
-template <typename T, int P>
-__global__ void qkv_rope_reg_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
-                                    const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
-                                    const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
-                                    T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_, int64_t Hq,
-                                    int64_t Hkv) {
-  constexpr int64_t D = 64 * P, half = 32 * P;
-  const int lane = threadIdx.x & 31;
-  const int64_t slots = Hq + 2 * Hkv, items = B * T_ * slots;
-  for (int64_t item = int64_t(blockIdx.x) * kQkvWarps + (threadIdx.x >> 5); item < items;
-       item += int64_t(gridDim.x) * kQkvWarps) {
-    const int64_t slot = item % slots, token = item / slots, t = token % T_, b = token / T_;
-    const T* in = qkv + token * slots * D + slot * D;
-    float x1[P], x2[P];
-#pragma unroll
-    for (int i = 0; i < P; ++i) {
-      x1[i] = to_float(in[lane + 32 * i]);
-      x2[i] = to_float(in[half + lane + 32 * i]);
-    }
-    if (slot >= Hq + Hkv) {  // v: moved to [B, Hkv, T, D]
-      T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        o[lane + 32 * i] = in[lane + 32 * i];
-        o[half + lane + 32 * i] = in[half + lane + 32 * i];
-      }
-      continue;
-    }
-    const bool is_q = slot < Hq;
-    const T* norm = is_q ? q_norm : k_norm;
-    if (norm) {
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < P; ++i) ss += x1[i] * x1[i] + x2[i] * x2[i];
-      const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        const int64_t j = lane + 32 * i;
-        x1[i] = round_to<T>(mul(to_float(norm[j]), round_to<T>(mul(x1[i], inv))));
-        x2[i] = round_to<T>(mul(to_float(norm[j + half]), round_to<T>(mul(x2[i], inv))));
-      }
-    }
-    const int64_t tb = table_batch == 1 ? 0 : b;
-    const T* c = cos + (tb * T_ + t) * D;
-    const T* s = sin + (tb * T_ + t) * D;
-    T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
-#pragma unroll
-    for (int i = 0; i < P; ++i) {
-      const int64_t j = lane + 32 * i;
-      o[j] = from_float<T>(add(round_to<T>(mul(x1[i], to_float(c[j]))), round_to<T>(mul(-x2[i], to_float(s[j])))));
-      o[j + half] = from_float<T>(
-          add(round_to<T>(mul(x2[i], to_float(c[j + half]))), round_to<T>(mul(x1[i], to_float(s[j + half])))));
-    }
-  }
-}
-
-// The same with 16-byte vectors: each thread takes E = 16 / sizeof(T) values of a head's first
-// half and the E values D/2 further (the rotate_half pairs), TPH = D / (2 E) threads per head
-// (a power of two, at most 32: adjacent lanes, which sum the norm's squares with shuffles
-// among themselves); a token's head slots x TPH threads in x, tokens in y (grid-stride).
-// Each value is rounded as in qkv_rope_reg_kernel; only the order of the norm's sum of
-// squares differs (float32).
 template <typename T, int D>
 __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
                                     const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
                                     const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
                                     T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_, int64_t Hq,
                                     int64_t Hkv) {
-  constexpr int E = Vec16<T>::E, half = D / 2, TPH = half / E;
+  constexpr int E = Vec16<T>::E, half = D / 2, TPH = kRopeThreadsPerHead<T, D>;
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "threads per head: a power of two up to 32");
   const int64_t slots = Hq + 2 * Hkv, tokens = B * T_;
   const int64_t th = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, slot = th / TPH;
@@ -251,6 +194,10 @@ __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restri
     store16(o + half + j, o2);
   }
 }
+
+// Any even D (the general case): one warp per (token, head slot); lanes take the pairs
+// (j, j + D/2).
+constexpr int kQkvWarps = 8;
 
 template <typename T>
 __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm, const T* __restrict__ k_norm,
@@ -355,42 +302,28 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
               int64_t Hkv, int64_t D, void* stream) {
   const int64_t items = B * T * (Hq + 2 * Hkv);
   if (items <= 0) return;
-  const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
   with_type(dtype, [&](auto* tag) {
     using E = std::remove_pointer_t<decltype(tag)>;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    const dim3 grid(static_cast<unsigned>(blocks)), block(kQkvWarps * 32);
     const E *in = static_cast<const E*>(qkv), *qn = static_cast<const E*>(q_norm), *kn = static_cast<const E*>(k_norm);
     const E *c = static_cast<const E*>(cos), *s = static_cast<const E*>(sin);
     E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
     const bool vec = aligned16(in) && aligned16(c) && aligned16(s) && aligned16(qo) && aligned16(ko) && aligned16(vo) &&
                      (!qn || aligned16(qn)) && (!kn || aligned16(kn));
-    auto launch_vec = [&](auto kernel, int tph) {
+    auto launch_vec = [&](auto d) {
       constexpr int threads = 128;  // a multiple of every TPH
-      const dim3 g(static_cast<unsigned>(((Hq + 2 * Hkv) * tph + threads - 1) / threads),
-                   static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
-      kernel<<<g, threads, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+      const dim3 g(
+          static_cast<unsigned>(((Hq + 2 * Hkv) * kRopeThreadsPerHead<E, decltype(d)::value> + threads - 1) / threads),
+          static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
+      qkv_rope_vec_kernel<E, decltype(d)::value>
+          <<<g, threads, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
     };
-    constexpr int VE = Vec16<E>::E;
-    if (vec && D == 64) return launch_vec(qkv_rope_vec_kernel<E, 64>, 32 / VE);
-    if (vec && D == 128) return launch_vec(qkv_rope_vec_kernel<E, 128>, 64 / VE);
-    if (vec && D == 256) return launch_vec(qkv_rope_vec_kernel<E, 256>, 128 / VE);
-    switch (D) {
-      case 64:
-        qkv_rope_reg_kernel<E, 1>
-            <<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
-        break;
-      case 128:
-        qkv_rope_reg_kernel<E, 2>
-            <<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
-        break;
-      case 256:
-        qkv_rope_reg_kernel<E, 4>
-            <<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
-        break;
-      default:
-        qkv_rope_kernel<E><<<grid, block, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);
-    }
+    if (vec && D == 64) return launch_vec(std::integral_constant<int, 64>());
+    if (vec && D == 128) return launch_vec(std::integral_constant<int, 128>());
+    if (vec && D == 256) return launch_vec(std::integral_constant<int, 256>());
+    const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
+    qkv_rope_kernel<E><<<static_cast<unsigned>(blocks), kQkvWarps * 32, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo,
+                                                                                 ko, vo, B, T, Hq, Hkv, D);
   });
   check_launch("qkv_rope");
 }
