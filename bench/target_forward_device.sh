@@ -11,8 +11,9 @@
 #    transformers' ATen ops on random inputs) and the other fused-op cases;
 # 3. the matmul floor: the four products of one layer at their shapes (bf16, cuBLAS through
 #    torch), median of 20, times 34 layers;
-# 4. our training step for 24 steps with [target] kernels = "engine" and = "aten" (each its own
-#    process; steps 11-13 of the engine's under --profile, its per-family GPU time): median
+# 4. our training step for 24 steps with [target] kernels = "engine", the same without programmatic
+#    dependent launch (FLASHDRAFT_PDL=0) and kernels = "aten" (each its own process; steps 11-13 of
+#    the engine's under --profile, its per-family GPU time): median
 #    target forward ms over steps 14-24, step ms, peak GiB;
 # 5. the hidden states at the real shape (tests/tools/target_states on 3072 random tokens,
 #    layers 1, 9, 17, 25, 33) with both kernel settings against transformers' own bf16 forward
@@ -60,13 +61,18 @@ for name, (m, k, n) in shapes.items():
 print(f"one layer's products {total:.3f} ms ({flop / total / 1e9:.0f} TFLOP/s); 34 layers: floor {34 * total:.2f} ms")
 PY
 
-for k in engine aten; do
-  sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$k\"|" \
+# engine_pdl0: the engine's kernels launched without programmatic dependent launch (FLASHDRAFT_PDL=0),
+# what PDL buys, side by side.
+for k in engine engine_pdl0 aten; do
+  kern=${k%_pdl0}
+  pdl=1
+  [ $k = engine_pdl0 ] && pdl=0
+  sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$kern\"|" \
     -e "s/^steps = 20/steps = 24/" -e "s/^target_layer_ids = \(.*\)/target_layer_ids = \1\nlabels = \"data\"/" \
     bench/qwen3_8b_hf_target.toml > /tmp/target_$k.toml
   prof=""
   [ $k = engine ] && prof="--profile 10:13"
-  timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$OUT/run_$k.log" 2>&1
+  FLASHDRAFT_PDL=$pdl timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$OUT/run_$k.log" 2>&1
   echo "=== run kernels = $k: rc $?"
   grep -E "^target|^error|^step +24/" "$OUT/run_$k.log" | head -5
   grep -A44 "^profile" "$OUT/run_$k.log" | grep -v "^step" | head -46
@@ -145,7 +151,7 @@ peer = open(os.path.join(out, "peer.txt")).read() if os.path.exists(os.path.join
 best = [float(x) for x in re.findall(r"transformers [a-z.]+(?: [a-z]+)?: ([0-9.]+) ms", peer)]
 print("| target kernels | target forward ms | / matmul floor | / transformers' best | step ms | peak GiB |")
 print("| --- | --- | --- | --- | --- | --- |")
-for k in ("engine", "aten"):
+for k in ("engine", "engine_pdl0", "aten"):
     try:
         f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
     except OSError as e:

@@ -42,7 +42,8 @@ def main():
     by_pair = collections.Counter()
     host_by_pair = collections.Counter()
     sizes = collections.Counter()
-    busy = before = 0.0
+    busy = before = overlap = 0.0
+    overlaps = 0
     for lo, hi in ranges:
         inside = [k for k in kernels if lo <= k["ts"] < hi]
         ends = [k["ts"] + k["dur"] for k in kernels if k["ts"] < lo]
@@ -52,6 +53,9 @@ def main():
         for a, b in zip(inside, inside[1:]):
             end = a["ts"] + a["dur"]
             gap = b["ts"] - end
+            if gap < 0:  # started before the last one ended: a programmatic dependent launch
+                overlaps += 1
+                overlap -= gap
             if gap <= 0:
                 continue
             launch = launches.get(b.get("args", {}).get("correlation"))
@@ -68,6 +72,9 @@ def main():
           f"{busy / steps / 1e3:.2f} ms, idle gaps between kernels {total_gap / steps / 1e3:.2f} ms, of which the "
           f"next launch returned after the last kernel ended (host behind) {host_gap / steps / 1e3:.2f} ms")
     print(f"  device idle between the kernel before the part and its first kernel: {before / steps / 1e3:.2f} ms")
+    if overlaps:
+        print(f"  kernels that started before the one before them ended (programmatic dependent launch; their "
+              f"time counts the wait): {overlaps / steps:.0f} per step, {overlap / steps / 1e3:.2f} ms of overlap")
     print("  gaps by size (count per step): " +
           ", ".join(f"{k} {sizes[k] / steps:.0f}" for k in ("< 2 us", "2-5 us", "5-20 us", ">= 20 us")))
     print("  largest gap totals by the kernels around them (ms per step; host behind in brackets):")

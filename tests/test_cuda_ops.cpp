@@ -440,6 +440,18 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
       expect_agree(n_f, n_p, name + " add_rms_norm normed");
       expect_agree(frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, true).second,
                    frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, false).second, name + " rms_norm");
+      {
+        // x read from, and the sum written into, slices of wider buffers (the hf target's states [B, T, E, H]).
+        const at::Tensor wide_x = at::randn({B, T, 3, H}, opts), wide_sum = at::full({B, T, 2, H}, 7.0, opts);
+        const at::Tensor xs = wide_x.select(2, 1), into = wide_sum.select(2, 0);
+        const auto [s_s, n_s] = frozen::add_rms_norm(xs, delta, w, 1e-6, true, into);
+        const auto [s_c, n_c] = frozen::add_rms_norm(xs.contiguous(), delta, w, 1e-6, false);
+        EXPECT_EQ(s_s.data_ptr(), into.data_ptr()) << name << " strided add_rms_norm: the sum is not in sum_into";
+        expect_agree(into.contiguous(), s_c, name + " strided add_rms_norm sum");
+        expect_agree(n_s, n_c, name + " strided add_rms_norm normed");
+        EXPECT_TRUE(at::equal(wide_sum.select(2, 1), at::full({B, T, H}, 7.0, opts)))
+            << name << " strided add_rms_norm wrote outside its slice";
+      }
       const at::Tensor qkv = at::randn({B, T, (Hq + 2 * Hkv) * D}, opts) * 3;
       const at::Tensor qn = 1 + 0.1 * at::randn({D}, opts), kn = 1 + 0.1 * at::randn({D}, opts);
       const at::Tensor pos = at::arange(T, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)) * 37 + 5;
@@ -449,6 +461,15 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
         const frozen::Qkv f = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, cos, sin, true);
         const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, cos, sin, false);
         const std::string tag = name + (norms ? " qkv_rope (q/k norms)" : " qkv_rope");
+        expect_agree(f.q, p.q, tag + " q");
+        expect_agree(f.k, p.k, tag + " k");
+        EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
+      }
+      // The vectorised kernel's tokens per thread (B T = 74 tokens: a last group of 2 at 4 per thread).
+      for (int per_thread : {1, 2, 4}) {
+        const cuda_ops::Qkv f = cuda_ops::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, per_thread);
+        const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, false);
+        const std::string tag = name + " qkv_rope " + std::to_string(per_thread) + " tokens per thread";
         expect_agree(f.q, p.q, tag + " q");
         expect_agree(f.k, p.k, tag + " k");
         EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";

@@ -50,13 +50,15 @@ __device__ __forceinline__ float inverse_rms(float ss, float* partial, int64_t H
 }
 
 template <typename T>
-__global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* sum, const T* __restrict__ w,
-                                    T* __restrict__ out, int64_t H, float eps) {
+__global__ void add_rms_norm_kernel(const T* x, int64_t x_ld, const T* __restrict__ delta, T* sum, int64_t sum_ld,
+                                    const T* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
   __shared__ float partial[kNormThreads / 32];
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * H;
+  const T* xr = x + row * x_ld;
   const T* dr = delta ? delta + row * H : nullptr;
-  T* sr = sum ? sum + row * H : nullptr;
+  T* sr = sum ? sum + row * sum_ld : nullptr;
   float ss = 0.f;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
     float v = to_float(xr[j]);
@@ -79,14 +81,16 @@ __global__ void add_rms_norm_kernel(const T* x, const T* __restrict__ delta, T* 
 constexpr int kNormVecs = 4;
 
 template <typename T>
-__global__ void add_rms_norm_vec_kernel(const T* x, const T* __restrict__ delta, T* sum, const T* __restrict__ w,
-                                        T* __restrict__ out, int64_t H, float eps) {
+__global__ void add_rms_norm_vec_kernel(const T* x, int64_t x_ld, const T* __restrict__ delta, T* sum, int64_t sum_ld,
+                                        const T* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
   constexpr int E = Vec16<T>::E;
   __shared__ float partial[kNormThreads / 32];
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = blockIdx.x, nv = H / E;
-  const T* xr = x + row * H;
+  const T* xr = x + row * x_ld;
   const T* dr = delta ? delta + row * H : nullptr;
-  T* sr = sum ? sum + row * H : nullptr;
+  T* sr = sum ? sum + row * sum_ld : nullptr;
   Vec16<T> cache[kNormVecs];
   float ss = 0.f;
 #pragma unroll
@@ -128,12 +132,14 @@ __global__ void add_rms_norm_vec_kernel(const T* x, const T* __restrict__ delta,
 // takes E = 16 / sizeof(T) values of a head's first half and the E values D/2 further (the
 // rotate_half pairs), TPH = D / (2 E) threads per head (a power of two, at most 32: adjacent
 // lanes, which sum the norm's squares with shuffles among themselves); a token's head slots x
-// TPH threads in x, tokens in y (grid-stride). Each value is rounded as in qkv_rope_kernel
-// (below); only the order of the norm's sum of squares differs (float32).
+// TPH threads in x; in y, groups of NT consecutive tokens (grid-stride), whose loads a thread
+// issues together before it computes (bench/decoder_ops.cpp times NT = 1, 2, 4). Each
+// value is rounded as in qkv_rope_kernel (below); only the order of the norm's sum of squares
+// differs (float32).
 template <typename T, int D>
 constexpr int kRopeThreadsPerHead = D / 2 / Vec16<T>::E;
 
-template <typename T, int D>
+template <typename T, int D, int NT>
 __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
                                     const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
                                     const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
@@ -143,57 +149,72 @@ __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restri
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "threads per head: a power of two up to 32");
   const int64_t slots = Hq + 2 * Hkv, tokens = B * T_;
   const int64_t th = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, slot = th / TPH;
-  if (slot >= slots) return;  // whole heads leave together (blockDim is a multiple of TPH)
-  const int lane = threadIdx.x & 31, j = int(th % TPH) * E;
-  const unsigned group = TPH == 32 ? 0xffffffffu : ((1u << TPH) - 1u) << (lane & ~(TPH - 1));
   const bool is_v = slot >= Hq + Hkv, is_q = slot < Hq;
   const T* norm = is_v ? nullptr : is_q ? q_norm : k_norm;
+  const int lane = threadIdx.x & 31, j = int(th % TPH) * E;
   Vec16<T> w1, w2;
-  if (norm) w1 = load16(norm + j), w2 = load16(norm + half + j);
-  for (int64_t token = blockIdx.y; token < tokens; token += gridDim.y) {
-    const int64_t t = token % T_, b = token / T_;
-    const T* in = qkv + (token * slots + slot) * D;
-    const Vec16<T> a1 = load16(in + j), a2 = load16(in + half + j);
-    if (is_v) {  // moved to [B, Hkv, T, D]
-      T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
-      store16(o + j, a1);
-      store16(o + half + j, a2);
-      continue;
-    }
-    float x1[E], x2[E];
+  if (slot < slots && norm) w1 = load16(norm + j), w2 = load16(norm + half + j);  // weights: no wait needed
+  pdl_wait();
+  pdl_trigger();
+  if (slot >= slots) return;  // whole heads leave together (blockDim is a multiple of TPH)
+  const unsigned group = TPH == 32 ? 0xffffffffu : ((1u << TPH) - 1u) << (lane & ~(TPH - 1));
+  for (int64_t first = int64_t(blockIdx.y) * NT; first < tokens; first += int64_t(gridDim.y) * NT) {
+    const int n = int(tokens - first < NT ? tokens - first : NT);
+    Vec16<T> a1[NT], a2[NT];
 #pragma unroll
-    for (int e = 0; e < E; ++e) x1[e] = to_float(a1.v[e]), x2[e] = to_float(a2.v[e]);
-    if (norm) {
-      float ss = 0.f;
+    for (int i = 0; i < NT; ++i)
+      if (i < n) {
+        const T* in = qkv + ((first + i) * slots + slot) * D;
+        a1[i] = load16(in + j), a2[i] = load16(in + half + j);
+      }
 #pragma unroll
-      for (int e = 0; e < E; ++e) ss += x1[e] * x1[e] + x2[e] * x2[e];
+    for (int i = 0; i < NT; ++i) {
+      if (i >= n) break;
+      const int64_t token = first + i, t = token % T_, b = token / T_;
+      if (is_v) {  // moved to [B, Hkv, T, D]
+        T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
+        store16(o + j, a1[i]);
+        store16(o + half + j, a2[i]);
+        continue;
+      }
+      const int64_t tb = table_batch == 1 ? 0 : b;
+      const T* ct = cos + (tb * T_ + t) * D;
+      const T* st = sin + (tb * T_ + t) * D;
+      const Vec16<T> c1 = load16(ct + j), c2 = load16(ct + half + j), s1 = load16(st + j), s2 = load16(st + half + j);
+      float x1[E], x2[E];
 #pragma unroll
-      for (int o = TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(group, ss, o);
-      const float inv = rsqrtf(ss / float(D) + eps);
+      for (int e = 0; e < E; ++e) x1[e] = to_float(a1[i].v[e]), x2[e] = to_float(a2[i].v[e]);
+      if (norm) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) ss += x1[e] * x1[e] + x2[e] * x2[e];
+#pragma unroll
+        for (int o = TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(group, ss, o);
+        const float inv = rsqrtf(ss / float(D) + eps);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          x1[e] = round_to<T>(mul(to_float(w1.v[e]), round_to<T>(mul(x1[e], inv))));
+          x2[e] = round_to<T>(mul(to_float(w2.v[e]), round_to<T>(mul(x2[e], inv))));
+        }
+      }
+      Vec16<T> o1, o2;
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        x1[e] = round_to<T>(mul(to_float(w1.v[e]), round_to<T>(mul(x1[e], inv))));
-        x2[e] = round_to<T>(mul(to_float(w2.v[e]), round_to<T>(mul(x2[e], inv))));
+        // rotate_half(x) = (-x2, x1)
+        o1.v[e] =
+            from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
+        o2.v[e] =
+            from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
       }
+      T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
+      store16(o + j, o1);
+      store16(o + half + j, o2);
     }
-    const int64_t tb = table_batch == 1 ? 0 : b;
-    const T* ct = cos + (tb * T_ + t) * D;
-    const T* st = sin + (tb * T_ + t) * D;
-    const Vec16<T> c1 = load16(ct + j), c2 = load16(ct + half + j), s1 = load16(st + j), s2 = load16(st + half + j);
-    Vec16<T> o1, o2;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      // rotate_half(x) = (-x2, x1)
-      o1.v[e] =
-          from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
-      o2.v[e] =
-          from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
-    }
-    T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
-    store16(o + j, o1);
-    store16(o + half + j, o2);
   }
 }
+
+// Tokens per thread unless told (bench/decoder_ops.cpp).
+constexpr int kRopeTokensAuto = 1;
 
 // Any even D (the general case): one warp per (token, head slot); lanes take the pairs
 // (j, j + D/2).
@@ -204,6 +225,8 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
                                 float eps, const T* __restrict__ cos, const T* __restrict__ sin, int64_t table_batch,
                                 T* __restrict__ q, T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_,
                                 int64_t Hq, int64_t Hkv, int64_t D) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t slots = Hq + 2 * Hkv, items = B * T_ * slots, half = D / 2;
   for (int64_t item = int64_t(blockIdx.x) * kQkvWarps + (threadIdx.x >> 5); item < items;
@@ -250,6 +273,8 @@ constexpr int kSwigluThreads = 256;
 template <typename T>
 __global__ void swiglu_packed_vec_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t I) {
   constexpr int E = Vec16<T>::E;
+  pdl_wait();
+  pdl_trigger();
   const int64_t nv = I / E;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t vi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; vi < nv; vi += int64_t(gridDim.x) * blockDim.x) {
@@ -266,6 +291,8 @@ __global__ void swiglu_packed_vec_kernel(const T* __restrict__ gate_up, T* __res
 
 template <typename T>
 __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t I) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t n = rows * I, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t r = i / I, j = i % I;
@@ -276,30 +303,32 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
 
 }  // namespace
 
-void add_rms_norm(DType dtype, const void* x, const void* delta, void* sum, const void* w, void* out, int64_t rows,
-                  int64_t H, float eps, void* stream) {
+void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
+                  void* out, int64_t rows, int64_t H, float eps, void* stream) {
   if (rows <= 0) return;
-  const bool aligned =
-      aligned16(x) && aligned16(w) && aligned16(out) && (!delta || (aligned16(delta) && aligned16(sum)));
   with_type(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int E = Vec16<T>::E;
+    const bool aligned = aligned16(x) && x_ld % E == 0 && aligned16(w) && aligned16(out) &&
+                         (!delta || (aligned16(delta) && aligned16(sum) && sum_ld % E == 0));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const T *xt = static_cast<const T*>(x), *dt = static_cast<const T*>(delta), *wt = static_cast<const T*>(w);
+    T *st = static_cast<T*>(sum), *ot = static_cast<T*>(out);
+    const dim3 grid(static_cast<unsigned>(rows)), block(kNormThreads);
     if (aligned && H % E == 0 && H / E <= int64_t(kNormThreads) * kNormVecs)
-      add_rms_norm_vec_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<T*>(sum), static_cast<const T*>(w),
-          static_cast<T*>(out), H, eps);
+      launch_dependent(add_rms_norm_vec_kernel<T>, grid, block, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
     else
-      add_rms_norm_kernel<T><<<static_cast<unsigned>(rows), kNormThreads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<T*>(sum), static_cast<const T*>(w),
-          static_cast<T*>(out), H, eps);
+      launch_dependent(add_rms_norm_kernel<T>, grid, block, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
   });
   check_launch("add_rms_norm");
 }
 
 void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
               const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
-              int64_t Hkv, int64_t D, void* stream) {
+              int64_t Hkv, int64_t D, void* stream, int tokens_per_thread) {
+  if (tokens_per_thread != 0 && tokens_per_thread != 1 && tokens_per_thread != 2 && tokens_per_thread != 4)
+    throw std::invalid_argument("qkv_rope: tokens_per_thread " + std::to_string(tokens_per_thread) +
+                                " (0 = the default, or 1, 2, 4)");
   const int64_t items = B * T * (Hq + 2 * Hkv);
   if (items <= 0) return;
   with_type(dtype, [&](auto* tag) {
@@ -310,20 +339,27 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
     E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
     const bool vec = aligned16(in) && aligned16(c) && aligned16(s) && aligned16(qo) && aligned16(ko) && aligned16(vo) &&
                      (!qn || aligned16(qn)) && (!kn || aligned16(kn));
-    auto launch_vec = [&](auto d) {
+    const int nt = tokens_per_thread > 0 ? tokens_per_thread : kRopeTokensAuto;
+    auto launch_vec = [&](auto d, auto tokens) {
       constexpr int threads = 128;  // a multiple of every TPH
+      const int64_t groups = (B * T + tokens.value - 1) / tokens.value;
       const dim3 g(
           static_cast<unsigned>(((Hq + 2 * Hkv) * kRopeThreadsPerHead<E, decltype(d)::value> + threads - 1) / threads),
-          static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
-      qkv_rope_vec_kernel<E, decltype(d)::value>
-          <<<g, threads, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+          static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
+      launch_dependent(qkv_rope_vec_kernel<E, decltype(d)::value, decltype(tokens)::value>, g, dim3(threads), st, in,
+                       qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
     };
-    if (vec && D == 64) return launch_vec(std::integral_constant<int, 64>());
-    if (vec && D == 128) return launch_vec(std::integral_constant<int, 128>());
-    if (vec && D == 256) return launch_vec(std::integral_constant<int, 256>());
+    auto per_d = [&](auto d) {
+      if (nt == 1) return launch_vec(d, std::integral_constant<int, 1>());
+      if (nt == 2) return launch_vec(d, std::integral_constant<int, 2>());
+      return launch_vec(d, std::integral_constant<int, 4>());
+    };
+    if (vec && D == 64) return per_d(std::integral_constant<int, 64>());
+    if (vec && D == 128) return per_d(std::integral_constant<int, 128>());
+    if (vec && D == 256) return per_d(std::integral_constant<int, 256>());
     const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
-    qkv_rope_kernel<E><<<static_cast<unsigned>(blocks), kQkvWarps * 32, 0, st>>>(in, qn, kn, eps, c, s, table_batch, qo,
-                                                                                 ko, vo, B, T, Hq, Hkv, D);
+    launch_dependent(qkv_rope_kernel<E>, dim3(static_cast<unsigned>(blocks)), dim3(kQkvWarps * 32), st, in, qn, kn, eps,
+                     c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);
   });
   check_launch("qkv_rope");
 }
@@ -335,15 +371,16 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int E = Vec16<T>::E;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const T* in = static_cast<const T*>(gate_up);
+    T* o = static_cast<T*>(out);
     if (aligned && I % E == 0) {
       const int64_t nv = I / E;
       const dim3 grid(static_cast<unsigned>(std::min<int64_t>((nv + kSwigluThreads - 1) / kSwigluThreads, 64)),
                       static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-      swiglu_packed_vec_kernel<T>
-          <<<grid, kSwigluThreads, 0, s>>>(static_cast<const T*>(gate_up), static_cast<T*>(out), rows, I);
+      launch_dependent(swiglu_packed_vec_kernel<T>, grid, dim3(kSwigluThreads), s, in, o, rows, I);
     } else {
-      swiglu_packed_kernel<T><<<grid_for(rows * I, kSwigluThreads), kSwigluThreads, 0, s>>>(
-          static_cast<const T*>(gate_up), static_cast<T*>(out), rows, I);
+      launch_dependent(swiglu_packed_kernel<T>, dim3(grid_for(rows * I, kSwigluThreads)), dim3(kSwigluThreads), s, in,
+                       o, rows, I);
     }
   });
   check_launch("swiglu_packed");

@@ -72,18 +72,23 @@ void rope(DType dtype, const void* x, const void* cos, const void* sin, void* ou
           int64_t D, int64_t table_batch, bool transpose, void* stream);
 
 // ---- Frozen decoder layers (an online target's forward), with transformers' rounding --------
-// (decoder_ops.cu.) add_rms_norm, per row of x [rows, H] (contiguous, as every tensor here):
-//   s = round(x + delta) written to `sum` (which may alias x; delta null: s = x, nothing written)
+// (decoder_ops.cu.) add_rms_norm, per row of x [rows, H] (row r at x + r * x_ld; delta and
+// out contiguous, as every other tensor here):
+//   s = round(x + delta) written to `sum` (row r at sum + r * sum_ld; it may alias x; delta
+//   null: s = x, nothing written)
 //   out = round(w * round(s * rsqrt(mean(s^2) + eps)))
-void add_rms_norm(DType dtype, const void* x, const void* delta, void* sum, const void* w, void* out, int64_t rows,
-                  int64_t H, float eps, void* stream);
+// The kernels of this section are launched with programmatic dependent launch where the
+// device has it (ops_common.cuh).
+void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
+                  void* out, int64_t rows, int64_t H, float eps, void* stream);
 // The packed projection qkv [B, T, (Hq + 2 Hkv) D] (q heads, k heads, v heads) into q [B, Hq,
 // T, D], k and v [B, Hkv, T, D]; q and k RMSNormed per head (as add_rms_norm, weights [D];
 // null: no norm) and rotated: y_j = round(round(x_j c_j) + round(r_j s_j)), r = (-x2, x1)
 // over the halves; tables cos, sin [Bt, T, D] (Bt = table_batch, 1 or B) in the dtype.
+// tokens_per_thread: the 16-byte kernel's tokens per thread (1, 2, 4; 0: its default).
 void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
               const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
-              int64_t Hkv, int64_t D, void* stream);
+              int64_t Hkv, int64_t D, void* stream, int tokens_per_thread = 0);
 // The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
 

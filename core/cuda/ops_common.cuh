@@ -8,7 +8,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -62,6 +65,64 @@ inline void check_launch(const char* kernel) {
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("flashdraft CUDA kernel ") + kernel +
                              " failed to launch: " + cudaGetErrorString(e));
+}
+
+// Programmatic dependent launch (sm_90 and later): a kernel launched with launch_dependent()
+// may be scheduled while the kernel before it in the stream is still finishing (its last wave,
+// its memory flush), and waits in pdl_wait() until that kernel has completed and its writes are
+// visible, so it must call pdl_wait() before reading or writing anything another kernel writes.
+// pdl_trigger() lets the next kernel, if it was launched so, be scheduled once every block of
+// this one has started or exited. On older devices, or with FLASHDRAFT_PDL=0 in the
+// environment, launch_dependent() is a plain launch and both calls do nothing.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches on the current device use it: compute capability 9.0 or later (read once
+// per device), unless FLASHDRAFT_PDL=0.
+inline bool pdl_here() {
+  static const bool off = [] {
+    const char* e = std::getenv("FLASHDRAFT_PDL");
+    return e != nullptr && std::strcmp(e, "0") == 0;
+  }();
+  if (off) return false;
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices];  // 0 not read yet, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return false;
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
+    v = major >= 9 ? 2 : 1;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...) with programmatic dependent launch where pdl_here().
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_here()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
 // Calls f with a null pointer of the element type of `dtype` (the kernels' template argument).

@@ -41,9 +41,12 @@ FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& p
 // against, on the CPU the only path).
 namespace frozen {
 // s = x + delta (delta undefined: s = x) and RMSNorm(s) = w * round(s * rsqrt(mean(s^2) + eps))
-// normalised in float32: returns {s, normed}.
+// normalised in float32: returns {s, normed}. s goes into `sum_into` when it is defined (x's
+// shape; e.g. a slice of a wider buffer, rows at one stride; needs a delta), else into a new
+// tensor. x may be such a slice too.
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
-                                                              const at::Tensor& w, double eps, bool fused = true);
+                                                              const at::Tensor& w, double eps, bool fused = true,
+                                                              const at::Tensor& sum_into = at::Tensor());
 struct Qkv {
   at::Tensor q, k, v;  // [B, heads, T, D], [B, kv_heads, T, D] x 2, contiguous
 };

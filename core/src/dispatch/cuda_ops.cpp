@@ -14,6 +14,14 @@
 
 namespace flashdraft::cuda_ops {
 
+int64_t row_stride(const at::Tensor& t) {
+  if (t.dim() == 0 || t.stride(-1) != 1) return -1;
+  if (t.dim() == 1) return t.size(0);
+  for (int64_t d = 0; d + 2 < t.dim(); ++d)
+    if (t.size(d) > 1 && t.stride(d) != t.stride(d + 1) * t.size(d + 1)) return -1;
+  return t.stride(-2);
+}
+
 #if FLASHDRAFT_CUDA_OPS
 
 namespace {
@@ -208,27 +216,28 @@ void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tens
 
 at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum, const at::Tensor& w,
                         double eps) {
-  const int64_t H = x.size(-1);
-  require(runs_on(x) && x.is_contiguous() && w.dim() == 1 && w.size(0) == H && w.scalar_type() == x.scalar_type() &&
+  const int64_t H = x.size(-1), x_ld = row_stride(x);
+  require(runs_on(x) && x_ld >= H && w.dim() == 1 && w.size(0) == H && w.scalar_type() == x.scalar_type() &&
               w.is_contiguous(),
-          "add_rms_norm: x must be a contiguous CUDA tensor [..., H] and w [H] of its dtype, got x " +
-              c10::str(x.sizes()) + ", w " + c10::str(w.sizes()));
+          "add_rms_norm: x must be a CUDA tensor [..., H] with rows at one stride and w [H] of its dtype, got x " +
+              c10::str(x.sizes()) + " (strides " + c10::str(x.strides()) + "), w " + c10::str(w.sizes()));
+  const int64_t sum_ld = delta.defined() && sum.defined() ? row_stride(sum) : 0;
   if (delta.defined())
     require(delta.sizes() == x.sizes() && delta.scalar_type() == x.scalar_type() && delta.is_contiguous() &&
-                sum.defined() && sum.sizes() == x.sizes() && sum.scalar_type() == x.scalar_type() &&
-                sum.is_contiguous(),
-            "add_rms_norm: delta and sum must be contiguous and match x " + c10::str(x.sizes()));
+                sum.defined() && sum.sizes() == x.sizes() && sum.scalar_type() == x.scalar_type() && sum_ld >= H,
+            "add_rms_norm: delta must be contiguous and sum have rows at one stride, both of x's shape " +
+                c10::str(x.sizes()));
   same_device(x, w, "x", "w");
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty_like(x);
-  cuda_ops::add_rms_norm(dtype_of(x, "x"), x.data_ptr(), delta.defined() ? delta.data_ptr() : nullptr,
-                         delta.defined() ? sum.data_ptr() : nullptr, w.data_ptr(), out.data_ptr(), x.numel() / H, H,
-                         static_cast<float>(eps), stream_of(x));
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  cuda_ops::add_rms_norm(dtype_of(x, "x"), x.data_ptr(), x_ld, delta.defined() ? delta.data_ptr() : nullptr,
+                         delta.defined() ? sum.data_ptr() : nullptr, sum_ld, w.data_ptr(), out.data_ptr(),
+                         x.numel() / H, H, static_cast<float>(eps), stream_of(x));
   return out;
 }
 
 Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
-             double eps, const at::Tensor& cos, const at::Tensor& sin) {
+             double eps, const at::Tensor& cos, const at::Tensor& sin, int tokens_per_thread) {
   require(runs_on(qkv) && qkv.dim() == 3 && qkv.is_contiguous(),
           "qkv_rope: qkv must be a contiguous CUDA tensor [B, T, (Hq + 2 Hkv) D], got " + c10::str(qkv.sizes()));
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
@@ -250,7 +259,7 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
   cuda_ops::qkv_rope(dtype_of(qkv, "qkv"), qkv.data_ptr(), q_norm.defined() ? q_norm.data_ptr() : nullptr,
                      k_norm.defined() ? k_norm.data_ptr() : nullptr, static_cast<float>(eps), c.data_ptr(),
                      s.data_ptr(), Bt, out.q.data_ptr(), out.k.data_ptr(), out.v.data_ptr(), B, T, heads, kv_heads, D,
-                     stream_of(qkv));
+                     stream_of(qkv), tokens_per_thread);
   return out;
 }
 
@@ -293,7 +302,7 @@ at::Tensor add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&,
   absent();
 }
 Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
-             const at::Tensor&) {
+             const at::Tensor&, int) {
   absent();
 }
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }

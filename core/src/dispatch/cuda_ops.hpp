@@ -53,9 +53,11 @@ FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tenso
 FLASHDRAFT_API bool rope_runs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool transpose);
 
-// A frozen decoder layer's steps with transformers' rounding (engine_ops.cuh). x and delta
-// [..., H] contiguous; returns out, and writes x + delta into `sum` (may be x) when delta is
-// defined.
+// A frozen decoder layer's steps with transformers' rounding (engine_ops.cuh). x [..., H] and
+// sum with rows at one stride (row_stride: a slice of a wider buffer will do), delta
+// contiguous; returns out (contiguous), and writes x + delta into `sum` (may be x) when delta
+// is defined.
+FLASHDRAFT_API int64_t row_stride(const at::Tensor& t);  // -1: t is not rows at one stride
 FLASHDRAFT_API at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum,
                                        const at::Tensor& w, double eps);
 // qkv [B, T, (Hq + 2 Hkv) D] -> {q [B, Hq, T, D], k, v [B, Hkv, T, D]}; norms [D] or undefined;
@@ -63,8 +65,10 @@ FLASHDRAFT_API at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& de
 struct Qkv {
   at::Tensor q, k, v;
 };
+// tokens_per_thread: 0, or the vectorised kernel's 1, 2, 4 (bench/decoder_ops.cpp compares them).
 FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm,
-                            const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin);
+                            const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
+                            int tokens_per_thread = 0);
 // gate_up [..., 2 I] -> [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
 

@@ -104,14 +104,26 @@ at::Tensor per_head(const at::Tensor& table) {
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
-                                               double eps, bool fused) {
-  if (kernels_take(fused, x) && (!delta.defined() || delta.is_contiguous())) {
+                                               double eps, bool fused, const at::Tensor& sum_into) {
+  if (sum_into.defined() && !(delta.defined() && sum_into.sizes() == x.sizes() &&
+                              sum_into.scalar_type() == x.scalar_type() && sum_into.device() == x.device()))
+    throw std::invalid_argument("add_rms_norm: sum_into " + c10::str(sum_into.sizes()) + " must have x's shape " +
+                                c10::str(x.sizes()) + ", dtype and device, and come with a delta to add");
+  const int64_t H = x.size(-1);
+  const bool rows = cuda_ops::row_stride(x) >= H && (!sum_into.defined() || cuda_ops::row_stride(sum_into) >= H);
+  if (fused && cuda_ops::runs_on(x) && x.scalar_type() != at::kDouble && rows &&
+      (!delta.defined() || delta.is_contiguous())) {
     if (!delta.defined()) return {x, cuda_ops::add_rms_norm(x, delta, at::Tensor(), w, eps)};
-    at::Tensor sum = at::empty_like(x);
+    at::Tensor sum = sum_into.defined() ? sum_into : at::empty_like(delta);
     at::Tensor normed = cuda_ops::add_rms_norm(x, delta, sum, w, eps);
     return {sum, normed};
   }
-  const at::Tensor sum = delta.defined() ? x + delta : x;
+  if (!delta.defined()) return {x, plain_rms_norm(x, w, eps)};
+  at::Tensor sum = sum_into;
+  if (sum.defined())
+    at::add_out(sum, x, delta);
+  else
+    sum = x + delta;
   return {sum, plain_rms_norm(sum, w, eps)};
 }
 

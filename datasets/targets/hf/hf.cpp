@@ -141,12 +141,22 @@ class HfTarget final : public Target {
       // Packed rows: positions count from each document's start, as the conversation alone.
       std::tie(cos, sin) = rope_tables(document_positions(docs, B, S));
     }
-    // The states go straight into the result [B, S, E, H] as each layer makes them.
+    // The states go straight into the result [B, S, E, H] as each layer makes them: the input
+    // norm of layer l + 1 writes the state after layer l into its slot (the residual stream then
+    // reads it there), no copy.
     at::Tensor out = at::empty({B, S, static_cast<int64_t>(layers.size()), cfg_.hidden}, x.options());
+    auto slot_of = [&](int64_t l) {
+      for (size_t i = 0; i < layers.size(); ++i)
+        if (layers[i] == l) return out.select(2, static_cast<int64_t>(i));
+      return at::Tensor();
+    };
     auto record = [&](int64_t l, const at::Tensor& state) {
       const at::Tensor s = l == cfg_.layers - 1 ? rms_norm(state, final_norm_) : state;
-      for (size_t i = 0; i < layers.size(); ++i)
-        if (layers[i] == l) out.select(2, static_cast<int64_t>(i)).copy_(s);
+      for (size_t i = 0; i < layers.size(); ++i) {
+        if (layers[i] != l) continue;
+        at::Tensor dst = out.select(2, static_cast<int64_t>(i));
+        if (dst.data_ptr() != s.data_ptr() || dst.strides() != s.strides()) dst.copy_(s);  // else written there
+      }
     };
     // The residual stream is x + pending: each layer's last residual add is done by the next
     // layer's input norm (one pass, add_rms_norm), which also gives the state after the layer.
@@ -154,7 +164,9 @@ class HfTarget final : public Target {
     const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
     for (int64_t l = 0; l <= deepest; ++l) {
       const DecoderLayer& L = layers_[static_cast<size_t>(l)];
-      const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_);
+      // (l - 1 < deepest <= the last layer: never the final-norm case)
+      const at::Tensor into = l > 0 && pending.defined() ? slot_of(l - 1) : at::Tensor();
+      const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into);
       if (l > 0) record(l - 1, stream);
       const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
                                      cfg_.rms_eps, cos, sin, fused_);
