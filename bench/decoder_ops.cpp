@@ -4,15 +4,14 @@
 //
 //   bench_decoder_ops [tokens]        (default 3072: the target_forward benchmark's S, B = 1)
 //
-// Rows: add_rms_norm (x + delta -> sum, normed), q|k|v RoPE with 1, 2 and 4 tokens per thread
-// (the vectorised kernel's variants; "default" is the one the target runs), SwiGLU, and a plain
-// device-to-device copy of the q|k|v buffer (at::Tensor::copy_) as the memory rate to compare
+// Rows: add_rms_norm (x + delta -> sum, normed), the q|k|v RoPE (per-head norms, heads split),
+// SwiGLU, and a plain device-to-device copy of the q|k|v buffer (at::Tensor::copy_) as the memory rate to compare
 // with. Timing: CUDA events around each call, the L2 cache overwritten before every call (a
 // 256 MiB memset outside the events: every pass reads from memory, as the target's passes read
 // most of what a GEMM wrote before them), 5 warm-ups, median of 40. Bytes: what each pass must
 // read and write once (the RoPE tables and norm weights, a few hundred KB, not counted).
 // FLASHDRAFT_PDL=0 in the environment launches the kernels without programmatic dependent launch.
-#include "dispatch/cuda_ops.hpp"
+#include "dispatch/cuda_ops.hpp"  // cuda_ops_built
 
 #include <flashdraft/ops.hpp>
 
@@ -67,8 +66,8 @@ int run(int64_t tokens) {
   const at::Tensor w = 1 + 0.1 * at::randn({H}, opts);
   const at::Tensor qkv = at::randn({1, tokens, (Hq + 2 * Hkv) * D}, opts);
   const at::Tensor qn = 1 + 0.1 * at::randn({D}, opts), kn = 1 + 0.1 * at::randn({D}, opts);
-  const auto [cos, sin] =
-      fd::rope_tables(at::arange(tokens, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)), 1e6, D, at::kBFloat16);
+  const auto [cos, sin] = fd::rope_tables(at::arange(tokens, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)),
+                                          1e6, D, at::kBFloat16);
   const at::Tensor gate_up = at::randn({1, tokens, 2 * I}, opts);
   at::Tensor copy_dst = at::empty_like(qkv);
   const double MB = 1e6, e = 2;  // bytes per bf16 value
@@ -79,24 +78,23 @@ int run(int64_t tokens) {
   };
   std::vector<Row> rows;
   const double copy_bytes = 2 * qkv.numel() * e;
-  rows.push_back({"copy of the q|k|v buffer (memory rate)", copy_bytes, median_us([&] { copy_dst.copy_(qkv); }, scratch)});
+  rows.push_back(
+      {"copy of the q|k|v buffer (memory rate)", copy_bytes, median_us([&] { copy_dst.copy_(qkv); }, scratch)});
   rows.push_back({"add_rms_norm (x + delta -> sum, normed)", 4 * tokens * H * e,
                   median_us([&] { fd::frozen::add_rms_norm(x, delta, w, 1e-6, true); }, scratch)});
-  for (int per_thread : {0, 1, 2, 4})
-    rows.push_back({"q|k|v RoPE, " + (per_thread ? std::to_string(per_thread) + " tokens per thread"
-                                                 : std::string("default")),
-                    copy_bytes,
-                    median_us([&] { fd::cuda_ops::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, per_thread); },
-                              scratch)});
+  rows.push_back({"q|k|v RoPE (per-head q/k norms, heads split)", copy_bytes,
+                  median_us([&] { fd::frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, true); }, scratch)});
   rows.push_back({"SwiGLU (gate|up -> out)", 3 * tokens * I * e,
                   median_us([&] { fd::frozen::swiglu_packed(gate_up, true); }, scratch)});
   const double copy_rate = rows[0].bytes / rows[0].us;
   const char* pdl = std::getenv("FLASHDRAFT_PDL");
-  std::printf("bf16, %lld tokens, hidden %lld, %lld / %lld heads of %lld, ffn %lld; programmatic dependent launch %s\n\n",
-              static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(Hq),
-              static_cast<long long>(Hkv), static_cast<long long>(D), static_cast<long long>(I),
-              pdl && std::string(pdl) == "0" ? "off (FLASHDRAFT_PDL=0)" : "on where the card has it");
-  std::printf("| pass | MB moved | us | GB/s | / copy rate | x 34 layers, ms |\n| --- | --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "bf16, %lld tokens, hidden %lld, %lld / %lld heads of %lld, ffn %lld; programmatic dependent launch %s\n\n",
+      static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(Hq),
+      static_cast<long long>(Hkv), static_cast<long long>(D), static_cast<long long>(I),
+      pdl && std::string(pdl) == "0" ? "off (FLASHDRAFT_PDL=0)" : "on where the card has it");
+  std::printf(
+      "| pass | MB moved | us | GB/s | / copy rate | x 34 layers, ms |\n| --- | --- | --- | --- | --- | --- |\n");
   for (const Row& r : rows)
     std::printf("| %s | %.1f | %.1f | %.0f | %.2f | %.2f |\n", r.name.c_str(), r.bytes / MB, r.us, r.bytes / r.us / 1e3,
                 (r.bytes / r.us) / copy_rate, 34 * r.us / 1e3 * (r.name.rfind("add_rms_norm", 0) == 0 ? 2 : 1));

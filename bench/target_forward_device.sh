@@ -20,7 +20,8 @@
 #    (SDPA), next to transformers' eager attention against the same (the noise of bf16 itself);
 # 6. transformers' model (bf16, SDPA, output_hidden_states, inference mode, 34 layers): eager,
 #    then torch.compile, median forward ms;
-# 7. the table.
+# 7. ours with the engine's kernels once more (after transformers: the spread of one version);
+# 8. the table, each run's forward per step, and the card's SM clock / power in each phase.
 set -uo pipefail
 OUT=${OUT:-/tmp/target-forward-device}
 mkdir -p "$OUT"
@@ -30,6 +31,13 @@ date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 t0=$(date +%s)
+# The card's SM clock, power and temperature every 200 ms, and when each phase began (summed per
+# phase at the end: the card is measured as found, never set).
+nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 200 |
+  while IFS= read -r line; do echo "$(date +%s.%N) $line"; done > /tmp/clocks.txt 2>/dev/null &
+sampler=$!
+: > /tmp/phases.txt
+phase() { echo "$(date +%s.%N) $*" >> /tmp/phases.txt; }
 python3 scripts/make-random-checkpoint --preset qwen3-8b --out $CKPT --device cuda > /tmp/checkpoint.log 2>&1 &
 ckpt=$!
 . bench/device_build.sh
@@ -42,6 +50,7 @@ grep -E " ulp," /tmp/test_cuda_ops.log | grep -v " max 0 ulp" | head -30  # the 
 wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
 
 echo "=== matmul floor"
+phase "matmul floor"
 python3 - <<'PY' | tee "$OUT/floor.txt"
 import torch, statistics
 S, H, I, q, kv = 3072, 4096, 12288, 32 * 128, 8 * 128
@@ -60,23 +69,28 @@ for name, (m, k, n) in shapes.items():
     print(f"{name}: [{m} x {k}] x [{k} x {n}] {ms:.3f} ms = {2 * m * k * n / ms / 1e9:.0f} TFLOP/s")
 print(f"one layer's products {total:.3f} ms ({flop / total / 1e9:.0f} TFLOP/s); 34 layers: floor {34 * total:.2f} ms")
 PY
+phase idle
 
-# engine_pdl0: the engine's kernels launched without programmatic dependent launch (FLASHDRAFT_PDL=0),
-# what PDL buys, side by side.
-for k in engine engine_pdl0 aten; do
-  kern=${k%_pdl0}
-  pdl=1
+# One training run of ours: engine, engine_pdl0 (the engine's kernels launched without programmatic
+# dependent launch, FLASHDRAFT_PDL=0: what PDL buys, side by side), aten, engine_again (the engine
+# once more after transformers' timing: the spread of one version, and any drift of the card).
+run_ours() {
+  local k=$1 kern=aten pdl=1 prof="" log="$OUT/run_$1.log"
+  case $k in engine*) kern=engine ;; esac
   [ $k = engine_pdl0 ] && pdl=0
+  [ $k = engine ] && prof="--profile 10:13"
+  [ $k = engine_again ] && log=/tmp/run_engine_again.log  # (a call brings back 8 files of $OUT)
   sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$kern\"|" \
     -e "s/^steps = 20/steps = 24/" -e "s/^target_layer_ids = \(.*\)/target_layer_ids = \1\nlabels = \"data\"/" \
     bench/qwen3_8b_hf_target.toml > /tmp/target_$k.toml
-  prof=""
-  [ $k = engine ] && prof="--profile 10:13"
-  FLASHDRAFT_PDL=$pdl timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$OUT/run_$k.log" 2>&1
+  phase "ours $k"
+  FLASHDRAFT_PDL=$pdl timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$log" 2>&1
   echo "=== run kernels = $k: rc $?"
-  grep -E "^target|^error|^step +24/" "$OUT/run_$k.log" | head -5
-  grep -A44 "^profile" "$OUT/run_$k.log" | grep -v "^step" | head -46
-done
+  phase idle
+  grep -E "^target|^error|^step +24/" "$log" | head -5
+  grep -A44 "^profile" "$log" | grep -v "^step" | head -46
+}
+for k in engine engine_pdl0 aten; do run_ours $k; done
 
 echo "=== hidden states at the real shape against transformers"
 python3 - "$BUILD" "$CKPT" <<'PY' | tee "$OUT/states.txt"
@@ -129,17 +143,48 @@ def timed(fn, n=10, warm=3):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
     return statistics.median(ts)
+def phase(name):  # as the shell's phase(): when each timed phase began, for the clock summary
+    with open("/tmp/phases.txt", "a") as p:
+        p.write(f"{time.time():.3f} {name}\n")
 with torch.inference_mode():
     f = lambda: model(input_ids=tokens, output_hidden_states=True)
+    phase("transformers eager")
     print(f"transformers eager: {timed(f):.2f} ms (peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)", flush=True)
+    phase("idle")
     compiled = torch.compile(model)
     t = time.time()
     g = lambda: compiled(input_ids=tokens, output_hidden_states=True)
     g()
     print(f"torch.compile first call {time.time() - t:.1f} s", flush=True)
+    phase("transformers compiled")
     print(f"transformers torch.compile: {timed(g):.2f} ms", flush=True)
+    phase("idle")
 PY
 echo "peer rc $?"
+phase idle
+run_ours engine_again
+kill $sampler 2>/dev/null
+python3 - <<'PY'
+import statistics
+phases = [l.split(" ", 1) for l in open("/tmp/phases.txt").read().splitlines()]
+samples = []
+for line in open("/tmp/clocks.txt"):
+    parts = line.replace(",", " ").split()
+    try:
+        samples.append((float(parts[0]), float(parts[1]), float(parts[2]), float(parts[3])))
+    except (ValueError, IndexError):
+        pass
+print("the card while busy in each phase (samples every 200 ms drawing over 200 W: the run's loading and "
+      "compiling left out): median SM MHz, median / max W, max C")
+for i, (start, name) in enumerate(phases):
+    if name == "idle":
+        continue
+    end = float(phases[i + 1][0]) if i + 1 < len(phases) else float("inf")
+    s = [x for x in samples if float(start) <= x[0] < end and x[2] > 200]
+    if s:
+        print(f"  {name}: {statistics.median(x[1] for x in s):.0f} MHz, {statistics.median(x[2] for x in s):.0f} / "
+              f"{max(x[2] for x in s):.0f} W, {max(x[3] for x in s):.0f} C ({len(s)} samples)")
+PY
 
 python3 - "$OUT" <<'PY' | tee "$OUT/results.md"
 import os, re, statistics, sys
@@ -151,7 +196,7 @@ peer = open(os.path.join(out, "peer.txt")).read() if os.path.exists(os.path.join
 best = [float(x) for x in re.findall(r"transformers [a-z.]+(?: [a-z]+)?: ([0-9.]+) ms", peer)]
 print("| target kernels | target forward ms | / matmul floor | / transformers' best | step ms | peak GiB |")
 print("| --- | --- | --- | --- | --- | --- |")
-for k in ("engine", "engine_pdl0", "aten"):
+for k in ("engine", "engine_pdl0", "aten", "engine_again"):
     try:
         f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
     except OSError as e:
@@ -163,5 +208,12 @@ for k in ("engine", "engine_pdl0", "aten"):
     print(f"| {k} | {t:.1f} | {t / floor:.3f} | {b} | {s:.1f} | {m:.2f} |")
 print(f"\nmatmul floor {floor:.2f} ms (34 layers x the four products at their shapes, measured here); "
       f"transformers: {', '.join(f'{x:.2f} ms' for x in best) or 'not measured'}")
+for k in ("engine", "engine_again"):
+    try:
+        f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
+    except OSError:
+        continue
+    steps = f["steps/target_time_s"][1:]
+    print(f"{k}: target forward ms, steps 2-{len(steps) + 1}: " + " ".join(f"{1e3 * x:.1f}" for x in steps))
 PY
 echo "=== done in $(( $(date +%s) - t0 )) s"

@@ -465,15 +465,6 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
         expect_agree(f.k, p.k, tag + " k");
         EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
       }
-      // The vectorised kernel's tokens per thread (B T = 74 tokens: a last group of 2 at 4 per thread).
-      for (int per_thread : {1, 2, 4}) {
-        const cuda_ops::Qkv f = cuda_ops::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, per_thread);
-        const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, cos, sin, false);
-        const std::string tag = name + " qkv_rope " + std::to_string(per_thread) + " tokens per thread";
-        expect_agree(f.q, p.q, tag + " q");
-        expect_agree(f.k, p.k, tag + " k");
-        EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
-      }
       {
         // A q|k|v buffer one element off 16-byte alignment takes the general (unvectorised) kernel.
         const at::Tensor shifted =

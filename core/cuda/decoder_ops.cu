@@ -132,14 +132,14 @@ __global__ void add_rms_norm_vec_kernel(const T* x, int64_t x_ld, const T* __res
 // takes E = 16 / sizeof(T) values of a head's first half and the E values D/2 further (the
 // rotate_half pairs), TPH = D / (2 E) threads per head (a power of two, at most 32: adjacent
 // lanes, which sum the norm's squares with shuffles among themselves); a token's head slots x
-// TPH threads in x; in y, groups of NT consecutive tokens (grid-stride), whose loads a thread
-// issues together before it computes (bench/decoder_ops.cpp times NT = 1, 2, 4). Each
-// value is rounded as in qkv_rope_kernel (below); only the order of the norm's sum of squares
-// differs (float32).
+// TPH threads in x, tokens in y (grid-stride). (Two or four tokens per thread, their loads
+// issued together, ran slower on an H200: 36.8 us against 29.4 at Qwen3-8B's shapes, bench
+// bench/decoder_ops.cpp.) Each value is rounded as in qkv_rope_kernel (below); only the order
+// of the norm's sum of squares differs (float32).
 template <typename T, int D>
 constexpr int kRopeThreadsPerHead = D / 2 / Vec16<T>::E;
 
-template <typename T, int D, int NT>
+template <typename T, int D>
 __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm,
                                     const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
                                     const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
@@ -153,68 +153,55 @@ __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restri
   const T* norm = is_v ? nullptr : is_q ? q_norm : k_norm;
   const int lane = threadIdx.x & 31, j = int(th % TPH) * E;
   Vec16<T> w1, w2;
-  if (slot < slots && norm) w1 = load16(norm + j), w2 = load16(norm + half + j);  // weights: no wait needed
+  if (slot < slots && norm) w1 = load16(norm + j), w2 = load16(norm + half + j);  // weights: before the wait
   pdl_wait();
   pdl_trigger();
   if (slot >= slots) return;  // whole heads leave together (blockDim is a multiple of TPH)
   const unsigned group = TPH == 32 ? 0xffffffffu : ((1u << TPH) - 1u) << (lane & ~(TPH - 1));
-  for (int64_t first = int64_t(blockIdx.y) * NT; first < tokens; first += int64_t(gridDim.y) * NT) {
-    const int n = int(tokens - first < NT ? tokens - first : NT);
-    Vec16<T> a1[NT], a2[NT];
+  for (int64_t token = blockIdx.y; token < tokens; token += gridDim.y) {
+    const int64_t t = token % T_, b = token / T_;
+    const T* in = qkv + (token * slots + slot) * D;
+    const Vec16<T> a1 = load16(in + j), a2 = load16(in + half + j);
+    if (is_v) {  // moved to [B, Hkv, T, D]
+      T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
+      store16(o + j, a1);
+      store16(o + half + j, a2);
+      continue;
+    }
+    float x1[E], x2[E];
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
-      if (i < n) {
-        const T* in = qkv + ((first + i) * slots + slot) * D;
-        a1[i] = load16(in + j), a2[i] = load16(in + half + j);
-      }
+    for (int e = 0; e < E; ++e) x1[e] = to_float(a1.v[e]), x2[e] = to_float(a2.v[e]);
+    if (norm) {
+      float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      if (i >= n) break;
-      const int64_t token = first + i, t = token % T_, b = token / T_;
-      if (is_v) {  // moved to [B, Hkv, T, D]
-        T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
-        store16(o + j, a1[i]);
-        store16(o + half + j, a2[i]);
-        continue;
-      }
-      const int64_t tb = table_batch == 1 ? 0 : b;
-      const T* ct = cos + (tb * T_ + t) * D;
-      const T* st = sin + (tb * T_ + t) * D;
-      const Vec16<T> c1 = load16(ct + j), c2 = load16(ct + half + j), s1 = load16(st + j), s2 = load16(st + half + j);
-      float x1[E], x2[E];
+      for (int e = 0; e < E; ++e) ss += x1[e] * x1[e] + x2[e] * x2[e];
 #pragma unroll
-      for (int e = 0; e < E; ++e) x1[e] = to_float(a1[i].v[e]), x2[e] = to_float(a2[i].v[e]);
-      if (norm) {
-        float ss = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; ++e) ss += x1[e] * x1[e] + x2[e] * x2[e];
-#pragma unroll
-        for (int o = TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(group, ss, o);
-        const float inv = rsqrtf(ss / float(D) + eps);
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          x1[e] = round_to<T>(mul(to_float(w1.v[e]), round_to<T>(mul(x1[e], inv))));
-          x2[e] = round_to<T>(mul(to_float(w2.v[e]), round_to<T>(mul(x2[e], inv))));
-        }
-      }
-      Vec16<T> o1, o2;
+      for (int o = TPH / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(group, ss, o);
+      const float inv = rsqrtf(ss / float(D) + eps);
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        // rotate_half(x) = (-x2, x1)
-        o1.v[e] =
-            from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
-        o2.v[e] =
-            from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
+        x1[e] = round_to<T>(mul(to_float(w1.v[e]), round_to<T>(mul(x1[e], inv))));
+        x2[e] = round_to<T>(mul(to_float(w2.v[e]), round_to<T>(mul(x2[e], inv))));
       }
-      T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
-      store16(o + j, o1);
-      store16(o + half + j, o2);
     }
+    const int64_t tb = table_batch == 1 ? 0 : b;
+    const T* ct = cos + (tb * T_ + t) * D;
+    const T* st = sin + (tb * T_ + t) * D;
+    const Vec16<T> c1 = load16(ct + j), c2 = load16(ct + half + j), s1 = load16(st + j), s2 = load16(st + half + j);
+    Vec16<T> o1, o2;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      // rotate_half(x) = (-x2, x1)
+      o1.v[e] =
+          from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
+      o2.v[e] =
+          from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
+    }
+    T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
+    store16(o + j, o1);
+    store16(o + half + j, o2);
   }
 }
-
-// Tokens per thread unless told (bench/decoder_ops.cpp).
-constexpr int kRopeTokensAuto = 1;
 
 // Any even D (the general case): one warp per (token, head slot); lanes take the pairs
 // (j, j + D/2).
@@ -325,10 +312,7 @@ void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, v
 
 void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
               const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
-              int64_t Hkv, int64_t D, void* stream, int tokens_per_thread) {
-  if (tokens_per_thread != 0 && tokens_per_thread != 1 && tokens_per_thread != 2 && tokens_per_thread != 4)
-    throw std::invalid_argument("qkv_rope: tokens_per_thread " + std::to_string(tokens_per_thread) +
-                                " (0 = the default, or 1, 2, 4)");
+              int64_t Hkv, int64_t D, void* stream) {
   const int64_t items = B * T * (Hq + 2 * Hkv);
   if (items <= 0) return;
   with_type(dtype, [&](auto* tag) {
@@ -339,24 +323,17 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
     E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
     const bool vec = aligned16(in) && aligned16(c) && aligned16(s) && aligned16(qo) && aligned16(ko) && aligned16(vo) &&
                      (!qn || aligned16(qn)) && (!kn || aligned16(kn));
-    const int nt = tokens_per_thread > 0 ? tokens_per_thread : kRopeTokensAuto;
-    auto launch_vec = [&](auto d, auto tokens) {
+    auto launch_vec = [&](auto d) {
       constexpr int threads = 128;  // a multiple of every TPH
-      const int64_t groups = (B * T + tokens.value - 1) / tokens.value;
       const dim3 g(
           static_cast<unsigned>(((Hq + 2 * Hkv) * kRopeThreadsPerHead<E, decltype(d)::value> + threads - 1) / threads),
-          static_cast<unsigned>(std::min<int64_t>(groups, 65535)));
-      launch_dependent(qkv_rope_vec_kernel<E, decltype(d)::value, decltype(tokens)::value>, g, dim3(threads), st, in,
-                       qn, kn, eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv);
+          static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
+      launch_dependent(qkv_rope_vec_kernel<E, decltype(d)::value>, g, dim3(threads), st, in, qn, kn, eps, c, s,
+                       table_batch, qo, ko, vo, B, T, Hq, Hkv);
     };
-    auto per_d = [&](auto d) {
-      if (nt == 1) return launch_vec(d, std::integral_constant<int, 1>());
-      if (nt == 2) return launch_vec(d, std::integral_constant<int, 2>());
-      return launch_vec(d, std::integral_constant<int, 4>());
-    };
-    if (vec && D == 64) return per_d(std::integral_constant<int, 64>());
-    if (vec && D == 128) return per_d(std::integral_constant<int, 128>());
-    if (vec && D == 256) return per_d(std::integral_constant<int, 256>());
+    if (vec && D == 64) return launch_vec(std::integral_constant<int, 64>());
+    if (vec && D == 128) return launch_vec(std::integral_constant<int, 128>());
+    if (vec && D == 256) return launch_vec(std::integral_constant<int, 256>());
     const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
     launch_dependent(qkv_rope_kernel<E>, dim3(static_cast<unsigned>(blocks)), dim3(kQkvWarps * 32), st, in, qn, kn, eps,
                      c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);

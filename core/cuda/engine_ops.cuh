@@ -85,10 +85,9 @@ void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, v
 // T, D], k and v [B, Hkv, T, D]; q and k RMSNormed per head (as add_rms_norm, weights [D];
 // null: no norm) and rotated: y_j = round(round(x_j c_j) + round(r_j s_j)), r = (-x2, x1)
 // over the halves; tables cos, sin [Bt, T, D] (Bt = table_batch, 1 or B) in the dtype.
-// tokens_per_thread: the 16-byte kernel's tokens per thread (1, 2, 4; 0: its default).
 void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
               const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
-              int64_t Hkv, int64_t D, void* stream, int tokens_per_thread = 0);
+              int64_t Hkv, int64_t D, void* stream);
 // The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
 

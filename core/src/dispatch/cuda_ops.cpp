@@ -237,7 +237,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::
 }
 
 Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
-             double eps, const at::Tensor& cos, const at::Tensor& sin, int tokens_per_thread) {
+             double eps, const at::Tensor& cos, const at::Tensor& sin) {
   require(runs_on(qkv) && qkv.dim() == 3 && qkv.is_contiguous(),
           "qkv_rope: qkv must be a contiguous CUDA tensor [B, T, (Hq + 2 Hkv) D], got " + c10::str(qkv.sizes()));
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
@@ -259,7 +259,7 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
   cuda_ops::qkv_rope(dtype_of(qkv, "qkv"), qkv.data_ptr(), q_norm.defined() ? q_norm.data_ptr() : nullptr,
                      k_norm.defined() ? k_norm.data_ptr() : nullptr, static_cast<float>(eps), c.data_ptr(),
                      s.data_ptr(), Bt, out.q.data_ptr(), out.k.data_ptr(), out.v.data_ptr(), B, T, heads, kv_heads, D,
-                     stream_of(qkv), tokens_per_thread);
+                     stream_of(qkv));
   return out;
 }
 
@@ -302,7 +302,7 @@ at::Tensor add_rms_norm(const at::Tensor&, const at::Tensor&, const at::Tensor&,
   absent();
 }
 Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
-             const at::Tensor&, int) {
+             const at::Tensor&) {
   absent();
 }
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }

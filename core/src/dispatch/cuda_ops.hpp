@@ -65,10 +65,8 @@ FLASHDRAFT_API at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& de
 struct Qkv {
   at::Tensor q, k, v;
 };
-// tokens_per_thread: 0, or the vectorised kernel's 1, 2, 4 (bench/decoder_ops.cpp compares them).
 FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm,
-                            const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
-                            int tokens_per_thread = 0);
+                            const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin);
 // gate_up [..., 2 I] -> [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
 

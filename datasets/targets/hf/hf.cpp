@@ -176,7 +176,12 @@ class HfTarget final : public Target {
       pending = at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
       x = x1;
     }
-    record(deepest, x + pending);
+    at::Tensor last = deepest == cfg_.layers - 1 ? at::Tensor() : slot_of(deepest);
+    if (last.defined())
+      at::add_out(last, x, pending);  // the last state straight into its slot too
+    else
+      last = x + pending;
+    record(deepest, last);
     return out;
   }
 
