@@ -25,9 +25,16 @@ def short(name, n=48):
 
 
 def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: python3 bench/trace_gaps.py TRACE.json [PART]  (TRACE: the Chrome trace of "
+                 "`flashdraft run --profile A:B`; PART: target_forward by default)")
     path = sys.argv[1]
     part = sys.argv[2] if len(sys.argv) > 2 else "target_forward"
-    events = json.load(open(path))["traceEvents"]
+    try:
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"trace_gaps: {path} is not a readable Chrome trace with traceEvents ({e})")
     ranges = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                     if e.get("cat") == "gpu_user_annotation" and e.get("name") == "flashdraft/" + part)
     if not ranges:
