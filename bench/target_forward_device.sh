@@ -52,13 +52,17 @@ wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /t
 echo "=== matmul floor"
 phase "matmul floor"
 python3 - <<'PY' | tee "$OUT/floor.txt"
-import torch, statistics
+import statistics, torch
 S, H, I, q, kv = 3072, 4096, 12288, 32 * 128, 8 * 128
 shapes = {"qkv": (S, H, q + 2 * kv), "o": (S, q, H), "gate_up": (S, H, 2 * I), "down": (S, I, H)}
 total = flop = 0.0
 for name, (m, k, n) in shapes.items():
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    # Five warm-ups only: the rate of a short burst, the stricter floor. Half a second of products
+    # back to back first ran them power-limited at 644-648 TFLOP/s on an H100 (2026-12-06), below
+    # the 775 they reach inside the step between the memory-bound passes; cold, a burst may also
+    # come out low (701 TFLOP/s at 07:04 that day): compare with the step's own products (profile).
     for _ in range(5): torch.nn.functional.linear(a, w)
     ts = []
     for _ in range(20):
@@ -208,6 +212,34 @@ for k in ("engine", "engine_pdl0", "aten", "engine_again"):
     print(f"| {k} | {t:.1f} | {t / floor:.3f} | {b} | {s:.1f} | {m:.2f} |")
 print(f"\nmatmul floor {floor:.2f} ms (34 layers x the four products at their shapes, measured here); "
       f"transformers: {', '.join(f'{x:.2f} ms' for x in best) or 'not measured'}")
+# The products inside the step (the profile's target_forward part, nvjet kernels) and the issue's
+# floor (products 40.30 + causal attention 2.63 TFLOP) at the better of the two GEMM rates.
+prod_flop = 34 * 2 * 3072 * 4096 * (6144 + 4096 + 24576 + 12288)
+rates = [prod_flop / (floor * 1e-3)]
+try:
+    block = open(os.path.join(out, "run_engine.log")).read().split("device time by part", 1)[1]
+    inside = 0.0
+    for line in block.split("target_forward", 1)[1].splitlines()[1:]:  # the part's kernels, indented
+        if not line.startswith("        "):
+            break
+        if "nvjet" in line:
+            inside += float(line.split()[0])
+    if inside > 0:
+        rates.append(prod_flop / (inside * 1e-3))
+        print(f"products inside the step (profile): {inside:.2f} ms ({rates[-1] / 1e12:.0f} TFLOP/s)")
+except (OSError, IndexError, ValueError):
+    pass
+rate = max(rates)
+issue_floor = 1e3 * (prod_flop + 34 * 4 * 3072 * 3072 / 2 * 128 * 32) / rate
+print(f"the issue's floor (products + causal attention at {rate / 1e12:.0f} TFLOP/s, the better rate): "
+      f"{issue_floor:.1f} ms")
+for k in ("engine", "engine_pdl0", "engine_again"):
+    try:
+        f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
+    except OSError:
+        continue
+    t = 1e3 * statistics.median(f["steps/target_time_s"][13:])
+    print(f"  {k}: {t / issue_floor:.3f}x that floor")
 for k in ("engine", "engine_again"):
     try:
         f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)

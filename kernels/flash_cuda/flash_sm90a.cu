@@ -26,6 +26,7 @@
 // called by flash_forward() / flash_backward() when the resolved configuration is sm90a, which
 // flash_resolve_config() allows only on compute capability 9.0 devices.
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -642,6 +643,10 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   using S = WgFwdSmem<D, STAGES>;
   const uint32_t s0 = align1024(smem_addr(smem_raw));
   unsigned char* smem = smem_raw + (s0 - smem_addr(smem_raw));
+  // Launched with programmatic dependent launch (launch_fwd): wait until the kernel before it
+  // (the q|k|v RoPE, the work order) has completed and its writes are visible, before reading
+  // or writing anything. Without the launch attribute this returns at once.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const QueryWork work = query_work(p, order, 0);
   const int qb = work.qb, h = work.h, b = work.b;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
@@ -903,7 +908,26 @@ void launch_fwd(const FlashParams& p) {
   (void)allowed;
   int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
   if (!p.order_ready) launch_schedule(p, order, nullptr, 2, true);
-  kernel<<<query_items(p), kWsFwdThreads, smem, p.stream>>>(p, order);
+  // Programmatic dependent launch: the CTAs are scheduled while the kernel before finishes and
+  // wait in the kernel (griddepcontrol.wait) for it; FLASHDRAFT_PDL=0 launches plainly, as the
+  // engine's own kernels (core/cuda/ops_common.cuh).
+  static const bool pdl = [] {
+    const char* e = std::getenv("FLASHDRAFT_PDL");
+    return !(e != nullptr && std::string(e) == "0");
+  }();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(query_items(p));
+  config.blockDim = dim3(kWsFwdThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = p.stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (pdl) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  cudaLaunchKernelEx(&config, kernel, p, static_cast<const int*>(order));
   check_launch("forward (sm90a)");
 }
 
