@@ -70,6 +70,35 @@ TEST(Ops, SwiGLUMatchesAutogradCompositeCpu) {
   EXPECT_GT(gr.grad().abs().max().item<double>(), 0.1);
 }
 
+// The hf target writes each state into its slot of a [B, S, E, H] result: add_rms_norm's sum
+// into a slice (and x read from one), on the ATen path here (the kernels': FrozenDecoderOps...).
+TEST(Ops, FrozenAddRmsNormIntoASliceCpu) {
+  at::manual_seed(3);
+  const auto f = at::TensorOptions().dtype(at::kFloat);
+  const int64_t B = 2, T = 5, H = 24;
+  const at::Tensor wide = at::randn({B, T, 3, H}, f), delta = at::randn({B, T, H}, f), w = 1 + 0.1 * at::randn({H}, f);
+  at::Tensor result = at::full({B, T, 2, H}, 7.0, f);
+  const at::Tensor x = wide.select(2, 1), into = result.select(2, 1);
+  EXPECT_EQ(cuda_ops::row_stride(x), 3 * H);
+  EXPECT_EQ(cuda_ops::row_stride(into), 2 * H);
+  EXPECT_EQ(cuda_ops::row_stride(wide.transpose(1, 2)), -1);
+  EXPECT_EQ(cuda_ops::row_stride(x.transpose(-1, -2)), -1);
+  const auto [sum, normed] = frozen::add_rms_norm(x, delta, w, 1e-6, true, into);
+  EXPECT_EQ(sum.data_ptr(), into.data_ptr());
+  const at::Tensor s = x + delta;
+  EXPECT_TRUE(at::equal(into, s));
+  EXPECT_TRUE(at::allclose(normed, w * (s * at::rsqrt(s.pow(2).mean(-1, true) + 1e-6)), 1e-6, 1e-6));
+  EXPECT_TRUE(at::equal(result.select(2, 0), at::full({B, T, H}, 7.0, f))) << "wrote outside its slice";
+  // A slot of the wrong shape, or one with no delta to add, is refused with the shapes.
+  try {
+    frozen::add_rms_norm(x, delta, w, 1e-6, true, result.select(2, 0).narrow(1, 0, 2));
+    FAIL() << "a sum_into of another shape was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("must have x's shape"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, true, into), std::invalid_argument);
+}
+
 TEST(Ops, RopeAndTablesMatchTheDefinitionCpu) {
   at::manual_seed(2);
   const auto d = at::TensorOptions().dtype(at::kDouble);
