@@ -152,11 +152,11 @@ __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restri
   const bool is_v = slot >= Hq + Hkv, is_q = slot < Hq;
   const T* norm = is_v ? nullptr : is_q ? q_norm : k_norm;
   const int lane = threadIdx.x & 31, j = int(th % TPH) * E;
-  Vec16<T> w1, w2;
-  if (slot < slots && norm) w1 = load16(norm + j), w2 = load16(norm + half + j);  // weights: before the wait
-  pdl_wait();
+  pdl_wait();  // (first: even the norm weights may come from the kernel before)
   pdl_trigger();
   if (slot >= slots) return;  // whole heads leave together (blockDim is a multiple of TPH)
+  Vec16<T> w1, w2;
+  if (norm) w1 = load16(norm + j), w2 = load16(norm + half + j);
   const unsigned group = TPH == 32 ? 0xffffffffu : ((1u << TPH) - 1u) << (lane & ~(TPH - 1));
   for (int64_t token = blockIdx.y; token < tokens; token += gridDim.y) {
     const int64_t t = token % T_, b = token / T_;
