@@ -85,26 +85,32 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Whether launches on the current device use it: compute capability 9.0 or later (read once
-// per device), unless FLASHDRAFT_PDL=0.
-inline bool pdl_here() {
+// Whether launches on device `dev` use it: compute capability 9.0 or later (read once per
+// device), unless FLASHDRAFT_PDL=0; pdl_here(): on the current device.
+inline bool pdl_on(int dev) {
   static const bool off = [] {
     const char* e = std::getenv("FLASHDRAFT_PDL");
     return e != nullptr && std::strcmp(e, "0") == 0;
   }();
-  if (off) return false;
   constexpr int kDevices = 64;
+  if (off || dev < 0 || dev >= kDevices) return false;
   static std::atomic<int> known[kDevices];  // 0 not read yet, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices) return false;
   int v = known[dev].load(std::memory_order_relaxed);
   if (v == 0) {
     int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();  // (no device: not a launch error to report later)
+      major = 0;
+    }
     v = major >= 9 ? 2 : 1;
     known[dev].store(v, std::memory_order_relaxed);
   }
   return v == 2;
+}
+
+inline bool pdl_here() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && pdl_on(dev);
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...) with programmatic dependent launch where pdl_here().

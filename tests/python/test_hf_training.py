@@ -98,6 +98,8 @@ def test_dflash_trains_against_an_online_hf_target(tmp_path):
         target = f.attrs["target"]
         target = target.decode() if isinstance(target, bytes) else target
         assert "Qwen3ForCausalLM" in target and str(model) in target, target
+        # what ran the layers' norms, RoPE and SwiGLU is in the log (on the CPU: transformers' ATen ops)
+        assert "norms, RoPE, SwiGLU: transformers' ATen ops" in target, target
         names = [n.decode() if isinstance(n, bytes) else n for n in f["kernels/names"][:]]
         fwd, bwd = f["kernels/forward"][:], f["kernels/backward"][:]
         # 2 drafter layers, then target layers 0..3: the drafter reads 0 and 2, and its labels

@@ -59,6 +59,10 @@ FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_hea
                             bool fused = true);
 // The packed projection gate_up [..., 2 I] (gate first): silu(gate) * up, [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = true);
+// What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels, launched with
+// programmatic dependent launch" (sm_90 and later, unless FLASHDRAFT_PDL=0), "the engine's CUDA
+// kernels", or "transformers' ATen ops" (the CPU, a build without the kernels, or not fused).
+FLASHDRAFT_API std::string kernels_on(const c10::Device& device, bool fused = true);
 }  // namespace frozen
 
 // A drafter's trainable tensors, made in order and appended to `params` under their names,

@@ -8,6 +8,7 @@
 #if FLASHDRAFT_CUDA_OPS
 #include "engine_ops.cuh"
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -84,6 +85,12 @@ void check_targets(const at::Tensor& draft, const at::Tensor& t, at::ScalarType 
 }  // namespace
 
 bool cuda_ops_built() { return true; }
+
+bool programmatic_launch(const c10::Device& device) {
+  if (!device.is_cuda()) return false;
+  const int index = device.index() >= 0 ? device.index() : static_cast<int>(c10::cuda::current_device());
+  return cuda_ops::programmatic_launch(index);  // engine_ops.cuh
+}
 
 bool runs_on(const at::Tensor& t) {
   return t.defined() && t.is_cuda() &&
@@ -286,6 +293,7 @@ namespace {
 }  // namespace
 
 bool cuda_ops_built() { return false; }
+bool programmatic_launch(const c10::Device&) { return false; }
 bool runs_on(const at::Tensor&) { return false; }
 CeRows ce_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, bool) { absent(); }
 KlRows kl_rows(at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&, double, bool) { absent(); }

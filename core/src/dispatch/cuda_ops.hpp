@@ -17,6 +17,9 @@ namespace flashdraft::cuda_ops {
 FLASHDRAFT_API bool cuda_ops_built();
 // Whether the kernels can run on `t` (built, CUDA tensor, float32/bfloat16/float16).
 FLASHDRAFT_API bool runs_on(const at::Tensor& t);
+// Whether the frozen decoder kernels launch with programmatic dependent launch on `device`
+// (a CUDA device of compute capability 9.0 or later, FLASHDRAFT_PDL not 0; engine_ops.cuh).
+FLASHDRAFT_API bool programmatic_launch(const c10::Device& device);
 
 // The LM-head cross-entropy row pass over `logits` [rows, V] (modified in place when
 // write_grad): see engine_ops.cuh. Returns nll [rows] float32 and argmax [rows] int64.

@@ -145,6 +145,13 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
           split(heads + kv_heads, kv_heads).contiguous()};
 }
 
+std::string kernels_on(const c10::Device& device, bool fused) {
+  if (!fused || !device.is_cuda() || !cuda_ops::cuda_ops_built()) return "transformers' ATen ops";
+  return cuda_ops::programmatic_launch(device)
+             ? "the engine's CUDA kernels, launched with programmatic dependent launch"
+             : "the engine's CUDA kernels";
+}
+
 at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
   if (kernels_take(fused, gate_up)) return cuda_ops::swiglu_packed(gate_up);
   const int64_t I = gate_up.size(-1) / 2;

@@ -88,7 +88,8 @@ class HfTarget final : public Target {
                                      cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" +
                                          std::to_string(cfg_.layers) + " layers, hidden " +
                                          std::to_string(cfg_.hidden) + ", vocab " + std::to_string(cfg_.vocab) + ", " +
-                                         c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") + ")");
+                                         c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
+                                         "; norms, RoPE, SwiGLU: " + frozen::kernels_on(device_, fused_) + ")");
   }
 
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {
