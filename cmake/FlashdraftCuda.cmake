@@ -11,7 +11,8 @@
 # flashdraft_cuda_library(<name> <architectures> <sources...>)
 #   A static library of .cu files for <architectures> (CUDA_ARCHITECTURES syntax), C++17,
 #   position independent, hidden visibility, linked with the shared CUDA runtime (the one
-#   LibTorch loads, so both see one context); its folder is on its include path.
+#   LibTorch loads, so both see one context); its folder and core/include (for
+#   flashdraft/launch.cuh) are on its include path.
 macro(flashdraft_enable_cuda out what)
   set(${out} FALSE)
   if(NOT FLASHDRAFT_BUILD_CUDA)
@@ -43,5 +44,7 @@ function(flashdraft_cuda_library name archs)
     CUDA_VISIBILITY_PRESET hidden
     CXX_VISIBILITY_PRESET hidden)
   target_include_directories(${name} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+  # flashdraft/launch.cuh (header-only, CUDA runtime only; no LibTorch header reaches nvcc)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/core/include)
   target_link_libraries(${name} PUBLIC CUDA::cudart)
 endfunction()

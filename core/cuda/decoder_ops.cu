@@ -305,9 +305,9 @@ void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, v
     T *st = static_cast<T*>(sum), *ot = static_cast<T*>(out);
     const dim3 grid(static_cast<unsigned>(rows)), block(kNormThreads);
     if (aligned && H % E == 0 && H / E <= int64_t(kNormThreads) * kNormVecs)
-      launch_dependent(add_rms_norm_vec_kernel<T>, grid, block, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
+      launch_dependent(add_rms_norm_vec_kernel<T>, grid, block, 0, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
     else
-      launch_dependent(add_rms_norm_kernel<T>, grid, block, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
+      launch_dependent(add_rms_norm_kernel<T>, grid, block, 0, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
   });
   check_launch("add_rms_norm");
 }
@@ -330,15 +330,15 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
       const dim3 g(
           static_cast<unsigned>(((Hq + 2 * Hkv) * kRopeThreadsPerHead<E, decltype(d)::value> + threads - 1) / threads),
           static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
-      launch_dependent(qkv_rope_vec_kernel<E, decltype(d)::value>, g, dim3(threads), st, in, qn, kn, eps, c, s,
+      launch_dependent(qkv_rope_vec_kernel<E, decltype(d)::value>, g, dim3(threads), 0, st, in, qn, kn, eps, c, s,
                        table_batch, qo, ko, vo, B, T, Hq, Hkv);
     };
     if (vec && D == 64) return launch_vec(std::integral_constant<int, 64>());
     if (vec && D == 128) return launch_vec(std::integral_constant<int, 128>());
     if (vec && D == 256) return launch_vec(std::integral_constant<int, 256>());
     const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
-    launch_dependent(qkv_rope_kernel<E>, dim3(static_cast<unsigned>(blocks)), dim3(kQkvWarps * 32), st, in, qn, kn, eps,
-                     c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);
+    launch_dependent(qkv_rope_kernel<E>, dim3(static_cast<unsigned>(blocks)), dim3(kQkvWarps * 32), 0, st, in, qn, kn,
+                     eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);
   });
   check_launch("qkv_rope");
 }
@@ -356,10 +356,10 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
       const int64_t nv = I / E;
       const dim3 grid(static_cast<unsigned>(std::min<int64_t>((nv + kSwigluThreads - 1) / kSwigluThreads, 64)),
                       static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-      launch_dependent(swiglu_packed_vec_kernel<T>, grid, dim3(kSwigluThreads), s, in, o, rows, I);
+      launch_dependent(swiglu_packed_vec_kernel<T>, grid, dim3(kSwigluThreads), 0, s, in, o, rows, I);
     } else {
-      launch_dependent(swiglu_packed_kernel<T>, dim3(grid_for(rows * I, kSwigluThreads)), dim3(kSwigluThreads), s, in,
-                       o, rows, I);
+      launch_dependent(swiglu_packed_kernel<T>, dim3(grid_for(rows * I, kSwigluThreads)), dim3(kSwigluThreads), 0, s,
+                       in, o, rows, I);
     }
   });
   check_launch("swiglu_packed");

@@ -4,14 +4,13 @@
 
 #include "engine_ops.cuh"
 
+#include <flashdraft/launch.cuh>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -67,69 +66,12 @@ inline void check_launch(const char* kernel) {
                              " failed to launch: " + cudaGetErrorString(e));
 }
 
-// Programmatic dependent launch (sm_90 and later): a kernel launched with launch_dependent()
-// may be scheduled while the kernel before it in the stream is still finishing (its last wave,
-// its memory flush), and waits in pdl_wait() until that kernel has completed and its writes are
-// visible, so it must call pdl_wait() before reading or writing anything another kernel writes.
-// pdl_trigger() lets the next kernel, if it was launched so, be scheduled once every block of
-// this one has started or exited. On older devices, or with FLASHDRAFT_PDL=0 in the
-// environment, launch_dependent() is a plain launch and both calls do nothing.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Whether launches on device `dev` use it: compute capability 9.0 or later (read once per
-// device), unless FLASHDRAFT_PDL=0; pdl_here(): on the current device.
-inline bool pdl_on(int dev) {
-  static const bool off = [] {
-    const char* e = std::getenv("FLASHDRAFT_PDL");
-    return e != nullptr && std::strcmp(e, "0") == 0;
-  }();
-  constexpr int kDevices = 64;
-  if (off || dev < 0 || dev >= kDevices) return false;
-  static std::atomic<int> known[kDevices];  // 0 not read yet, 1 no, 2 yes
-  int v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();  // (no device: not a launch error to report later)
-      major = 0;
-    }
-    v = major >= 9 ? 2 : 1;
-    known[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
-}
-
-inline bool pdl_here() {
-  int dev = 0;
-  return cudaGetDevice(&dev) == cudaSuccess && pdl_on(dev);
-}
-
-// kernel<<<grid, block, 0, stream>>>(args...) with programmatic dependent launch where pdl_here().
-template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (pdl_here()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
+// Programmatic dependent launch: flashdraft/launch.cuh (pdl_wait, pdl_trigger, pdl_on,
+// launch_dependent), shared with the kernel plugins.
+using launch::launch_dependent;
+using launch::pdl_on;
+using launch::pdl_trigger;
+using launch::pdl_wait;
 
 // Calls f with a null pointer of the element type of `dtype` (the kernels' template argument).
 template <typename F>

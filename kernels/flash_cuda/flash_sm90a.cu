@@ -26,7 +26,6 @@
 // called by flash_forward() / flash_backward() when the resolved configuration is sm90a, which
 // flash_resolve_config() allows only on compute capability 9.0 devices.
 #include <climits>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -35,6 +34,8 @@
 
 #include "flash_kernels.cuh"
 #include "wgmma.cuh"
+
+#include <flashdraft/launch.cuh>
 
 namespace flashdraft::flash_cuda {
 namespace detail {
@@ -646,7 +647,7 @@ __global__ void __launch_bounds__(kWsFwdThreads, 1) wg_fwd_kernel(const FlashPar
   // Launched with programmatic dependent launch (launch_fwd): wait until the kernel before it
   // (the q|k|v RoPE, the work order) has completed and its writes are visible, before reading
   // or writing anything. Without the launch attribute this returns at once.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  launch::pdl_wait();
   const QueryWork work = query_work(p, order, 0);
   const int qb = work.qb, h = work.h, b = work.b;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, t = lane % 4, g = lane / 4;
@@ -908,26 +909,10 @@ void launch_fwd(const FlashParams& p) {
   (void)allowed;
   int* order = static_cast<int*>(p.workspace);  // flash_forward_workspace_bytes()
   if (!p.order_ready) launch_schedule(p, order, nullptr, 2, true);
-  // Programmatic dependent launch: the CTAs are scheduled while the kernel before finishes and
-  // wait in the kernel (griddepcontrol.wait) for it; FLASHDRAFT_PDL=0 launches plainly, as the
-  // engine's own kernels (core/cuda/ops_common.cuh).
-  static const bool pdl = [] {
-    const char* e = std::getenv("FLASHDRAFT_PDL");
-    return !(e != nullptr && std::string(e) == "0");
-  }();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(query_items(p));
-  config.blockDim = dim3(kWsFwdThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = p.stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (pdl) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  cudaLaunchKernelEx(&config, kernel, p, static_cast<const int*>(order));
+  // Programmatic dependent launch (flashdraft/launch.cuh): the CTAs are scheduled while the
+  // kernel before finishes and wait in the kernel for it (FLASHDRAFT_PDL=0: a plain launch).
+  launch::launch_dependent(kernel, dim3(query_items(p)), dim3(kWsFwdThreads), smem, p.stream, p,
+                           static_cast<const int*>(order));
   check_launch("forward (sm90a)");
 }
 
