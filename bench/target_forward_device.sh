@@ -198,18 +198,24 @@ text = open(os.path.join(out, "floor.txt")).read()
 floor = float(re.search(r"34 layers: floor ([0-9.]+) ms", text).group(1))
 peer = open(os.path.join(out, "peer.txt")).read() if os.path.exists(os.path.join(out, "peer.txt")) else ""
 best = [float(x) for x in re.findall(r"transformers [a-z.]+(?: [a-z]+)?: ([0-9.]+) ms", peer)]
+# Each run's log, read once: forward and step times per step, the step's memory.
+runs = {}
+for k in ("engine", "engine_pdl0", "aten", "engine_again"):
+    try:
+        with h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True) as f:
+            runs[k] = (f["steps/target_time_s"][:], f["steps/step_time_s"][:], f["memory/step"][:])
+    except OSError:
+        pass
+median_ms = lambda x: 1e3 * statistics.median(x[13:])  # steps 14-24
 print("| target kernels | target forward ms | / matmul floor | / transformers' best | step ms | peak GiB |")
 print("| --- | --- | --- | --- | --- | --- |")
 for k in ("engine", "engine_pdl0", "aten", "engine_again"):
-    try:
-        f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
-    except OSError as e:
+    if k not in runs:
         print(f"| {k} | no log | | | | |"); continue
-    t = 1e3 * statistics.median(f["steps/target_time_s"][13:])
-    s = 1e3 * statistics.median(f["steps/step_time_s"][13:])
-    m = max(f["memory/step"][13:]) / 2**30
+    target, step, memory = runs[k]
+    t = median_ms(target)
     b = f"{t / min(best):.3f}" if best else "-"
-    print(f"| {k} | {t:.1f} | {t / floor:.3f} | {b} | {s:.1f} | {m:.2f} |")
+    print(f"| {k} | {t:.1f} | {t / floor:.3f} | {b} | {median_ms(step):.1f} | {max(memory[13:]) / 2**30:.2f} |")
 print(f"\nmatmul floor {floor:.2f} ms (34 layers x the four products at their shapes, measured here); "
       f"transformers: {', '.join(f'{x:.2f} ms' for x in best) or 'not measured'}")
 # The products inside the step (the profile's target_forward part, nvjet kernels) and the issue's
@@ -234,18 +240,11 @@ issue_floor = 1e3 * (prod_flop + 34 * 4 * 3072 * 3072 / 2 * 128 * 32) / rate
 print(f"the issue's floor (products + causal attention at {rate / 1e12:.0f} TFLOP/s, the better rate): "
       f"{issue_floor:.1f} ms")
 for k in ("engine", "engine_pdl0", "engine_again"):
-    try:
-        f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
-    except OSError:
-        continue
-    t = 1e3 * statistics.median(f["steps/target_time_s"][13:])
-    print(f"  {k}: {t / issue_floor:.3f}x that floor")
+    if k in runs:
+        print(f"  {k}: {median_ms(runs[k][0]) / issue_floor:.3f}x that floor")
 for k in ("engine", "engine_again"):
-    try:
-        f = h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True)
-    except OSError:
-        continue
-    steps = f["steps/target_time_s"][1:]
-    print(f"{k}: target forward ms, steps 2-{len(steps) + 1}: " + " ".join(f"{1e3 * x:.1f}" for x in steps))
+    if k in runs:
+        steps = runs[k][0][1:]
+        print(f"{k}: target forward ms, steps 2-{len(steps) + 1}: " + " ".join(f"{1e3 * x:.1f}" for x in steps))
 PY
 echo "=== done in $(( $(date +%s) - t0 )) s"

@@ -80,8 +80,8 @@ namespace frozen {
 
 namespace {
 
-bool kernels_take(bool fused, const at::Tensor& t) {
-  return fused && cuda_ops::runs_on(t) && t.is_contiguous() && t.scalar_type() != at::kDouble;
+bool kernels_take(bool fused, const at::Tensor& t) {  // (runs_on: float32, bfloat16, float16 on CUDA)
+  return fused && cuda_ops::runs_on(t);
 }
 
 at::Tensor plain_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -111,8 +111,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
                                 c10::str(x.sizes()) + ", dtype and device, and come with a delta to add");
   const int64_t H = x.size(-1);
   const bool rows = cuda_ops::row_stride(x) >= H && (!sum_into.defined() || cuda_ops::row_stride(sum_into) >= H);
-  if (fused && cuda_ops::runs_on(x) && x.scalar_type() != at::kDouble && rows &&
-      (!delta.defined() || delta.is_contiguous())) {
+  if (kernels_take(fused, x) && rows && (!delta.defined() || delta.is_contiguous())) {
     if (!delta.defined()) return {x, cuda_ops::add_rms_norm(x, delta, at::Tensor(), w, eps)};
     at::Tensor sum = sum_into.defined() ? sum_into : at::empty_like(delta);
     at::Tensor normed = cuda_ops::add_rms_norm(x, delta, sum, w, eps);
@@ -129,7 +128,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 
 Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
              double eps, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
-  if (kernels_take(fused, qkv) && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous()) {
+  if (kernels_take(fused, qkv) && qkv.is_contiguous() && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous()) {
     const cuda_ops::Qkv r = cuda_ops::qkv_rope(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin);
     return {r.q, r.k, r.v};
   }
@@ -153,7 +152,7 @@ std::string kernels_on(const c10::Device& device, bool fused) {
 }
 
 at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
-  if (kernels_take(fused, gate_up)) return cuda_ops::swiglu_packed(gate_up);
+  if (kernels_take(fused, gate_up) && gate_up.is_contiguous()) return cuda_ops::swiglu_packed(gate_up);
   const int64_t I = gate_up.size(-1) / 2;
   return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
 }
