@@ -517,3 +517,43 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
       expect_agree(sw_f, sw_p.contiguous(), name + " swiglu_packed");
     }
 }
+
+// x += a w^T in the product's epilogue (the hf target's residual adds on the engine's path),
+// against the float64 sum on fresh random inputs: in place, the sum rounded once (16-bit dtypes:
+// within one unit of the float64 value's last place; float32: within the float32 accumulation's
+// error bound K eps (|a| |w|^T + |x|) plus a rounding). Off the engine's path it touches nothing.
+TEST(CudaOps, FrozenAddLinearAddsInTheProduct) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(12);
+  const int64_t B = 2, T = 37, K = 1000, N = 1100;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    const std::string name = std::string(c10::toString(dtype)) + " add_linear_";
+    const at::Tensor x = at::randn({B, T, N}, opts) * 4, a = at::randn({B, T, K}, opts),
+                     w = at::randn({N, K}, opts) * 0.05;
+    const at::Tensor want = x.to(at::kDouble) + at::matmul(a.to(at::kDouble), w.to(at::kDouble).t());
+    at::Tensor got = x.clone();
+    const void* where = got.data_ptr();
+    ASSERT_TRUE(frozen::add_linear_(got, a, w, true)) << name;
+    EXPECT_EQ(got.data_ptr(), where) << name << ": not in place";
+    if (dtype == at::kFloat) {
+      const at::Tensor bound =
+          K * std::ldexp(1.0, -24) * (at::matmul(a.to(at::kDouble).abs(), w.to(at::kDouble).abs().t()) + x.abs()) +
+          want.abs() * std::ldexp(1.0, -24);
+      const double worst = ((got.to(at::kDouble) - want).abs() / bound).max().item<double>();
+      std::cout << name << ": worst error / bound " << worst << "\n";
+      EXPECT_LE(worst, 1.0) << name;
+    } else {
+      const Agreement ag = agreement(got, want.to(dtype));
+      std::cout << name << ": max " << ag.max_ulps << " ulp from the float64 sum rounded, " << 100 * ag.share_differing
+                << "% of values differ\n";
+      EXPECT_LE(ag.max_ulps, 1.0) << name;
+    }
+    at::Tensor cpu = x.cpu(), kept = cpu.clone();
+    EXPECT_FALSE(frozen::add_linear_(cpu, a.cpu(), w.cpu(), true)) << name << " on the CPU";
+    const at::Tensor before = got.clone();
+    EXPECT_FALSE(frozen::add_linear_(got, a, w, false)) << name << " not fused";
+    EXPECT_TRUE(at::equal(cpu, kept)) << name << ": the CPU path changed x";
+    EXPECT_TRUE(at::equal(got, before)) << name << ": not fused, x changed";
+  }
+}

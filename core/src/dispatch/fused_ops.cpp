@@ -7,6 +7,8 @@
 #include <torch/types.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <cstdlib>
+#include <string>
 
 namespace flashdraft {
 
@@ -84,6 +86,14 @@ bool kernels_take(bool fused, const at::Tensor& t) {  // (runs_on: float32, bflo
   return fused && cuda_ops::runs_on(t);
 }
 
+bool adds_in_products() {  // add_linear_ on the engine's path, unless FLASHDRAFT_GEMM_ADD=0
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHDRAFT_GEMM_ADD");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 at::Tensor plain_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   const at::Tensor xf = x.to(at::kFloat);
   return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
@@ -146,9 +156,18 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
 
 std::string kernels_on(const c10::Device& device, bool fused) {
   if (!fused || !device.is_cuda() || !cuda_ops::cuda_ops_built()) return "transformers' ATen ops";
-  return cuda_ops::programmatic_launch(device)
-             ? "the engine's CUDA kernels, launched with programmatic dependent launch"
-             : "the engine's CUDA kernels";
+  std::string s = "the engine's CUDA kernels";
+  if (cuda_ops::programmatic_launch(device)) s += ", launched with programmatic dependent launch";
+  if (adds_in_products()) s += "; residual adds in the matrix products";
+  return s;
+}
+
+bool add_linear_(const at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool fused) {
+  if (!adds_in_products() || !kernels_take(fused, x) || !x.is_contiguous() || a.scalar_type() != x.scalar_type() ||
+      w.scalar_type() != x.scalar_type())
+    return false;
+  x.view({-1, x.size(-1)}).addmm_(a.reshape({-1, a.size(-1)}), w.t());
+  return true;
 }
 
 at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
