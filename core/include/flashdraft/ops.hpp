@@ -57,12 +57,13 @@ struct Qkv {
 FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm,
                             const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
                             bool fused = true);
-// x += a w^T (x [..., N] contiguous, a [..., K], w [N, K]) in place, with the sum rounded once: the
-// matrix product adds x in its epilogue (cuBLAS, beta = 1) instead of writing a w^T for a
-// separate add. transformers rounds the product to x's dtype first, then the sum; the two differ
-// by at most one rounding of the sum. Returns false, touching nothing, where the engine's path
-// does not take it (not fused, not CUDA, a dtype the kernels do not take, x not contiguous, or
-// FLASHDRAFT_GEMM_ADD=0): the caller then adds the transformers way.
+// x += a w^T (x [..., N] contiguous, a [..., K], w [N, K]) in place: the matrix product adds x in
+// its epilogue (cuBLAS, beta = 1) instead of writing a w^T for a separate add pass. At the hf
+// target's shapes cuBLAS rounds the product to x's dtype and then the sum, as transformers does
+// (bf16, 3072 x 4096 x 4096 and x 12288 x 4096 on an H100: every value equal to x + linear(a, w));
+// at some shapes its kernel rounds the sum once (closer to the exact sum). Returns false, touching
+// nothing, where the engine's path does not take it (not fused, not CUDA, a dtype the kernels do
+// not take, x not contiguous, or FLASHDRAFT_GEMM_ADD=0): the caller then adds the transformers way.
 FLASHDRAFT_API bool add_linear_(const at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool fused = true);
 // The packed projection gate_up [..., 2 I] (gate first): silu(gate) * up, [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = true);
