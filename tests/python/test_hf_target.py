@@ -256,9 +256,9 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     """bf16 on the GPU: ours (flash_cuda) and transformers' own bf16 forward, each against
     transformers in fp32; ours must stay within the bound and within 2x transformers' bf16 error.
     The engine's path puts a residual add into the matrix product before it where that overwrites
-    no recorded state: with every layer recorded, each layer's first add on the embedding only; with
-    layers 0 and 2, also layer 1's second and layer 2's first (the bookkeeping that must leave layer
-    0's state alone)."""
+    no recorded state: with every layer recorded only layer 0's first (on the embedding's rows);
+    with layers 0 and 2 also layer 1's second and layer 2's first (the bookkeeping that must leave
+    layer 0's state alone)."""
     folder = tmp_path / family
     # head_dim 64: a size flash_cuda runs (64 or 128).
     model = make_model(folder, family, seed=13, hidden_size=256, intermediate_size=384, head_dim=64)
