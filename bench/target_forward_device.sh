@@ -5,6 +5,8 @@
 # 1, 9, 17, 25, 33 and learns the data's tokens (labels = "data"), so 34 of the 36 decoder layers
 # run; S = 3072, B = 1).
 #   device run: command `bash bench/target_forward_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
+#   VARIANTS="engine" (ours with the engine's kernels only, then transformers and ours again: ~200 s
+#   instead of ~290) leaves out the side-by-side runs of step 4.
 # 1. build the engine, the plugins, test_cuda_ops and tests/tools/target_states; make the
 #    checkpoint meanwhile;
 # 2. test_cuda_ops' frozen-layer case (the fused norm / q-k-v RoPE / SwiGLU kernels against
@@ -97,7 +99,7 @@ run_ours() {
   grep -E "^target|^error|^step +24/" "$log" | head -5
   grep -A44 "^profile" "$log" | grep -v "^step" | head -46
 }
-for k in engine engine_pdl0 engine_gemm_add0 aten; do run_ours $k; done
+for k in ${VARIANTS:-engine engine_pdl0 engine_gemm_add0 aten}; do run_ours $k; done
 
 echo "=== hidden states at the real shape against transformers"
 python3 - "$BUILD" "$CKPT" <<'PY' | tee "$OUT/states.txt"
