@@ -77,9 +77,8 @@ void rope(DType dtype, const void* x, const void* cos, const void* sin, void* ou
 //   s = round(x + delta) written to `sum` (row r at sum + r * sum_ld; it may alias x; delta
 //   null: s = x, nothing written)
 //   out = round(w * round(s * rsqrt(mean(s^2) + eps)))
-// The kernels of this section are launched with programmatic dependent launch where the
-// device has it (ops_common.cuh).
-// Whether the kernels of this section launch with programmatic dependent launch on `device`.
+// Whether the kernels of this section launch with programmatic dependent launch on `device`
+// (flashdraft/launch.cuh: compute capability 9.0 or later, FLASHDRAFT_PDL not 0).
 bool programmatic_launch(int device);
 void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
                   void* out, int64_t rows, int64_t H, float eps, void* stream);

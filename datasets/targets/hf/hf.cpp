@@ -166,27 +166,25 @@ class HfTarget final : public Target {
     // writes the sum into the state's slot). Off the engine's path every add is pending, as
     // transformers rounds it.
     at::Tensor pending;
-    bool own = true;  // x may be updated in place: the embedding's rows or a sum made here
     const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
     for (int64_t l = 0; l <= deepest; ++l) {
       const DecoderLayer& L = layers_[static_cast<size_t>(l)];
       // (l - 1 < deepest <= the last layer: never the final-norm case)
       const at::Tensor into = l > 0 && pending.defined() ? slot_of(l - 1) : at::Tensor();
       const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into);
-      if (pending.defined()) own = !into.defined();
       if (l > 0) record(l - 1, stream);
       const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
                                      cfg_.rms_eps, cos, sin, fused_);
       const at::Tensor a = layers::merge_heads(attention.attention(l, p.q, p.k, p.v, scale));
       at::Tensor x1, h2;
-      if (own && !L.o_bias.defined() && frozen::add_linear_(stream, a, L.o_proj, fused_)) {
+      // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
+      if (!into.defined() && !L.o_bias.defined() && frozen::add_linear_(stream, a, L.o_proj, fused_)) {
         x1 = stream;
         h2 = frozen::add_rms_norm(x1, at::Tensor(), L.post_norm, cfg_.rms_eps, fused_).second;
       } else {
         std::tie(x1, h2) =
             frozen::add_rms_norm(stream, at::linear(a, L.o_proj, L.o_bias), L.post_norm, cfg_.rms_eps, fused_);
       }
-      own = true;  // x1: stream updated in place or a new sum
       const at::Tensor g = frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_);
       if (!slot_of(l).defined() && frozen::add_linear_(x1, g, L.down_proj, fused_))
         pending = at::Tensor();
