@@ -18,7 +18,8 @@
 //                              atomic dQ NOTES.md v2/v3 compare; the DFlash case is first
 //                              checked against the reference at H=4.
 //   ./check_flash_cuda sweep   the bench's DFlash problem (and causal 8192 with
-//                              FLASHDRAFT_SWEEP_CAUSAL=1), in the sm90a configuration or the
+//                              FLASHDRAFT_SWEEP_CAUSAL=1, the online target's causal S = 3072
+//                              with 32 / 8 heads with FLASHDRAFT_SWEEP_TARGET=1), in the sm90a configuration or the
 //                              one FLASHDRAFT_SWEEP_CONFIG names (sm120, sm90): variants given as
 //                              environment settings, FLASHDRAFT_SWEEP="name|VAR=v VAR=v;name|..."
 //                              (an empty list of settings is the default; the setting
@@ -1166,6 +1167,13 @@ int main(int argc, char** argv) {
         causal.B = 1, causal.Hq = causal.Hkv = 32, causal.D = 128;
         mask_causal(causal.mask, 8192, 8192);
         sweep_problem(causal, "causal", vs, rounds, cfg);
+      }
+      if (const char* c = std::getenv("FLASHDRAFT_SWEEP_TARGET"); c && *c == '1') {
+        // the online target's attention: Qwen3-8B's 32 query / 8 key-value heads, causal, S = 3072
+        Problem target;
+        target.B = 1, target.Hq = 32, target.Hkv = 8, target.D = 128;
+        mask_causal(target.mask, 3072, 3072);
+        sweep_problem(target, "target", vs, rounds, cfg);
       }
     }
   }
