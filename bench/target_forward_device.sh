@@ -6,8 +6,7 @@
 # run; S = 3072, B = 1).
 #   device run: command `bash bench/target_forward_device.sh`, carry [".deps", "build-device"] after scripts/stage-device-build here (or [".deps"]: built there), timeout_s 600.
 #   VARIANTS="engine" (ours with the engine's kernels only, then transformers and ours again: ~200 s
-#   instead of ~290) leaves out the side-by-side runs of step 4; VARIANTS="engine engine_tune0" adds
-#   ours with torch's own algorithm for each product (~240 s).
+#   instead of ~290) leaves out the side-by-side runs of step 4.
 # 1. build the engine, the plugins, test_cuda_ops and tests/tools/target_states; make the
 #    checkpoint meanwhile;
 # 2. test_cuda_ops' frozen-layer case (the fused norm / q-k-v RoPE / SwiGLU kernels against
@@ -16,8 +15,7 @@
 #    torch), median of 20, times 34 layers;
 # 4. our training step for 24 steps with [target] kernels = "engine", the same without programmatic
 #    dependent launch (FLASHDRAFT_PDL=0), the same with the residual adds outside the matrix products
-#    (FLASHDRAFT_GEMM_ADD=0), the same with torch's choice of algorithm for every product
-#    (FLASHDRAFT_TUNE_PRODUCTS=0, VARIANTS only) and kernels = "aten" (each its own process; steps 11-13 of
+#    (FLASHDRAFT_GEMM_ADD=0) and kernels = "aten" (each its own process; steps 11-13 of
 #    the engine's under --profile, its per-family GPU time): median
 #    target forward ms over steps 14-24, step ms, peak GiB;
 # 5. the hidden states at the real shape (tests/tools/target_states on 3072 random tokens,
@@ -85,21 +83,20 @@ phase idle
 # add in the norm after it, FLASHDRAFT_GEMM_ADD=0: what adding in the products buys), aten, engine_again (the engine
 # once more after transformers' timing: the spread of one version, and any drift of the card).
 run_ours() {
-  local k=$1 kern=aten pdl=1 gemm_add=1 tune=1 prof="" log="$OUT/run_$1.log"
+  local k=$1 kern=aten pdl=1 gemm_add=1 prof="" log="$OUT/run_$1.log"
   case $k in engine*) kern=engine ;; esac
   [ $k = engine_pdl0 ] && pdl=0
   [ $k = engine_gemm_add0 ] && gemm_add=0 log=/tmp/run_engine_gemm_add0.log
-  [ $k = engine_tune0 ] && tune=0 log=/tmp/run_engine_tune0.log
   [ $k = engine ] && prof="--profile 10:13"
   [ $k = engine_again ] && log=/tmp/run_engine_again.log  # (a call brings back 8 files of $OUT)
   sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$kern\"|" \
     -e "s/^steps = 20/steps = 24/" -e "s/^target_layer_ids = \(.*\)/target_layer_ids = \1\nlabels = \"data\"/" \
     bench/qwen3_8b_hf_target.toml > /tmp/target_$k.toml
   phase "ours $k"
-  FLASHDRAFT_PDL=$pdl FLASHDRAFT_GEMM_ADD=$gemm_add FLASHDRAFT_TUNE_PRODUCTS=$tune timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$log" 2>&1
+  FLASHDRAFT_PDL=$pdl FLASHDRAFT_GEMM_ADD=$gemm_add timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$log" 2>&1
   echo "=== run kernels = $k: rc $?"
   phase idle
-  grep -E "^target|^error|^step +24/" "$log" | head -12
+  grep -E "^target|^error|^step +24/" "$log" | head -5
   grep -A44 "^profile" "$log" | grep -v "^step" | head -46
 }
 for k in ${VARIANTS:-engine engine_pdl0 engine_gemm_add0 aten}; do run_ours $k; done
@@ -208,7 +205,7 @@ peer = open(os.path.join(out, "peer.txt")).read() if os.path.exists(os.path.join
 best = [float(x) for x in re.findall(r"transformers [a-z.]+(?: [a-z]+)?: ([0-9.]+) ms", peer)]
 # Each run's log, read once: forward and step times per step, the step's memory.
 runs = {}
-for k in ("engine", "engine_pdl0", "engine_gemm_add0", "engine_tune0", "aten", "engine_again"):
+for k in ("engine", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
     try:
         with h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True) as f:
             runs[k] = (f["steps/target_time_s"][:], f["steps/step_time_s"][:], f["memory/step"][:])
@@ -217,7 +214,7 @@ for k in ("engine", "engine_pdl0", "engine_gemm_add0", "engine_tune0", "aten", "
 median_ms = lambda x: 1e3 * statistics.median(x[13:])  # steps 14-24
 print("| target kernels | target forward ms | / matmul floor | / transformers' best | step ms | peak GiB |")
 print("| --- | --- | --- | --- | --- | --- |")
-for k in ("engine", "engine_pdl0", "engine_gemm_add0", "engine_tune0", "aten", "engine_again"):
+for k in ("engine", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
     if k not in runs:
         print(f"| {k} | no log | | | | |"); continue
     target, step, memory = runs[k]
@@ -247,7 +244,7 @@ rate = max(rates)
 issue_floor = 1e3 * (prod_flop + 34 * 4 * 3072 * 3072 / 2 * 128 * 32) / rate
 print(f"the issue's floor (products + causal attention at {rate / 1e12:.0f} TFLOP/s, the better rate): "
       f"{issue_floor:.1f} ms")
-for k in ("engine", "engine_pdl0", "engine_gemm_add0", "engine_tune0", "engine_again"):
+for k in ("engine", "engine_pdl0", "engine_gemm_add0", "engine_again"):
     if k in runs:
         print(f"  {k}: {median_ms(runs[k][0]) / issue_floor:.3f}x that floor")
 for k in ("engine", "engine_again"):

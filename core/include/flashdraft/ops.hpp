@@ -65,22 +65,11 @@ FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_hea
 // nothing, where the engine's path does not take it (not fused, not CUDA, a dtype the kernels do
 // not take, x not contiguous, or FLASHDRAFT_GEMM_ADD=0): the caller then adds the transformers way.
 FLASHDRAFT_API bool add_linear_(const at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool fused = true);
-// a w^T + bias (at::linear). On the engine's path (fused, CUDA, bfloat16 / float16, no bias, a
-// contiguous) each shape's first product times cuBLASLt's candidate algorithms that need no
-// workspace and give torch's values bit for bit on that call's operands, against torch's own
-// choice, and later products of the shape take the fastest (add_linear_ too): the same values,
-// 1-3% less time at the hf target's Qwen3-8B shapes (bench/gemm_algos.cpp). FLASHDRAFT_TUNE_PRODUCTS=0
-// keeps torch's choice. What each tuning chose: take_product_reports().
-FLASHDRAFT_API at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias = at::Tensor(),
-                                 bool fused = true);
-// One line per product shape tuned since the last call (its choice and both times), for progress output.
-FLASHDRAFT_API std::vector<std::string> take_product_reports();
 // The packed projection gate_up [..., 2 I] (gate first): silu(gate) * up, [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
-// adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0; the tuned products unless
-// FLASHDRAFT_TUNE_PRODUCTS=0), or "transformers' ATen ops" (the
+// adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0), or "transformers' ATen ops" (the
 // CPU, a build without the kernels, or not fused).
 FLASHDRAFT_API std::string kernels_on(const c10::Device& device, bool fused = true);
 }  // namespace frozen

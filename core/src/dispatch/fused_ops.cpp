@@ -2,7 +2,6 @@
 #include <flashdraft/ops.hpp>
 
 #include "dispatch/cuda_ops.hpp"
-#include "dispatch/tuned_products.hpp"
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
@@ -160,31 +159,14 @@ std::string kernels_on(const c10::Device& device, bool fused) {
   std::string s = "the engine's CUDA kernels";
   if (cuda_ops::programmatic_launch(device)) s += ", launched with programmatic dependent launch";
   if (adds_in_products()) s += "; residual adds in the matrix products";
-  if (tuned::enabled())
-    s += "; each bfloat16 / float16 product shape on the fastest cuBLASLt algorithm that gives torch's values";
   return s;
 }
-
-at::Tensor linear(const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias, bool fused) {
-  const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
-  if (!bias.defined() && half && kernels_take(fused, a) && tuned::enabled() && a.is_contiguous() && w.is_contiguous() &&
-      w.dim() == 2 && a.dim() >= 1 && a.size(-1) == w.size(1)) {
-    std::vector<int64_t> sizes = a.sizes().vec();
-    sizes.back() = w.size(0);
-    const at::Tensor out = at::empty(sizes, a.options());
-    if (tuned::product(out, a, w, /*accumulate=*/false)) return out;
-  }
-  return at::linear(a, w, bias);
-}
-
-std::vector<std::string> take_product_reports() { return tuned::take_reports(); }
 
 bool add_linear_(const at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool fused) {
   if (!adds_in_products() || !kernels_take(fused, x) || !x.is_contiguous() || a.scalar_type() != x.scalar_type() ||
       w.scalar_type() != x.scalar_type())
     return false;
-  if (!tuned::product(x, a, w, /*accumulate=*/true))
-    x.view({-1, x.size(-1)}).addmm_(a.reshape({-1, a.size(-1)}), w.t());
+  x.view({-1, x.size(-1)}).addmm_(a.reshape({-1, a.size(-1)}), w.t());
   return true;
 }
 

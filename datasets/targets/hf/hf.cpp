@@ -173,8 +173,8 @@ class HfTarget final : public Target {
       const at::Tensor into = l > 0 && pending.defined() ? slot_of(l - 1) : at::Tensor();
       const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into);
       if (l > 0) record(l - 1, stream);
-      const QKV p = frozen::qkv_rope(frozen::linear(h, L.qkv, L.qkv_bias, fused_), cfg_.heads, cfg_.kv_heads, L.q_norm,
-                                     L.k_norm, cfg_.rms_eps, cos, sin, fused_);
+      const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
+                                     cfg_.rms_eps, cos, sin, fused_);
       const at::Tensor a = layers::merge_heads(attention.attention(l, p.q, p.k, p.v, scale));
       at::Tensor x1, h2;
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
@@ -182,14 +182,14 @@ class HfTarget final : public Target {
         x1 = stream;
         h2 = frozen::add_rms_norm(x1, at::Tensor(), L.post_norm, cfg_.rms_eps, fused_).second;
       } else {
-        std::tie(x1, h2) = frozen::add_rms_norm(stream, frozen::linear(a, L.o_proj, L.o_bias, fused_), L.post_norm,
-                                                cfg_.rms_eps, fused_);
+        std::tie(x1, h2) =
+            frozen::add_rms_norm(stream, at::linear(a, L.o_proj, L.o_bias), L.post_norm, cfg_.rms_eps, fused_);
       }
-      const at::Tensor g = frozen::swiglu_packed(frozen::linear(h2, L.gate_up, at::Tensor(), fused_), fused_);
+      const at::Tensor g = frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_);
       if (!slot_of(l).defined() && frozen::add_linear_(x1, g, L.down_proj, fused_))
         pending = at::Tensor();
       else
-        pending = frozen::linear(g, L.down_proj, at::Tensor(), fused_);
+        pending = at::linear(g, L.down_proj);
       x = x1;
     }
     at::Tensor last = deepest == cfg_.layers - 1 ? at::Tensor() : slot_of(deepest);
@@ -200,8 +200,6 @@ class HfTarget final : public Target {
     else
       last = x + pending;
     record(deepest, last);
-    if (say_)
-      for (const std::string& line : frozen::take_product_reports()) say_("target: " + line);
     return out;
   }
 
