@@ -3,12 +3,12 @@
 // addmm_, cuBLAS's own choice) against every algorithm cuBLASLt's heuristic offers for the same
 // product: is there a faster one than the one taken?
 //
-//   bench_gemm_algos [tokens] [candidates]   (defaults 3072 and 24)
+//   bench_gemm_algos [tokens] [candidates]   (defaults 3072 and 24; at most 2^20 and 64)
 //
 // Rows: qkv [M x 4096] x [4096 x 6144], o [.. x 4096] x [4096 x 4096], gate_up x [4096 x 24576],
 // down [.. x 12288] x [12288 x 4096]; "+add" rows add the product into an existing [M x N]
 // (beta = 1), as the target's o and down products do. Timing: the candidates of a row alternate
-// in 9 rounds; each round times 3 calls back to back between CUDA events (the card is busy the
+// in 10 rounds, the first a warm-up; each round times 3 calls back to back between CUDA events (the card is busy the
 // whole row, as in the step, where the products run between memory-bound passes); the median
 // of the rounds, per call. Every candidate's result is compared with torch's on the same inputs
 // (random normal, never zeros): max |diff| / max |torch's|.
@@ -208,15 +208,23 @@ int run(int64_t M, int want) {
 
 int main(int argc, char** argv) {
 #if FLASHDRAFT_WITH_CUDA
+  // [tokens] in 1..1048576, [candidates] in 1..64: whole numbers, else a sentence naming the value
+  auto arg = [&](int i, int64_t fallback, int64_t most, const char* what) -> int64_t {
+    if (argc <= i) return fallback;
+    char* end = nullptr;
+    const long long v = std::strtoll(argv[i], &end, 10);
+    if (end == argv[i] || *end != '\0' || v < 1 || v > most) {
+      std::fprintf(stderr, "bench_gemm_algos: %s must be an integer in 1..%lld, got \"%s\"\n", what,
+                   static_cast<long long>(most), argv[i]);
+      std::exit(2);
+    }
+    return v;
+  };
+  const int64_t M = arg(1, 3072, int64_t(1) << 20, "tokens");
+  const int want = static_cast<int>(arg(2, 24, 64, "candidates"));
   if (!torch::cuda::is_available()) {
-    std::printf("bench_gemm_algos: no CUDA device\n");
+    std::printf("bench_gemm_algos: no CUDA device here; run it on the GPU machine\n");
     return 0;
-  }
-  const int64_t M = argc > 1 ? std::atoll(argv[1]) : 3072;
-  const int want = argc > 2 ? std::atoi(argv[2]) : 24;
-  if (M <= 0 || want <= 0) {
-    std::fprintf(stderr, "usage: bench_gemm_algos [tokens > 0] [candidates > 0]\n");
-    return 2;
   }
   return run(M, want);
 #else
