@@ -15,8 +15,9 @@
 #    torch), median of 20, times 34 layers;
 # 4. our training step for 24 steps with [target] kernels = "engine", the same without programmatic
 #    dependent launch (FLASHDRAFT_PDL=0), the same with the residual adds outside the matrix products
-#    (FLASHDRAFT_GEMM_ADD=0) and kernels = "aten" (each its own process; steps 11-13 of
-#    the engine's under --profile, its per-family GPU time): median
+#    (FLASHDRAFT_GEMM_ADD=0) and kernels = "aten" (each its own process; VARIANTS may add
+#    engine_swiglu1: the gate / up product with SwiGLU in its epilogue, FLASHDRAFT_GEMM_SWIGLU=1, sm_90;
+#    steps 11-13 of the engine's under --profile, its per-family GPU time): median
 #    target forward ms over steps 14-24, step ms, peak GiB;
 # 5. the hidden states at the real shape (tests/tools/target_states on 3072 random tokens,
 #    layers 1, 9, 17, 25, 33) with both kernel settings against transformers' own bf16 forward
@@ -83,17 +84,18 @@ phase idle
 # add in the norm after it, FLASHDRAFT_GEMM_ADD=0: what adding in the products buys), aten, engine_again (the engine
 # once more after transformers' timing: the spread of one version, and any drift of the card).
 run_ours() {
-  local k=$1 kern=aten pdl=1 gemm_add=1 prof="" log="$OUT/run_$1.log"
+  local k=$1 kern=aten pdl=1 gemm_add=1 swiglu=0 prof="" log="$OUT/run_$1.log"
   case $k in engine*) kern=engine ;; esac
   [ $k = engine_pdl0 ] && pdl=0
   [ $k = engine_gemm_add0 ] && gemm_add=0 log=/tmp/run_engine_gemm_add0.log
+  [ $k = engine_swiglu1 ] && swiglu=1 log=/tmp/run_engine_swiglu1.log
   [ $k = engine ] && prof="--profile 10:13"
   [ $k = engine_again ] && log=/tmp/run_engine_again.log  # (a call brings back 8 files of $OUT)
   sed -e "s/^name = .*/name = \"target_$k\"/" -e "s|^path = \"/tmp/qwen3-8b-random\"|path = \"$CKPT\"\nkernels = \"$kern\"|" \
     -e "s/^steps = 20/steps = 24/" -e "s/^target_layer_ids = \(.*\)/target_layer_ids = \1\nlabels = \"data\"/" \
     bench/qwen3_8b_hf_target.toml > /tmp/target_$k.toml
   phase "ours $k"
-  FLASHDRAFT_PDL=$pdl FLASHDRAFT_GEMM_ADD=$gemm_add timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$log" 2>&1
+  FLASHDRAFT_PDL=$pdl FLASHDRAFT_GEMM_ADD=$gemm_add FLASHDRAFT_GEMM_SWIGLU=$swiglu timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/target_$k.toml --out /tmp/target-runs $prof > "$log" 2>&1
   echo "=== run kernels = $k: rc $?"
   phase idle
   grep -E "^target|^error|^step +24/" "$log" | head -5
@@ -205,7 +207,7 @@ peer = open(os.path.join(out, "peer.txt")).read() if os.path.exists(os.path.join
 best = [float(x) for x in re.findall(r"transformers [a-z.]+(?: [a-z]+)?: ([0-9.]+) ms", peer)]
 # Each run's log, read once: forward and step times per step, the step's memory.
 runs = {}
-for k in ("engine", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
+for k in ("engine", "engine_swiglu1", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
     try:
         with h5py.File(f"/tmp/target-runs/target_{k}.h5", "r", swmr=True) as f:
             runs[k] = (f["steps/target_time_s"][:], f["steps/step_time_s"][:], f["memory/step"][:])
@@ -214,7 +216,7 @@ for k in ("engine", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
 median_ms = lambda x: 1e3 * statistics.median(x[13:])  # steps 14-24
 print("| target kernels | target forward ms | / matmul floor | / transformers' best | step ms | peak GiB |")
 print("| --- | --- | --- | --- | --- | --- |")
-for k in ("engine", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
+for k in ("engine", "engine_swiglu1", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
     if k not in runs:
         print(f"| {k} | no log | | | | |"); continue
     target, step, memory = runs[k]
@@ -224,7 +226,9 @@ for k in ("engine", "engine_pdl0", "engine_gemm_add0", "aten", "engine_again"):
 print(f"\nmatmul floor {floor:.2f} ms (34 layers x the four products at their shapes, measured here); "
       f"transformers: {', '.join(f'{x:.2f} ms' for x in best) or 'not measured'}")
 # The products inside the step (the profile's target_forward part, nvjet kernels) and the issue's
-# floor (products 40.30 + causal attention 2.63 TFLOP) at the better of the two GEMM rates.
+# floor (products 40.30 + causal attention 2.63 TFLOP) at the better of the two GEMM rates. (On
+# sm_90 with FLASHDRAFT_GEMM_SWIGLU=1 the gate / up product is the engine's kernel with SwiGLU in its
+# epilogue: counted as a product.)
 prod_flop = 34 * 2 * 3072 * 4096 * (6144 + 4096 + 24576 + 12288)
 rates = [prod_flop / (floor * 1e-3)]
 try:
@@ -233,7 +237,7 @@ try:
     for line in block.split("target_forward", 1)[1].splitlines()[1:]:  # the part's kernels, indented
         if not line.startswith("        "):
             break
-        if "nvjet" in line:
+        if "nvjet" in line or "gate_up_swiglu" in line:  # cuBLAS's products; the gate / up one with SwiGLU (sm_90)
             inside += float(line.split()[0])
     if inside > 0:
         rates.append(prod_flop / (inside * 1e-3))
@@ -244,7 +248,7 @@ rate = max(rates)
 issue_floor = 1e3 * (prod_flop + 34 * 4 * 3072 * 3072 / 2 * 128 * 32) / rate
 print(f"the issue's floor (products + causal attention at {rate / 1e12:.0f} TFLOP/s, the better rate): "
       f"{issue_floor:.1f} ms")
-for k in ("engine", "engine_pdl0", "engine_gemm_add0", "engine_again"):
+for k in ("engine", "engine_swiglu1", "engine_pdl0", "engine_gemm_add0", "engine_again"):
     if k in runs:
         print(f"  {k}: {median_ms(runs[k][0]) / issue_floor:.3f}x that floor")
 for k in ("engine", "engine_again"):

@@ -581,3 +581,46 @@ TEST(CudaOps, FrozenAddLinearAddsInTheProduct) {
       EXPECT_TRUE(at::equal(got, before)) << name << ": not fused, x changed";
     }
 }
+
+// The gate / up product with SwiGLU in its epilogue (cuda_ops::linear_swiglu, the engine's Hopper
+// kernel): on a compute capability 9.0 device it must be as close to the float32 product rounded
+// and put through swiglu_packed as cuBLAS's product followed by the pass is. frozen::linear_swiglu
+// takes it only with FLASHDRAFT_GEMM_SWIGLU=1 (not set here): it is that product and pass.
+TEST(CudaOps, LinearSwigluMatchesTheProductThenThePass) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(41);
+  const bool hopper = cuda_ops::compute_capability(kCuda) == 90;
+  struct Shape {
+    int64_t B, T, K, I;
+  };
+  // rows ending inside a 128-row tile (1, 77, 2 x 333), one and several column blocks, and
+  // Qwen3-8B's MLP at S = 3072; K = 100 and I = 200 are shapes the kernel does not take.
+  for (const Shape sh : {Shape{1, 1, 64, 128}, Shape{1, 77, 512, 384}, Shape{2, 333, 1024, 256},
+                         Shape{1, 3072, 4096, 12288}, Shape{1, 50, 100, 128}, Shape{1, 50, 128, 200}}) {
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    const at::Tensor x = at::randn({sh.B, sh.T, sh.K}, opts),
+                     w = at::randn({2 * sh.I, sh.K}, opts).mul_(1.0 / std::sqrt(double(sh.K)));
+    const std::string name =
+        "linear_swiglu " + std::to_string(sh.B * sh.T) + " x " + std::to_string(sh.K) + " x " + std::to_string(sh.I);
+    const bool takes = sh.K % 64 == 0 && sh.I % 128 == 0;
+    const at::Tensor apart = frozen::swiglu_packed(at::linear(x, w), true);
+    EXPECT_TRUE(at::equal(frozen::linear_swiglu(x, w, true), apart)) << name << ": the product and the pass";
+    EXPECT_EQ(cuda_ops::linear_swiglu_applies(x, w), hopper && takes) << name;
+    if (!(hopper && takes)) {
+      EXPECT_THROW(cuda_ops::linear_swiglu(x, w), std::exception) << name;
+      continue;
+    }
+    const at::Tensor got = cuda_ops::linear_swiglu(x, w);
+    ASSERT_EQ(got.sizes(), apart.sizes()) << name;
+    const at::Tensor ref =
+        frozen::swiglu_packed(at::matmul(x.to(at::kFloat), w.to(at::kFloat).t()).to(at::kBFloat16), true);
+    const double e_got = rel_err(got, ref), e_apart = rel_err(apart, ref);
+    const double eq_got = got.eq(ref).to(at::kDouble).mean().item<double>(),
+                 eq_apart = apart.eq(ref).to(at::kDouble).mean().item<double>();
+    std::cout << name << ": against the float32 product, the kernel " << e_got << " (" << 100 * eq_got
+              << "% equal), cuBLAS + the pass " << e_apart << " (" << 100 * eq_apart << "% equal)\n";
+    EXPECT_LE(e_got, 1.5 * e_apart + 1e-4) << name;
+    EXPECT_GE(eq_got, eq_apart - 0.01) << name;
+    EXPECT_GT(got.abs().max().item<double>(), 0.1) << name;  // not a zero result that happens to agree
+  }
+}

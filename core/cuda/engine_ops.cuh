@@ -92,6 +92,15 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
 // The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
 
+// ---- The gate / up product with SwiGLU in its epilogue, on Hopper (gemm_sm90a.cu) ------------
+// out [M, I] = round(round(silu(round(x Wg^T))) * round(x Wu^T)), x [M, K], W = [Wg; Wu] [2 I, K]
+// (gate rows first; swiglu_packed(x W^T) with the product never written), bf16, float32
+// accumulation, every pointer 16-byte aligned. Applies on compute capability 9.0 devices to bf16
+// with K % 64 == 0 and I % 128 == 0; elsewhere the caller runs the product and swiglu_packed.
+bool gate_up_swiglu_device(int device);  // a compute capability 9.0 device (and the driver's TMA encoder)
+bool gate_up_swiglu_applies(DType dtype, int64_t M, int64_t K, int64_t I, int device);
+void gate_up_swiglu(const void* x, const void* w, void* out, int64_t M, int64_t K, int64_t I, void* stream);
+
 // ---- AdamW over one tensor with float32 master weights and moments -------------------
 // The update of ATen's fused AdamW (torch.optim.AdamW(fused=True)), reading the 16-bit
 // (or float32) gradient directly and writing the master and its rounded copy `param`:

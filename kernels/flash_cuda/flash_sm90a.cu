@@ -32,10 +32,9 @@
 #include <string>
 #include <type_traits>
 
-#include "flash_kernels.cuh"
-#include "wgmma.cuh"
-
 #include <flashdraft/launch.cuh>
+#include <flashdraft/wgmma.cuh>
+#include "flash_kernels.cuh"
 
 namespace flashdraft::flash_cuda {
 namespace detail {
@@ -114,31 +113,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], const FlashParams& p
 
 __device__ __forceinline__ uint32_t align1024(uint32_t a) { return (a + 1023u) & ~1023u; }
 
-// mbarriers (shared::cta): the producer warp fills a ring of K/V stages with cp.async and
-// signals each stage's `full` barrier when its copies land (cp.async.mbarrier.arrive.noinc:
-// one arrival per producer thread, counted when that thread's earlier copies complete);
-// each consumer warp arrives on the stage's `empty` barrier once its products read it.
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// mbarriers (shared::cta, wgmma.cuh): the producer warp fills a ring of K/V stages with
+// cp.async and signals each stage's `full` barrier when its copies land (one arrival per
+// producer thread, counted when that thread's earlier copies complete); each consumer warp
+// arrives on the stage's `empty` barrier once its products read it.
+using wg::mbar_arrive;
+using wg::mbar_arrive_on_copies;
+using wg::mbar_init;
+using wg::mbar_wait;
+using wg::named_barrier;
 
 // The mbarriers at the start of a CTA's shared memory (`base`): full[STAGES] and empty[STAGES]
 // of the ring of stages the producer fills, then `once`, the barrier of the tiles loaded once

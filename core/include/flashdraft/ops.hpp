@@ -67,9 +67,17 @@ FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_hea
 FLASHDRAFT_API bool add_linear_(const at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool fused = true);
 // The packed projection gate_up [..., 2 I] (gate first): silu(gate) * up, [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = true);
+// swiglu_packed(linear(x, gate_up)) with gate_up [2 I, K] (gate rows first): cuBLAS's product and
+// the separate pass. With FLASHDRAFT_GEMM_SWIGLU=1, on the engine's path on a compute capability
+// 9.0 device (bf16, K % 64 == 0, I % 128 == 0), one kernel of the engine's runs the product with
+// SwiGLU in its epilogue and never writes the [..., 2 I] product (the same roundings after the
+// product; its summation order is its own). Off by default: on an H100 at Qwen3-8B's shape it is
+// level with cuBLAS's product and the pass (1.01x their time), not faster.
+FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& gate_up, bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
-// adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0), or "transformers' ATen ops" (the
+// adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0; "; SwiGLU in the gate / up product" on
+// compute capability 9.0 with FLASHDRAFT_GEMM_SWIGLU=1), or "transformers' ATen ops" (the
 // CPU, a build without the kernels, or not fused).
 FLASHDRAFT_API std::string kernels_on(const c10::Device& device, bool fused = true);
 }  // namespace frozen

@@ -283,6 +283,45 @@ at::Tensor swiglu_packed(const at::Tensor& gate_up) {
   return out;
 }
 
+bool linear_swiglu_applies(const at::Tensor& x, const at::Tensor& w) {
+  if (!runs_on(x) || x.dim() < 1 || w.dim() != 2 || w.size(0) % 2 != 0 || x.size(-1) != w.size(1) ||
+      !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() || w.scalar_type() != x.scalar_type() ||
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0)
+    return false;
+  return cuda_ops::gate_up_swiglu_applies(dtype_of(x, "x"), x.numel() / x.size(-1), x.size(-1), w.size(0) / 2,
+                                          x.device().index());
+}
+
+bool linear_swiglu_device(const c10::Device& device) {
+  return device.is_cuda() && cuda_ops::gate_up_swiglu_device(
+                                 device.index() >= 0 ? device.index() : static_cast<int>(c10::cuda::current_device()));
+}
+
+int compute_capability(const c10::Device& device) {
+  if (!device.is_cuda()) return 0;
+  int major = 0, minor = 0, dev = device.index() >= 0 ? device.index() : static_cast<int>(c10::cuda::current_device());
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
+}
+
+at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w) {
+  require(linear_swiglu_applies(x, w),
+          "linear_swiglu: x " + c10::str(x.sizes()) + " " + c10::str(x.scalar_type()) + " and w " +
+              c10::str(w.sizes()) + " " + c10::str(w.scalar_type()) +
+              " are not a bf16 product with K % 64 == 0 and I % 128 == 0 on an sm_90 device");
+  const int64_t K = x.size(-1), I = w.size(0) / 2, M = x.numel() / K;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = I;
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(shape, x.options());
+  cuda_ops::gate_up_swiglu(x.data_ptr(), w.data_ptr(), out.data_ptr(), M, K, I, stream_of(x));
+  return out;
+}
+
 #else  // built without the engine's CUDA kernels
 
 namespace {
@@ -314,6 +353,10 @@ Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::T
   absent();
 }
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
+bool linear_swiglu_applies(const at::Tensor&, const at::Tensor&) { return false; }
+bool linear_swiglu_device(const c10::Device&) { return false; }
+int compute_capability(const c10::Device&) { return 0; }
+at::Tensor linear_swiglu(const at::Tensor&, const at::Tensor&) { absent(); }
 
 #endif
 

@@ -72,6 +72,14 @@ FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_hea
                             const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin);
 // gate_up [..., 2 I] -> [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
+// swiglu_packed(x w^T) in one Hopper kernel, the [..., 2 I] product never written (x [..., K]
+// contiguous, w [2 I, K] contiguous, gate rows first); linear_swiglu_applies says whether it
+// runs here: a compute capability 9.0 device, bf16, K % 64 == 0, I % 128 == 0, 16-byte aligned.
+FLASHDRAFT_API bool linear_swiglu_applies(const at::Tensor& x, const at::Tensor& w);
+FLASHDRAFT_API bool linear_swiglu_device(const c10::Device& device);  // a device where the kernel runs (some shapes)
+// major * 10 + minor of a CUDA device (0: not a CUDA device, or none here)
+FLASHDRAFT_API int compute_capability(const c10::Device& device);
+FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w);
 
 // One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
 // weights and moments (master may be param itself for float32), see engine_ops.cuh.

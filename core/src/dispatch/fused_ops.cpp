@@ -94,6 +94,16 @@ bool adds_in_products() {  // add_linear_ on the engine's path, unless FLASHDRAF
   return on;
 }
 
+// linear_swiglu's Hopper kernel, with FLASHDRAFT_GEMM_SWIGLU=1 (off by default: measured level with
+// cuBLAS's product and the separate pass, not faster; bench/RESULTS.md "target_forward v6")
+bool swiglu_in_product() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHDRAFT_GEMM_SWIGLU");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
 at::Tensor plain_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   const at::Tensor xf = x.to(at::kFloat);
   return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
@@ -159,6 +169,7 @@ std::string kernels_on(const c10::Device& device, bool fused) {
   std::string s = "the engine's CUDA kernels";
   if (cuda_ops::programmatic_launch(device)) s += ", launched with programmatic dependent launch";
   if (adds_in_products()) s += "; residual adds in the matrix products";
+  if (swiglu_in_product() && cuda_ops::linear_swiglu_device(device)) s += "; SwiGLU in the gate / up product";
   return s;
 }
 
@@ -174,6 +185,12 @@ at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
   if (kernels_take(fused, gate_up) && gate_up.is_contiguous()) return cuda_ops::swiglu_packed(gate_up);
   const int64_t I = gate_up.size(-1) / 2;
   return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
+}
+
+at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& gate_up, bool fused) {
+  if (swiglu_in_product() && kernels_take(fused, x) && cuda_ops::linear_swiglu_applies(x, gate_up))
+    return cuda_ops::linear_swiglu(x, gate_up);
+  return swiglu_packed(at::linear(x, gate_up), fused);
 }
 
 }  // namespace frozen

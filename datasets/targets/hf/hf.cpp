@@ -185,7 +185,7 @@ class HfTarget final : public Target {
         std::tie(x1, h2) =
             frozen::add_rms_norm(stream, at::linear(a, L.o_proj, L.o_bias), L.post_norm, cfg_.rms_eps, fused_);
       }
-      const at::Tensor g = frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_);
+      const at::Tensor g = frozen::linear_swiglu(h2, L.gate_up, fused_);
       if (!slot_of(l).defined() && frozen::add_linear_(x1, g, L.down_proj, fused_))
         pending = at::Tensor();
       else
@@ -449,7 +449,9 @@ class HfTarget final : public Target {
     return frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
   }
 
-  // The rest of a layer after attention: output projection, residual, MLP, residual.
+  // The rest of a layer after attention: output projection, residual, MLP, residual. (cuBLAS's
+  // gate / up product and the separate SwiGLU pass: this cached path's values stay as they were; the
+  // training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
     const at::Tensor o = at::linear(layers::merge_heads(a), L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
