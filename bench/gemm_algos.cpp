@@ -26,6 +26,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+
+#include "alternating_rounds.hpp"
 #endif
 
 #include <algorithm>
@@ -161,21 +163,7 @@ int run(int64_t M, int want) {
       cd.call();
       cd.err = (c.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>() / ref_max;
     }
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    for (int round = 0; round < 10; ++round)
-      for (Candidate& cd : cands) {
-        cudaEventRecord(start, stream);
-        for (int i = 0; i < 3; ++i) cd.call();
-        cudaEventRecord(stop, stream);
-        cudaEventSynchronize(stop);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        if (round > 0) cd.ms.push_back(ms / 3);  // round 0 warms up
-      }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    flashdraft::bench::alternating_rounds(cands, 10, 3, stream);  // round 0 warms up
     const double flop = 2.0 * double(M) * double(r.k) * double(r.n);
     auto med = [](std::vector<float> v) {
       std::sort(v.begin(), v.end());

@@ -18,6 +18,8 @@
 #if FLASHDRAFT_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include "alternating_rounds.hpp"
 #endif
 
 #include <algorithm>
@@ -100,21 +102,7 @@ int main(int argc, char** argv) {
                            {"cuBLAS + swiglu_packed", [&] { return cuda_ops::swiglu_packed(at::linear(x, w)); }, {}},
                            {"cuBLAS product alone", [&] { return at::linear(x, w); }, {}}};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  for (int64_t r = 0; r < rounds; ++r)
-    for (Way& way : ways) {
-      cudaEventRecord(e0, stream);
-      for (int c = 0; c < 3; ++c) way.call();
-      cudaEventRecord(e1, stream);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (r > 0) way.ms.push_back(ms / 3);
-    }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  flashdraft::bench::alternating_rounds(ways, static_cast<int>(rounds), 3, stream);
   const double flop = 2.0 * M * K * 2 * I;
   std::printf("\n| way | us per call (median of %lld rounds) | TFLOP/s of the product | / cuBLAS + pass |\n",
               static_cast<long long>(rounds - 1));

@@ -88,6 +88,18 @@ __global__ void __launch_bounds__(384, 1)
   sc.tiles_m = (s.tiles_m + CL - 1) / CL;
   sc.group_m = max(1, s.group_m / CL);
   const int tiles = sc.tiles_m * sc.tiles_n, kb_n = s.K / BK;
+  // The CTA's walk, the same in both roles: stage(mb, nb, kb, it) for k block kb of each of its
+  // tiles (row block mb, column block nb; `it` counts every stage so far), then tile_end(mb, nb, it).
+  auto walk = [&](auto&& stage, auto&& tile_end) {
+    int it = 0;
+    for (int t = cluster; t < tiles; t += clusters) {
+      int mb, nb;
+      tile_of(sc, t, mb, nb);
+      mb = mb * CL + rank;
+      for (int kb = 0; kb < kb_n; ++kb, ++it) stage(mb, nb, kb, it);
+      tile_end(mb, nb, it);
+    }
+  };
   if (tid == 0) {
     for (int st = 0; st < STAGES; ++st) {
       wg::mbar_init(full(st), 1);
@@ -107,26 +119,22 @@ __global__ void __launch_bounds__(384, 1)
   if (warp >= 8) {  // ---- producer warpgroup: one thread issues every copy
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid != 256) return;
-    int it = 0;
-    for (int t = cluster; t < tiles; t += clusters) {
-      int mb, nb;
-      tile_of(sc, t, mb, nb);
-      mb = mb * CL + rank;
-      for (int kb = 0; kb < kb_n; ++kb, ++it) {
-        const int st = it % STAGES;
-        if (it >= STAGES) wg::mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
-        const uint32_t a = s0 + st * kStage, b = a + kTileA;
-        wg::mbar_arrive_expect_tx(full(st), kStage);
-        wg::tma_load_2d(a, &map_x, kb * BK, mb * BM, full(st));
-        if constexpr (CL == 1) {
-          wg::tma_load_2d(b, &map_w, kb * BK, nb * BN, full(st));
-          wg::tma_load_2d(b + kTileB / 2, &map_w, kb * BK, s.I + nb * BN, full(st));
-        } else {
-          wg::tma_load_2d_multicast(b + rank * (kTileB / 2), &map_w, kb * BK, rank * s.I + nb * BN, full(st),
-                                    (1 << CL) - 1);
-        }
-      }
-    }
+    walk(
+        [&](int mb, int nb, int kb, int it) {
+          const int st = it % STAGES;
+          if (it >= STAGES) wg::mbar_wait(empty(st), ((it / STAGES) - 1) & 1);
+          const uint32_t a = s0 + st * kStage, b = a + kTileA;
+          wg::mbar_arrive_expect_tx(full(st), kStage);
+          wg::tma_load_2d(a, &map_x, kb * BK, mb * BM, full(st));
+          if constexpr (CL == 1) {
+            wg::tma_load_2d(b, &map_w, kb * BK, nb * BN, full(st));
+            wg::tma_load_2d(b + kTileB / 2, &map_w, kb * BK, s.I + nb * BN, full(st));
+          } else {
+            wg::tma_load_2d_multicast(b + rank * (kTileB / 2), &map_w, kb * BK, rank * s.I + nb * BN, full(st),
+                                      (1 << CL) - 1);
+          }
+        },
+        [](int, int, int) {});
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -143,43 +151,40 @@ __global__ void __launch_bounds__(384, 1)
     }
   };
   float d[128];
-  int it = 0;
-  for (int t = cluster; t < tiles; t += clusters) {
-    int mb, nb;
-    tile_of(sc, t, mb, nb);
-    mb = mb * CL + rank;
-    for (int kb = 0; kb < kb_n; ++kb, ++it) {
-      const int st = it % STAGES;
-      wg::mbar_wait(full(st), (it / STAGES) & 1);
-      const uint32_t a = s0 + st * kStage, b = a + kTileA;
-      const uint64_t da = wg::desc_k<BM>(a, 64 * w, 0), db = wg::desc_k<2 * BN>(b, 0, 0);
-      wg::fence();
+  walk(
+      [&](int, int, int kb, int it) {
+        const int st = it % STAGES;
+        wg::mbar_wait(full(st), (it / STAGES) & 1);
+        const uint32_t a = s0 + st * kStage, b = a + kTileA;
+        const uint64_t da = wg::desc_k<BM>(a, 64 * w, 0), db = wg::desc_k<2 * BN>(b, 0, 0);
+        wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)
-        wg::Mma<__nv_bfloat16>::ss256(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), kb > 0 || kk > 0);
-      wg::commit();
-      wg::wait<1>();  // the previous stage's products have ended: release it
-      if (kb > 0) release((it - 1) % STAGES);
-    }
-    wg::wait<0>();
-    wg::pin(d);
-    release((it - 1) % STAGES);
-    // epilogue: gate column c is d[4 j ..] (j < 16), its up column d[4 (j + 16) ..]
-    const int row = mb * BM + 64 * w + 16 * wq + g;
-    __nv_bfloat16* o = s.out + (int64_t)row * s.I + nb * BN + 2 * t4;
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wg::Mma<__nv_bfloat16>::ss256(d, wg::desc_add(da, kk * 32), wg::desc_add(db, kk * 32), kb > 0 || kk > 0);
+        wg::commit();
+        wg::wait<1>();  // the previous stage's products have ended: release it
+        if (kb > 0) release((it - 1) % STAGES);
+      },
+      [&](int mb, int nb, int it) {
+        wg::wait<0>();
+        wg::pin(d);
+        release((it - 1) % STAGES);
+        // epilogue: gate column c is d[4 j ..] (j < 16), its up column d[4 (j + 16) ..]
+        const int row = mb * BM + 64 * w + 16 * wq + g;
+        __nv_bfloat16* o = s.out + (int64_t)row * s.I + nb * BN + 2 * t4;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float g0 = __bfloat162float(__float2bfloat16_rn(d[4 * j + 2 * h]));
-        const float g1 = __bfloat162float(__float2bfloat16_rn(d[4 * j + 2 * h + 1]));
-        const float u0 = __bfloat162float(__float2bfloat16_rn(d[4 * (j + 16) + 2 * h]));
-        const float u1 = __bfloat162float(__float2bfloat16_rn(d[4 * (j + 16) + 2 * h + 1]));
-        if (row + 8 * h < s.M)
-          *reinterpret_cast<__nv_bfloat162*>(o + (int64_t)8 * h * s.I + 8 * j) =
-              __floats2bfloat162_rn(silu_times(g0, u0), silu_times(g1, u1));
-      }
-  }
+          for (int h = 0; h < 2; ++h) {
+            const float g0 = __bfloat162float(__float2bfloat16_rn(d[4 * j + 2 * h]));
+            const float g1 = __bfloat162float(__float2bfloat16_rn(d[4 * j + 2 * h + 1]));
+            const float u0 = __bfloat162float(__float2bfloat16_rn(d[4 * (j + 16) + 2 * h]));
+            const float u1 = __bfloat162float(__float2bfloat16_rn(d[4 * (j + 16) + 2 * h + 1]));
+            if (row + 8 * h < s.M)
+              *reinterpret_cast<__nv_bfloat162*>(o + (int64_t)8 * h * s.I + 8 * j) =
+                  __floats2bfloat162_rn(silu_times(g0, u0), silu_times(g1, u1));
+          }
+      });
   // the peer may still arrive on this CTA's barriers (and this one on its): both stay until both are done
   if constexpr (CL > 1) wg::cluster_sync();
 }
@@ -234,7 +239,7 @@ bool gate_up_swiglu_device(int device) {
 bool gate_up_swiglu_applies(DType dtype, int64_t M, int64_t K, int64_t I, int device) {
   constexpr int64_t kInt = int64_t(1) << 31;
   return dtype == DType::bf16 && M > 0 && M < kInt && K > 0 && K % BK == 0 && K < kInt && I > 0 && I % BN == 0 &&
-         2 * I < kInt && gate_up_swiglu_device(device);
+         2 * I < kInt && ((M + BM - 1) / BM) * (I / BN) < kInt && gate_up_swiglu_device(device);
 }
 
 void gate_up_swiglu(const void* x, const void* w, void* out, int64_t M, int64_t K, int64_t I, void* stream) {

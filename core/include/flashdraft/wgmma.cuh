@@ -1,6 +1,6 @@
 // Hopper (sm_90a) building blocks: wgmma.mma_async wrappers, shared-memory matrix
-// descriptors and the 128-byte-swizzled tile layout they read, mbarriers, and the tensor
-// memory accelerator's 2-D tile copy. Header-only device code, included by files compiled
+// descriptors and the 128-byte-swizzled tile layout they read, mbarriers, the tensor memory
+// accelerator's 2-D tile copy (plain and multicast) and clusters. Header-only device code, included by files compiled
 // for sm_90a alone (wgmma exists on no other target): kernels/flash_cuda/flash_sm90a.cu and
 // core/cuda/gemm_sm90a.cu. The wrappers below are plain inline PTX, one per shape used:
 //   wgmma_ss_n{64,128,256}_* D(64xN) (+)= A(64x16, smem, K-major) * B(16xN, smem, K-major)
@@ -76,7 +76,7 @@ __device__ __forceinline__ void pin(uint32_t (&d)[N][4]) {
 }
 // Register-A fragments that stay the same across a loop (the forward's Q, held for every
 // step): ptxas (CUDA 13.0) otherwise reuses their registers inside the loop for other
-// values, and the next step's S reads those (seen in the SASS; NOTES.md v12). A real
+// values, and the next step's S reads those (seen in the SASS; kernels/flash_cuda/NOTES.md v12). A real
 // redefinition in the loop, an xor with a zero ptxas cannot see through, keeps them live.
 // Call it where no product that reads them is in flight.
 template <int N>
