@@ -23,6 +23,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "bench_common.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -111,16 +113,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_decoder_ops: needs a CUDA device and the engine's CUDA kernels\n");
     return 1;
   }
-  int64_t tokens = 3072;
-  if (argc > 1) {
-    char* end = nullptr;
-    tokens = std::strtoll(argv[1], &end, 10);
-    if (end == argv[1] || *end != '\0' || tokens < 1 || tokens > (1 << 20)) {
-      std::fprintf(stderr, "bench_decoder_ops: tokens must be an integer in 1..1048576, got \"%s\"\n", argv[1]);
-      return 2;
-    }
-  }
-  return run(tokens);
+  return run(flashdraft::bench::whole_arg(argc, argv, 1, 3072, 1, 1 << 20, "bench_decoder_ops", "tokens"));
 #else
   (void)argc;
   (void)argv;

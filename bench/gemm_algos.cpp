@@ -27,8 +27,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include "alternating_rounds.hpp"
 #endif
+
+#include "bench_common.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -197,19 +198,10 @@ int run(int64_t M, int want) {
 int main(int argc, char** argv) {
 #if FLASHDRAFT_WITH_CUDA
   // [tokens] in 1..1048576, [candidates] in 1..64: whole numbers, else a sentence naming the value
-  auto arg = [&](int i, int64_t fallback, int64_t most, const char* what) -> int64_t {
-    if (argc <= i) return fallback;
-    char* end = nullptr;
-    const long long v = std::strtoll(argv[i], &end, 10);
-    if (end == argv[i] || *end != '\0' || v < 1 || v > most) {
-      std::fprintf(stderr, "bench_gemm_algos: %s must be an integer in 1..%lld, got \"%s\"\n", what,
-                   static_cast<long long>(most), argv[i]);
-      std::exit(2);
-    }
-    return v;
-  };
-  const int64_t M = arg(1, 3072, int64_t(1) << 20, "tokens");
-  const int want = static_cast<int>(arg(2, 24, 64, "candidates"));
+  const int64_t M =
+      flashdraft::bench::whole_arg(argc, argv, 1, 3072, 1, int64_t(1) << 20, "bench_gemm_algos", "tokens");
+  const int want =
+      static_cast<int>(flashdraft::bench::whole_arg(argc, argv, 2, 24, 1, 64, "bench_gemm_algos", "candidates"));
   if (!torch::cuda::is_available()) {
     std::printf("bench_gemm_algos: no CUDA device here; run it on the GPU machine\n");
     return 0;

@@ -19,8 +19,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "alternating_rounds.hpp"
 #endif
+
+#include "bench_common.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -58,23 +59,15 @@ bool check(int64_t M, int64_t K, int64_t I, uint64_t seed) {
   return ok;
 }
 
-int64_t arg(int argc, char** argv, int i, int64_t fallback, int64_t lo, int64_t hi) {
-  if (argc <= i) return fallback;
-  char* end = nullptr;
-  const long long v = std::strtoll(argv[i], &end, 10);
-  if (end == argv[i] || *end != '\0' || v < lo || v > hi) {
-    std::fprintf(stderr, "bench_gemm_swiglu: argument %d is \"%s\"; expected a whole number from %lld to %lld\n", i,
-                 argv[i], static_cast<long long>(lo), static_cast<long long>(hi));
-    std::exit(2);
-  }
-  return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t M = arg(argc, argv, 1, 3072, 1, 1 << 20), K = arg(argc, argv, 2, 4096, 64, 1 << 16);
-  const int64_t I = arg(argc, argv, 3, 12288, 128, 1 << 18), rounds = arg(argc, argv, 4, 10, 2, 1000);
+  using flashdraft::bench::whole_arg;
+  const char* me = "bench_gemm_swiglu";
+  const int64_t M = whole_arg(argc, argv, 1, 3072, 1, 1 << 20, me, "tokens");
+  const int64_t K = whole_arg(argc, argv, 2, 4096, 64, 1 << 16, me, "hidden");
+  const int64_t I = whole_arg(argc, argv, 3, 12288, 128, 1 << 18, me, "ffn");
+  const int64_t rounds = whole_arg(argc, argv, 4, 10, 2, 1000, me, "rounds");
   if (!torch::cuda::is_available()) {
     std::printf("bench_gemm_swiglu: no CUDA device\n");
     return 0;

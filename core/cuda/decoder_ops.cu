@@ -291,6 +291,7 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
 }  // namespace
 
 bool programmatic_launch(int device) { return pdl_on(device); }
+int compute_capability(int device) { return launch::compute_capability(device); }
 
 void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
                   void* out, int64_t rows, int64_t H, float eps, void* stream) {

@@ -80,6 +80,7 @@ void rope(DType dtype, const void* x, const void* cos, const void* sin, void* ou
 // Whether the kernels of this section launch with programmatic dependent launch on `device`
 // (flashdraft/launch.cuh: compute capability 9.0 or later, FLASHDRAFT_PDL not 0).
 bool programmatic_launch(int device);
+int compute_capability(int device);  // major * 10 + minor (0: no such device)
 void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
                   void* out, int64_t rows, int64_t H, float eps, void* stream);
 // The packed projection qkv [B, T, (Hq + 2 Hkv) D] (q heads, k heads, v heads) into q [B, Hq,

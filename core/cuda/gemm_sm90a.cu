@@ -226,15 +226,7 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
-bool gate_up_swiglu_device(int device) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0 && encode_tiled() != nullptr;
-}
+bool gate_up_swiglu_device(int device) { return launch::compute_capability(device) == 90 && encode_tiled() != nullptr; }
 
 bool gate_up_swiglu_applies(DType dtype, int64_t M, int64_t K, int64_t I, int device) {
   constexpr int64_t kInt = int64_t(1) << 31;

@@ -31,6 +31,18 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// major * 10 + minor of CUDA device `dev` (0 where there is no such device; that error is cleared,
+// not left as a launch error to report later).
+inline int compute_capability(int dev) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
+}
+
 // Whether launches on device `dev` use it: compute capability 9.0 or later (read once per
 // device), unless FLASHDRAFT_PDL=0.
 inline bool pdl_on(int dev) {
@@ -43,12 +55,7 @@ inline bool pdl_on(int dev) {
   static std::atomic<int> known[kDevices];  // 0 not read yet, 1 no, 2 yes
   int v = known[dev].load(std::memory_order_relaxed);
   if (v == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();  // (no such device: not a launch error to report later)
-      major = 0;
-    }
-    v = major >= 9 ? 2 : 1;
+    v = compute_capability(dev) >= 90 ? 2 : 1;
     known[dev].store(v, std::memory_order_relaxed);
   }
   return v == 2;

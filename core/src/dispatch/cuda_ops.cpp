@@ -299,13 +299,8 @@ bool linear_swiglu_device(const c10::Device& device) {
 
 int compute_capability(const c10::Device& device) {
   if (!device.is_cuda()) return 0;
-  int major = 0, minor = 0, dev = device.index() >= 0 ? device.index() : static_cast<int>(c10::cuda::current_device());
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return 10 * major + minor;
+  return cuda_ops::compute_capability(device.index() >= 0 ? device.index()
+                                                          : static_cast<int>(c10::cuda::current_device()));
 }
 
 at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w) {
