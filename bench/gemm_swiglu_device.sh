@@ -13,14 +13,14 @@ set -uo pipefail
 device_build flashdraft_cli flashdraft_all_plugins test_cuda_ops test_flash_cuda bench_gemm_swiglu target_states
 nvidia-smi --query-gpu=name --format=csv,noheader
 date -u +%H:%M
-SETTINGS=${SETTINGS:-"persistent|;groups of 24 row blocks|FLASHDRAFT_GEMM_GROUP_M=24;a CTA a tile|FLASHDRAFT_GEMM_PERSISTENT=0;clusters of 2|FLASHDRAFT_GEMM_CLUSTER=2;clusters of 2, 120 CTAs|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_CTAS=120;clusters of 2, a cluster a tile|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_PERSISTENT=0"}
+SETTINGS=${SETTINGS:-"persistent|;last round not split|FLASHDRAFT_GEMM_SPLIT_TAIL=0;groups of 24 row blocks|FLASHDRAFT_GEMM_GROUP_M=24;a CTA a tile|FLASHDRAFT_GEMM_PERSISTENT=0;clusters of 2|FLASHDRAFT_GEMM_CLUSTER=2;clusters of 2, 120 CTAs|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_CTAS=120;clusters of 2, a cluster a tile|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_PERSISTENT=0"}
 best="" best_us=""
 echo "| setting | fused us | cuBLAS + pass us | fused / cuBLAS + pass | cuBLAS product alone us |"
 echo "| --- | --- | --- | --- | --- |"
 IFS=';' read -ra items <<< "$SETTINGS"
 for item in "${items[@]}"; do
   name=${item%%|*} vars=${item#*|}
-  env $vars FLASHDRAFT_GEMM_INFO=1 timeout 60 "$BUILD/bin/bench_gemm_swiglu" 3072 4096 12288 10 > /tmp/gemm_swiglu.log 2>&1
+  env $vars FLASHDRAFT_GEMM_INFO=1 timeout 60 "$BUILD/bin/bench_gemm_swiglu" 3072 4096 12288 "${ROUNDS:-10}" > /tmp/gemm_swiglu.log 2>&1
   rc=$?
   grep -E "^gate_up_swiglu:|FAILED" /tmp/gemm_swiglu.log | head -2 | sed 's/^/    /'
   fused=$(grep "^| fused" /tmp/gemm_swiglu.log | awk -F'|' '{print $3+0}')
