@@ -7,13 +7,14 @@
 # VARIANTS="engine engine_swiglu1": cuBLAS's product and the pass, then the kernel, side by side).
 #   device run: command `bash bench/gemm_swiglu_device.sh`, carry [".deps", "build-device"] after
 #   scripts/stage-device-build here with bench_gemm_swiglu and test_flash_cuda among the targets.
-#   SETTINGS="name|VAR=v VAR=v;..." replaces the settings; STEP=0 leaves out the training step.
+#   SETTINGS="name|VAR=v VAR=v;..." replaces the settings; STEP=0 leaves out the training step;
+#   ROUNDS=n alternating rounds of the bench (10).
 set -uo pipefail
 . bench/device_build.sh
 device_build flashdraft_cli flashdraft_all_plugins test_cuda_ops test_flash_cuda bench_gemm_swiglu target_states
 nvidia-smi --query-gpu=name --format=csv,noheader
 date -u +%H:%M
-SETTINGS=${SETTINGS:-"persistent|;last round not split|FLASHDRAFT_GEMM_SPLIT_TAIL=0;groups of 24 row blocks|FLASHDRAFT_GEMM_GROUP_M=24;a CTA a tile|FLASHDRAFT_GEMM_PERSISTENT=0;clusters of 2|FLASHDRAFT_GEMM_CLUSTER=2;clusters of 2, 120 CTAs|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_CTAS=120;clusters of 2, a cluster a tile|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_PERSISTENT=0"}
+SETTINGS=${SETTINGS:-"persistent|;groups of 24 row blocks|FLASHDRAFT_GEMM_GROUP_M=24;a CTA a tile|FLASHDRAFT_GEMM_PERSISTENT=0;clusters of 2|FLASHDRAFT_GEMM_CLUSTER=2;clusters of 2, 120 CTAs|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_CTAS=120;clusters of 2, a cluster a tile|FLASHDRAFT_GEMM_CLUSTER=2 FLASHDRAFT_GEMM_PERSISTENT=0"}
 best="" best_us=""
 echo "| setting | fused us | cuBLAS + pass us | fused / cuBLAS + pass | cuBLAS product alone us |"
 echo "| --- | --- | --- | --- | --- |"

@@ -100,13 +100,7 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
 // with K % 64 == 0 and I % 128 == 0; elsewhere the caller runs the product and swiglu_packed.
 bool gate_up_swiglu_device(int device);  // a compute capability 9.0 device (and the driver's TMA encoder)
 bool gate_up_swiglu_applies(DType dtype, int64_t M, int64_t K, int64_t I, int device);
-// Scratch for the split last round (gemm_sm90a.cu): this many bytes, zeroed once and kept for
-// every later call on the device (the kernel leaves its flags zero); one stream at a time.
-int64_t gate_up_swiglu_scratch_bytes(int device);
-// How many tiles of the last round a call of this shape splits along K (0: none; the current device).
-int gate_up_swiglu_split_tiles(int64_t M, int64_t K, int64_t I);
-void gate_up_swiglu(const void* x, const void* w, void* out, int64_t M, int64_t K, int64_t I, void* scratch,
-                    int64_t scratch_bytes, void* stream);
+void gate_up_swiglu(const void* x, const void* w, void* out, int64_t M, int64_t K, int64_t I, void* stream);
 
 // ---- AdamW over one tensor with float32 master weights and moments -------------------
 // The update of ATen's fused AdamW (torch.optim.AdamW(fused=True)), reading the 16-bit

@@ -3,8 +3,6 @@
 
 #include <ATen/ATen.h>
 
-#include <map>
-#include <mutex>
 #include <stdexcept>
 
 #if FLASHDRAFT_CUDA_OPS
@@ -305,8 +303,6 @@ int compute_capability(const c10::Device& device) {
                                                           : static_cast<int>(c10::cuda::current_device()));
 }
 
-int linear_swiglu_split_tiles(int64_t M, int64_t K, int64_t I) { return cuda_ops::gate_up_swiglu_split_tiles(M, K, I); }
-
 at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w) {
   require(linear_swiglu_applies(x, w),
           "linear_swiglu: x " + c10::str(x.sizes()) + " " + c10::str(x.scalar_type()) + " and w " +
@@ -317,22 +313,7 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w) {
   shape.back() = I;
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(shape, x.options());
-  // the kernel's scratch (its split last round), zeroed once a device and kept: through the
-  // caching allocator, so the memory figures count it (never freed: a static tensor would be
-  // destroyed after the CUDA context at exit)
-  static std::mutex scratch_mutex;
-  static std::map<int, at::Tensor*> scratch;
-  at::Tensor* buf = nullptr;
-  {
-    const std::lock_guard<std::mutex> lock(scratch_mutex);
-    at::Tensor*& slot = scratch[x.get_device()];
-    if (!slot)
-      slot = new at::Tensor(
-          at::zeros({cuda_ops::gate_up_swiglu_scratch_bytes(x.get_device())}, x.options().dtype(at::kByte)));
-    buf = slot;
-  }
-  cuda_ops::gate_up_swiglu(x.data_ptr(), w.data_ptr(), out.data_ptr(), M, K, I, buf->data_ptr(), buf->numel(),
-                           stream_of(x));
+  cuda_ops::gate_up_swiglu(x.data_ptr(), w.data_ptr(), out.data_ptr(), M, K, I, stream_of(x));
   return out;
 }
 
@@ -371,7 +352,6 @@ bool linear_swiglu_applies(const at::Tensor&, const at::Tensor&) { return false;
 bool linear_swiglu_device(const c10::Device&) { return false; }
 int compute_capability(const c10::Device&) { return 0; }
 at::Tensor linear_swiglu(const at::Tensor&, const at::Tensor&) { absent(); }
-int linear_swiglu_split_tiles(int64_t, int64_t, int64_t) { return 0; }
 
 #endif
 

@@ -80,9 +80,6 @@ FLASHDRAFT_API bool linear_swiglu_device(const c10::Device& device);  // a devic
 // major * 10 + minor of a CUDA device (0: not a CUDA device, or none here)
 FLASHDRAFT_API int compute_capability(const c10::Device& device);
 FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w);
-// How many tiles of its last round the kernel splits along K at this shape on the current
-// device (0: none), for the tests to know they reach that path.
-FLASHDRAFT_API int linear_swiglu_split_tiles(int64_t M, int64_t K, int64_t I);
 
 // One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
 // weights and moments (master may be param itself for float32), see engine_ops.cuh.
