@@ -4,10 +4,11 @@
 // product's own summation order is the one difference from cuBLAS's). The [M, 2 I] product is
 // never written: one pass of 2 x M x I x 2 bytes less per layer. frozen::linear_swiglu takes it
 // only with FLASHDRAFT_GEMM_SWIGLU=1: on an H100 at Qwen3-8B's shape it is level with cuBLAS's
-// product and the pass (1.01x), not faster (bench/RESULTS.md "target_forward v6"). Tried on top
-// of it and measured (v7; the code is in commit 8fede8a): the epilogue in pieces under the next
-// tile's products, 5-7% slower than here at the tile's end; the last partial round split along K,
-// level. Neither kept.
+// product and the pass at best (1.01-1.04x their time in two calls, bench/RESULTS.md
+// "target_forward v6" and "v7"), not faster, and 68.2 against 66.1 / 66.9 ms in the step (v7).
+// Tried on top of it and measured (v7; the code is in commit 8fede8a): the epilogue in pieces
+// under the next tile's products, 5-7% slower than here at the tile's end; the last partial round
+// split along K, level. Neither kept.
 //
 // Persistent CTAs (as many as fit at once), three warpgroups each: warpgroup 2 (one thread) is
 // the producer, which walks the CTA's tiles and fills a ring of STAGES stages by TMA (x's

@@ -72,7 +72,8 @@ FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = 
 // 9.0 device (bf16, K % 64 == 0, I % 128 == 0), one kernel of the engine's runs the product with
 // SwiGLU in its epilogue and never writes the [..., 2 I] product (the same roundings after the
 // product; its summation order is its own). Off by default: on an H100 at Qwen3-8B's shape it is
-// level with cuBLAS's product and the pass (1.01x their time), not faster.
+// level with cuBLAS's product and the pass at best (1.01-1.04x their time in two calls), not
+// faster.
 FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& gate_up, bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
