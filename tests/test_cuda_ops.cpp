@@ -517,6 +517,18 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
       const at::Tensor sw_f = frozen::swiglu_packed(gate_up, true), sw_p = frozen::swiglu_packed(gate_up, false);
       ASSERT_EQ(sw_f.sizes(), sw_p.sizes());
       expect_agree(sw_f, sw_p.contiguous(), name + " swiglu_packed");
+      {
+        // A mixture of experts' rows back to their tokens (8 experts a token, rows in a random
+        // order as the sort by expert leaves them; weights summing to 1 per token, as renormalised);
+        // the sum over k in float32 in the kernel's order and ATen's.
+        const int64_t N = B * T, k = 8;
+        const at::Tensor rows = at::randn({N * k, H}, opts) * 3;
+        const at::Tensor weights = at::softmax(at::randn({N, k}, opts.dtype(at::kFloat)), -1).to(dtype);
+        const at::Tensor slot =
+            at::randperm(N * k, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)).view({N, k});
+        expect_agree(frozen::combine_experts(rows, weights, slot, true),
+                     frozen::combine_experts(rows, weights, slot, false), name + " combine_experts");
+      }
     }
 }
 

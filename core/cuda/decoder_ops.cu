@@ -6,6 +6,9 @@
 //                  RMSNormed, then rotated as (x * cos) + (rotate_half(x) * sin), each product
 //                  and the sum rounded as transformers' separate ops round them
 //   swiglu_packed  the packed gate|up projection -> round(round(silu(g)) * u)
+//   combine_experts  a mixture of experts' output rows back to their tokens: per token, the sum
+//                  in float32 of its k rows each times its router weight (each product rounded),
+//                  rounded once
 // Float32 math inside each value; the reductions in float32 (their summation order is the one
 // place where the result may differ from transformers' by a rounding).
 #include "ops_common.cuh"
@@ -288,6 +291,49 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
   }
 }
 
+// One block per token (grid-stride), 16-byte vectors of the row in the threads; the k rows added
+// in order j = 0 .. k - 1.
+template <typename T>
+__global__ void combine_experts_vec_kernel(const T* __restrict__ rows, const T* __restrict__ weights,
+                                           const int64_t* __restrict__ slot, T* __restrict__ out, int64_t tokens,
+                                           int64_t k, int64_t H) {
+  constexpr int E = Vec16<T>::E;
+  pdl_wait();
+  pdl_trigger();
+  const int64_t nv = H / E;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x)
+    for (int64_t vi = threadIdx.x; vi < nv; vi += blockDim.x) {
+      float acc[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = 0.f;
+      for (int64_t j = 0; j < k; ++j) {
+        const float w = to_float(weights[t * k + j]);
+        const Vec16<T> v = load16(rows + slot[t * k + j] * H + vi * E);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = add(acc[e], round_to<T>(mul(to_float(v.v[e]), w)));
+      }
+      Vec16<T> o;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o.v[e] = from_float<T>(acc[e]);
+      store16(out + t * H + vi * E, o);
+    }
+}
+
+template <typename T>
+__global__ void combine_experts_kernel(const T* __restrict__ rows, const T* __restrict__ weights,
+                                       const int64_t* __restrict__ slot, T* __restrict__ out, int64_t tokens, int64_t k,
+                                       int64_t H) {
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x)
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < k; ++j)
+        acc = add(acc, round_to<T>(mul(to_float(rows[slot[t * k + j] * H + i]), to_float(weights[t * k + j]))));
+      out[t * H + i] = from_float<T>(acc);
+    }
+}
+
 }  // namespace
 
 bool programmatic_launch(int device) { return pdl_on(device); }
@@ -364,6 +410,23 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
     }
   });
   check_launch("swiglu_packed");
+}
+
+void combine_experts(DType dtype, const void* rows, const void* weights, const int64_t* slot, void* out, int64_t tokens,
+                     int64_t k, int64_t H, void* stream) {
+  if (tokens <= 0 || H <= 0) return;
+  with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
+    const T *r = static_cast<const T*>(rows), *w = static_cast<const T*>(weights);
+    T* o = static_cast<T*>(out);
+    if (aligned16(rows) && aligned16(out) && H % Vec16<T>::E == 0)
+      launch_dependent(combine_experts_vec_kernel<T>, grid, dim3(kSwigluThreads), 0, s, r, w, slot, o, tokens, k, H);
+    else
+      launch_dependent(combine_experts_kernel<T>, grid, dim3(kSwigluThreads), 0, s, r, w, slot, o, tokens, k, H);
+  });
+  check_launch("combine_experts");
 }
 
 }  // namespace flashdraft::cuda_ops

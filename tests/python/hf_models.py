@@ -19,6 +19,11 @@ FAMILIES = [
     ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False, rope_theta=1e6),
      dict(max_shard_size="60KB")),
     ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=24, rope_theta=1e6), {}),
+    # A mixture of experts (Qwen3-30B-A3B's kind): 8 experts, 2 a token, renormalised; layer 2 dense
+    # (mlp_only_layers), the others sparse.
+    ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=24, rope_theta=1e6, num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2]), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -45,6 +50,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
+            elif n.endswith("mlp.gate.weight"):  # a router whose choices and weights are far from even
+                p.normal_(0, 0.5)
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):

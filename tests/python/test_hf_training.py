@@ -65,13 +65,13 @@ def conversations(n, seed=0):
         yield {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a + " " + a}]}
 
 
-def setup(tmp_path):
+def setup(tmp_path, family="qwen3"):
     tok = make_tokenizer(tmp_path / "tokenizer", PLAIN)
     jsonl = tmp_path / "chat.jsonl"
     jsonl.write_text("".join(json.dumps(c) + "\n" for c in conversations(200)))
     prepare_data("--tokenizer", tok, "--input", jsonl, "--out", tmp_path / "data")
-    make_model(tmp_path / "qwen3", "qwen3", seed=2, embedding_std=1.0, vocab_size=320)
-    return tmp_path / "qwen3", tmp_path / "data"
+    make_model(tmp_path / family, family, seed=2, embedding_std=1.0, vocab_size=320)
+    return tmp_path / family, tmp_path / "data"
 
 
 def experiment(tmp_path, model, data, layers="0, 2"):
@@ -111,6 +111,32 @@ def test_dflash_trains_against_an_online_hf_target(tmp_path):
         assert (f["steps/target_time_s"][:] > 0).all()
         print("target:", target)
         print("target kernels:", sorted({names[i] for i in fwd[:, 2:].ravel()}))
+
+
+def test_dflash_trains_against_a_mixture_of_experts_target(tmp_path):
+    """A Qwen3-MoE target (8 experts, 2 a token; layer 2 dense) online: the drafter trains (30 steps,
+    the loss falls), the log names the architecture and its experts, and validation runs the
+    target's other two paths on it too: anchor blocks verified by the target and served decoding
+    with its key/value cache."""
+    model, data = setup(tmp_path, "qwen3_moe")
+    exp = experiment(tmp_path, model, data)
+    exp.write_text(exp.read_text().replace("steps = 50", "steps = 30") + "\n[eval]\nenabled = true\n")
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with h5py.File(tmp_path / "run" / "hf_tiny.h5", "r") as f:
+        loss = f["steps/loss"][:]
+        first, last = loss[:5].mean(), loss[-5:].mean()
+        target = f.attrs["target"]
+        target = target.decode() if isinstance(target, bytes) else target
+        print(f"loss: first 5 steps {first:.3f}, last 5 steps {last:.3f}; target: {target[:160]}")
+        assert len(loss) == 30 and last < 0.8 * first, (first, last)
+        assert "Qwen3MoeForCausalLM" in target and "8 experts (2 a token)" in target, target
+        for key, method in (("tau_anchor_method", "target verification"), ("tau_served_method", "target (greedy)")):
+            m = f["eval/" + key][-1]
+            assert (m.decode() if isinstance(m, bytes) else m) == method, key
+        assert f["eval/tau_served"][-1] >= 1.0 and f["eval/served_responses"][-1] > 0
+        print(f"eval: tau_anchor {f['eval/tau_anchor'][-1]:.3f}, tau_served {f['eval/tau_served'][-1]:.3f} over "
+              f"{int(f['eval/served_responses'][-1])} responses")
 
 
 def test_validate_refuses_a_layer_the_target_lacks(tmp_path):

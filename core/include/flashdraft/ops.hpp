@@ -75,6 +75,19 @@ FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = 
 // level with cuBLAS's product and the pass at best (1.01-1.04x their time in two calls), not
 // faster.
 FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& gate_up, bool fused = true);
+// A product per group (the experts of a mixture of experts): rows [N, K] sorted by group, group g
+// the rows ends[g - 1] .. ends[g] - 1 (ends: int32 [G], cumulative counts), times w[g]^T (w [G, N',
+// K]): [N, N']. One grouped product (at::_grouped_mm, as transformers' default) where it runs: the
+// CPU, and CUDA in bf16 on compute capability 8.0 and later, for rows of whole 16-byte multiples;
+// elsewhere one product per group (reading ends on the host).
+FLASHDRAFT_API at::Tensor grouped_linear(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& ends);
+// A mixture of experts' output rows back to their tokens: rows [T k, H] in the experts' order,
+// weights [T, k] (the router's, in rows' dtype), slot [T, k] int64 (the row of token t's j-th
+// expert): [T, H] = the sum over j of round(rows[slot[t, j]] * weights[t, j]), in float32, rounded
+// once (transformers' weighted rows, then its sum over k). On the engine's path one pass (the sum
+// in the order j = 0 .. k - 1), else ATen's gather, product and sum.
+FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot,
+                                          bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
 // adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0; "; SwiGLU in the gate / up product" on

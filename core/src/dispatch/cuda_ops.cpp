@@ -283,6 +283,25 @@ at::Tensor swiglu_packed(const at::Tensor& gate_up) {
   return out;
 }
 
+at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot) {
+  const int64_t k = weights.dim() == 2 ? weights.size(1) : 0;
+  require(runs_on(rows) && rows.dim() == 2 && rows.is_contiguous() && k > 0 && weights.is_contiguous() &&
+              weights.scalar_type() == rows.scalar_type() && weights.device() == rows.device() &&
+              weights.numel() == rows.size(0) && slot.scalar_type() == at::kLong && slot.is_contiguous() &&
+              slot.device() == rows.device() && slot.numel() == rows.size(0),
+          "combine_experts: rows [T k, H] contiguous on CUDA, weights [T, k] in rows' dtype and slot [T, k] int64 on "
+          "its device expected, got rows " +
+              c10::str(rows.sizes()) + ", weights " + c10::str(weights.sizes()) + " " +
+              c10::str(weights.scalar_type()) + ", slot " + c10::str(slot.sizes()) + " " +
+              c10::str(slot.scalar_type()));
+  const int64_t T = weights.size(0), H = rows.size(1);
+  const c10::cuda::CUDAGuard guard(rows.device());
+  at::Tensor out = at::empty({T, H}, rows.options());
+  cuda_ops::combine_experts(dtype_of(rows, "rows"), rows.data_ptr(), weights.data_ptr(), slot.data_ptr<int64_t>(),
+                            out.data_ptr(), T, k, H, stream_of(rows));
+  return out;
+}
+
 bool linear_swiglu_applies(const at::Tensor& x, const at::Tensor& w) {
   if (!runs_on(x) || x.dim() < 1 || w.dim() != 2 || w.size(0) % 2 != 0 || x.size(-1) != w.size(1) ||
       !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() || w.scalar_type() != x.scalar_type() ||
@@ -348,6 +367,7 @@ Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::T
   absent();
 }
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
+at::Tensor combine_experts(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
 bool linear_swiglu_applies(const at::Tensor&, const at::Tensor&) { return false; }
 bool linear_swiglu_device(const c10::Device&) { return false; }
 int compute_capability(const c10::Device&) { return 0; }

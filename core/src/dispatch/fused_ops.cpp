@@ -193,6 +193,34 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& gate_up, bool fu
   return swiglu_packed(at::linear(x, gate_up), fused);
 }
 
+at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot, bool fused) {
+  if (kernels_take(fused, rows) && rows.is_contiguous())
+    return cuda_ops::combine_experts(rows, weights.contiguous(), slot.contiguous());
+  const int64_t k = weights.size(1), H = rows.size(1);
+  const at::Tensor weighted = rows.index_select(0, slot.reshape({-1})) * weights.reshape({-1, 1});
+  return weighted.view({-1, k, H}).sum(1, /*keepdim=*/false, at::kFloat).to(rows.scalar_type());
+}
+
+at::Tensor grouped_linear(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& ends) {
+  const int64_t item = static_cast<int64_t>(rows.element_size());
+  const bool aligned = (w.size(1) * item) % 16 == 0 && (w.size(2) * item) % 16 == 0;
+  const bool runs =
+      rows.is_cpu() || (rows.scalar_type() == at::kBFloat16 && cuda_ops::compute_capability(rows.device()) >= 80);
+  if (aligned && runs) return at::_grouped_mm(rows, w.transpose(-2, -1), ends);
+  at::Tensor out = at::empty({rows.size(0), w.size(1)}, rows.options());
+  const at::Tensor host = ends.to(at::kCPU, at::kLong);  // (waits for the device once)
+  int64_t start = 0;
+  for (int64_t g = 0; g < w.size(0); ++g) {
+    const int64_t end = host.data_ptr<int64_t>()[g];
+    if (end > start) {
+      at::Tensor part = out.narrow(0, start, end - start);
+      at::mm_out(part, rows.narrow(0, start, end - start), w[g].t());
+    }
+    start = end;
+  }
+  return out;
+}
+
 }  // namespace frozen
 
 ParamMaker::ParamMaker(std::vector<std::pair<std::string, at::Tensor>>& params, uint64_t seed, uint64_t salt,

@@ -10,6 +10,8 @@
 //              [Qwen3: q, k = RMSNorm per head]; q, k = RoPE(q, k) at positions 0..S-1
 //              x = x + attention(q, k, v) Wo (+bo)          (through the engine, GQA)
 //              x = x + down(silu(gate(RMSNorm(x))) * up(RMSNorm(x)))
+//              [Qwen3-MoE, sparse layers: x = x + sum over the token's k experts e of
+//               p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
@@ -34,8 +36,13 @@ namespace {
 
 // A decoder layer's weights, the projections packed once at load: qkv = [q; k; v] (and its
 // bias) and gate_up = [gate; up], one product each (the checkpoint's tensors are not kept).
+// A sparse (mixture of experts) layer has no gate_up / down_proj but the router [E, H] and every
+// expert's projections stacked as transformers holds them: experts_gate_up [E, 2 I, H] (each
+// expert's gate rows, then its up rows), experts_down [E, H, I].
 struct DecoderLayer {
   at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
+  at::Tensor router, experts_gate_up, experts_down;
+  bool sparse() const { return router.defined(); }
 };
 
 c10::ScalarType dtype_named(const std::string& name, c10::Device device) {
@@ -88,7 +95,7 @@ class HfTarget final : public Target {
                                      cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" +
                                          std::to_string(cfg_.layers) + " layers, hidden " +
                                          std::to_string(cfg_.hidden) + ", vocab " + std::to_string(cfg_.vocab) + ", " +
-                                         c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
+                                         experts_str() + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
                                          "; norms, RoPE, SwiGLU: " + frozen::kernels_on(device_, fused_) + ")");
   }
 
@@ -185,11 +192,15 @@ class HfTarget final : public Target {
         std::tie(x1, h2) =
             frozen::add_rms_norm(stream, at::linear(a, L.o_proj, L.o_bias), L.post_norm, cfg_.rms_eps, fused_);
       }
-      const at::Tensor g = frozen::linear_swiglu(h2, L.gate_up, fused_);
-      if (!slot_of(l).defined() && frozen::add_linear_(x1, g, L.down_proj, fused_))
-        pending = at::Tensor();
-      else
-        pending = at::linear(g, L.down_proj);
+      if (L.sparse()) {
+        pending = experts(L, h2);
+      } else {
+        const at::Tensor g = frozen::linear_swiglu(h2, L.gate_up, fused_);
+        if (!slot_of(l).defined() && frozen::add_linear_(x1, g, L.down_proj, fused_))
+          pending = at::Tensor();
+        else
+          pending = at::linear(g, L.down_proj);
+      }
       x = x1;
     }
     at::Tensor last = deepest == cfg_.layers - 1 ? at::Tensor() : slot_of(deepest);
@@ -341,11 +352,22 @@ class HfTarget final : public Target {
                                                                      {"self_attn.q_proj.weight", {q, H}},
                                                                      {"self_attn.k_proj.weight", {kv, H}},
                                                                      {"self_attn.v_proj.weight", {kv, H}},
-                                                                     {"self_attn.o_proj.weight", {H, q}},
-                                                                     {"mlp.gate_proj.weight", {cfg_.intermediate, H}},
-                                                                     {"mlp.up_proj.weight", {cfg_.intermediate, H}},
-                                                                     {"mlp.down_proj.weight", {H, cfg_.intermediate}}})
+                                                                     {"self_attn.o_proj.weight", {H, q}}})
         expected.push_back({p + e.first, e.second});
+      if (cfg_.sparse(l)) {
+        const int64_t I = cfg_.moe_intermediate;
+        expected.push_back({p + "mlp.gate.weight", {cfg_.experts, H}});
+        for (int64_t e = 0; e < cfg_.experts; ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          expected.push_back({x + "gate_proj.weight", {I, H}});
+          expected.push_back({x + "up_proj.weight", {I, H}});
+          expected.push_back({x + "down_proj.weight", {H, I}});
+        }
+      } else {
+        expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + "mlp.down_proj.weight", {H, cfg_.intermediate}});
+      }
       if (cfg_.qkv_bias || cfg_.o_bias)
         for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
                  {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
@@ -362,11 +384,15 @@ class HfTarget final : public Target {
         config_.fail("path", path_ + ": tensor '" + name + "' is missing (a " + cfg_.architecture +
                                  " checkpoint with this config.json has it)");
       if (info->shape != shape)
-        config_.fail("path", path_ + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", but " +
-                                 cfg_.path + " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) +
-                                 " heads, " + std::to_string(cfg_.kv_heads) + " kv heads, head_dim " +
-                                 std::to_string(D) + ", intermediate_size " + std::to_string(cfg_.intermediate) +
-                                 ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " + list_str(shape));
+        config_.fail("path",
+                     path_ + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", but " + cfg_.path +
+                         " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) + " heads, " +
+                         std::to_string(cfg_.kv_heads) + " kv heads, head_dim " + std::to_string(D) +
+                         ", intermediate_size " + std::to_string(cfg_.intermediate) +
+                         (cfg_.experts > 0 ? ", num_experts " + std::to_string(cfg_.experts) +
+                                                 ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate)
+                                           : std::string()) +
+                         ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " + list_str(shape));
     }
   }
 
@@ -385,6 +411,20 @@ class HfTarget final : public Target {
     if (cfg_.qk_norm) {
       L.q_norm = load(p + "self_attn.q_norm.weight");
       L.k_norm = load(p + "self_attn.k_norm.weight");
+    }
+    if (cfg_.sparse(l)) {
+      L.router = load(p + "mlp.gate.weight");
+      const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
+      const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
+      L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
+      L.experts_down = at::empty({E, H, I}, opts);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + "gate_proj.weight"));
+        L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + "up_proj.weight"));
+        L.experts_down[e].copy_(load(x + "down_proj.weight"));
+      }
+      return L;
     }
     L.gate_up = at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
     L.down_proj = load(p + "mlp.down_proj.weight");
@@ -455,7 +495,40 @@ class HfTarget final : public Target {
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
     const at::Tensor o = at::linear(layers::merge_heads(a), L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
+    if (L.sparse()) return x1 + experts(L, h2);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+  }
+
+  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE block computes it
+  // with its default grouped products: the router's logits in the model's dtype, their softmax in
+  // float32, the top k (renormalised over the k when norm_topk_prob) cast back; the (token, expert)
+  // pairs sorted by expert, each expert's rows through its gate / up product, SwiGLU and down
+  // product as one grouped product each; every output row times its router weight (in the model's
+  // dtype), then each token's k rows summed in float32 and rounded once.
+  at::Tensor experts(const DecoderLayer& L, const at::Tensor& h) const {
+    const int64_t H = cfg_.hidden, k = cfg_.experts_per_token;
+    const at::Tensor x = h.reshape({-1, H});
+    const at::Tensor probs = at::softmax(at::linear(x, L.router), -1, at::kFloat);
+    auto [top, chosen] = at::topk(probs, k, -1);
+    if (cfg_.norm_topk) top = top / top.sum(-1, /*keepdim=*/true);
+    const at::Tensor ids = chosen.reshape({-1});
+    // the pairs in the experts' order (keys of 16 bits: two passes of the radix sort, not eight)
+    const at::Tensor order =
+        std::get<1>(at::sort(ids.to(cfg_.experts <= 32767 ? at::kShort : at::kInt), /*stable=*/true, 0, false));
+    const at::Tensor rows = x.index_select(0, order.div(k, "floor"));
+    // rows per expert, counted on the device (bincount would read the largest id on the host)
+    const at::Tensor ends =
+        at::zeros({cfg_.experts}, ids.options()).scatter_add_(0, ids, at::ones_like(ids)).cumsum(0).to(at::kInt);
+    const at::Tensor act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
+    const at::Tensor out = frozen::grouped_linear(act, L.experts_down, ends);
+    const at::Tensor slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+    return frozen::combine_experts(out, top.to(h.scalar_type()), slot.view({-1, k}), fused_).view(h.sizes());
+  }
+
+  // ", 128 experts (8 a token)" for a mixture of experts, else nothing
+  std::string experts_str() const {
+    if (cfg_.experts == 0) return "";
+    return std::to_string(cfg_.experts) + " experts (" + std::to_string(cfg_.experts_per_token) + " a token), ";
   }
 
   // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
@@ -603,5 +676,5 @@ class HfTarget final : public Target {
 }  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3) run online as the target",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE) run online as the target",
                   flashdraft::HfTarget)

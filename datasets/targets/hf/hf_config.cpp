@@ -14,7 +14,12 @@
 namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                          "Qwen3ForCausalLM"};
+                                                          "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"};
+
+bool ModelConfig::sparse(int64_t layer) const {
+  return experts > 0 && (layer + 1) % sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+}
 
 namespace {
 
@@ -113,6 +118,31 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type == "yarn") read_yarn(r, *scaling, c.rope);
 }
 
+// Qwen3MoeForCausalLM's experts (transformers' Qwen3MoeConfig; its version 5 writes the count as
+// num_local_experts, the published checkpoints as num_experts).
+void read_experts(const Reader& r, ModelConfig& c) {
+  const char* count = r.has("num_experts") ? "num_experts" : "num_local_experts";
+  c.experts = r.integer(count, 1);
+  c.experts_per_token = r.integer("num_experts_per_tok", 1);
+  if (c.experts_per_token > c.experts)
+    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.experts) + " experts of " + count + " (accepted: 1.." +
+                                      std::to_string(c.experts) + ")");
+  c.moe_intermediate = r.integer("moe_intermediate_size", 1);
+  c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
+  c.norm_topk = r.boolean("norm_topk_prob", false);
+  if (r.has("mlp_only_layers")) {
+    const json& v = r.j.at("mlp_only_layers");
+    if (!v.is_array()) r.fail("mlp_only_layers", "value " + v.dump() + " is not a list of layer indices");
+    for (const json& l : v) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.layers)
+        r.fail("mlp_only_layers", "holds " + l.dump() + "; accepted: layer indices 0.." + std::to_string(c.layers - 1) +
+                                      " (num_hidden_layers " + std::to_string(c.layers) + ")");
+      c.mlp_only_layers.push_back(l.get<int64_t>());
+    }
+  }
+}
+
 // eos_token_id: an id or a list of ids (absent or null: none).
 std::vector<int64_t> eos_ids(const json& j, const std::string& file) {
   std::vector<int64_t> ids;
@@ -184,11 +214,16 @@ ModelConfig read_config(const std::string& folder) {
   if (c.rope.type != "default")
     c.max_position =
         std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
-  const bool qwen2 = c.architecture == "Qwen2ForCausalLM", qwen3 = c.architecture == "Qwen3ForCausalLM";
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM", moe = c.architecture == "Qwen3MoeForCausalLM";
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe;
   const bool mistral = c.architecture == "MistralForCausalLM";
   c.qk_norm = qwen3;
   c.qkv_bias = qwen2;
   c.o_bias = !qwen2 && !mistral && r.boolean("attention_bias", false);
+  // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
+  if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
+    r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
+  if (moe) read_experts(r, c);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   const bool windowed = mistral || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);

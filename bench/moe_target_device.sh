@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: the online target as a mixture of experts, at Qwen3-30B-A3B's
+# shapes (bench/qwen3_30b_a3b_hf_target.toml: 12 of its 48 layers, so that the random checkpoint,
+# ~16 GiB, fits the machine's disk; the drafter reads layers 1, 4, 7, 10, so 11 layers run; S = 3072).
+#   device run: command `bash bench/moe_target_device.sh`, carry [".deps", "build-device"] after
+#   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
+#   timeout_s 600.
+# 1. the checkpoint (scripts/make-random-checkpoint --preset qwen3-30b-a3b --layers 12) while the
+#    build is checked and test_cuda_ops runs (combine_experts against ATen's ops among its cases);
+# 2. the bf16 CUDA case of tests/python/test_hf_target.py for the mixture of experts (a tiny
+#    random Qwen3-MoE, flash_cuda; skipped with a line where pytest is absent);
+# 3. the hidden states at the real shape: tests/tools/target_states on 3072 random tokens, layers
+#    1, 4, 7, 10, [target] kernels "engine" and "aten", against transformers' own bf16 forward
+#    (SDPA), next to transformers' eager attention against the same (the noise of bf16 itself,
+#    routing ties included);
+# 4. our training step for 24 steps with [target] kernels = "engine" (steps 10-12 profiled) and "aten":
+#    median target forward ms over steps 14-24, step ms, peak GiB;
+# 5. transformers' model (bf16, SDPA, output_hidden_states, inference mode, 11 layers, its default
+#    experts implementation): eager, then torch.compile, median forward ms;
+# 6. ours with the engine's kernels once more (after transformers: the spread of one version).
+set -uo pipefail
+OUT=${OUT:-/tmp/moe-target-device}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/moe-target-device.log") 2>&1
+CKPT=/tmp/qwen3-30b-a3b-random
+LAYERS=1,4,7,10
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+t0=$(date +%s)
+python3 scripts/make-random-checkpoint --preset qwen3-30b-a3b --layers 12 --out $CKPT --device cuda \
+  > /tmp/checkpoint.log 2>&1 &
+ckpt=$!
+. bench/device_build.sh
+device_build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops
+echo "=== test_cuda_ops ($(( $(date +%s) - t0 )) s)"
+"$BUILD/bin/test_cuda_ops" > /tmp/test_cuda_ops.log 2>&1
+echo "rc $?"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" /tmp/test_cuda_ops.log | head -20
+grep -E "combine_experts" /tmp/test_cuda_ops.log | head -16
+echo "=== tests/python/test_hf_target.py -k 'cuda and qwen3_moe' ($(( $(date +%s) - t0 )) s)"
+if python3 -c 'import pytest' 2>/dev/null; then
+  FLASHDRAFT_BINARY_DIR=$BUILD timeout -k 5 150 python3 -m pytest -q -s -p no:cacheprovider tests/python/test_hf_target.py \
+    -k "cuda and qwen3_moe" > /tmp/pytest.log 2>&1
+  echo "rc $?"
+  grep -E "passed|failed|error|qwen3_moe row|adds in the products|Error|assert" /tmp/pytest.log | head -24
+else
+  echo "pytest is not installed here: skipped"
+fi
+wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
+
+echo "=== hidden states at the real shape against transformers"
+timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" <<'PY' | tee "$OUT/states.txt"
+import subprocess, sys, torch
+from safetensors.torch import save_file, load_file
+build, ckpt, layer_list = sys.argv[1:4]
+layers = [int(x) for x in layer_list.split(",")]
+torch.manual_seed(0)
+tokens = torch.randint(0, 151936, (1, 3072))
+save_file({"tokens": tokens, "lengths": torch.tensor([3072])}, "/tmp/states_in.safetensors")
+ours = {}
+for k in ("engine", "aten"):
+    p = subprocess.run([f"{build}/bin/target_states", "hf", ckpt, "/tmp/states_in.safetensors", f"/tmp/states_{k}.safetensors",
+                        layer_list, "flash_cuda", "bfloat16", "cuda", k], capture_output=True, text=True)
+    print(k, "rc", p.returncode, p.stdout.strip().splitlines()[-2:] if p.returncode == 0 else p.stderr.strip()[-300:])
+    ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
+import transformers
+states = {}
+for impl in ("sdpa", "eager"):
+    # one layer past the deepest read: hidden_states[L + 1] is layer L's output before any final norm, as ours is
+    model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation=impl,
+                                                   num_hidden_layers=max(layers) + 2).cuda().eval()
+    print(impl, "experts implementation:", getattr(model.config, "_experts_implementation", None))
+    with torch.inference_mode():
+        hs = model(input_ids=tokens.cuda(), output_hidden_states=True).hidden_states
+    states[impl] = [hs[L + 1][0].float().cpu() for L in layers]
+    del model, hs
+    torch.cuda.empty_cache()
+def rel(a, ref):
+    d = (a - ref).abs()
+    return f"max {d.max().item() / ref.abs().max().item():.2e}, mean {d.mean().item() / ref.abs().mean().item():.2e}"
+print("relative to transformers (SDPA, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
+for i, L in enumerate(layers):
+    ref = states["sdpa"][i]
+    print(f"layer {L}: ours engine {rel(ours['engine'][0, :, i], ref)}; ours aten {rel(ours['aten'][0, :, i], ref)}; "
+          f"transformers eager attention {rel(states['eager'][i], ref)}")
+PY
+
+# One training run of ours: engine (the engine's kernels; steps 10-12 under --profile: the GPU time
+# of the target's forward by kernel), aten (transformers' separate ATen ops for the norms, RoPE,
+# SwiGLU and the experts' weighted sum), engine_again after transformers (the spread of one version).
+run_ours() {
+  local k=$1 kern=aten prof=""
+  case $k in engine*) kern=engine ;; esac
+  [ $k = engine ] && prof="--profile 10:13"
+  sed -e "s|^path = .*|path = \"$CKPT\"\nkernels = \"$kern\"|" -e "s/^name = .*/name = \"moe_$k\"/" \
+    bench/qwen3_30b_a3b_hf_target.toml > /tmp/moe_$k.toml
+  timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/moe_$k.toml --out /tmp/moe-runs $prof > /tmp/run_$k.log 2>&1
+  echo "=== ours, [target] kernels = $k: rc $? ($(( $(date +%s) - t0 )) s)"
+  grep -E "^target:|^error" /tmp/run_$k.log | head -3
+  grep -A12 "^ *target_forward " /tmp/run_$k.log | head -13
+  python3 - /tmp/moe-runs/moe_$k.h5 $k <<'PY' | tee -a "$OUT/ours.txt"
+import statistics, sys, h5py
+f = h5py.File(sys.argv[1], "r")
+t, s = f["steps/target_time_s"][:], f["steps/step_time_s"][:]
+print(f"ours {sys.argv[2]}: target forward median {1e3 * statistics.median(t[13:]):.1f} ms (steps 14-24), step "
+      f"{1e3 * statistics.median(s[13:]):.1f} ms, peak {f['memory/step'][:].max() / 2**30:.2f} GiB, loss "
+      f"{f['steps/loss'][0]:.3f} -> {f['steps/loss'][-1]:.3f}")
+PY
+}
+run_ours engine
+run_ours aten
+
+echo "=== transformers' forward (11 layers, bf16, SDPA, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
+timeout -k 5 240 python3 - "$CKPT" <<'PY' | tee "$OUT/peer.txt"
+import statistics, sys, time, torch, transformers
+model = transformers.AutoModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, attn_implementation="sdpa",
+                                               num_hidden_layers=11).cuda().eval()
+tokens = torch.randint(0, 151936, (1, 3072), device="cuda")
+def timed(fn, n=10, warm=3):
+    for _ in range(warm): fn()
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+with torch.inference_mode():
+    f = lambda: model(input_ids=tokens, output_hidden_states=True)
+    print(f"transformers eager: {timed(f):.2f} ms (peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)", flush=True)
+    compiled = torch.compile(model)
+    t = time.time()
+    g = lambda: compiled(input_ids=tokens, output_hidden_states=True)
+    g()
+    print(f"torch.compile first call {time.time() - t:.1f} s", flush=True)
+    print(f"transformers torch.compile: {timed(g):.2f} ms", flush=True)
+PY
+echo "peer rc $? ($(( $(date +%s) - t0 )) s)"
+run_ours engine_again
