@@ -1,34 +1,46 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the online target as a mixture of experts, at Qwen3-30B-A3B's
-# shapes (bench/qwen3_30b_a3b_hf_target.toml: 12 of its 48 layers, so that the random checkpoint,
-# ~16 GiB, fits the machine's disk; the drafter reads layers 1, 4, 7, 10, so 11 layers run; S = 3072).
-#   device run: command `bash bench/moe_target_device.sh`, carry [".deps", "build-device"] after
+# shapes (the default; bench/qwen3_30b_a3b_hf_target.toml: 12 of its 48 layers, so that the random
+# checkpoint, ~16 GiB, fits the machine's disk; the drafter reads layers 1, 4, 7, 10, so 11 layers
+# run; S = 3072) or, with MOE=mixtral-8x7b, at Mixtral-8x7B's (bench/mixtral_8x7b_hf_target.toml: 4
+# of its 32 layers, ~11 GiB; the drafter reads layers 0 and 2, so 3 layers run; S = 3072).
+#   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
+#   [".deps", "build-device"] after
 #   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
 #   timeout_s 600.
-# 1. the checkpoint (scripts/make-random-checkpoint --preset qwen3-30b-a3b --layers 12) while the
-#    build is checked and test_cuda_ops runs (combine_experts against ATen's ops among its cases);
+# 1. the checkpoint (scripts/make-random-checkpoint --preset $MOE --layers N) while the build is
+#    checked and test_cuda_ops runs (combine_experts against ATen's ops among its cases);
 # 2. the bf16 CUDA case of tests/python/test_hf_target.py for the mixture of experts (a tiny
-#    random Qwen3-MoE, flash_cuda; skipped with a line where pytest is absent);
-# 3. the hidden states at the real shape: tests/tools/target_states on 3072 random tokens, layers
-#    1, 4, 7, 10, [target] kernels "engine" and "aten", against transformers' own bf16 forward
-#    (SDPA), next to transformers' eager attention against the same (the noise of bf16 itself,
-#    routing ties included);
+#    random one of the same family, flash_cuda; skipped with a line where pytest is absent);
+# 3. the hidden states at the real shape: tests/tools/target_states on 3072 random tokens, the
+#    layers the drafter reads, [target] kernels "engine" and "aten", against transformers' own bf16
+#    forward (SDPA), next to transformers' eager attention against the same (the noise of bf16
+#    itself, routing ties included);
 # 4. our training step for 24 steps with [target] kernels = "engine" (steps 10-12 profiled) and "aten":
 #    median target forward ms over steps 14-24, step ms, peak GiB;
-# 5. transformers' model (bf16, SDPA, output_hidden_states, inference mode, 11 layers, its default
-#    experts implementation): eager, then torch.compile, median forward ms;
+# 5. transformers' model (bf16, SDPA, output_hidden_states, inference mode, the layers ours runs,
+#    its default experts implementation): eager, then torch.compile, median forward ms;
 # 6. ours with the engine's kernels once more (after transformers: the spread of one version).
+# QUICK=1 leaves out the "aten" run and the second engine run (a call with little device time left).
 set -uo pipefail
+QUICK=${QUICK:-0}
+MOE=${MOE:-qwen3-30b-a3b}
+case $MOE in
+  qwen3-30b-a3b) CKPT_LAYERS=12 LAYERS=1,4,7,10 RUN=11 VOCAB=151936 FAMILY=qwen3_moe \
+                 TOML=bench/qwen3_30b_a3b_hf_target.toml ;;
+  mixtral-8x7b) CKPT_LAYERS=4 LAYERS=0,2 RUN=3 VOCAB=32000 FAMILY=mixtral TOML=bench/mixtral_8x7b_hf_target.toml ;;
+  *) echo "MOE=$MOE: accepted qwen3-30b-a3b or mixtral-8x7b" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/moe-target-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/moe-target-device.log") 2>&1
-CKPT=/tmp/qwen3-30b-a3b-random
-LAYERS=1,4,7,10
+CKPT=/tmp/$MOE-random
+echo "MOE=$MOE: $CKPT_LAYERS layers in the checkpoint, layers $LAYERS read, $RUN run, $TOML"
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 t0=$(date +%s)
-python3 scripts/make-random-checkpoint --preset qwen3-30b-a3b --layers 12 --out $CKPT --device cuda \
+python3 scripts/make-random-checkpoint --preset $MOE --layers $CKPT_LAYERS --out $CKPT --device cuda \
   > /tmp/checkpoint.log 2>&1 &
 ckpt=$!
 . bench/device_build.sh
@@ -37,26 +49,26 @@ echo "=== test_cuda_ops ($(( $(date +%s) - t0 )) s)"
 "$BUILD/bin/test_cuda_ops" > /tmp/test_cuda_ops.log 2>&1
 echo "rc $?"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" /tmp/test_cuda_ops.log | head -20
-grep -E "combine_experts" /tmp/test_cuda_ops.log | head -16
-echo "=== tests/python/test_hf_target.py -k 'cuda and qwen3_moe' ($(( $(date +%s) - t0 )) s)"
+grep -E "combine_experts" /tmp/test_cuda_ops.log | head -30
+echo "=== tests/python/test_hf_target.py -k 'cuda and $FAMILY' ($(( $(date +%s) - t0 )) s)"
 if python3 -c 'import pytest' 2>/dev/null; then
   FLASHDRAFT_BINARY_DIR=$BUILD timeout -k 5 150 python3 -m pytest -q -s -p no:cacheprovider tests/python/test_hf_target.py \
-    -k "cuda and qwen3_moe" > /tmp/pytest.log 2>&1
+    -k "cuda and $FAMILY" > /tmp/pytest.log 2>&1
   echo "rc $?"
-  grep -E "passed|failed|error|qwen3_moe row|adds in the products|Error|assert" /tmp/pytest.log | head -24
+  grep -E "passed|failed|error|$FAMILY row|adds in the products|Error|assert" /tmp/pytest.log | head -24
 else
   echo "pytest is not installed here: skipped"
 fi
 wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
 
 echo "=== hidden states at the real shape against transformers"
-timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" <<'PY' | tee "$OUT/states.txt"
+timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" "$VOCAB" <<'PY' | tee "$OUT/states.txt"
 import subprocess, sys, torch
 from safetensors.torch import save_file, load_file
-build, ckpt, layer_list = sys.argv[1:4]
+build, ckpt, layer_list, vocab = sys.argv[1:5]
 layers = [int(x) for x in layer_list.split(",")]
 torch.manual_seed(0)
-tokens = torch.randint(0, 151936, (1, 3072))
+tokens = torch.randint(0, int(vocab), (1, 3072))
 save_file({"tokens": tokens, "lengths": torch.tensor([3072])}, "/tmp/states_in.safetensors")
 ours = {}
 for k in ("engine", "aten"):
@@ -94,7 +106,7 @@ run_ours() {
   case $k in engine*) kern=engine ;; esac
   [ $k = engine ] && prof="--profile 10:13"
   sed -e "s|^path = .*|path = \"$CKPT\"\nkernels = \"$kern\"|" -e "s/^name = .*/name = \"moe_$k\"/" \
-    bench/qwen3_30b_a3b_hf_target.toml > /tmp/moe_$k.toml
+    $TOML > /tmp/moe_$k.toml
   timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/moe_$k.toml --out /tmp/moe-runs $prof > /tmp/run_$k.log 2>&1
   echo "=== ours, [target] kernels = $k: rc $? ($(( $(date +%s) - t0 )) s)"
   grep -E "^target:|^error" /tmp/run_$k.log | head -3
@@ -109,14 +121,14 @@ print(f"ours {sys.argv[2]}: target forward median {1e3 * statistics.median(t[13:
 PY
 }
 run_ours engine
-run_ours aten
+[ "$QUICK" = 1 ] || run_ours aten
 
-echo "=== transformers' forward (11 layers, bf16, SDPA, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
-timeout -k 5 240 python3 - "$CKPT" <<'PY' | tee "$OUT/peer.txt"
+echo "=== transformers' forward ($RUN layers, bf16, SDPA, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
+timeout -k 5 240 python3 - "$CKPT" "$RUN" "$VOCAB" <<'PY' | tee "$OUT/peer.txt"
 import statistics, sys, time, torch, transformers
 model = transformers.AutoModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, attn_implementation="sdpa",
-                                               num_hidden_layers=11).cuda().eval()
-tokens = torch.randint(0, 151936, (1, 3072), device="cuda")
+                                               num_hidden_layers=int(sys.argv[2])).cuda().eval()
+tokens = torch.randint(0, int(sys.argv[3]), (1, 3072), device="cuda")
 def timed(fn, n=10, warm=3):
     for _ in range(warm): fn()
     ts = []
@@ -135,4 +147,4 @@ with torch.inference_mode():
     print(f"transformers torch.compile: {timed(g):.2f} ms", flush=True)
 PY
 echo "peer rc $? ($(( $(date +%s) - t0 )) s)"
-run_ours engine_again
+[ "$QUICK" = 1 ] || run_ours engine_again

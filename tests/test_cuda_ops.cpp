@@ -528,6 +528,16 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
             at::randperm(N * k, at::TensorOptions().device(at::kCUDA).dtype(at::kLong)).view({N, k});
         expect_agree(frozen::combine_experts(rows, weights, slot, true),
                      frozen::combine_experts(rows, weights, slot, false), name + " combine_experts");
+        // Mixtral's router: the weights stay in float32, so no product is rounded to the dtype.
+        const at::Tensor float_weights = at::softmax(at::randn({N, k}, opts.dtype(at::kFloat)), -1);
+        const at::Tensor fused = frozen::combine_experts(rows, float_weights, slot, true);
+        ASSERT_EQ(fused.scalar_type(), dtype);
+        expect_agree(fused, frozen::combine_experts(rows, float_weights, slot, false),
+                     name + " combine_experts (float32 weights)");
+        if (dtype != at::kFloat) {  // not vacuous: the products rounded to the dtype give other sums
+          const at::Tensor rounded = frozen::combine_experts(rows, float_weights.to(dtype), slot, true);
+          EXPECT_FALSE(at::equal(fused, rounded)) << name << " float32 weights summed as the dtype's";
+        }
       }
     }
 }

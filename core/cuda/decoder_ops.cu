@@ -7,8 +7,8 @@
 //                  and the sum rounded as transformers' separate ops round them
 //   swiglu_packed  the packed gate|up projection -> round(round(silu(g)) * u)
 //   combine_experts  a mixture of experts' output rows back to their tokens: per token, the sum
-//                  in float32 of its k rows each times its router weight (each product rounded),
-//                  rounded once
+//                  in float32 of its k rows each times its router weight (each product rounded
+//                  to the dtype, unless the weights are float32), rounded once
 // Float32 math inside each value; the reductions in float32 (their summation order is the one
 // place where the result may differ from transformers' by a rounding).
 #include "ops_common.cuh"
@@ -291,10 +291,21 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
   }
 }
 
+// The product of a row's value and its weight as ATen rounds it: to T where the weight is in T,
+// not at all where the weight is float32 (the product is then float32).
+template <typename T, typename W>
+__device__ __forceinline__ float weighted(float x, W w) {
+  const float p = mul(x, to_float(w));
+  if constexpr (std::is_same_v<T, W>)
+    return round_to<T>(p);
+  else
+    return p;
+}
+
 // One block per token (grid-stride), 16-byte vectors of the row in the threads; the k rows added
 // in order j = 0 .. k - 1.
-template <typename T>
-__global__ void combine_experts_vec_kernel(const T* __restrict__ rows, const T* __restrict__ weights,
+template <typename T, typename W>
+__global__ void combine_experts_vec_kernel(const T* __restrict__ rows, const W* __restrict__ weights,
                                            const int64_t* __restrict__ slot, T* __restrict__ out, int64_t tokens,
                                            int64_t k, int64_t H) {
   constexpr int E = Vec16<T>::E;
@@ -307,10 +318,10 @@ __global__ void combine_experts_vec_kernel(const T* __restrict__ rows, const T* 
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[e] = 0.f;
       for (int64_t j = 0; j < k; ++j) {
-        const float w = to_float(weights[t * k + j]);
+        const W w = weights[t * k + j];
         const Vec16<T> v = load16(rows + slot[t * k + j] * H + vi * E);
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = add(acc[e], round_to<T>(mul(to_float(v.v[e]), w)));
+        for (int e = 0; e < E; ++e) acc[e] = add(acc[e], weighted<T>(to_float(v.v[e]), w));
       }
       Vec16<T> o;
 #pragma unroll
@@ -319,8 +330,8 @@ __global__ void combine_experts_vec_kernel(const T* __restrict__ rows, const T* 
     }
 }
 
-template <typename T>
-__global__ void combine_experts_kernel(const T* __restrict__ rows, const T* __restrict__ weights,
+template <typename T, typename W>
+__global__ void combine_experts_kernel(const T* __restrict__ rows, const W* __restrict__ weights,
                                        const int64_t* __restrict__ slot, T* __restrict__ out, int64_t tokens, int64_t k,
                                        int64_t H) {
   pdl_wait();
@@ -329,7 +340,7 @@ __global__ void combine_experts_kernel(const T* __restrict__ rows, const T* __re
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
       float acc = 0.f;
       for (int64_t j = 0; j < k; ++j)
-        acc = add(acc, round_to<T>(mul(to_float(rows[slot[t * k + j] * H + i]), to_float(weights[t * k + j]))));
+        acc = add(acc, weighted<T>(to_float(rows[slot[t * k + j] * H + i]), weights[t * k + j]));
       out[t * H + i] = from_float<T>(acc);
     }
 }
@@ -412,19 +423,28 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
   check_launch("swiglu_packed");
 }
 
-void combine_experts(DType dtype, const void* rows, const void* weights, const int64_t* slot, void* out, int64_t tokens,
-                     int64_t k, int64_t H, void* stream) {
+void combine_experts(DType dtype, const void* rows, const void* weights, bool float_weights, const int64_t* slot,
+                     void* out, int64_t tokens, int64_t k, int64_t H, void* stream) {
   if (tokens <= 0 || H <= 0) return;
   with_type(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-    const T *r = static_cast<const T*>(rows), *w = static_cast<const T*>(weights);
+    const T* r = static_cast<const T*>(rows);
     T* o = static_cast<T*>(out);
-    if (aligned16(rows) && aligned16(out) && H % Vec16<T>::E == 0)
-      launch_dependent(combine_experts_vec_kernel<T>, grid, dim3(kSwigluThreads), 0, s, r, w, slot, o, tokens, k, H);
+    const bool vec = aligned16(rows) && aligned16(out) && H % Vec16<T>::E == 0;
+    const auto launch = [&](const auto* w) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(w)>>;
+      if (vec)
+        launch_dependent(combine_experts_vec_kernel<T, W>, grid, dim3(kSwigluThreads), 0, s, r, w, slot, o, tokens, k,
+                         H);
+      else
+        launch_dependent(combine_experts_kernel<T, W>, grid, dim3(kSwigluThreads), 0, s, r, w, slot, o, tokens, k, H);
+    };
+    if (float_weights)
+      launch(static_cast<const float*>(weights));
     else
-      launch_dependent(combine_experts_kernel<T>, grid, dim3(kSwigluThreads), 0, s, r, w, slot, o, tokens, k, H);
+      launch(static_cast<const T*>(weights));
   });
   check_launch("combine_experts");
 }

@@ -94,9 +94,10 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
 // A mixture of experts' rows [N, H] (in the experts' order) back to tokens: out[t] [tokens, H] =
 // round(sum over j < k, in order, of round(rows[slot[t k + j]] * weights[t k + j])), the sum in
-// float32, each product rounded to the dtype (transformers' weighted rows, then its sum over k).
-void combine_experts(DType dtype, const void* rows, const void* weights, const int64_t* slot, void* out, int64_t tokens,
-                     int64_t k, int64_t H, void* stream);
+// float32, each product rounded to the dtype (transformers' weighted rows, then its sum over k);
+// with float_weights the weights are float32 and the products are not rounded.
+void combine_experts(DType dtype, const void* rows, const void* weights, bool float_weights, const int64_t* slot,
+                     void* out, int64_t tokens, int64_t k, int64_t H, void* stream);
 
 // ---- The gate / up product with SwiGLU in its epilogue, on Hopper (gemm_sm90a.cu) ------------
 // out [M, I] = round(round(silu(round(x Wg^T))) * round(x Wu^T)), x [M, K], W = [Wg; Wu] [2 I, K]

@@ -24,6 +24,11 @@ FAMILIES = [
     ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
      dict(tie_word_embeddings=False, head_dim=24, rope_theta=1e6, num_experts=8, num_experts_per_tok=2,
           moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2]), {}),
+    # Mixtral's kind (saved as block_sparse_moe.experts.E.w1 / w3 / w2): 8 experts of
+    # intermediate_size, 2 a token, every layer sparse, the top 2 renormalised and kept in float32.
+    ("mixtral", "MixtralConfig", "MixtralForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e6, num_local_experts=8, num_experts_per_tok=2, sliding_window=None),
+     {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

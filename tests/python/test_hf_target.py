@@ -1,5 +1,5 @@
-"""The hf target against transformers: tiny random Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE
-checkpoints (tied and untied embeddings, one sharded save) made here; our target's
+"""The hf target against transformers: tiny random Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and
+Mixtral checkpoints (tied and untied embeddings, one sharded save) made here; our target's
 hidden states after every layer and the final logits must equal transformers'
 `output_hidden_states` (layer id L = hidden_states[L + 1]) in fp32 on CPU. Padded
 batches give every sequence the states it has alone; packed documents do not see each
@@ -144,49 +144,64 @@ def test_packed_documents_do_not_see_each_other(tmp_path):
     assert rel(ours["hidden"][0, 10:, 0], whole.hidden_states[2][0, 10:]) > 1e-3
 
 
-def test_mixture_of_experts_routes_as_transformers(tmp_path):
-    """Qwen3-MoE: the states equal transformers' (the family test above) and that is not vacuous:
-    the tokens spread over the experts, and the same checkpoint read without the renormalisation
-    over the chosen experts (norm_topk_prob false) gives other states from the first sparse layer
-    on, while the dense layer alone is untouched by it. Layers 0, 1 and 3 are sparse, 2 dense."""
-    folder = tmp_path / "qwen3_moe"
-    model = make_model(folder, "qwen3_moe", seed=21)
-    assert model.config.mlp_only_layers == [2] and model.config.norm_topk_prob
+# (family, what the target prints, a config change that must move the states)
+MOE_FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeForCausalLM", dict(norm_topk_prob=False)),
+    "mixtral": ("MixtralForCausalLM", dict(num_experts_per_tok=1)),
+}
+
+
+@pytest.mark.parametrize("family", list(MOE_FAMILIES))
+def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
+    """Qwen3-MoE and Mixtral: the states equal transformers' (the family test above) and that is
+    not vacuous: the tokens spread over the experts, and the same checkpoint read with another
+    routing (Qwen3-MoE: without the renormalisation over the chosen experts, norm_topk_prob false;
+    Mixtral, which always renormalises: one expert a token) gives other states from the first
+    sparse layer on. Qwen3-MoE: layers 0, 1 and 3 sparse, 2 dense; Mixtral: every layer sparse."""
+    architecture, other_routing = MOE_FAMILIES[family]
+    folder = tmp_path / family
+    model = make_model(folder, family, seed=21)
     tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
     lengths = torch.tensor([40, 40])
     p, ours = run_target(folder, tokens, lengths, [0, 3], tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "8 experts (2 a token)" in p.stdout and "Qwen3MoeForCausalLM" in p.stdout, p.stdout
+    assert "8 experts (2 a token)" in p.stdout and architecture in p.stdout, p.stdout
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True, output_router_logits=True)
     for e, layer in enumerate([0, 3]):
         assert rel(ours["hidden"][:, :, e], ref.hidden_states[layer + 1]) <= BOUND
     chosen = torch.topk(ref.router_logits[0], 2, dim=-1).indices  # layer 0's router, every token
     counts = torch.bincount(chosen.flatten(), minlength=8)
-    print(f"layer 0: tokens per expert {counts.tolist()}")
+    print(f"{family} layer 0: tokens per expert {counts.tolist()}")
     assert (counts > 0).sum() >= 6, counts  # not one or two experts taking every token
-    edit_config(folder, norm_topk_prob=False)
+    edit_config(folder, **other_routing)
     p, plain = run_target(folder, tokens, lengths, [0, 3], tmp_path)
     assert p.returncode == 0, p.stderr
     moved = [rel(plain["hidden"][:, :, e], ref.hidden_states[layer + 1]) for e, layer in enumerate([0, 3])]
-    print(f"without norm_topk_prob: rel err {moved[0]:.1e} (layer 0), {moved[1]:.1e} (layer 3)")
+    print(f"{family} with {other_routing}: rel err {moved[0]:.1e} (layer 0), {moved[1]:.1e} (layer 3)")
     assert min(moved) > 10 * BOUND, moved
 
 
+# (family, config change, what the error line says beside the key)
 MOE_REFUSED = {
-    "num_experts_per_tok": (dict(num_experts_per_tok=9), "9 is more than the 8 experts of num_local_experts "
-                                                         "(accepted: 1..8)"),
-    "mlp_only_layers": (dict(mlp_only_layers=[2, 4]), "holds 4; accepted: layer indices 0..3"),
-    "hidden_act": (dict(hidden_act="gelu"), 'value "gelu" is not supported (accepted: "silu")'),
-    "moe_intermediate_size": (dict(moe_intermediate_size=48), "mlp.experts.0.gate_proj.weight' has shape [32, 64]"),
+    "num_experts_per_tok": ("qwen3_moe", dict(num_experts_per_tok=9),
+                            "9 is more than the 8 experts of num_local_experts (accepted: 1..8)"),
+    "mlp_only_layers": ("qwen3_moe", dict(mlp_only_layers=[2, 4]), "holds 4; accepted: layer indices 0..3"),
+    "hidden_act": ("qwen3_moe", dict(hidden_act="gelu"), 'value "gelu" is not supported (accepted: "silu")'),
+    "moe_intermediate_size": ("qwen3_moe", dict(moe_intermediate_size=48),
+                              "mlp.experts.0.gate_proj.weight' has shape [32, 64]"),
+    "num_local_experts": ("mixtral", dict(num_local_experts=6),
+                          "block_sparse_moe.gate.weight' has shape [8, 64], but"),
+    "intermediate_size": ("mixtral", dict(intermediate_size=64),
+                          "block_sparse_moe.experts.0.w1.weight' has shape [96, 64], but"),
 }
 
 
 @pytest.mark.parametrize("key", list(MOE_REFUSED))
 def test_a_mixture_of_experts_config_the_weights_or_target_cannot_run_is_refused(tmp_path, key):
+    family, changes, expected = MOE_REFUSED[key]
     folder = tmp_path / "moe"  # (not the key: the line must name it, not its folder)
-    make_model(folder, "qwen3_moe", seed=4)
-    changes, expected = MOE_REFUSED[key]
+    make_model(folder, family, seed=4)
     edit_config(folder, **changes)
     p, _ = run_target(folder, torch.randint(0, 160, (1, 8)), torch.tensor([8]), [3], tmp_path)
     assert p.returncode == 1, p.stdout + p.stderr
@@ -322,7 +337,8 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     # forward (transformers' own: 1-2 of 128 tokens a layer at this shape), which moves its state by
     # more than rounding does; the largest error over the tokens would then say which tokens tied,
     # so there the comparison takes the mean error over all values.
-    error = rel_mean if getattr(model.config, "num_experts", 0) else rel
+    moe = getattr(model.config, "num_experts", 0) or getattr(model.config, "num_local_experts", 0)
+    error = rel_mean if moe else rel
     bf16 = copy.deepcopy(model).to("cuda", torch.bfloat16)
     g = torch.Generator().manual_seed(5)
     B, S = 2, 128

@@ -82,10 +82,11 @@ FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& g
 // elsewhere one product per group (reading ends on the host).
 FLASHDRAFT_API at::Tensor grouped_linear(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& ends);
 // A mixture of experts' output rows back to their tokens: rows [T k, H] in the experts' order,
-// weights [T, k] (the router's, in rows' dtype), slot [T, k] int64 (the row of token t's j-th
-// expert): [T, H] = the sum over j of round(rows[slot[t, j]] * weights[t, j]), in float32, rounded
-// once (transformers' weighted rows, then its sum over k). On the engine's path one pass (the sum
-// in the order j = 0 .. k - 1), else ATen's gather, product and sum.
+// weights [T, k] (the router's, in rows' dtype or in float32), slot [T, k] int64 (the row of token
+// t's j-th expert): [T, H] = the sum over j of rows[slot[t, j]] * weights[t, j] (each product
+// rounded to rows' dtype where the weights are in it, kept in float32 where they are float32), in
+// float32, rounded once (transformers' weighted rows, then its sum over k). On the engine's path
+// one pass (the sum in the order j = 0 .. k - 1), else ATen's gather, product and sum.
 FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot,
                                           bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched

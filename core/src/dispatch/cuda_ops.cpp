@@ -286,10 +286,11 @@ at::Tensor swiglu_packed(const at::Tensor& gate_up) {
 at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot) {
   const int64_t k = weights.dim() == 2 ? weights.size(1) : 0;
   require(runs_on(rows) && rows.dim() == 2 && rows.is_contiguous() && k > 0 && weights.is_contiguous() &&
-              weights.scalar_type() == rows.scalar_type() && weights.device() == rows.device() &&
-              weights.numel() == rows.size(0) && slot.scalar_type() == at::kLong && slot.is_contiguous() &&
-              slot.device() == rows.device() && slot.numel() == rows.size(0),
-          "combine_experts: rows [T k, H] contiguous on CUDA, weights [T, k] in rows' dtype and slot [T, k] int64 on "
+              (weights.scalar_type() == rows.scalar_type() || weights.scalar_type() == at::kFloat) &&
+              weights.device() == rows.device() && weights.numel() == rows.size(0) && slot.scalar_type() == at::kLong &&
+              slot.is_contiguous() && slot.device() == rows.device() && slot.numel() == rows.size(0),
+          "combine_experts: rows [T k, H] contiguous on CUDA, weights [T, k] in rows' dtype or float32 and slot [T, k] "
+          "int64 on "
           "its device expected, got rows " +
               c10::str(rows.sizes()) + ", weights " + c10::str(weights.sizes()) + " " +
               c10::str(weights.scalar_type()) + ", slot " + c10::str(slot.sizes()) + " " +
@@ -297,8 +298,9 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
   const int64_t T = weights.size(0), H = rows.size(1);
   const c10::cuda::CUDAGuard guard(rows.device());
   at::Tensor out = at::empty({T, H}, rows.options());
-  cuda_ops::combine_experts(dtype_of(rows, "rows"), rows.data_ptr(), weights.data_ptr(), slot.data_ptr<int64_t>(),
-                            out.data_ptr(), T, k, H, stream_of(rows));
+  cuda_ops::combine_experts(dtype_of(rows, "rows"), rows.data_ptr(), weights.data_ptr(),
+                            weights.scalar_type() != rows.scalar_type(), slot.data_ptr<int64_t>(), out.data_ptr(), T, k,
+                            H, stream_of(rows));
   return out;
 }
 

@@ -10,7 +10,7 @@
 //              [Qwen3: q, k = RMSNorm per head]; q, k = RoPE(q, k) at positions 0..S-1
 //              x = x + attention(q, k, v) Wo (+bo)          (through the engine, GQA)
 //              x = x + down(silu(gate(RMSNorm(x))) * up(RMSNorm(x)))
-//              [Qwen3-MoE, sparse layers: x = x + sum over the token's k experts e of
+//              [Qwen3-MoE and Mixtral, sparse layers: x = x + sum over the token's k experts e of
 //               p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
@@ -356,12 +356,13 @@ class HfTarget final : public Target {
         expected.push_back({p + e.first, e.second});
       if (cfg_.sparse(l)) {
         const int64_t I = cfg_.moe_intermediate;
-        expected.push_back({p + "mlp.gate.weight", {cfg_.experts, H}});
+        const ExpertKeys n = expert_keys();
+        expected.push_back({p + n.block + "gate.weight", {cfg_.experts, H}});
         for (int64_t e = 0; e < cfg_.experts; ++e) {
-          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-          expected.push_back({x + "gate_proj.weight", {I, H}});
-          expected.push_back({x + "up_proj.weight", {I, H}});
-          expected.push_back({x + "down_proj.weight", {H, I}});
+          const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
+          expected.push_back({x + n.gate, {I, H}});
+          expected.push_back({x + n.up, {I, H}});
+          expected.push_back({x + n.down, {H, I}});
         }
       } else {
         expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
@@ -384,15 +385,16 @@ class HfTarget final : public Target {
         config_.fail("path", path_ + ": tensor '" + name + "' is missing (a " + cfg_.architecture +
                                  " checkpoint with this config.json has it)");
       if (info->shape != shape)
-        config_.fail("path",
-                     path_ + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", but " + cfg_.path +
-                         " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) + " heads, " +
-                         std::to_string(cfg_.kv_heads) + " kv heads, head_dim " + std::to_string(D) +
-                         ", intermediate_size " + std::to_string(cfg_.intermediate) +
-                         (cfg_.experts > 0 ? ", num_experts " + std::to_string(cfg_.experts) +
-                                                 ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate)
-                                           : std::string()) +
-                         ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " + list_str(shape));
+        config_.fail("path", path_ + ": tensor '" + name + "' has shape " + list_str(info->shape) + ", but " +
+                                 cfg_.path + " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) +
+                                 " heads, " + std::to_string(cfg_.kv_heads) + " kv heads, head_dim " +
+                                 std::to_string(D) + ", intermediate_size " + std::to_string(cfg_.intermediate) +
+                                 (cfg_.experts > 0 && !mixtral()
+                                      ? ", num_experts " + std::to_string(cfg_.experts) + ", moe_intermediate_size " +
+                                            std::to_string(cfg_.moe_intermediate)
+                                      : std::string()) +
+                                 (mixtral() ? ", num_local_experts " + std::to_string(cfg_.experts) : std::string()) +
+                                 ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " + list_str(shape));
     }
   }
 
@@ -413,16 +415,17 @@ class HfTarget final : public Target {
       L.k_norm = load(p + "self_attn.k_norm.weight");
     }
     if (cfg_.sparse(l)) {
-      L.router = load(p + "mlp.gate.weight");
+      const ExpertKeys n = expert_keys();
+      L.router = load(p + n.block + "gate.weight");
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
       L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
       L.experts_down = at::empty({E, H, I}, opts);
       for (int64_t e = 0; e < E; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + "gate_proj.weight"));
-        L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + "up_proj.weight"));
-        L.experts_down[e].copy_(load(x + "down_proj.weight"));
+        const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
+        L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
+        L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
+        L.experts_down[e].copy_(load(x + n.down));
       }
       return L;
     }
@@ -499,12 +502,13 @@ class HfTarget final : public Target {
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
-  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE block computes it
-  // with its default grouped products: the router's logits in the model's dtype, their softmax in
-  // float32, the top k (renormalised over the k when norm_topk_prob) cast back; the (token, expert)
-  // pairs sorted by expert, each expert's rows through its gate / up product, SwiGLU and down
-  // product as one grouped product each; every output row times its router weight (in the model's
-  // dtype), then each token's k rows summed in float32 and rounded once.
+  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE and Mixtral
+  // blocks compute it with their default grouped products: the router's logits in the model's
+  // dtype, their softmax in float32, the top k (renormalised over the k when norm_topk_prob) cast
+  // back (Qwen3-MoE) or kept in float32 (Mixtral); the (token, expert) pairs sorted by expert, each
+  // expert's rows through its gate / up product, SwiGLU and down product as one grouped product
+  // each; every output row times its router weight (rounded to the model's dtype where the weight
+  // is in it), then each token's k rows summed in float32 and rounded once.
   at::Tensor experts(const DecoderLayer& L, const at::Tensor& h) const {
     const int64_t H = cfg_.hidden, k = cfg_.experts_per_token;
     const at::Tensor x = h.reshape({-1, H});
@@ -522,7 +526,19 @@ class HfTarget final : public Target {
     const at::Tensor act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
     const at::Tensor out = frozen::grouped_linear(act, L.experts_down, ends);
     const at::Tensor slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
-    return frozen::combine_experts(out, top.to(h.scalar_type()), slot.view({-1, k}), fused_).view(h.sizes());
+    const at::Tensor weights = cfg_.float_router_weights ? top : top.to(h.scalar_type());
+    return frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
+  }
+
+  bool mixtral() const { return cfg_.architecture == "MixtralForCausalLM"; }
+  // Where a sparse layer's tensors sit under model.layers.N.: the router at <block>gate.weight,
+  // expert e's projections at <block>experts.e.<gate | up | down>.
+  struct ExpertKeys {
+    std::string block, gate, up, down;
+  };
+  ExpertKeys expert_keys() const {
+    if (mixtral()) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
+    return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   }
 
   // ", 128 experts (8 a token)" for a mixture of experts, else nothing
@@ -675,6 +691,7 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE) run online as the target",
-                  flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(
+    target, "hf", "0.1.0",
+    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral) run online as the target",
+    flashdraft::HfTarget)

@@ -13,8 +13,9 @@
 
 namespace flashdraft::hf {
 
-const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                          "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"};
+const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",    "MistralForCausalLM",
+                                                          "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
+                                                          "Qwen3MoeForCausalLM", "MixtralForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && (layer + 1) % sparse_step == 0 &&
@@ -118,16 +119,23 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type == "yarn") read_yarn(r, *scaling, c.rope);
 }
 
-// Qwen3MoeForCausalLM's experts (transformers' Qwen3MoeConfig; its version 5 writes the count as
-// num_local_experts, the published checkpoints as num_experts).
-void read_experts(const Reader& r, ModelConfig& c) {
-  const char* count = r.has("num_experts") ? "num_experts" : "num_local_experts";
+// The experts of Qwen3MoeForCausalLM (transformers' Qwen3MoeConfig; its version 5 writes the
+// count as num_local_experts, the published checkpoints as num_experts) and of
+// MixtralForCausalLM (MixtralConfig: num_local_experts experts of intermediate_size, every layer
+// sparse, the top k always renormalised and kept in float32).
+void read_experts(const Reader& r, ModelConfig& c, bool mixtral) {
+  const char* count = !mixtral && r.has("num_experts") ? "num_experts" : "num_local_experts";
   c.experts = r.integer(count, 1);
   c.experts_per_token = r.integer("num_experts_per_tok", 1);
   if (c.experts_per_token > c.experts)
     r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
                                       std::to_string(c.experts) + " experts of " + count + " (accepted: 1.." +
                                       std::to_string(c.experts) + ")");
+  if (mixtral) {
+    c.moe_intermediate = c.intermediate;
+    c.norm_topk = c.float_router_weights = true;
+    return;
+  }
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", false);
@@ -216,14 +224,15 @@ ModelConfig read_config(const std::string& folder) {
         std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM", moe = c.architecture == "Qwen3MoeForCausalLM";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe;
-  const bool mistral = c.architecture == "MistralForCausalLM";
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;
   c.qk_norm = qwen3;
   c.qkv_bias = qwen2;
   c.o_bias = !qwen2 && !mistral && r.boolean("attention_bias", false);
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  if (moe) read_experts(r, c);
+  if (moe || mixtral) read_experts(r, c, mixtral);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   const bool windowed = mistral || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);

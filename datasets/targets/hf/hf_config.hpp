@@ -1,7 +1,7 @@
 // config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
 // dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-// Qwen3ForCausalLM, and the mixture of experts Qwen3MoeForCausalLM. Anything else is
-// refused with the architecture found and the list.
+// Qwen3ForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM and MixtralForCausalLM.
+// Anything else is refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -35,14 +35,18 @@ struct ModelConfig {
   // scaling's factor x its pretraining length where that is longer (as vLLM takes a model's
   // length); 0 when config.json says neither.
   int64_t max_position = 0;
-  // Mixture of experts (Qwen3MoeForCausalLM; experts == 0 for the dense families): a sparse
-  // layer routes each token to experts_per_token of `experts` feed-forward experts of width
-  // moe_intermediate (num_experts, num_experts_per_tok, moe_intermediate_size), their
-  // outputs weighted by the router's softmax over the experts (renormalised over the chosen
-  // ones when norm_topk_prob). Layer l is sparse unless it is in mlp_only_layers or
-  // (l + 1) % decoder_sparse_step != 0; a dense layer has the usual MLP of `intermediate`.
+  // Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM; experts == 0 for the dense
+  // families): a sparse layer routes each token to experts_per_token of `experts` feed-forward
+  // experts of width moe_intermediate (Qwen3-MoE: num_experts, num_experts_per_tok,
+  // moe_intermediate_size; Mixtral: num_local_experts, num_experts_per_tok, intermediate_size),
+  // their outputs weighted by the router's softmax over the experts (renormalised over the
+  // chosen ones when norm_topk_prob; always for Mixtral). Layer l is sparse unless it is in
+  // mlp_only_layers or (l + 1) % decoder_sparse_step != 0; a dense layer has the usual MLP of
+  // `intermediate` (Mixtral: every layer sparse). float_router_weights: the k weights stay in
+  // float32, so each expert's row times its weight is not rounded to the model's dtype
+  // (Mixtral's router, as transformers runs it); else they are cast to the dtype first.
   int64_t experts = 0, experts_per_token = 0, moe_intermediate = 0, sparse_step = 1;
-  bool norm_topk = false;
+  bool norm_topk = false, float_router_weights = false;
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
