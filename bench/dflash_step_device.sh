@@ -64,22 +64,17 @@ build=$!
 
 # --- 2. while it builds: GPU work whose timing is not reported against the peer -------------
 python3 - > "$OUT/calibrate.log" 2>&1 <<'PY'
-import torch, statistics
+import torch
 dev = "cuda"
-def timed(fn, n):
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+from bench.device_common import timed
 n = 8192
 a, b = (torch.randn(n, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
 for _ in range(10): a @ b
-ms = timed(lambda: a @ b, 50)
+ms = timed(lambda: a @ b, 50, warm=0)
 print(f"bf16 {n}^3 matmul (random data): median {ms:.3f} ms = {2 * n**3 / ms / 1e9:.0f} TFLOP/s")
 x = torch.empty(2 * 2**30, dtype=torch.uint8, device=dev).random_(); y = torch.empty_like(x)
 for _ in range(3): y.copy_(x)
-ms = timed(lambda: y.copy_(x), 20)
+ms = timed(lambda: y.copy_(x), 20, warm=0)
 print(f"device copy 2 GiB: median {ms:.3f} ms = {2 * x.numel() / ms / 1e6:.0f} GB/s (read + write)")
 PY
 cat "$OUT/calibrate.log"

@@ -76,21 +76,8 @@ for k in ("engine", "aten"):
                         layer_list, "flash_cuda", "bfloat16", "cuda", k], capture_output=True, text=True)
     print(k, "rc", p.returncode, p.stdout.strip().splitlines()[-2:] if p.returncode == 0 else p.stderr.strip()[-300:])
     ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
-import transformers
-states = {}
-for impl in ("sdpa", "eager"):
-    # one layer past the deepest read: hidden_states[L + 1] is layer L's output before any final norm, as ours is
-    model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation=impl,
-                                                   num_hidden_layers=max(layers) + 2).cuda().eval()
-    print(impl, "experts implementation:", getattr(model.config, "_experts_implementation", None))
-    with torch.inference_mode():
-        hs = model(input_ids=tokens.cuda(), output_hidden_states=True).hidden_states
-    states[impl] = [hs[L + 1][0].float().cpu() for L in layers]
-    del model, hs
-    torch.cuda.empty_cache()
-def rel(a, ref):
-    d = (a - ref).abs()
-    return f"max {d.max().item() / ref.abs().max().item():.2e}, mean {d.mean().item() / ref.abs().mean().item():.2e}"
+from bench.device_common import rel, transformers_states
+states = transformers_states(ckpt, tokens, layers, max(layers) + 2)
 print("relative to transformers (SDPA, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
 for i, L in enumerate(layers):
     ref = states["sdpa"][i]
@@ -125,17 +112,11 @@ run_ours engine
 
 echo "=== transformers' forward ($RUN layers, bf16, SDPA, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
 timeout -k 5 240 python3 - "$CKPT" "$RUN" "$VOCAB" <<'PY' | tee "$OUT/peer.txt"
-import statistics, sys, time, torch, transformers
+import sys, time, torch, transformers
+from bench.device_common import timed
 model = transformers.AutoModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, attn_implementation="sdpa",
                                                num_hidden_layers=int(sys.argv[2])).cuda().eval()
 tokens = torch.randint(0, int(sys.argv[3]), (1, 3072), device="cuda")
-def timed(fn, n=10, warm=3):
-    for _ in range(warm): fn()
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
 with torch.inference_mode():
     f = lambda: model(input_ids=tokens, output_hidden_states=True)
     print(f"transformers eager: {timed(f):.2f} ms (peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)", flush=True)

@@ -118,20 +118,8 @@ for k in ("engine", "aten"):
                         ",".join(map(str, layers)), "flash_cuda", "bfloat16", "cuda", k], capture_output=True, text=True)
     print(k, "rc", p.returncode, p.stderr.strip()[-300:])
     ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
-import transformers
-# 35 layers: hidden_states[34] is layer 33's output before any final norm, as ours is.
-states = {}
-for impl in ("sdpa", "eager"):
-    model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation=impl,
-                                                   num_hidden_layers=35).cuda().eval()
-    with torch.inference_mode():
-        hs = model(input_ids=tokens.cuda(), output_hidden_states=True).hidden_states
-    states[impl] = [hs[L + 1][0].float().cpu() for L in layers]
-    del model, hs
-    torch.cuda.empty_cache()
-def rel(a, ref):
-    d = (a - ref).abs()
-    return f"max {d.max().item() / ref.abs().max().item():.2e}, mean {d.mean().item() / ref.abs().mean().item():.2e}"
+from bench.device_common import rel, transformers_states
+states = transformers_states(ckpt, tokens, layers, 35)  # hidden_states[34]: layer 33's output before any final norm
 print("relative to transformers (SDPA, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
 for i, L in enumerate(layers):
     ref = states["sdpa"][i]
@@ -147,13 +135,7 @@ ckpt = sys.argv[1]
 model = transformers.AutoModel.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa",
                                                num_hidden_layers=34).cuda().eval()
 tokens = torch.randint(0, 151936, (1, 3072), device="cuda")
-def timed(fn, n=10, warm=3):
-    for _ in range(warm): fn()
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+from bench.device_common import timed
 def phase(name):  # as the shell's phase(): when each timed phase began, for the clock summary
     with open("/tmp/phases.txt", "a") as p:
         p.write(f"{time.time():.3f} {name}\n")

@@ -30,13 +30,7 @@ python3 - <<'PY'
 import torch, statistics
 S, H, I, q, kv, L = 3072, 4096, 12288, 32 * 128, 8 * 128, 34
 shapes = {"qkv": (S, H, q + 2 * kv), "o": (S, q, H), "gate_up": (S, H, 2 * I), "down": (S, I, H)}
-def timed(fn, n, warm=3):
-    for _ in range(warm): fn()
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
+from bench.device_common import timed
 acts = {name: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for name, (m, k, n) in shapes.items()}
 weights = [{name: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for name, (m, k, n) in shapes.items()}
            for _ in range(L)]
