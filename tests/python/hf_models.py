@@ -29,6 +29,13 @@ FAMILIES = [
     ("mixtral", "MixtralConfig", "MixtralForCausalLM",
      dict(tie_word_embeddings=False, rope_theta=1e6, num_local_experts=8, num_experts_per_tok=2, sliding_window=None),
      {}),
+    # GLM-4.5's kind: half of each head rotated (partial_rotary_factor 0.5), q / k / v biases and
+    # norms; layer 0 dense, the others 8 experts of 32 in 4 groups, 2 a token from the best 2 groups
+    # by a sigmoid router with correction biases, times 2.5, plus one shared expert.
+    ("glm4_moe", "Glm4MoeConfig", "Glm4MoeForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e6, attention_bias=True, use_qk_norm=True, n_routed_experts=8,
+          num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
+          topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -61,6 +68,9 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.normal_(0, 0.1)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):
                 p.normal_(0, embedding_std)
+        for n, b in model.named_buffers():  # GLM-4.5's router biases: choices unlike the scores' alone
+            if n.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.05)
     model.save_pretrained(folder, safe_serialization=True, **save)
     return model
 

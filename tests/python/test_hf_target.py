@@ -1,5 +1,5 @@
-"""The hf target against transformers: tiny random Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and
-Mixtral checkpoints (tied and untied embeddings, one sharded save) made here; our target's
+"""The hf target against transformers: tiny random Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE,
+Mixtral and GLM-4.5 checkpoints (tied and untied embeddings, one sharded save) made here; our target's
 hidden states after every layer and the final logits must equal transformers'
 `output_hidden_states` (layer id L = hidden_states[L + 1]) in fp32 on CPU. Padded
 batches give every sequence the states it has alone; packed documents do not see each
@@ -148,38 +148,71 @@ def test_packed_documents_do_not_see_each_other(tmp_path):
 MOE_FAMILIES = {
     "qwen3_moe": ("Qwen3MoeForCausalLM", dict(norm_topk_prob=False)),
     "mixtral": ("MixtralForCausalLM", dict(num_experts_per_tok=1)),
+    "glm4_moe": ("Glm4MoeForCausalLM", dict(topk_group=4)),
 }
 
 
 @pytest.mark.parametrize("family", list(MOE_FAMILIES))
 def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
-    """Qwen3-MoE and Mixtral: the states equal transformers' (the family test above) and that is
-    not vacuous: the tokens spread over the experts, and the same checkpoint read with another
-    routing (Qwen3-MoE: without the renormalisation over the chosen experts, norm_topk_prob false;
-    Mixtral, which always renormalises: one expert a token) gives other states from the first
-    sparse layer on. Qwen3-MoE: layers 0, 1 and 3 sparse, 2 dense; Mixtral: every layer sparse."""
+    """Qwen3-MoE, Mixtral and GLM-4.5: the states equal transformers' (the family test above) and
+    that is not vacuous: the tokens spread over the experts, and the same checkpoint read with
+    another routing (Qwen3-MoE: without the renormalisation over the chosen experts, norm_topk_prob
+    false; Mixtral, which always renormalises: one expert a token; GLM-4.5: its experts chosen from
+    all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
+    sparse in each (Qwen3-MoE: 2 dense; GLM-4.5: 0 dense, first_k_dense_replace)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
     tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
     lengths = torch.tensor([40, 40])
-    p, ours = run_target(folder, tokens, lengths, [0, 3], tmp_path)
+    p, ours = run_target(folder, tokens, lengths, [1, 3], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "8 experts (2 a token)" in p.stdout and architecture in p.stdout, p.stdout
+    chosen = []  # layer 1's router: the experts of every token
+    hook = model.model.layers[1].mlp.gate.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
     with torch.no_grad():
-        ref = model(input_ids=tokens, output_hidden_states=True, output_router_logits=True)
-    for e, layer in enumerate([0, 3]):
+        ref = model(input_ids=tokens, output_hidden_states=True)
+    hook.remove()
+    for e, layer in enumerate([1, 3]):
         assert rel(ours["hidden"][:, :, e], ref.hidden_states[layer + 1]) <= BOUND
-    chosen = torch.topk(ref.router_logits[0], 2, dim=-1).indices  # layer 0's router, every token
-    counts = torch.bincount(chosen.flatten(), minlength=8)
-    print(f"{family} layer 0: tokens per expert {counts.tolist()}")
+    counts = torch.bincount(chosen[0].flatten(), minlength=8)
+    print(f"{family} layer 1: tokens per expert {counts.tolist()}")
     assert (counts > 0).sum() >= 6, counts  # not one or two experts taking every token
     edit_config(folder, **other_routing)
-    p, plain = run_target(folder, tokens, lengths, [0, 3], tmp_path)
+    p, plain = run_target(folder, tokens, lengths, [1, 3], tmp_path)
     assert p.returncode == 0, p.stderr
-    moved = [rel(plain["hidden"][:, :, e], ref.hidden_states[layer + 1]) for e, layer in enumerate([0, 3])]
-    print(f"{family} with {other_routing}: rel err {moved[0]:.1e} (layer 0), {moved[1]:.1e} (layer 3)")
+    moved = [rel(plain["hidden"][:, :, e], ref.hidden_states[layer + 1]) for e, layer in enumerate([1, 3])]
+    print(f"{family} with {other_routing}: rel err {moved[0]:.1e} (layer 1), {moved[1]:.1e} (layer 3)")
     assert min(moved) > 10 * BOUND, moved
+
+
+def test_glm_router_biases_choose_the_experts(tmp_path):
+    """GLM-4.5's correction biases (mlp.gate.e_score_correction_bias, float32) only choose: the
+    family test above gives transformers' states with random biases, and the same checkpoint with
+    the biases zeroed gives other states (so the biases are read and used), and transformers agrees."""
+    folder = tmp_path / "glm4_moe"
+    model = make_model(folder, "glm4_moe", seed=21)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([40, 40])
+    weights = load_file(str(folder / "model.safetensors"))
+    biases = [k for k in weights if k.endswith("e_score_correction_bias")]
+    assert len(biases) == 3 and all(weights[k].dtype == torch.float32 and weights[k].abs().max() > 0 for k in biases)
+    p, ours = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    for k in biases:
+        weights[k] = torch.zeros_like(weights[k])
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    p, unbiased = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.zero_()
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states[4]
+    moved = rel(ours["hidden"][:, :, 0], ref)
+    print(f"glm4_moe without its router biases: rel err {rel(unbiased['hidden'][:, :, 0], ref):.1e}; "
+          f"with them {moved:.1e}")
+    assert rel(unbiased["hidden"][:, :, 0], ref) <= BOUND and moved > 10 * BOUND
 
 
 # (family, config change, what the error line says beside the key)
@@ -194,6 +227,11 @@ MOE_REFUSED = {
                           "block_sparse_moe.gate.weight' has shape [8, 64], but"),
     "intermediate_size": ("mixtral", dict(intermediate_size=64),
                           "block_sparse_moe.experts.0.w1.weight' has shape [96, 64], but"),
+    "n_group": ("glm4_moe", dict(n_group=3), "3 groups of 8 experts (accepted: a divisor of the experts leaving at "
+                                             "least 2 in each group)"),
+    "topk_group": ("glm4_moe", dict(topk_group=5), "5 is more than n_group 4"),
+    "n_shared_experts": ("glm4_moe", dict(n_shared_experts=2),
+                         "mlp.shared_experts.gate_proj.weight' has shape [32, 64], but"),
 }
 
 
@@ -302,7 +340,7 @@ EXPECTED = {
     "unsupported architecture": "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                                 "Qwen3MoeForCausalLM",
     "unsupported RoPE scaling": 'rope type "dynamic" is not supported (supported: default, linear, llama3, yarn)',
-    "partial rotary": "rotates part of each head, which this target does not (accepted: 1 or absent)",
+    "partial rotary": "rotates part of each head, which Qwen2ForCausalLM does not (accepted: 1 or absent)",
 }
 
 

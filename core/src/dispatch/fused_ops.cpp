@@ -148,11 +148,13 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 
 Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
              double eps, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
-  if (kernels_take(fused, qkv) && qkv.is_contiguous() && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous()) {
+  const int64_t D = qkv.size(-1) / (heads + 2 * kv_heads), R = cos.size(-1);
+  if (kernels_take(fused, qkv) && qkv.is_contiguous() && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous() &&
+      R == D) {
     const cuda_ops::Qkv r = cuda_ops::qkv_rope(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin);
     return {r.q, r.k, r.v};
   }
-  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
+  const int64_t B = qkv.size(0), T = qkv.size(1);
   auto split = [&](int64_t first, int64_t n) {
     return qkv.narrow(-1, first * D, n * D).view({B, T, n, D}).transpose(1, 2);
   };
@@ -160,8 +162,12 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
   if (q_norm.defined()) q = plain_rms_norm(q, q_norm, eps);
   if (k_norm.defined()) k = plain_rms_norm(k, k_norm, eps);
   const at::Tensor c = per_head(cos), s = per_head(sin);
-  return {plain_rope(q, c, s).contiguous(), plain_rope(k, c, s).contiguous(),
-          split(heads + kv_heads, kv_heads).contiguous()};
+  // tables narrower than a head (a partial rotary factor): the first R dimensions rotate, the rest pass
+  const auto rope = [&](const at::Tensor& x) {
+    if (R == D) return plain_rope(x, c, s).contiguous();
+    return at::cat({plain_rope(x.narrow(-1, 0, R), c, s), x.narrow(-1, R, D - R)}, -1);
+  };
+  return {rope(q), rope(k), split(heads + kv_heads, kv_heads).contiguous()};
 }
 
 std::string kernels_on(const c10::Device& device, bool fused) {

@@ -10,8 +10,10 @@
 //              [Qwen3: q, k = RMSNorm per head]; q, k = RoPE(q, k) at positions 0..S-1
 //              x = x + attention(q, k, v) Wo (+bo)          (through the engine, GQA)
 //              x = x + down(silu(gate(RMSNorm(x))) * up(RMSNorm(x)))
-//              [Qwen3-MoE and Mixtral, sparse layers: x = x + sum over the token's k experts e of
-//               p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k]
+//              [Qwen3-MoE, Mixtral and GLM-4.5, sparse layers: x = x + sum over the token's k experts e of
+//               p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k;
+//               GLM-4.5: a sigmoid router, plus its shared experts' MLP of h; q, k rotated in their
+//               first rotary_dim dimensions only]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
@@ -30,6 +32,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
+#include <utility>
 
 namespace flashdraft {
 namespace {
@@ -38,10 +42,11 @@ namespace {
 // bias) and gate_up = [gate; up], one product each (the checkpoint's tensors are not kept).
 // A sparse (mixture of experts) layer has no gate_up / down_proj but the router [E, H] and every
 // expert's projections stacked as transformers holds them: experts_gate_up [E, 2 I, H] (each
-// expert's gate rows, then its up rows), experts_down [E, H, I].
+// expert's gate rows, then its up rows), experts_down [E, H, I]; GLM-4.5's also its router's
+// correction bias [E] (float32) and its shared experts' packed gate / up and down.
 struct DecoderLayer {
   at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
-  at::Tensor router, experts_gate_up, experts_down;
+  at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down;
   bool sparse() const { return router.defined(); }
 };
 
@@ -85,8 +90,9 @@ class HfTarget final : public Target {
     tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find("lm_head.weight"));
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
     final_norm_ = load("model.norm.weight");
-    const at::Tensor exponents = at::arange(0, cfg_.head_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
-    inv_freq_ = scaled_inv_freq(at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.head_dim)))
+    // (the rotated part of each head: all of it but for GLM-4.5's partial_rotary_factor)
+    const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
+    inv_freq_ = scaled_inv_freq(at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim)))
                     .to(device_);  // once: a copy from pageable memory at every forward waits for the device's queue
   }
 
@@ -364,6 +370,13 @@ class HfTarget final : public Target {
           expected.push_back({x + n.up, {I, H}});
           expected.push_back({x + n.down, {H, I}});
         }
+        if (cfg_.sigmoid_router) expected.push_back({p + "mlp.gate.e_score_correction_bias", {cfg_.experts}});
+        if (cfg_.shared_experts > 0) {
+          const int64_t Is = cfg_.shared_experts * I;
+          expected.push_back({p + "mlp.shared_experts.gate_proj.weight", {Is, H}});
+          expected.push_back({p + "mlp.shared_experts.up_proj.weight", {Is, H}});
+          expected.push_back({p + "mlp.shared_experts.down_proj.weight", {H, Is}});
+        }
       } else {
         expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
         expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
@@ -389,12 +402,8 @@ class HfTarget final : public Target {
                                  cfg_.path + " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) +
                                  " heads, " + std::to_string(cfg_.kv_heads) + " kv heads, head_dim " +
                                  std::to_string(D) + ", intermediate_size " + std::to_string(cfg_.intermediate) +
-                                 (cfg_.experts > 0 && !mixtral()
-                                      ? ", num_experts " + std::to_string(cfg_.experts) + ", moe_intermediate_size " +
-                                            std::to_string(cfg_.moe_intermediate)
-                                      : std::string()) +
-                                 (mixtral() ? ", num_local_experts " + std::to_string(cfg_.experts) : std::string()) +
-                                 ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " + list_str(shape));
+                                 experts_keys() + ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " +
+                                 list_str(shape));
     }
   }
 
@@ -426,6 +435,15 @@ class HfTarget final : public Target {
         L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
         L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
         L.experts_down[e].copy_(load(x + n.down));
+      }
+      if (cfg_.sigmoid_router) {
+        L.router = L.router.to(at::kFloat);  // transformers runs GLM-4.5's router in float32
+        L.router_bias = checkpoint_->load(p + "mlp.gate.e_score_correction_bias", device_, at::kFloat);
+      }
+      if (cfg_.shared_experts > 0) {
+        L.shared_gate_up =
+            at::cat({load(p + "mlp.shared_experts.gate_proj.weight"), load(p + "mlp.shared_experts.up_proj.weight")});
+        L.shared_down = load(p + "mlp.shared_experts.down_proj.weight");
       }
       return L;
     }
@@ -459,7 +477,7 @@ class HfTarget final : public Target {
   // pretraining length.
   at::Tensor yarn_inv_freq(const at::Tensor& pos_freqs) const {
     const hf::RopeScaling& r = cfg_.rope;
-    const double dim = double(cfg_.head_dim), base = cfg_.rope_theta;
+    const double dim = double(cfg_.rotary_dim), base = cfg_.rope_theta;
     const auto correction_dim = [&](double rotations) {
       return dim * std::log(double(r.original_max_position) / (rotations * 2 * M_PI)) / (2 * std::log(base));
     };
@@ -468,7 +486,7 @@ class HfTarget final : public Target {
     low = std::max(low, 0.0), high = std::min(high, dim - 1);
     if (low == high) high += 0.001;  // as transformers: no zero-width ramp
     const at::Tensor ramp =
-        ((at::arange(cfg_.head_dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low)).clamp(0, 1);
+        ((at::arange(cfg_.rotary_dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low)).clamp(0, 1);
     const at::Tensor extrapolation = 1 - ramp;
     const at::Tensor inv_extrapolated = 1.0 / pos_freqs, inv_interpolated = 1.0 / (r.factor * pos_freqs);
     return inv_interpolated * (1 - extrapolation) + inv_extrapolated * extrapolation;
@@ -512,9 +530,14 @@ class HfTarget final : public Target {
   at::Tensor experts(const DecoderLayer& L, const at::Tensor& h) const {
     const int64_t H = cfg_.hidden, k = cfg_.experts_per_token;
     const at::Tensor x = h.reshape({-1, H});
-    const at::Tensor probs = at::softmax(at::linear(x, L.router), -1, at::kFloat);
-    auto [top, chosen] = at::topk(probs, k, -1);
-    if (cfg_.norm_topk) top = top / top.sum(-1, /*keepdim=*/true);
+    at::Tensor top, chosen;
+    if (cfg_.sigmoid_router) {
+      std::tie(top, chosen) = sigmoid_routing(L, x);
+    } else {
+      const at::Tensor probs = at::softmax(at::linear(x, L.router), -1, at::kFloat);
+      std::tie(top, chosen) = at::topk(probs, k, -1);
+      if (cfg_.norm_topk) top = top / top.sum(-1, /*keepdim=*/true);
+    }
     const at::Tensor ids = chosen.reshape({-1});
     // the pairs in the experts' order (keys of 16 bits: two passes of the radix sort, not eight)
     const at::Tensor order =
@@ -527,7 +550,31 @@ class HfTarget final : public Target {
     const at::Tensor out = frozen::grouped_linear(act, L.experts_down, ends);
     const at::Tensor slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
     const at::Tensor weights = cfg_.float_router_weights ? top : top.to(h.scalar_type());
-    return frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
+    const at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
+    if (!L.shared_gate_up.defined()) return routed;
+    return routed + at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
+  }
+
+  // GLM-4.5's choice of experts for rows x [T, H] (transformers' Glm4MoeTopkRouter): scores =
+  // sigmoid(x W^T) in float32; each group of experts rated by the sum of its two best
+  // scores + correction biases; the experts outside the topk_groups best groups out of the
+  // choice; the k best scores + biases chosen; their plain scores (renormalised when norm_topk)
+  // times routed_scale as the weights, float32 [T, k], with the experts' ids [T, k].
+  std::pair<at::Tensor, at::Tensor> sigmoid_routing(const DecoderLayer& L, const at::Tensor& x) const {
+    const int64_t E = cfg_.experts, G = cfg_.groups;
+    const at::Tensor scores = at::linear(x.to(at::kFloat), L.router).sigmoid();
+    at::Tensor choice = scores + L.router_bias;
+    if (cfg_.topk_groups < G) {
+      const at::Tensor group_scores = std::get<0>(choice.view({-1, G, E / G}).topk(2, -1)).sum(-1);  // [T, G]
+      const at::Tensor best = std::get<1>(group_scores.topk(cfg_.topk_groups, -1));
+      const at::Tensor keep = at::zeros_like(group_scores, at::kBool).scatter_(1, best, true);
+      choice = choice.masked_fill(~keep.unsqueeze(-1).expand({-1, G, E / G}).reshape({-1, E}),
+                                  -std::numeric_limits<float>::infinity());
+    }
+    const at::Tensor chosen = std::get<1>(choice.topk(cfg_.experts_per_token, -1));
+    at::Tensor top = scores.gather(1, chosen);
+    if (cfg_.norm_topk) top = top / (top.sum(-1, /*keepdim=*/true) + 1e-20);
+    return {top * cfg_.routed_scale, chosen};
   }
 
   bool mixtral() const { return cfg_.architecture == "MixtralForCausalLM"; }
@@ -539,6 +586,15 @@ class HfTarget final : public Target {
   ExpertKeys expert_keys() const {
     if (mixtral()) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
     return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  }
+
+  // The config.json keys that size a mixture of experts' tensors, as ", key value" for a message.
+  std::string experts_keys() const {
+    if (cfg_.experts == 0) return "";
+    std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
+    if (!mixtral()) s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
+    if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
+    return s;
   }
 
   // ", 128 experts (8 a token)" for a mixture of experts, else nothing
@@ -691,7 +747,7 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(
-    target, "hf", "0.1.0",
-    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral) run online as the target",
-    flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, GLM-4.5) run "
+                  "online as the target",
+                  flashdraft::HfTarget)

@@ -13,12 +13,12 @@
 
 namespace flashdraft::hf {
 
-const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",    "MistralForCausalLM",
-                                                          "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
-                                                          "Qwen3MoeForCausalLM", "MixtralForCausalLM"};
+const std::vector<std::string> kSupportedArchitectures = {
+    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
-  return experts > 0 && (layer + 1) % sparse_step == 0 &&
+  return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
          std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
 }
 
@@ -91,6 +91,20 @@ void read_rope(const Reader& r, ModelConfig& c) {
     if (r.has("rope_scaling")) scaling = &r.j.at("rope_scaling");
   }
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
+  // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5);
+  // the other families here rotate all of it (transformers' Llama / Qwen / Mistral code has no part).
+  const bool glm = c.architecture == "Glm4MoeForCausalLM";
+  const double top_partial = r.real(r.j, "partial_rotary_factor", glm ? 0.5 : 1.0);
+  const double partial =
+      scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
+  if (partial != 1.0 && !glm)
+    r.fail("partial_rotary_factor", "value " + std::to_string(partial) + " rotates part of each head, which " +
+                                        c.architecture + " does not (accepted: 1 or absent)");
+  c.rotary_dim = static_cast<int64_t>(double(c.head_dim) * partial);
+  if (!(partial > 0 && partial <= 1) || c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    r.fail("partial_rotary_factor", "value " + std::to_string(partial) + " rotates " + std::to_string(c.rotary_dim) +
+                                        " of head_dim " + std::to_string(c.head_dim) +
+                                        " dimensions (accepted: a factor in (0, 1] giving an even count >= 2)");
   if (!scaling) return;
   if (!scaling->is_object()) r.fail("rope_scaling", "expected an object or null, found " + scaling->dump());
   std::string type = "default";
@@ -98,11 +112,6 @@ void read_rope(const Reader& r, ModelConfig& c) {
     if (scaling->contains(key) && scaling->at(key).is_string()) type = scaling->at(key).get<std::string>();
   if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
     r.fail("rope_scaling", "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn)");
-  const double partial = r.real(*scaling, "partial_rotary_factor", r.real(r.j, "partial_rotary_factor", 1.0));
-  if (partial != 1.0)
-    r.fail("partial_rotary_factor",
-           "value " + std::to_string(partial) +
-               " rotates part of each head, which this target does not (accepted: 1 or absent)");
   c.rope.type = type;
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
   c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
@@ -119,13 +128,43 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type == "yarn") read_yarn(r, *scaling, c.rope);
 }
 
+// GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in
+// float32 with a per-expert correction bias that only chooses; the top k of the best topk_group of
+// n_group groups (a group scored by its best two), renormalised when norm_topk_prob, times
+// routed_scaling_factor; n_shared_experts experts' worth of width every token runs; the first
+// first_k_dense_replace layers dense.
+void read_glm_routing(const Reader& r, ModelConfig& c) {
+  c.moe_intermediate = r.integer("moe_intermediate_size", 1);
+  c.norm_topk = r.boolean("norm_topk_prob", true);
+  c.float_router_weights = true;
+  c.sigmoid_router = true;
+  c.shared_experts = r.integer("n_shared_experts", 0, 1);
+  c.first_dense = r.integer("first_k_dense_replace", 0, 1);
+  c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
+  if (!(c.routed_scale > 0)) r.fail("routed_scaling_factor", "must be positive");
+  c.groups = r.integer("n_group", 1, 1);
+  c.topk_groups = r.integer("topk_group", 1, 1);
+  if (c.experts % c.groups != 0 || c.experts / c.groups < 2)
+    r.fail("n_group", std::to_string(c.groups) + " groups of " + std::to_string(c.experts) +
+                          " experts (accepted: a divisor of the experts leaving at least 2 in each group)");
+  if (c.topk_groups > c.groups)
+    r.fail("topk_group", std::to_string(c.topk_groups) + " is more than n_group " + std::to_string(c.groups));
+  if (c.experts_per_token > c.topk_groups * (c.experts / c.groups))
+    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.topk_groups * (c.experts / c.groups)) +
+                                      " experts of the topk_group groups chosen");
+}
+
 // The experts of Qwen3MoeForCausalLM (transformers' Qwen3MoeConfig; its version 5 writes the
 // count as num_local_experts, the published checkpoints as num_experts) and of
 // MixtralForCausalLM (MixtralConfig: num_local_experts experts of intermediate_size, every layer
 // sparse, the top k always renormalised and kept in float32).
 void read_experts(const Reader& r, ModelConfig& c, bool mixtral) {
-  const char* count = !mixtral && r.has("num_experts") ? "num_experts" : "num_local_experts";
+  const char* count = !mixtral && r.has("num_experts")        ? "num_experts"
+                      : !mixtral && r.has("n_routed_experts") ? "n_routed_experts"
+                                                              : "num_local_experts";
   c.experts = r.integer(count, 1);
+  c.experts_key = count;
   c.experts_per_token = r.integer("num_experts_per_tok", 1);
   if (c.experts_per_token > c.experts)
     r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
@@ -136,6 +175,7 @@ void read_experts(const Reader& r, ModelConfig& c, bool mixtral) {
     c.norm_topk = c.float_router_weights = true;
     return;
   }
+  if (c.architecture == "Glm4MoeForCausalLM") return read_glm_routing(r, c);
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", false);
@@ -226,13 +266,14 @@ ModelConfig read_config(const std::string& folder) {
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe;
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;
-  c.qk_norm = qwen3;
-  c.qkv_bias = qwen2;
-  c.o_bias = !qwen2 && !mistral && r.boolean("attention_bias", false);
+  const bool glm = c.architecture == "Glm4MoeForCausalLM";  // biases on q, k, v only; optional q / k norms
+  c.qk_norm = qwen3 || (glm && r.boolean("use_qk_norm", false));
+  c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false));
+  c.o_bias = !qwen2 && !mistral && !glm && r.boolean("attention_bias", false);
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  if (moe || mixtral) read_experts(r, c, mixtral);
+  if (moe || mixtral || glm) read_experts(r, c, mixtral);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   const bool windowed = mistral || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);

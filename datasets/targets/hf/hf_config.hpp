@@ -1,6 +1,7 @@
 // config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
 // dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-// Qwen3ForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM and MixtralForCausalLM.
+// Qwen3ForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM, MixtralForCausalLM and
+// Glm4MoeForCausalLM.
 // Anything else is refused with the architecture found and the list.
 #pragma once
 
@@ -26,6 +27,7 @@ struct ModelConfig {
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
+  int64_t rotary_dim = 0;      // the first rotary_dim of each head's head_dim rotate (partial_rotary_factor)
   bool qk_norm = false;        // Qwen3: RMSNorm of q and k per head, before RoPE
   bool qkv_bias = false;       // Qwen2: biases on q, k, v
   bool o_bias = false;         // attention_bias (Llama, Qwen3): biases on q, k, v and o
@@ -35,7 +37,7 @@ struct ModelConfig {
   // scaling's factor x its pretraining length where that is longer (as vLLM takes a model's
   // length); 0 when config.json says neither.
   int64_t max_position = 0;
-  // Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM; experts == 0 for the dense
+  // Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM; experts == 0 for the dense
   // families): a sparse layer routes each token to experts_per_token of `experts` feed-forward
   // experts of width moe_intermediate (Qwen3-MoE: num_experts, num_experts_per_tok,
   // moe_intermediate_size; Mixtral: num_local_experts, num_experts_per_tok, intermediate_size),
@@ -47,6 +49,15 @@ struct ModelConfig {
   // (Mixtral's router, as transformers runs it); else they are cast to the dtype first.
   int64_t experts = 0, experts_per_token = 0, moe_intermediate = 0, sparse_step = 1;
   bool norm_topk = false, float_router_weights = false;
+  std::string experts_key;  // the key config.json gives the count under (num_experts, num_local_experts, ...)
+  // GLM-4.5 (Glm4MoeForCausalLM): the router's sigmoid in float32 (its weight in float32 too), the
+  // experts chosen by score + a per-expert correction bias (mlp.gate.e_score_correction_bias) among
+  // the topk_groups best of `groups` groups, weighted by the plain scores (renormalised when
+  // norm_topk) times routed_scale; shared_experts x moe_intermediate of width every token runs
+  // (mlp.shared_experts), added to the routed sum; layers below first_dense dense.
+  bool sigmoid_router = false;
+  int64_t groups = 1, topk_groups = 1, shared_experts = 0, first_dense = 0;
+  double routed_scale = 1.0;
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
