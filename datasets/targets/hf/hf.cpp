@@ -402,7 +402,7 @@ class HfTarget final : public Target {
                                  cfg_.path + " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) +
                                  " heads, " + std::to_string(cfg_.kv_heads) + " kv heads, head_dim " +
                                  std::to_string(D) + ", intermediate_size " + std::to_string(cfg_.intermediate) +
-                                 experts_keys() + ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " +
+                                 experts_sizes() + ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " +
                                  list_str(shape));
     }
   }
@@ -520,13 +520,14 @@ class HfTarget final : public Target {
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
-  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE and Mixtral
-  // blocks compute it with their default grouped products: the router's logits in the model's
-  // dtype, their softmax in float32, the top k (renormalised over the k when norm_topk_prob) cast
-  // back (Qwen3-MoE) or kept in float32 (Mixtral); the (token, expert) pairs sorted by expert, each
-  // expert's rows through its gate / up product, SwiGLU and down product as one grouped product
-  // each; every output row times its router weight (rounded to the model's dtype where the weight
-  // is in it), then each token's k rows summed in float32 and rounded once.
+  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE, Mixtral and
+  // GLM-4.5 blocks compute it with their default grouped products: the router's logits in the
+  // model's dtype, their softmax in float32, the top k (renormalised over the k when
+  // norm_topk_prob) cast back (Qwen3-MoE) or kept in float32 (Mixtral; GLM-4.5: sigmoid_routing);
+  // the (token, expert) pairs sorted by expert, each expert's rows through its gate / up product,
+  // SwiGLU and down product as one grouped product each; every output row times its router weight
+  // (rounded to the model's dtype where the weight is in it), then each token's k rows summed in
+  // float32 and rounded once; GLM-4.5's shared experts' MLP of h added to that.
   at::Tensor experts(const DecoderLayer& L, const at::Tensor& h) const {
     const int64_t H = cfg_.hidden, k = cfg_.experts_per_token;
     const at::Tensor x = h.reshape({-1, H});
@@ -588,8 +589,8 @@ class HfTarget final : public Target {
     return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   }
 
-  // The config.json keys that size a mixture of experts' tensors, as ", key value" for a message.
-  std::string experts_keys() const {
+  // The config.json keys that size a mixture of experts' tensors, as ", key value ..." for a message.
+  std::string experts_sizes() const {
     if (cfg_.experts == 0) return "";
     std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
     if (!mixtral()) s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
