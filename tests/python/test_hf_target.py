@@ -15,7 +15,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from conftest import BINARY_DIR
+from conftest import BINARY_DIR, SOURCE_DIR
 from hf_models import FAMILIES, SMALL, edit_config, make_model
 
 TOOL = BINARY_DIR / "bin" / "target_states"
@@ -276,6 +276,50 @@ def test_a_conversation_past_the_checkpoints_length_is_warned_of_once(tmp_path):
     edit_config(yarn, max_position_embeddings=16)
     p, _ = run_target(yarn, tokens, torch.tensor([30, 9]), [1], tmp_path)
     assert p.returncode == 0 and "warning: target:" not in p.stdout, p.stdout
+
+
+def random_checkpoint_script():
+    """scripts/make-random-checkpoint as a module (it has no .py name)."""
+    import importlib.util
+    from importlib.machinery import SourceFileLoader
+    loader = SourceFileLoader("make_random_checkpoint", str(SOURCE_DIR / "scripts" / "make-random-checkpoint"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("preset", sorted(random_checkpoint_script().PRESETS))
+def test_make_random_checkpoint_presets_read_as_transformers_reads_them(preset, tmp_path, monkeypatch):
+    """The benchmarks' checkpoints (scripts/make-random-checkpoint, its own safetensors writer) at
+    each preset's layout, shrunk: transformers loads every tensor the script writes and wants no
+    other (but lm_head for its bare model), and our target's states equal transformers' in float32."""
+    script = random_checkpoint_script()
+    cfg = dict(script.PRESETS[preset])
+    small = dict(hidden_size=128, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=300)
+    for key, value in [("moe_intermediate_size", 32), ("num_experts", 16), ("n_routed_experts", 16),
+                       ("num_local_experts", 8), ("num_experts_per_tok", 2)]:
+        if key in cfg:
+            small[key] = value
+    cfg.update(small)
+    monkeypatch.setitem(script.PRESETS, "small", cfg)
+    folder = tmp_path / preset
+    monkeypatch.setattr("sys.argv", ["make-random-checkpoint", "--preset", "small", "--out", str(folder),
+                                     "--device", "cpu", "--dtype", "float32", "--seed", "3"])
+    script.main()
+    model, info = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and set(info["unexpected_keys"]) <= {"lm_head.weight"}, info
+    tokens = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(2))
+    p, ours = run_target(folder, tokens, torch.tensor([24]), [0, 1], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        ref = model.eval()(input_ids=tokens, output_hidden_states=True).hidden_states
+    errs = [rel(ours["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate([0, 1])]
+    # not vacuous: the two layers change the states by far more than the bound
+    moved = rel(ref[2][0], ref[0][0])
+    print(f"{preset} ({cfg['architectures'][0]}, shrunk): rel err {max(errs):.1e}; the layers move the "
+          f"embedding by {moved:.1e}")
+    assert max(errs) <= BOUND and moved > 100 * BOUND
 
 
 def test_only_the_requested_layers_are_loaded_and_run(tmp_path):
