@@ -289,9 +289,8 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
               (weights.scalar_type() == rows.scalar_type() || weights.scalar_type() == at::kFloat) &&
               weights.device() == rows.device() && weights.numel() == rows.size(0) && slot.scalar_type() == at::kLong &&
               slot.is_contiguous() && slot.device() == rows.device() && slot.numel() == rows.size(0),
-          "combine_experts: rows [T k, H] contiguous on CUDA, weights [T, k] in rows' dtype or float32 and slot [T, k] "
-          "int64 on "
-          "its device expected, got rows " +
+          "combine_experts: rows [T k, H] contiguous on CUDA, weights [T, k] in rows' dtype or float32 and slot "
+          "[T, k] int64 on its device expected, got rows " +
               c10::str(rows.sizes()) + ", weights " + c10::str(weights.sizes()) + " " +
               c10::str(weights.scalar_type()) + ", slot " + c10::str(slot.sizes()) + " " +
               c10::str(slot.scalar_type()));

@@ -156,10 +156,11 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
 }
 
 // The experts of Qwen3MoeForCausalLM (transformers' Qwen3MoeConfig; its version 5 writes the
-// count as num_local_experts, the published checkpoints as num_experts) and of
-// MixtralForCausalLM (MixtralConfig: num_local_experts experts of intermediate_size, every layer
-// sparse, the top k always renormalised and kept in float32).
-void read_experts(const Reader& r, ModelConfig& c, bool mixtral) {
+// count as num_local_experts, the published checkpoints as num_experts), of MixtralForCausalLM
+// (MixtralConfig: num_local_experts experts of intermediate_size, every layer sparse, the top k
+// always renormalised and kept in float32) and of Glm4MoeForCausalLM (read_glm_routing).
+void read_experts(const Reader& r, ModelConfig& c) {
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
   const char* count = !mixtral && r.has("num_experts")        ? "num_experts"
                       : !mixtral && r.has("n_routed_experts") ? "n_routed_experts"
                                                               : "num_local_experts";
@@ -273,7 +274,7 @@ ModelConfig read_config(const std::string& folder) {
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  if (moe || mixtral || glm) read_experts(r, c, mixtral);
+  if (moe || mixtral || glm) read_experts(r, c);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   const bool windowed = mistral || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);
