@@ -10,6 +10,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/distributed-device}
 mkdir -p "$OUT"
+rm -rf /tmp/dp-1gpu /tmp/dp-2gpu  # a warm machine keeps /tmp between calls: no log of an earlier call read as this one's
 exec > >(tee "$OUT/distributed-device.log") 2>&1
 ROOT=$(pwd)
 BUILD=$ROOT/build-gpu

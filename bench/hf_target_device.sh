@@ -7,6 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/hf-target-device}
 mkdir -p "$OUT"
+rm -rf /tmp/hf-runs  # a warm machine keeps /tmp between calls: no log of an earlier call read as this one's
 exec > >(tee "$OUT/hf-target-device.log") 2>&1
 ROOT=$(pwd)
 BUILD=$ROOT/build-gpu

@@ -9,6 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/labels-device}
 mkdir -p "$OUT"
+rm -rf /tmp/labels-runs  # a warm machine keeps /tmp between calls: no log of an earlier call read as this one's
 exec > >(tee "$OUT/labels-device.log") 2>&1
 ROOT=$(pwd)
 BUILD=$ROOT/build-gpu

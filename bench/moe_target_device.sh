@@ -38,6 +38,7 @@ OUT=${OUT:-/tmp/moe-target-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/moe-target-device.log") 2>&1
 CKPT=/tmp/$MOE-random
+rm -rf /tmp/moe-runs  # a warm machine keeps /tmp between calls: no log of an earlier call read as this one's
 echo "MOE=$MOE: $CKPT_LAYERS layers in the checkpoint, layers $LAYERS read, $RUN run, $TOML"
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

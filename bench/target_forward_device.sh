@@ -29,6 +29,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/target-forward-device}
 mkdir -p "$OUT"
+rm -rf /tmp/target-runs  # a warm machine keeps /tmp between calls: no log of an earlier call read as this one's
 exec > >(tee "$OUT/target-forward-device.log") 2>&1
 CKPT=/tmp/qwen3-8b-random
 date -u

@@ -15,6 +15,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/target-profile-device}
 mkdir -p "$OUT"
+rm -rf /tmp/target-runs  # a warm machine keeps /tmp between calls: no log of an earlier call read as this one's
 exec > >(tee "$OUT/target-profile-device.log") 2>&1
 CKPT=/tmp/qwen3-8b-random
 date -u
