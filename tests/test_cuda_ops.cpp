@@ -513,6 +513,34 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
       const frozen::Qkv f = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, bc.unsqueeze(1), bs.unsqueeze(1), true);
       const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, bc.unsqueeze(1), bs.unsqueeze(1), false);
       expect_agree(f.q, p.q, name + " qkv_rope per-sequence tables q");
+      // A partial rotary factor (GLM-4.5: each head's first R dimensions rotate, the rest pass on,
+      // normed where the norms are): the engine's kernel, called directly (vectorised at R = D / 2;
+      // the general kernel at R = D / 2 - 2 and on an unaligned buffer), against ATen's ops.
+      for (const int64_t R : {D / 2, D / 2 - 2}) {
+        const auto [pc, ps] = rope_tables(pos, 1e6, R, dtype);  // [T, R]
+        const at::Tensor heads_q = qkv.narrow(-1, 0, Hq * D).view({B, T, Hq, D}).transpose(1, 2);
+        for (bool norms : {true, false}) {
+          const at::Tensor a = norms ? qn : at::Tensor(), b = norms ? kn : at::Tensor();
+          const cuda_ops::Qkv f = cuda_ops::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, pc, ps);
+          const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, a, b, 1e-6, pc, ps, false);
+          const std::string tag =
+              name + " qkv_rope R " + std::to_string(R) + " of " + std::to_string(D) + (norms ? " (q/k norms)" : "");
+          expect_agree(f.q, p.q, tag + " q");
+          expect_agree(f.k, p.k, tag + " k");
+          EXPECT_TRUE(at::equal(f.v, p.v)) << tag << " v";
+          // the columns past R are passed on as they are (no norm), the first R are not
+          if (!norms) {
+            EXPECT_TRUE(at::equal(f.q.narrow(-1, R, D - R), heads_q.narrow(-1, R, D - R))) << tag;
+            EXPECT_FALSE(at::equal(f.q.narrow(-1, 0, R), heads_q.narrow(-1, 0, R))) << tag;
+          }
+        }
+        const at::Tensor shifted =
+            at::empty({qkv.numel() + 1}, opts).narrow(0, 1, qkv.numel()).view(qkv.sizes()).copy_(qkv);
+        const cuda_ops::Qkv f = cuda_ops::qkv_rope(shifted, Hq, Hkv, qn, kn, 1e-6, pc, ps);
+        const frozen::Qkv p = frozen::qkv_rope(qkv, Hq, Hkv, qn, kn, 1e-6, pc, ps, false);
+        expect_agree(f.q, p.q, name + " qkv_rope R " + std::to_string(R) + " unaligned q");
+        expect_agree(f.k, p.k, name + " qkv_rope R " + std::to_string(R) + " unaligned k");
+      }
       const at::Tensor gate_up = at::randn({B, T, 2 * I}, opts) * 2;
       const at::Tensor sw_f = frozen::swiglu_packed(gate_up, true), sw_p = frozen::swiglu_packed(gate_up, false);
       ASSERT_EQ(sw_f.sizes(), sw_p.sizes());

@@ -4,7 +4,8 @@
 //   add_rms_norm   s = x + delta (rounded), out = w * round(s * rsqrt(mean(s^2) + eps)) (rounded)
 //   qkv_rope       the packed q|k|v projection -> q, k, v in [B, heads, T, D]; q and k per-head
 //                  RMSNormed, then rotated as (x * cos) + (rotate_half(x) * sin), each product
-//                  and the sum rounded as transformers' separate ops round them
+//                  and the sum rounded as transformers' separate ops round them (the first R
+//                  dimensions of a head with a partial rotary factor, the rest passed on)
 //   swiglu_packed  the packed gate|up projection -> round(round(silu(g)) * u)
 //   combine_experts  a mixture of experts' output rows back to their tokens: per token, the sum
 //                  in float32 of its k rows each times its router weight (each product rounded
@@ -138,7 +139,9 @@ __global__ void add_rms_norm_vec_kernel(const T* x, int64_t x_ld, const T* __res
 // TPH threads in x, tokens in y (grid-stride). (Two or four tokens per thread, their loads
 // issued together, ran slower on an H200: 36.8 us against 29.4 at Qwen3-8B's shapes, bench
 // bench/decoder_ops.cpp.) Each value is rounded as in qkv_rope_kernel (below); only the order
-// of the norm's sum of squares differs (float32).
+// of the norm's sum of squares differs (float32). A partial rotary factor (R < D rotated, R a
+// multiple of 2 E): the first R / (2 E) threads of a head take the rotated pairs (j, R/2 + j),
+// the others the passed-on columns in two vectors (R + j', R + (D - R)/2 + j').
 template <typename T, int D>
 constexpr int kRopeThreadsPerHead = D / 2 / Vec16<T>::E;
 
@@ -147,28 +150,31 @@ __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restri
                                     const T* __restrict__ k_norm, float eps, const T* __restrict__ cos,
                                     const T* __restrict__ sin, int64_t table_batch, T* __restrict__ q,
                                     T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_, int64_t Hq,
-                                    int64_t Hkv) {
-  constexpr int E = Vec16<T>::E, half = D / 2, TPH = kRopeThreadsPerHead<T, D>;
+                                    int64_t Hkv, int R) {
+  constexpr int E = Vec16<T>::E, TPH = kRopeThreadsPerHead<T, D>;
   static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0, "threads per head: a power of two up to 32");
   const int64_t slots = Hq + 2 * Hkv, tokens = B * T_;
   const int64_t th = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, slot = th / TPH;
   const bool is_v = slot >= Hq + Hkv, is_q = slot < Hq;
   const T* norm = is_v ? nullptr : is_q ? q_norm : k_norm;
-  const int lane = threadIdx.x & 31, j = int(th % TPH) * E;
+  const int lane = threadIdx.x & 31, j = int(th % TPH) * E, rh = R / 2;
+  // this thread's two vectors of a head: a rotated pair, or two passed-on pieces
+  const bool rotates = j < rh;
+  const int p1 = rotates ? j : R + (j - rh), p2 = rotates ? rh + j : R + (D - R) / 2 + (j - rh);
   pdl_wait();  // (first: even the norm weights may come from the kernel before)
   pdl_trigger();
   if (slot >= slots) return;  // whole heads leave together (blockDim is a multiple of TPH)
   Vec16<T> w1, w2;
-  if (norm) w1 = load16(norm + j), w2 = load16(norm + half + j);
+  if (norm) w1 = load16(norm + p1), w2 = load16(norm + p2);
   const unsigned group = TPH == 32 ? 0xffffffffu : ((1u << TPH) - 1u) << (lane & ~(TPH - 1));
   for (int64_t token = blockIdx.y; token < tokens; token += gridDim.y) {
     const int64_t t = token % T_, b = token / T_;
     const T* in = qkv + (token * slots + slot) * D;
-    const Vec16<T> a1 = load16(in + j), a2 = load16(in + half + j);
+    const Vec16<T> a1 = load16(in + p1), a2 = load16(in + p2);
     if (is_v) {  // moved to [B, Hkv, T, D]
       T* o = v + ((b * Hkv + (slot - Hq - Hkv)) * T_ + t) * D;
-      store16(o + j, a1);
-      store16(o + half + j, a2);
+      store16(o + p1, a1);
+      store16(o + p2, a2);
       continue;
     }
     float x1[E], x2[E];
@@ -187,38 +193,43 @@ __global__ void qkv_rope_vec_kernel(const T* __restrict__ qkv, const T* __restri
         x2[e] = round_to<T>(mul(to_float(w2.v[e]), round_to<T>(mul(x2[e], inv))));
       }
     }
-    const int64_t tb = table_batch == 1 ? 0 : b;
-    const T* ct = cos + (tb * T_ + t) * D;
-    const T* st = sin + (tb * T_ + t) * D;
-    const Vec16<T> c1 = load16(ct + j), c2 = load16(ct + half + j), s1 = load16(st + j), s2 = load16(st + half + j);
     Vec16<T> o1, o2;
+    if (rotates) {
+      const int64_t tb = table_batch == 1 ? 0 : b;
+      const T* ct = cos + (tb * T_ + t) * R;
+      const T* st = sin + (tb * T_ + t) * R;
+      const Vec16<T> c1 = load16(ct + p1), c2 = load16(ct + p2), s1 = load16(st + p1), s2 = load16(st + p2);
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      // rotate_half(x) = (-x2, x1)
-      o1.v[e] =
-          from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
-      o2.v[e] =
-          from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
+      for (int e = 0; e < E; ++e) {
+        // rotate_half(x) = (-x2, x1)
+        o1.v[e] =
+            from_float<T>(add(round_to<T>(mul(x1[e], to_float(c1.v[e]))), round_to<T>(mul(-x2[e], to_float(s1.v[e])))));
+        o2.v[e] =
+            from_float<T>(add(round_to<T>(mul(x2[e], to_float(c2.v[e]))), round_to<T>(mul(x1[e], to_float(s2.v[e])))));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) o1.v[e] = from_float<T>(x1[e]), o2.v[e] = from_float<T>(x2[e]);
     }
     T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
-    store16(o + j, o1);
-    store16(o + half + j, o2);
+    store16(o + p1, o1);
+    store16(o + p2, o2);
   }
 }
 
-// Any even D (the general case): one warp per (token, head slot); lanes take the pairs
-// (j, j + D/2).
+// Any even D and R (the general case): one warp per (token, head slot); lanes take the rotated
+// pairs (j, j + R/2) and the passed-on columns R..D-1.
 constexpr int kQkvWarps = 8;
 
 template <typename T>
 __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__ q_norm, const T* __restrict__ k_norm,
                                 float eps, const T* __restrict__ cos, const T* __restrict__ sin, int64_t table_batch,
                                 T* __restrict__ q, T* __restrict__ k, T* __restrict__ v, int64_t B, int64_t T_,
-                                int64_t Hq, int64_t Hkv, int64_t D) {
+                                int64_t Hq, int64_t Hkv, int64_t D, int64_t R) {
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x & 31;
-  const int64_t slots = Hq + 2 * Hkv, items = B * T_ * slots, half = D / 2;
+  const int64_t slots = Hq + 2 * Hkv, items = B * T_ * slots, half = R / 2;
   for (int64_t item = int64_t(blockIdx.x) * kQkvWarps + (threadIdx.x >> 5); item < items;
        item += int64_t(gridDim.x) * kQkvWarps) {
     const int64_t slot = item % slots, token = item / slots, t = token % T_, b = token / T_;
@@ -240,8 +251,8 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
       inv = rsqrtf(warp_sum(ss) / float(D) + eps);
     }
     const int64_t tb = table_batch == 1 ? 0 : b;
-    const T* c = cos + (tb * T_ + t) * D;
-    const T* s = sin + (tb * T_ + t) * D;
+    const T* c = cos + (tb * T_ + t) * R;
+    const T* s = sin + (tb * T_ + t) * R;
     T* o = is_q ? q + ((b * Hq + slot) * T_ + t) * D : k + ((b * Hkv + (slot - Hq)) * T_ + t) * D;
     for (int64_t j = lane; j < half; j += 32) {
       float x1 = to_float(in[j]), x2 = to_float(in[j + half]);
@@ -253,6 +264,10 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
       o[j] = from_float<T>(add(round_to<T>(mul(x1, to_float(c[j]))), round_to<T>(mul(-x2, to_float(s[j])))));
       o[j + half] =
           from_float<T>(add(round_to<T>(mul(x2, to_float(c[j + half]))), round_to<T>(mul(x1, to_float(s[j + half])))));
+    }
+    for (int64_t j = R + lane; j < D; j += 32) {
+      const float x = to_float(in[j]);
+      o[j] = norm ? from_float<T>(mul(to_float(norm[j]), round_to<T>(mul(x, inv)))) : in[j];
     }
   }
 }
@@ -372,7 +387,7 @@ void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, v
 
 void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
               const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
-              int64_t Hkv, int64_t D, void* stream) {
+              int64_t Hkv, int64_t D, int64_t R, void* stream) {
   const int64_t items = B * T * (Hq + 2 * Hkv);
   if (items <= 0) return;
   with_type(dtype, [&](auto* tag) {
@@ -382,21 +397,21 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
     const E *c = static_cast<const E*>(cos), *s = static_cast<const E*>(sin);
     E *qo = static_cast<E*>(q), *ko = static_cast<E*>(k), *vo = static_cast<E*>(v);
     const bool vec = aligned16(in) && aligned16(c) && aligned16(s) && aligned16(qo) && aligned16(ko) && aligned16(vo) &&
-                     (!qn || aligned16(qn)) && (!kn || aligned16(kn));
+                     (!qn || aligned16(qn)) && (!kn || aligned16(kn)) && R % (2 * Vec16<E>::E) == 0;
     auto launch_vec = [&](auto d) {
       constexpr int threads = 128;  // a multiple of every TPH
       const dim3 g(
           static_cast<unsigned>(((Hq + 2 * Hkv) * kRopeThreadsPerHead<E, decltype(d)::value> + threads - 1) / threads),
           static_cast<unsigned>(std::min<int64_t>(B * T, 65535)));
       launch_dependent(qkv_rope_vec_kernel<E, decltype(d)::value>, g, dim3(threads), 0, st, in, qn, kn, eps, c, s,
-                       table_batch, qo, ko, vo, B, T, Hq, Hkv);
+                       table_batch, qo, ko, vo, B, T, Hq, Hkv, static_cast<int>(R));
     };
     if (vec && D == 64) return launch_vec(std::integral_constant<int, 64>());
     if (vec && D == 128) return launch_vec(std::integral_constant<int, 128>());
     if (vec && D == 256) return launch_vec(std::integral_constant<int, 256>());
     const int64_t blocks = std::min<int64_t>((items + kQkvWarps - 1) / kQkvWarps, 65535 * 8);
     launch_dependent(qkv_rope_kernel<E>, dim3(static_cast<unsigned>(blocks)), dim3(kQkvWarps * 32), 0, st, in, qn, kn,
-                     eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D);
+                     eps, c, s, table_batch, qo, ko, vo, B, T, Hq, Hkv, D, R);
   });
   check_launch("qkv_rope");
 }

@@ -86,10 +86,12 @@ void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, v
 // The packed projection qkv [B, T, (Hq + 2 Hkv) D] (q heads, k heads, v heads) into q [B, Hq,
 // T, D], k and v [B, Hkv, T, D]; q and k RMSNormed per head (as add_rms_norm, weights [D];
 // null: no norm) and rotated: y_j = round(round(x_j c_j) + round(r_j s_j)), r = (-x2, x1)
-// over the halves; tables cos, sin [Bt, T, D] (Bt = table_batch, 1 or B) in the dtype.
+// over the halves of each head's first R dimensions (R even, R <= D; R < D: a partial rotary
+// factor, columns R..D-1 passed on, normed); tables cos, sin [Bt, T, R] (Bt = table_batch, 1 or
+// B) in the dtype.
 void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_norm, float eps, const void* cos,
               const void* sin, int64_t table_batch, void* q, void* k, void* v, int64_t B, int64_t T, int64_t Hq,
-              int64_t Hkv, int64_t D, void* stream);
+              int64_t Hkv, int64_t D, int64_t R, void* stream);
 // The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
 // A mixture of experts' rows [N, H] (in the experts' order) back to tokens: out[t] [tokens, H] =

@@ -251,9 +251,10 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
   require(D * (heads + 2 * kv_heads) == qkv.size(2) && D % 2 == 0,
           "qkv_rope: the last axis " + std::to_string(qkv.size(2)) + " is not (Hq + 2 Hkv) x an even head size");
   const at::Tensor c = cos.dim() == 4 ? cos.squeeze(1) : cos, s = sin.dim() == 4 ? sin.squeeze(1) : sin;
-  const int64_t Bt = c.dim() == 3 ? c.size(0) : 1;
-  require(c.is_contiguous() && s.is_contiguous() && c.sizes() == s.sizes() && c.size(-1) == D && c.size(-2) == T &&
-              (Bt == 1 || Bt == B) && c.scalar_type() == qkv.scalar_type() && s.scalar_type() == qkv.scalar_type(),
+  const int64_t Bt = c.dim() == 3 ? c.size(0) : 1, R = c.size(-1);
+  require(c.is_contiguous() && s.is_contiguous() && c.sizes() == s.sizes() && R > 0 && R <= D && R % 2 == 0 &&
+              c.size(-2) == T && (Bt == 1 || Bt == B) && c.scalar_type() == qkv.scalar_type() &&
+              s.scalar_type() == qkv.scalar_type(),
           "qkv_rope: tables " + c10::str(cos.sizes()) + " do not fit qkv " + c10::str(qkv.sizes()));
   for (const at::Tensor* n : {&q_norm, &k_norm})
     if (n->defined())
@@ -266,7 +267,7 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
   cuda_ops::qkv_rope(dtype_of(qkv, "qkv"), qkv.data_ptr(), q_norm.defined() ? q_norm.data_ptr() : nullptr,
                      k_norm.defined() ? k_norm.data_ptr() : nullptr, static_cast<float>(eps), c.data_ptr(),
                      s.data_ptr(), Bt, out.q.data_ptr(), out.k.data_ptr(), out.v.data_ptr(), B, T, heads, kv_heads, D,
-                     stream_of(qkv));
+                     R, stream_of(qkv));
   return out;
 }
 

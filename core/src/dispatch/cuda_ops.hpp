@@ -64,7 +64,8 @@ FLASHDRAFT_API int64_t row_stride(const at::Tensor& t);  // -1: t is not rows at
 FLASHDRAFT_API at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum,
                                        const at::Tensor& w, double eps);
 // qkv [B, T, (Hq + 2 Hkv) D] -> {q [B, Hq, T, D], k, v [B, Hkv, T, D]}; norms [D] or undefined;
-// tables [Bt, T, D] or [Bt, 1, T, D] (Bt = 1 or B) in qkv's dtype.
+// tables [Bt, T, R] or [Bt, 1, T, R] (Bt = 1 or B, R even, R <= D: the first R dimensions of a
+// head rotate) in qkv's dtype.
 struct Qkv {
   at::Tensor q, k, v;
 };

@@ -150,7 +150,7 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
              double eps, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
   const int64_t D = qkv.size(-1) / (heads + 2 * kv_heads), R = cos.size(-1);
   if (kernels_take(fused, qkv) && qkv.is_contiguous() && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous() &&
-      R == D) {
+      R <= D && R % 2 == 0) {
     const cuda_ops::Qkv r = cuda_ops::qkv_rope(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin);
     return {r.q, r.k, r.v};
   }
