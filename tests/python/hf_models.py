@@ -24,6 +24,11 @@ FAMILIES = [
     ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",
      dict(tie_word_embeddings=False, head_dim=24, rope_theta=1e6, num_experts=8, num_experts_per_tok=2,
           moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2]), {}),
+    # Qwen1.5-MoE / Qwen2-MoE's kind: q / k / v biases, 8 experts, 2 a token, not renormalised; a shared
+    # expert of width 48 on every token, times the sigmoid of its gate; layer 0 dense.
+    ("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e6, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+          shared_expert_intermediate_size=48, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0]), {}),
     # Mixtral's kind (saved as block_sparse_moe.experts.E.w1 / w3 / w2): 8 experts of
     # intermediate_size, 2 a token, every layer sparse, the top 2 renormalised and kept in float32.
     ("mixtral", "MixtralConfig", "MixtralForCausalLM",
@@ -62,8 +67,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
-            elif n.endswith("mlp.gate.weight"):  # a router whose choices and weights are far from even
-                p.normal_(0, 0.5)
+            elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # a router whose choices and
+                p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):

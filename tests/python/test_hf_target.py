@@ -147,6 +147,7 @@ def test_packed_documents_do_not_see_each_other(tmp_path):
 # (family, what the target prints, a config change that must move the states)
 MOE_FAMILIES = {
     "qwen3_moe": ("Qwen3MoeForCausalLM", dict(norm_topk_prob=False)),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", dict(norm_topk_prob=True)),
     "mixtral": ("MixtralForCausalLM", dict(num_experts_per_tok=1)),
     "glm4_moe": ("Glm4MoeForCausalLM", dict(topk_group=4)),
 }
@@ -154,12 +155,12 @@ MOE_FAMILIES = {
 
 @pytest.mark.parametrize("family", list(MOE_FAMILIES))
 def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
-    """Qwen3-MoE, Mixtral and GLM-4.5: the states equal transformers' (the family test above) and
-    that is not vacuous: the tokens spread over the experts, and the same checkpoint read with
+    """Qwen3-MoE, Qwen2-MoE, Mixtral and GLM-4.5: the states equal transformers' (the family test above)
+    and that is not vacuous: the tokens spread over the experts, and the same checkpoint read with
     another routing (Qwen3-MoE: without the renormalisation over the chosen experts, norm_topk_prob
-    false; Mixtral, which always renormalises: one expert a token; GLM-4.5: its experts chosen from
+    false; Qwen2-MoE: with it; Mixtral, which always renormalises: one expert a token; GLM-4.5: its experts chosen from
     all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
-    sparse in each (Qwen3-MoE: 2 dense; GLM-4.5: 0 dense, first_k_dense_replace)."""
+    sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE and GLM-4.5: 0 dense)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
@@ -215,6 +216,35 @@ def test_glm_router_biases_choose_the_experts(tmp_path):
     assert rel(unbiased["hidden"][:, :, 0], ref) <= BOUND and moved > 10 * BOUND
 
 
+def test_qwen2_moe_shared_expert_gate_is_read_and_used(tmp_path):
+    """Qwen2-MoE's shared expert runs on every token times sigmoid(h mlp.shared_expert_gate^T): the
+    family test gives transformers' states with a random gate; with the gates set to zero (sigmoid
+    1/2 on every token) ours still equals transformers' and the states move (the gate is read)."""
+    folder = tmp_path / "qwen2_moe"
+    model = make_model(folder, "qwen2_moe", seed=21)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([40, 40])
+    weights = load_file(str(folder / "model.safetensors"))
+    gates = [k for k in weights if k.endswith("mlp.shared_expert_gate.weight")]
+    assert len(gates) == 3 and all(weights[k].shape == (1, SMALL["hidden_size"]) for k in gates), gates
+    p, ours = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    for k in gates:
+        weights[k] = torch.zeros_like(weights[k])
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    p, half = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        for n, w in model.named_parameters():
+            if n.endswith("shared_expert_gate.weight"):
+                w.zero_()
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states[4]
+    moved = rel(ours["hidden"][:, :, 0], ref)
+    print(f"qwen2_moe with its shared-expert gates zeroed: rel err {rel(half['hidden'][:, :, 0], ref):.1e}; "
+          f"with the random gates {moved:.1e}")
+    assert rel(half["hidden"][:, :, 0], ref) <= BOUND and moved > 10 * BOUND
+
+
 # (family, config change, what the error line says beside the key)
 MOE_REFUSED = {
     "num_experts_per_tok": ("qwen3_moe", dict(num_experts_per_tok=9),
@@ -230,6 +260,8 @@ MOE_REFUSED = {
     "n_group": ("glm4_moe", dict(n_group=3), "3 groups of 8 experts (accepted: a divisor of the experts leaving at "
                                              "least 2 in each group)"),
     "topk_group": ("glm4_moe", dict(topk_group=5), "5 is more than n_group 4"),
+    "shared_expert_intermediate_size": ("qwen2_moe", dict(shared_expert_intermediate_size=40),
+                                        "mlp.shared_expert.gate_proj.weight' has shape [48, 64], but"),
     "n_shared_experts": ("glm4_moe", dict(n_shared_experts=2),
                          "mlp.shared_experts.gate_proj.weight' has shape [32, 64], but"),
 }

@@ -10,10 +10,10 @@
 //              [Qwen3: q, k = RMSNorm per head]; q, k = RoPE(q, k) at positions 0..S-1
 //              x = x + attention(q, k, v) Wo (+bo)          (through the engine, GQA)
 //              x = x + down(silu(gate(RMSNorm(x))) * up(RMSNorm(x)))
-//              [Qwen3-MoE, Mixtral and GLM-4.5, sparse layers: x = x + sum over the token's k experts e of
-//               p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k;
-//               GLM-4.5: a sigmoid router, plus its shared experts' MLP of h; q, k rotated in their
-//               first rotary_dim dimensions only]
+//              [Qwen3-MoE, Qwen2-MoE, Mixtral and GLM-4.5, sparse layers: x = x + sum over the token's k
+//               experts e of p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k;
+//               Qwen2-MoE: plus sigmoid(h g) x its shared expert's MLP of h; GLM-4.5: a sigmoid router,
+//               plus its shared experts' MLP of h; q, k rotated in their first rotary_dim dimensions only]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
@@ -43,10 +43,11 @@ namespace {
 // A sparse (mixture of experts) layer has no gate_up / down_proj but the router [E, H] and every
 // expert's projections stacked as transformers holds them: experts_gate_up [E, 2 I, H] (each
 // expert's gate rows, then its up rows), experts_down [E, H, I]; GLM-4.5's also its router's
-// correction bias [E] (float32) and its shared experts' packed gate / up and down.
+// correction bias [E] (float32); GLM-4.5's and Qwen2-MoE's shared expert's packed gate / up and
+// down, Qwen2-MoE's its gate [1, H].
 struct DecoderLayer {
   at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
-  at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down;
+  at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down, shared_gate;
   bool sparse() const { return router.defined(); }
 };
 
@@ -371,11 +372,13 @@ class HfTarget final : public Target {
           expected.push_back({x + n.down, {H, I}});
         }
         if (cfg_.sigmoid_router) expected.push_back({p + "mlp.gate.e_score_correction_bias", {cfg_.experts}});
-        if (cfg_.shared_experts > 0) {
-          const int64_t Is = cfg_.shared_experts * I;
-          expected.push_back({p + "mlp.shared_experts.gate_proj.weight", {Is, H}});
-          expected.push_back({p + "mlp.shared_experts.up_proj.weight", {Is, H}});
-          expected.push_back({p + "mlp.shared_experts.down_proj.weight", {H, Is}});
+        if (cfg_.shared_intermediate > 0) {
+          const int64_t Is = cfg_.shared_intermediate;
+          const std::string s = p + shared_block();
+          expected.push_back({s + "gate_proj.weight", {Is, H}});
+          expected.push_back({s + "up_proj.weight", {Is, H}});
+          expected.push_back({s + "down_proj.weight", {H, Is}});
+          if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
         }
       } else {
         expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
@@ -440,10 +443,11 @@ class HfTarget final : public Target {
         L.router = L.router.to(at::kFloat);  // transformers runs GLM-4.5's router in float32
         L.router_bias = checkpoint_->load(p + "mlp.gate.e_score_correction_bias", device_, at::kFloat);
       }
-      if (cfg_.shared_experts > 0) {
-        L.shared_gate_up =
-            at::cat({load(p + "mlp.shared_experts.gate_proj.weight"), load(p + "mlp.shared_experts.up_proj.weight")});
-        L.shared_down = load(p + "mlp.shared_experts.down_proj.weight");
+      if (cfg_.shared_intermediate > 0) {
+        const std::string s = p + shared_block();
+        L.shared_gate_up = at::cat({load(s + "gate_proj.weight"), load(s + "up_proj.weight")});
+        L.shared_down = load(s + "down_proj.weight");
+        if (cfg_.shared_gate) L.shared_gate = load(p + "mlp.shared_expert_gate.weight");
       }
       return L;
     }
@@ -520,14 +524,15 @@ class HfTarget final : public Target {
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
-  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE, Mixtral and
-  // GLM-4.5 blocks compute it with their default grouped products: the router's logits in the
+  // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE, Qwen2-MoE, Mixtral
+  // and GLM-4.5 blocks compute it with their default grouped products: the router's logits in the
   // model's dtype, their softmax in float32, the top k (renormalised over the k when
   // norm_topk_prob) cast back (Qwen3-MoE) or kept in float32 (Mixtral; GLM-4.5: sigmoid_routing);
   // the (token, expert) pairs sorted by expert, each expert's rows through its gate / up product,
   // SwiGLU and down product as one grouped product each; every output row times its router weight
   // (rounded to the model's dtype where the weight is in it), then each token's k rows summed in
-  // float32 and rounded once; GLM-4.5's shared experts' MLP of h added to that.
+  // float32 and rounded once; the shared expert's MLP of h added to that (Qwen2-MoE: first times
+  // sigmoid(h g^T), the gate's product and sigmoid rounded to the dtype as transformers' ops round them).
   at::Tensor experts(const DecoderLayer& L, const at::Tensor& h) const {
     const int64_t H = cfg_.hidden, k = cfg_.experts_per_token;
     const at::Tensor x = h.reshape({-1, H});
@@ -553,7 +558,9 @@ class HfTarget final : public Target {
     const at::Tensor weights = cfg_.float_router_weights ? top : top.to(h.scalar_type());
     const at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
     if (!L.shared_gate_up.defined()) return routed;
-    return routed + at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
+    const at::Tensor shared = at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
+    if (!L.shared_gate.defined()) return routed + shared;
+    return routed + at::sigmoid(at::linear(h, L.shared_gate)) * shared;
   }
 
   // GLM-4.5's choice of experts for rows x [T, H] (transformers' Glm4MoeTopkRouter): scores =
@@ -588,6 +595,9 @@ class HfTarget final : public Target {
     if (mixtral()) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
     return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   }
+  // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,
+  // Qwen2-MoE: mlp.shared_expert.).
+  std::string shared_block() const { return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts."; }
 
   // The config.json keys that size a mixture of experts' tensors, as ", key value ..." for a message.
   std::string experts_sizes() const {
@@ -595,6 +605,7 @@ class HfTarget final : public Target {
     std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
     if (!mixtral()) s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
     if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
+    if (cfg_.shared_gate) s += ", shared_expert_intermediate_size " + std::to_string(cfg_.shared_intermediate);
     return s;
   }
 

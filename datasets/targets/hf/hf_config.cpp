@@ -14,8 +14,8 @@
 namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -139,6 +139,7 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
   c.float_router_weights = true;
   c.sigmoid_router = true;
   c.shared_experts = r.integer("n_shared_experts", 0, 1);
+  c.shared_intermediate = c.shared_experts * c.moe_intermediate;
   c.first_dense = r.integer("first_k_dense_replace", 0, 1);
   c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
   if (!(c.routed_scale > 0)) r.fail("routed_scaling_factor", "must be positive");
@@ -156,7 +157,9 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
 }
 
 // The experts of Qwen3MoeForCausalLM (transformers' Qwen3MoeConfig; its version 5 writes the
-// count as num_local_experts, the published checkpoints as num_experts), of MixtralForCausalLM
+// count as num_local_experts, the published checkpoints as num_experts), of Qwen2MoeForCausalLM
+// (the same routing, norm_topk_prob false by default, plus a gated shared expert of
+// shared_expert_intermediate_size), of MixtralForCausalLM
 // (MixtralConfig: num_local_experts experts of intermediate_size, every layer sparse, the top k
 // always renormalised and kept in float32) and of Glm4MoeForCausalLM (read_glm_routing).
 void read_experts(const Reader& r, ModelConfig& c) {
@@ -180,6 +183,10 @@ void read_experts(const Reader& r, ModelConfig& c) {
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", false);
+  if (c.architecture == "Qwen2MoeForCausalLM") {
+    c.shared_intermediate = r.integer("shared_expert_intermediate_size", 1);
+    c.shared_gate = true;
+  }
   if (r.has("mlp_only_layers")) {
     const json& v = r.j.at("mlp_only_layers");
     if (!v.is_array()) r.fail("mlp_only_layers", "value " + v.dump() + " is not a list of layer indices");
@@ -267,14 +274,15 @@ ModelConfig read_config(const std::string& folder) {
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe;
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;
-  const bool glm = c.architecture == "Glm4MoeForCausalLM";  // biases on q, k, v only; optional q / k norms
+  const bool glm = c.architecture == "Glm4MoeForCausalLM";         // biases on q, k, v only; optional q / k norms
+  const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || (glm && r.boolean("use_qk_norm", false));
-  c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false));
-  c.o_bias = !qwen2 && !mistral && !glm && r.boolean("attention_bias", false);
+  c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
+  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && r.boolean("attention_bias", false);
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  if (moe || mixtral || glm) read_experts(r, c);
+  if (moe || qwen2_moe || mixtral || glm) read_experts(r, c);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   const bool windowed = mistral || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);

@@ -1,7 +1,7 @@
 // config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
 // dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-// Qwen3ForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM, MixtralForCausalLM and
-// Glm4MoeForCausalLM.
+// Qwen3ForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM, Qwen2MoeForCausalLM,
+// MixtralForCausalLM and Glm4MoeForCausalLM.
 // Anything else is refused with the architecture found and the list.
 #pragma once
 
@@ -37,9 +37,9 @@ struct ModelConfig {
   // scaling's factor x its pretraining length where that is longer (as vLLM takes a model's
   // length); 0 when config.json says neither.
   int64_t max_position = 0;
-  // Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM; experts == 0 for the dense
-  // families): a sparse layer routes each token to experts_per_token of `experts` feed-forward
-  // experts of width moe_intermediate (Qwen3-MoE: num_experts, num_experts_per_tok,
+  // Mixture of experts (Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM;
+  // experts == 0 for the dense families): a sparse layer routes each token to experts_per_token of
+  // `experts` feed-forward experts of width moe_intermediate (Qwen2- / Qwen3-MoE: num_experts, num_experts_per_tok,
   // moe_intermediate_size; Mixtral: num_local_experts, num_experts_per_tok, intermediate_size),
   // their outputs weighted by the router's softmax over the experts (renormalised over the
   // chosen ones when norm_topk_prob; always for Mixtral). Layer l is sparse unless it is in
@@ -58,6 +58,12 @@ struct ModelConfig {
   bool sigmoid_router = false;
   int64_t groups = 1, topk_groups = 1, shared_experts = 0, first_dense = 0;
   double routed_scale = 1.0;
+  // The shared expert every token of a sparse layer runs, added to the routed sum: its width (0:
+  // none; GLM-4.5: shared_experts x moe_intermediate, at mlp.shared_experts; Qwen2-MoE:
+  // shared_expert_intermediate_size, at mlp.shared_expert, its output times
+  // sigmoid(h mlp.shared_expert_gate^T), a [1, H] gate: shared_gate).
+  int64_t shared_intermediate = 0;
+  bool shared_gate = false;
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
