@@ -5,7 +5,8 @@
 # run; S = 3072) or, with MOE=mixtral-8x7b, at Mixtral-8x7B's (bench/mixtral_8x7b_hf_target.toml: 4
 # of its 32 layers, ~11 GiB; the drafter reads layers 0 and 2, so 3 layers run; S = 3072) or, with
 # MOE=glm-4.5-air, at GLM-4.5-Air's (bench/glm_4_5_air_hf_target.toml: 4 of its 46 layers, ~14 GiB;
-# layers 1 and 2 read, 3 run; S = 3072).
+# layers 1 and 2 read, 3 run; S = 3072) or, with MOE=qwen2-57b-a14b, at Qwen2-57B-A14B's
+# (bench/qwen2_57b_a14b_hf_target.toml: 4 of its 28 layers, ~17 GiB; layers 0 and 2 read, 3 run).
 #   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
 #   [".deps", "build-device"] after
 #   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
@@ -31,8 +32,10 @@ case $MOE in
   qwen3-30b-a3b) CKPT_LAYERS=12 LAYERS=1,4,7,10 RUN=11 VOCAB=151936 FAMILY=qwen3_moe \
                  TOML=bench/qwen3_30b_a3b_hf_target.toml ;;
   mixtral-8x7b) CKPT_LAYERS=4 LAYERS=0,2 RUN=3 VOCAB=32000 FAMILY=mixtral TOML=bench/mixtral_8x7b_hf_target.toml ;;
+  qwen2-57b-a14b) CKPT_LAYERS=4 LAYERS=0,2 RUN=3 VOCAB=151936 FAMILY=qwen2_moe \
+                  TOML=bench/qwen2_57b_a14b_hf_target.toml ;;
   glm-4.5-air) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=151552 FAMILY=glm4_moe TOML=bench/glm_4_5_air_hf_target.toml ;;
-  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, mixtral-8x7b or glm-4.5-air" >&2; exit 2 ;;
+  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b or glm-4.5-air" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/moe-target-device}
 mkdir -p "$OUT"
