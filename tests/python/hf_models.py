@@ -19,6 +19,11 @@ FAMILIES = [
     ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False, rope_theta=1e6),
      dict(max_shard_size="60KB")),
     ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=24, rope_theta=1e6), {}),
+    # Phi-3 / Phi-4's kind: q|k|v and gate|up stored packed (self_attn.qkv_proj, mlp.gate_up_proj); three
+    # quarters of each head rotated (Phi-4-mini's partial_rotary_factor 0.75: 12 of 16).
+    ("phi3", "Phi3Config", "Phi3ForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e4, partial_rotary_factor=0.75, sliding_window=None,
+          bos_token_id=1, eos_token_id=2, pad_token_id=0), {}),
     # A mixture of experts (Qwen3-30B-A3B's kind): 8 experts, 2 a token, renormalised; layer 2 dense
     # (mlp_only_layers), the others sparse.
     ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM",

@@ -245,6 +245,28 @@ def test_qwen2_moe_shared_expert_gate_is_read_and_used(tmp_path):
     assert rel(half["hidden"][:, :, 0], ref) <= BOUND and moved > 10 * BOUND
 
 
+def test_phi3_rotates_the_part_of_each_head_its_config_says(tmp_path):
+    """Phi-3 / Phi-4 (packed qkv_proj and gate_up_proj; the family test gives transformers' states at
+    partial_rotary_factor 0.75): the same weights with the factor at 1 (every dimension rotated) give
+    other states, and those equal transformers' at 1, so the factor is read, not assumed."""
+    folder = tmp_path / "phi3"
+    model = make_model(folder, "phi3", seed=21)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([40, 40])
+    with torch.no_grad():
+        three_quarters = model(input_ids=tokens, output_hidden_states=True).hidden_states[4]
+    # (transformers 5 writes the factor into rope_parameters, where it reads it first; so do we)
+    edit_config(folder, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0})
+    p, whole = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+            input_ids=tokens, output_hidden_states=True).hidden_states[4]
+    err, moved = rel(whole["hidden"][:, :, 0], ref), rel(whole["hidden"][:, :, 0], three_quarters)
+    print(f"phi3 with partial_rotary_factor 1: rel err {err:.1e} from transformers at 1, {moved:.1e} from it at 0.75")
+    assert err <= BOUND and moved > 10 * BOUND
+
+
 # (family, config change, what the error line says beside the key)
 MOE_REFUSED = {
     "num_experts_per_tok": ("qwen3_moe", dict(num_experts_per_tok=9),

@@ -39,7 +39,8 @@ namespace flashdraft {
 namespace {
 
 // A decoder layer's weights, the projections packed once at load: qkv = [q; k; v] (and its
-// bias) and gate_up = [gate; up], one product each (the checkpoint's tensors are not kept).
+// bias) and gate_up = [gate; up], one product each (the checkpoint's tensors are not kept; Phi-3's
+// come packed so).
 // A sparse (mixture of experts) layer has no gate_up / down_proj but the router [E, H] and every
 // expert's projections stacked as transformers holds them: experts_gate_up [E, 2 I, H] (each
 // expert's gate rows, then its up rows), experts_down [E, H, I]; GLM-4.5's also its router's
@@ -356,11 +357,15 @@ class HfTarget final : public Target {
       for (const auto& e :
            std::vector<std::pair<std::string, std::vector<int64_t>>>{{"input_layernorm.weight", {H}},
                                                                      {"post_attention_layernorm.weight", {H}},
-                                                                     {"self_attn.q_proj.weight", {q, H}},
-                                                                     {"self_attn.k_proj.weight", {kv, H}},
-                                                                     {"self_attn.v_proj.weight", {kv, H}},
                                                                      {"self_attn.o_proj.weight", {H, q}}})
         expected.push_back({p + e.first, e.second});
+      if (packed()) {
+        expected.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, H}});
+      } else {
+        expected.push_back({p + "self_attn.q_proj.weight", {q, H}});
+        expected.push_back({p + "self_attn.k_proj.weight", {kv, H}});
+        expected.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+      }
       if (cfg_.sparse(l)) {
         const int64_t I = cfg_.moe_intermediate;
         const ExpertKeys n = expert_keys();
@@ -381,8 +386,12 @@ class HfTarget final : public Target {
           if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
         }
       } else {
-        expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
-        expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+        if (packed()) {
+          expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
+        } else {
+          expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
+          expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+        }
         expected.push_back({p + "mlp.down_proj.weight", {H, cfg_.intermediate}});
       }
       if (cfg_.qkv_bias || cfg_.o_bias)
@@ -415,8 +424,9 @@ class HfTarget final : public Target {
     DecoderLayer L;
     L.input_norm = load(p + "input_layernorm.weight");
     L.post_norm = load(p + "post_attention_layernorm.weight");
-    L.qkv = at::cat({load(p + "self_attn.q_proj.weight"), load(p + "self_attn.k_proj.weight"),
-                     load(p + "self_attn.v_proj.weight")});
+    L.qkv = packed() ? load(p + "self_attn.qkv_proj.weight")
+                     : at::cat({load(p + "self_attn.q_proj.weight"), load(p + "self_attn.k_proj.weight"),
+                                load(p + "self_attn.v_proj.weight")});
     L.o_proj = load(p + "self_attn.o_proj.weight");
     if (cfg_.qkv_bias || cfg_.o_bias)
       L.qkv_bias = at::cat(
@@ -451,7 +461,8 @@ class HfTarget final : public Target {
       }
       return L;
     }
-    L.gate_up = at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
+    L.gate_up = packed() ? load(p + "mlp.gate_up_proj.weight")
+                         : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
     L.down_proj = load(p + "mlp.down_proj.weight");
     return L;
   }
@@ -586,6 +597,9 @@ class HfTarget final : public Target {
   }
 
   bool mixtral() const { return cfg_.architecture == "MixtralForCausalLM"; }
+  // Phi-3 / Phi-4 store the projections packed as the engine runs them: self_attn.qkv_proj [q; k; v]
+  // and mlp.gate_up_proj [gate; up] (transformers' Phi3Attention / Phi3MLP split them in that order).
+  bool packed() const { return cfg_.architecture == "Phi3ForCausalLM"; }
   // Where a sparse layer's tensors sit under model.layers.N.: the router at <block>gate.weight,
   // expert e's projections at <block>experts.e.<gate | up | down>.
   struct ExpertKeys {

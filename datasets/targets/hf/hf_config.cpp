@@ -14,8 +14,8 @@
 namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {
-    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "Phi3ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -91,13 +91,14 @@ void read_rope(const Reader& r, ModelConfig& c) {
     if (r.has("rope_scaling")) scaling = &r.j.at("rope_scaling");
   }
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
-  // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5);
-  // the other families here rotate all of it (transformers' Llama / Qwen / Mistral code has no part).
-  const bool glm = c.architecture == "Glm4MoeForCausalLM";
+  // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5),
+  // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
+  // it (transformers' Llama / Qwen / Mistral code has no part).
+  const bool glm = c.architecture == "Glm4MoeForCausalLM", phi3 = c.architecture == "Phi3ForCausalLM";
   const double top_partial = r.real(r.j, "partial_rotary_factor", glm ? 0.5 : 1.0);
   const double partial =
       scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
-  if (partial != 1.0 && !glm)
+  if (partial != 1.0 && !glm && !phi3)
     r.fail("partial_rotary_factor", "value " + std::to_string(partial) + " rotates part of each head, which " +
                                         c.architecture + " does not (accepted: 1 or absent)");
   c.rotary_dim = static_cast<int64_t>(double(c.head_dim) * partial);
@@ -278,13 +279,14 @@ ModelConfig read_config(const std::string& folder) {
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || (glm && r.boolean("use_qk_norm", false));
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
-  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && r.boolean("attention_bias", false);
+  const bool phi3 = c.architecture == "Phi3ForCausalLM";  // no biases
+  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && r.boolean("attention_bias", false);
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   if (moe || qwen2_moe || mixtral || glm) read_experts(r, c);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
-  const bool windowed = mistral || r.boolean("use_sliding_window", false);
+  const bool windowed = mistral || phi3 || r.boolean("use_sliding_window", false);
   if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);
   c.eos = eos_ids(j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";

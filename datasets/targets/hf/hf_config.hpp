@@ -1,8 +1,8 @@
 // config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
-// dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-// Qwen3ForCausalLM, and the mixtures of experts Qwen3MoeForCausalLM, Qwen2MoeForCausalLM,
-// MixtralForCausalLM and Glm4MoeForCausalLM.
-// Anything else is refused with the architecture found and the list.
+// dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-4: q|k|v and gate|up stored packed), and the mixtures of experts
+// Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM and Glm4MoeForCausalLM. Anything else is refused with
+// the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,7 @@ struct ModelConfig {
   bool qkv_bias = false;       // Qwen2: biases on q, k, v
   bool o_bias = false;         // attention_bias (Llama, Qwen3): biases on q, k, v and o
   int tie_embeddings = -1;     // 1 / 0 as config.json says; -1: not said (the weights decide)
-  int64_t sliding_window = 0;  // 0: full attention (Mistral may set a window)
+  int64_t sliding_window = 0;  // 0: full attention (Mistral and Phi-3 may set a window)
   // The longest position the checkpoint is made for: max_position_embeddings, or a RoPE
   // scaling's factor x its pretraining length where that is longer (as vLLM takes a model's
   // length); 0 when config.json says neither.
