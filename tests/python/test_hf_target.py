@@ -187,62 +187,53 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     assert min(moved) > 10 * BOUND, moved
 
 
+def zeroed_against_transformers(family, suffix, tmp_path):
+    """A tiny `family` checkpoint's layer-3 states, ours before and after the tensors whose names end
+    with `suffix` are zeroed in the checkpoint, and transformers' with them zeroed in its model
+    (parameters or buffers): (the zeroed tensors as saved, ours before, ours after, transformers')."""
+    folder = tmp_path / family
+    model = make_model(folder, family, seed=21)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([40, 40])
+    weights = load_file(str(folder / "model.safetensors"))
+    names = [k for k in weights if k.endswith(suffix)]
+    saved = {k: weights[k] for k in names}
+    p, before = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    for k in names:
+        weights[k] = torch.zeros_like(weights[k])
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    p, after = run_target(folder, tokens, lengths, [3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        for n, t in [*model.named_parameters(), *model.named_buffers()]:
+            if n.endswith(suffix):
+                t.zero_()
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states[4]
+    return saved, before["hidden"][:, :, 0], after["hidden"][:, :, 0], ref
+
+
 def test_glm_router_biases_choose_the_experts(tmp_path):
     """GLM-4.5's correction biases (mlp.gate.e_score_correction_bias, float32) only choose: the
     family test above gives transformers' states with random biases, and the same checkpoint with
     the biases zeroed gives other states (so the biases are read and used), and transformers agrees."""
-    folder = tmp_path / "glm4_moe"
-    model = make_model(folder, "glm4_moe", seed=21)
-    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
-    lengths = torch.tensor([40, 40])
-    weights = load_file(str(folder / "model.safetensors"))
-    biases = [k for k in weights if k.endswith("e_score_correction_bias")]
-    assert len(biases) == 3 and all(weights[k].dtype == torch.float32 and weights[k].abs().max() > 0 for k in biases)
-    p, ours = run_target(folder, tokens, lengths, [3], tmp_path)
-    assert p.returncode == 0, p.stderr
-    for k in biases:
-        weights[k] = torch.zeros_like(weights[k])
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    p, unbiased = run_target(folder, tokens, lengths, [3], tmp_path)
-    assert p.returncode == 0, p.stderr
-    with torch.no_grad():
-        for n, b in model.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.zero_()
-        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states[4]
-    moved = rel(ours["hidden"][:, :, 0], ref)
-    print(f"glm4_moe without its router biases: rel err {rel(unbiased['hidden'][:, :, 0], ref):.1e}; "
-          f"with them {moved:.1e}")
-    assert rel(unbiased["hidden"][:, :, 0], ref) <= BOUND and moved > 10 * BOUND
+    biases, ours, unbiased, ref = zeroed_against_transformers("glm4_moe", "e_score_correction_bias", tmp_path)
+    assert len(biases) == 3 and all(b.dtype == torch.float32 and b.abs().max() > 0 for b in biases.values())
+    moved = rel(ours, ref)
+    print(f"glm4_moe without its router biases: rel err {rel(unbiased, ref):.1e}; with them {moved:.1e}")
+    assert rel(unbiased, ref) <= BOUND and moved > 10 * BOUND
 
 
 def test_qwen2_moe_shared_expert_gate_is_read_and_used(tmp_path):
     """Qwen2-MoE's shared expert runs on every token times sigmoid(h mlp.shared_expert_gate^T): the
     family test gives transformers' states with a random gate; with the gates set to zero (sigmoid
     1/2 on every token) ours still equals transformers' and the states move (the gate is read)."""
-    folder = tmp_path / "qwen2_moe"
-    model = make_model(folder, "qwen2_moe", seed=21)
-    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
-    lengths = torch.tensor([40, 40])
-    weights = load_file(str(folder / "model.safetensors"))
-    gates = [k for k in weights if k.endswith("mlp.shared_expert_gate.weight")]
-    assert len(gates) == 3 and all(weights[k].shape == (1, SMALL["hidden_size"]) for k in gates), gates
-    p, ours = run_target(folder, tokens, lengths, [3], tmp_path)
-    assert p.returncode == 0, p.stderr
-    for k in gates:
-        weights[k] = torch.zeros_like(weights[k])
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    p, half = run_target(folder, tokens, lengths, [3], tmp_path)
-    assert p.returncode == 0, p.stderr
-    with torch.no_grad():
-        for n, w in model.named_parameters():
-            if n.endswith("shared_expert_gate.weight"):
-                w.zero_()
-        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states[4]
-    moved = rel(ours["hidden"][:, :, 0], ref)
-    print(f"qwen2_moe with its shared-expert gates zeroed: rel err {rel(half['hidden'][:, :, 0], ref):.1e}; "
-          f"with the random gates {moved:.1e}")
-    assert rel(half["hidden"][:, :, 0], ref) <= BOUND and moved > 10 * BOUND
+    gates, ours, half, ref = zeroed_against_transformers("qwen2_moe", "mlp.shared_expert_gate.weight", tmp_path)
+    assert len(gates) == 3 and all(g.shape == (1, SMALL["hidden_size"]) for g in gates.values()), gates
+    moved = rel(ours, ref)
+    print(f"qwen2_moe with its shared-expert gates zeroed: rel err {rel(half, ref):.1e}; with the random gates "
+          f"{moved:.1e}")
+    assert rel(half, ref) <= BOUND and moved > 10 * BOUND
 
 
 def test_phi3_rotates_the_part_of_each_head_its_config_says(tmp_path):
