@@ -258,6 +258,32 @@ def test_phi3_rotates_the_part_of_each_head_its_config_says(tmp_path):
     assert err <= BOUND and moved > 10 * BOUND
 
 
+def test_phi3_longrope_takes_the_short_or_long_factors_as_transformers_does(tmp_path):
+    """LongRoPE (Phi-3.5-mini, Phi-4-mini): pretraining length 32 of 256 (factor 8: cos and sin times
+    sqrt(1 + ln 8 / ln 32)), 6 factors a set for the 12 rotated of 16 dimensions. A forward of 24
+    positions takes the short factors, one of 40 the long ones (transformers picks them per forward
+    by its longest position): ours equals transformers' in both, and the first 24 positions differ
+    between the two (both sets are read and used)."""
+    folder = tmp_path / "phi3_longrope"
+    rope = dict(rope_type="longrope", rope_theta=1e4, partial_rotary_factor=0.75, original_max_position_embeddings=32,
+                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5], long_factor=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0])
+    model = make_model(folder, "phi3", seed=21, rope_parameters=rope, original_max_position_embeddings=32)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(8))
+    ours = {}
+    for S in (24, 40):
+        p, out = run_target(folder, tokens[:, :S], torch.tensor([S]), [1, 3], tmp_path)
+        assert p.returncode == 0, p.stderr
+        with torch.no_grad():
+            ref = model(input_ids=tokens[:, :S], output_hidden_states=True).hidden_states
+        err = max(rel(out["hidden"][:, :, e], ref[layer + 1]) for e, layer in enumerate([1, 3]))
+        ours[S] = out["hidden"]
+        print(f"phi3 longrope, {S} positions ({'long' if S > 32 else 'short'} factors): rel err {err:.1e}")
+        assert err <= BOUND
+    moved = rel(ours[40][:, :24], ours[24])
+    print(f"the first 24 positions, long factors against short: {moved:.1e}")
+    assert moved > 10 * BOUND
+
+
 # (family, config change, what the error line says beside the key)
 MOE_REFUSED = {
     "num_experts_per_tok": ("qwen3_moe", dict(num_experts_per_tok=9),
@@ -414,6 +440,9 @@ def corrupt(tmp_path, how):
         edit_config(folder, architectures=["GPT2LMHeadModel"])
     elif how == "unsupported RoPE scaling":
         edit_config(folder, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6})
+    elif how == "longrope factors of another length":
+        edit_config(folder, rope_parameters={"rope_type": "longrope", "rope_theta": 1e6, "short_factor": [1.0, 1.5],
+                                             "long_factor": [2.0, 3.0], "original_max_position_embeddings": 64})
     elif how == "partial rotary":
         edit_config(folder, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5})
     return folder
@@ -428,8 +457,11 @@ EXPECTED = {
     "shape disagrees with config.json": "implies",
     "unsupported architecture": "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                                 "Qwen3MoeForCausalLM",
-    "unsupported RoPE scaling": 'rope type "dynamic" is not supported (supported: default, linear, llama3, yarn)',
+    "unsupported RoPE scaling": 'rope type "dynamic" is not supported (supported: default, linear, llama3, yarn, '
+                                'longrope)',
     "partial rotary": "rotates part of each head, which Qwen2ForCausalLM does not (accepted: 1 or absent)",
+    "longrope factors of another length": "short_factor: [1.0,1.5] (accepted: a list of 8 positive numbers, one a "
+                                          "rotated pair of the head's 16 rotated dimensions)",
 }
 
 

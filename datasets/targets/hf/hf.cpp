@@ -94,8 +94,14 @@ class HfTarget final : public Target {
     final_norm_ = load("model.norm.weight");
     // (the rotated part of each head: all of it but for GLM-4.5's partial_rotary_factor)
     const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
-    inv_freq_ = scaled_inv_freq(at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim)))
-                    .to(device_);  // once: a copy from pageable memory at every forward waits for the device's queue
+    const at::Tensor pos_freqs = at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim));
+    inv_freq_ = scaled_inv_freq(pos_freqs).to(device_);  // once: a copy from pageable memory at every forward
+                                                         // waits for the device's queue
+    if (cfg_.rope.type == "longrope") {
+      const auto factors = [](const std::vector<double>& f) { return at::tensor(f, at::kDouble).to(at::kFloat); };
+      inv_freq_ = (1.0 / (factors(cfg_.rope.short_factor) * pos_freqs)).to(device_);
+      long_inv_freq_ = (1.0 / (factors(cfg_.rope.long_factor) * pos_freqs)).to(device_);
+    }
   }
 
   TargetModel model() const override {
@@ -149,13 +155,14 @@ class HfTarget final : public Target {
       // Rows of one conversation: the tables of positions 0..S-1, made once per length.
       if (!plain_cos_.defined() || plain_cos_.size(0) != S) {
         const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
-        const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);  // [S, D/2], fp32
+        const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_for(S).unsqueeze(0);  // [S, D/2], fp32
         std::tie(plain_cos_, plain_sin_) = cos_sin(at::cat({freqs, freqs}, -1));
       }
       cos = plain_cos_, sin = plain_sin_;
     } else {
-      // Packed rows: positions count from each document's start, as the conversation alone.
-      std::tie(cos, sin) = rope_tables(document_positions(docs, B, S));
+      // Packed rows: positions count from each document's start, as the conversation alone
+      // (longrope: the factors of the batch's longest document, as transformers picks them per forward).
+      std::tie(cos, sin) = rope_tables(document_positions(docs, B, S), /*whole_batch=*/true);
     }
     // The states go straight into the result [B, S, E, H] as each layer makes them: the input
     // norm of layer l + 1 writes the state after layer l into its slot (the residual stream then
@@ -507,9 +514,9 @@ class HfTarget final : public Target {
     return inv_interpolated * (1 - extrapolation) + inv_extrapolated * extrapolation;
   }
 
-  // cos and sin of the angles, times YaRN's attention factor (1 otherwise), in the run's dtype.
+  // cos and sin of the angles, times YaRN's or LongRoPE's attention factor (1 otherwise), in the run's dtype.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& angles) const {
-    const double f = cfg_.rope.type == "yarn" ? cfg_.rope.attention_factor : 1.0;
+    const double f = cfg_.rope.type == "yarn" || cfg_.rope.type == "longrope" ? cfg_.rope.attention_factor : 1.0;
     if (f == 1.0) return {angles.cos().to(dtype_), angles.sin().to(dtype_)};
     return {(angles.cos() * f).to(dtype_), (angles.sin() * f).to(dtype_)};
   }
@@ -645,10 +652,23 @@ class HfTarget final : public Target {
     return {finish_layer(L, x, a), p.k, p.v};
   }
 
-  // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them.
-  std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions) const {
-    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
+  // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them. LongRoPE: a
+  // forward whose longest position + 1 passes the pretraining length takes the long factors, as
+  // transformers' dynamic update does per forward: per row here (each row as its own served
+  // decoding, as z-lab's dflash_generate runs one), or over the whole batch (whole_batch: the
+  // training forward, as transformers runs a batch).
+  std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, bool whole_batch = false) const {
+    at::Tensor inv = inv_freq_;
+    if (long_inv_freq_.defined()) {
+      const at::Tensor reach = whole_batch ? positions.max().view({1, 1, 1}) : positions.amax(-1).view({-1, 1, 1});
+      inv = at::where(reach + 1 > cfg_.rope.original_max_position, long_inv_freq_, inv_freq_);  // [B or 1, 1, D/2]
+    }
+    const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;
     return cos_sin(at::cat({freqs, freqs}, -1).unsqueeze(1));
+  }
+  // The frequencies of a forward over positions 0..seq_len-1 (LongRoPE: short or long, as above).
+  const at::Tensor& inv_freq_for(int64_t seq_len) const {
+    return long_inv_freq_.defined() && seq_len > cfg_.rope.original_max_position ? long_inv_freq_ : inv_freq_;
   }
 
   // Visibility for verification: the context causal within each document [B, 1, S, S]; the
@@ -766,6 +786,7 @@ class HfTarget final : public Target {
   std::function<void(const std::string&)> say_;
   bool tied_ = false;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
+  at::Tensor long_inv_freq_;          // LongRoPE's frequencies past the pretraining length (undefined otherwise)
   at::Tensor plain_cos_, plain_sin_;  // hidden_states()' tables for positions 0..S-1, the last S asked
   std::vector<DecoderLayer> layers_;
 };

@@ -55,6 +55,30 @@ struct Reader {
   }
 };
 
+// LongRoPE (transformers' _compute_longrope_parameters): short_factor and long_factor, one number a
+// rotated pair each; cos and sin scaled by attention_factor, else by sqrt(1 + ln(factor) / ln(the
+// pretraining length)) where factor > 1.
+void read_longrope(const Reader& r, const json& scaling, int64_t rotary_dim, RopeScaling& l) {
+  for (auto [key, out] : {std::pair<const char*, std::vector<double>*>{"short_factor", &l.short_factor},
+                          std::pair<const char*, std::vector<double>*>{"long_factor", &l.long_factor}}) {
+    const bool list = scaling.contains(key) && scaling.at(key).is_array();
+    if (list)
+      for (const json& v : scaling.at(key))
+        if (v.is_number() && v.get<double>() > 0) out->push_back(v.get<double>());
+    if (!list || out->size() != scaling.at(key).size() || static_cast<int64_t>(out->size()) != rotary_dim / 2)
+      r.fail("rope_scaling", std::string(key) + ": " + (scaling.contains(key) ? scaling.at(key).dump() : "missing") +
+                                 " (accepted: a list of " + std::to_string(rotary_dim / 2) +
+                                 " positive numbers, one a rotated pair of the head's " + std::to_string(rotary_dim) +
+                                 " rotated dimensions)");
+  }
+  if (scaling.contains("attention_factor") && !scaling.at("attention_factor").is_null())
+    l.attention_factor = r.real(scaling, "attention_factor", 1.0);
+  else
+    l.attention_factor =
+        l.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(l.factor) / std::log(double(l.original_max_position)));
+  if (!(l.attention_factor > 0)) r.fail("rope_scaling", "attention_factor must be positive");
+}
+
 // YaRN (transformers' _compute_yarn_parameters): the ramp's bounds and the factor cos and sin
 // are scaled by (attention_factor, else from mscale / mscale_all_dim, else 0.1 ln(factor) + 1).
 void read_yarn(const Reader& r, const json& scaling, RopeScaling& y) {
@@ -111,8 +135,9 @@ void read_rope(const Reader& r, ModelConfig& c) {
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})
     if (scaling->contains(key) && scaling->at(key).is_string()) type = scaling->at(key).get<std::string>();
-  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn")
-    r.fail("rope_scaling", "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn)");
+  if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
+    r.fail("rope_scaling",
+           "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn, longrope)");
   c.rope.type = type;
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
   c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
@@ -122,11 +147,13 @@ void read_rope(const Reader& r, ModelConfig& c) {
   c.rope.original_max_position = static_cast<int64_t>(
       r.has("original_max_position_embeddings") ? r.real(r.j, "original_max_position_embeddings", max_position)
                                                 : r.real(*scaling, "original_max_position_embeddings", max_position));
-  // yarn without a factor: the ratio of the lengths after and before (DeepSeek-V3's configs).
-  c.rope.factor =
-      r.real(*scaling, "factor", type == "yarn" ? max_position / double(c.rope.original_max_position) : 1.0);
+  // yarn and longrope without a factor: the ratio of the lengths after and before (DeepSeek-V3's and
+  // Phi-3's configs).
+  const bool ratio = type == "yarn" || type == "longrope";
+  c.rope.factor = r.real(*scaling, "factor", ratio ? max_position / double(c.rope.original_max_position) : 1.0);
   if (type != "default" && !(c.rope.factor > 0)) r.fail("rope_scaling", "factor must be positive");
   if (type == "yarn") read_yarn(r, *scaling, c.rope);
+  if (type == "longrope") read_longrope(r, *scaling, c.rotary_dim, c.rope);
 }
 
 // GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in

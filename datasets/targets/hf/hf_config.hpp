@@ -12,13 +12,16 @@
 namespace flashdraft::hf {
 
 struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3 | yarn
+  std::string type = "default";  // default | linear | llama3 | yarn | longrope
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position = 8192;                  // llama3, yarn: the pretraining length
+  int64_t original_max_position = 8192;                  // llama3, yarn, longrope: the pretraining length
   double beta_fast = 32, beta_slow = 1;                  // yarn: the ramp's bounds in rotations
   bool truncate = true;                                  // yarn: the ramp's bounds rounded outwards
-  double attention_factor = 1.0;                         // yarn: cos and sin are scaled by it
+  double attention_factor = 1.0;                         // yarn, longrope: cos and sin are scaled by it
+  // longrope (Phi-3.5, Phi-4-mini): per rotated pair, the wavelength's factor for forwards that reach
+  // no further than the pretraining length (short) and for longer ones (long).
+  std::vector<double> short_factor, long_factor;
 };
 
 struct ModelConfig {
