@@ -3,20 +3,23 @@ comparison) with mixture-of-experts targets: our served decoding runs the expert
 target's key/value-cached decoder, the reference through transformers' model; the decoded text,
 every step's acceptance length and their mean (tau_served, the same float) must match.
 
-Tiny random targets, 8 experts, 2 a token (tests/python/hf_models.py): Qwen3-MoE (layer 2 dense),
-Mixtral (router weights kept in float32), GLM-4.5 (sigmoid router with correction biases and
-groups, a shared expert, q / k / v biases, half of each head rotated by RoPE). In a file of its
-own so that ctest runs it beside test_served_tau.py.
+Tiny random targets, 8 experts, 2 a token (tests/python/hf_models.py): Qwen3-MoE (layer 2 dense) and
+GLM-4.5 (sigmoid router with correction biases and groups, a shared expert, q / k / v biases, half of
+each head rotated by RoPE: the family furthest from the dense ones). In a file of its own so that
+ctest runs it beside test_served_tau.py. Each family costs ~40 s of make test's time, most of it
+transformers' greedy text for the data (240 conversations through its mixture of experts on the
+CPU); Mixtral (router weights in float32, the experts under block_sparse_moe) passed this comparison
+too (tau 1.824 over 788 steps at initializer_range 0.06) and is left to its states tests.
 """
 import pytest
 
 from test_served_tau import check_greedy, make_target_data, train
 
-# Each target's initializer_range: at test_served_tau.py's 0.2 the greedy text of Mixtral's and
-# GLM-4.5's tiny targets is out of the tiny drafter's reach after 150 steps (served tau 1.04:
-# under 60 accepted proposals to compare); narrower weights give a more regular text that the
-# drafter learns (tau ~1.8 and ~2.3), still of more than 40 distinct tokens.
-FAMILIES = {"qwen3_moe": 0.2, "mixtral": 0.06, "glm4_moe": 0.05}
+# Each target's initializer_range: at test_served_tau.py's 0.2 the greedy text of GLM-4.5's tiny
+# target is out of the tiny drafter's reach after 150 steps (served tau 1.04: under 60 accepted
+# proposals to compare); narrower weights give a more regular text that the drafter learns (tau
+# 2.27), still of more than 40 distinct tokens.
+FAMILIES = {"qwen3_moe": 0.2, "glm4_moe": 0.05}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
