@@ -21,12 +21,23 @@
 #pragma once
 
 #include <flashdraft/block_mask.hpp>
+#include <flashdraft/mask_generator.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace flashdraft::masks {
+
+// MaskInput::window, checked (0 = no window): the generators that honour it call this.
+inline int64_t window(const MaskInput& in, const char* generator) {
+  if (in.window < 0)
+    throw std::invalid_argument(std::string(generator) + ": window " + std::to_string(in.window) +
+                                " is negative (0 = none)");
+  return in.window;
+}
 
 // Sets bits [a, b) (0 <= a < b <= 32 * words) of one bitmap row.
 inline void set_bit_range(uint32_t* row, int64_t a, int64_t b) {

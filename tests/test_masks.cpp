@@ -392,13 +392,13 @@ TEST(MaskDFlash, SlidingWindowMatchesOracle) {
     const int64_t S = uniform(rng, BS, 160);
     const int64_t N = uniform(rng, 1, std::min<int64_t>(12, S - BS + 1));
     fd::MaskInput in = random_dflash(rng, uniform(rng, 1, 3), S, BS, N, draw % 3 != 0);
-    in.blocks.window = uniform(rng, 1, 40);
+    in.window = uniform(rng, 1, 40);
     const Oracle full = dflash_oracle(in, in_block_causal);
     const Oracle oracle = [&in, full](int64_t b, int64_t q, int64_t kv) {
       const int64_t BS = in.blocks.block_size, j = q % BS;
       const int64_t a = in.blocks.anchors[size_t(b)][size_t(q / BS)];
       const int64_t key_pos = kv < in.blocks.context_len ? kv : a + (kv - in.blocks.context_len) % BS;
-      return full(b, q, kv) && std::abs(a + j - key_pos) < in.blocks.window;
+      return full(b, q, kv) && std::abs(a + j - key_pos) < in.window;
     };
     for (int64_t b = 0; b < in.batch; ++b)
       for (int64_t q = 0; q < in.q_len; ++q)
@@ -407,7 +407,7 @@ TEST(MaskDFlash, SlidingWindowMatchesOracle) {
     const fd::MaskGenerator& gen = in_block_causal ? *causal : *bidirectional;
     const std::string problem = check_mask(gen, in, bs.q, bs.kv, oracle, in.batch);
     ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " S " << S << " BS " << BS
-                           << " N " << N << " window " << in.blocks.window;
+                           << " N " << N << " window " << in.window;
   }
   EXPECT_GT(cut, 0);  // not vacuous
 }

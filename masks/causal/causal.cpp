@@ -10,7 +10,8 @@
 //
 // Cached decoding (MaskInput::q_offsets, one per batch element): the queries are positions
 // q_offsets[b] + q of the keys, so diag(q) = q + q_offsets[b] + offset (bottom_right does not
-// apply); the mask then differs per batch element.
+// apply); the mask then differs per batch element. A sliding window W (MaskInput::window > 0:
+// a target's sliding layers) keeps only keys with diag(q) - kv < W.
 //
 // [mask] plugin = "causal"
 //   offset      = 0      # shift of the diagonal (positive: see further right)
@@ -19,6 +20,7 @@
 
 #include "../row_intervals.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -42,12 +44,13 @@ class CausalMask final : public flashdraft::MaskGenerator {
     const int64_t rows = in.q_offsets.empty() ? 1 : in.batch;
     flashdraft::BlockMaskBuilder builder(rows, 1, in.q_len, in.kv_len, bq, bkv);
     flashdraft::masks::RowScratch scratch;
+    const int64_t W = flashdraft::masks::window(in, "causal");
     for (int64_t b = 0; b < rows; ++b) {
       const int64_t shift = diagonal_shift(in, b);
       flashdraft::masks::add_slice<1>(
           builder, in.q_len, in.kv_len, bq, bkv,
-          [shift](int64_t q, int64_t* lo, int64_t* hi) {
-            lo[0] = 0;
+          [shift, W](int64_t q, int64_t* lo, int64_t* hi) {
+            lo[0] = W > 0 ? std::max<int64_t>(0, q + shift - W + 1) : 0;
             hi[0] = q + shift + 1;
           },
           scratch);
@@ -56,7 +59,8 @@ class CausalMask final : public flashdraft::MaskGenerator {
   }
 
   bool visible(const flashdraft::MaskInput& in, int64_t b, int64_t, int64_t q, int64_t kv) const override {
-    return q >= 0 && q < in.q_len && kv >= 0 && kv < in.kv_len && kv <= q + diagonal_shift(in, b);
+    return q >= 0 && q < in.q_len && kv >= 0 && kv < in.kv_len && kv <= q + diagonal_shift(in, b) &&
+           (in.window <= 0 || q + diagonal_shift(in, b) - kv < in.window);
   }
 
  private:

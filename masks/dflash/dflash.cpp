@@ -56,7 +56,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     flashdraft::BlockMaskBuilder builder(in.batch, 1, in.q_len, in.kv_len, bq, bkv);
     flashdraft::masks::RowScratch scratch;
     const bool causal = causal_in_block_;
-    const int64_t W = in.blocks.window;
+    const int64_t W = in.window;
     std::vector<int64_t> doc_start;  // per block of the row: where its anchor's document starts
     for (int64_t b = 0; b < in.batch; ++b) {
       const int64_t* anchor = in.blocks.anchors[static_cast<size_t>(b)].data();
@@ -99,13 +99,13 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     if (j >= len) return false;  // past a short block's tokens
     const int64_t a = in.blocks.anchors[static_cast<size_t>(b)][static_cast<size_t>(n)];
     if (kv < in.blocks.context_len) {
-      if (in.blocks.window > 0 && a + j - kv >= in.blocks.window) return false;  // outside the sliding window
+      if (in.window > 0 && a + j - kv >= in.window) return false;  // outside the sliding window
       return kv < a && (in.doc_lengths.empty() || kv >= document_of(in, b, a).first);
     }
     const int64_t m = (kv - in.blocks.context_len) / in.blocks.block_size;  // block of the key
     const int64_t jk = kv - in.blocks.context_len - n * in.blocks.block_size;
     if (m != n || jk >= len) return false;
-    if (in.blocks.window > 0 && (j - jk >= in.blocks.window || jk - j >= in.blocks.window)) return false;
+    if (in.window > 0 && (j - jk >= in.window || jk - j >= in.window)) return false;
     return !causal_in_block_ || kv - in.blocks.context_len <= q;
   }
 
@@ -202,8 +202,7 @@ class DFlashMask final : public flashdraft::MaskGenerator {
     const int64_t S = in.blocks.context_len, BS = in.blocks.block_size;
     if (BS < 1) throw std::invalid_argument("dflash: block size " + s(BS) + " is not accepted; it must be at least 1");
     if (S < 0) throw std::invalid_argument("dflash: context length " + s(S) + " is negative");
-    if (in.blocks.window < 0)
-      throw std::invalid_argument("dflash: window " + s(in.blocks.window) + " is negative (0 = none)");
+    if (in.window < 0) throw std::invalid_argument("dflash: window " + s(in.window) + " is negative (0 = none)");
     if (in.batch < 1 || static_cast<int64_t>(in.blocks.anchors.size()) != in.batch)
       throw std::invalid_argument("dflash: the batch gives " + s(static_cast<int64_t>(in.blocks.anchors.size())) +
                                   " anchor lists for a batch of " + s(in.batch) +

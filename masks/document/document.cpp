@@ -4,7 +4,9 @@
 // The lengths come from the batch (MaskInput.doc_lengths: one list per batch element,
 // or one list shared by all) or, when the batch carries none, from the `lengths` key.
 // Row q is the interval [start of q's document, q + 1); both ends grow with q, so the
-// shared row-interval builder lists the blocks (masks/row_intervals.hpp).
+// shared row-interval builder lists the blocks (masks/row_intervals.hpp). With a sliding
+// window W (MaskInput::window > 0: a target's sliding layers) the row starts no earlier than
+// q - W + 1 either.
 //
 // [mask] plugin = "document"
 //   lengths = [100, 412, 12]   # used only when the batch gives no doc_lengths
@@ -12,6 +14,7 @@
 
 #include "../row_intervals.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,6 +37,7 @@ class DocumentMask final : public flashdraft::MaskGenerator {
     flashdraft::BlockMaskBuilder builder(mb, 1, in.q_len, in.kv_len, bq, bkv);
     std::vector<int64_t> start(static_cast<size_t>(in.q_len));
     flashdraft::masks::RowScratch scratch;
+    const int64_t W = flashdraft::masks::window(in, "document");
     for (int64_t b = 0; b < mb; ++b) {
       // start[q] = first position of q's document (O(Lq) per batch element).
       int64_t pos = 0;
@@ -43,8 +47,8 @@ class DocumentMask final : public flashdraft::MaskGenerator {
       }
       flashdraft::masks::add_slice<1>(
           builder, in.q_len, in.kv_len, bq, bkv,
-          [&start](int64_t q, int64_t* lo, int64_t* hi) {
-            lo[0] = start[static_cast<size_t>(q)];
+          [&start, W](int64_t q, int64_t* lo, int64_t* hi) {
+            lo[0] = W > 0 ? std::max(start[static_cast<size_t>(q)], q - W + 1) : start[static_cast<size_t>(q)];
             hi[0] = q + 1;
           },
           scratch);
@@ -54,6 +58,7 @@ class DocumentMask final : public flashdraft::MaskGenerator {
 
   bool visible(const flashdraft::MaskInput& in, int64_t b, int64_t, int64_t q, int64_t kv) const override {
     if (q < 0 || q >= in.q_len || kv < 0 || kv >= in.kv_len || kv > q) return false;
+    if (in.window > 0 && q - kv >= in.window) return false;
     const std::vector<int64_t>& lens =
         !in.doc_lengths.empty() ? in.doc_lengths[in.doc_lengths.size() == 1 ? 0 : static_cast<size_t>(b)] : lengths_;
     int64_t start = 0;  // walk to q's document; kv must not be before its start

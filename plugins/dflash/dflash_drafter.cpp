@@ -854,7 +854,7 @@ void DFlashDrafter::read_layer_types(const Config& config) {
 
 void DFlashDrafter::mask_for_layer(AttentionContext& attention, MaskInput& mask, int64_t window, int64_t& current) {
   if (window == current) return;
-  mask.blocks.window = window;
+  mask.window = window;
   attention.set_mask(mask);
   current = window;
 }

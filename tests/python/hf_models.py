@@ -18,6 +18,12 @@ FAMILIES = [
     ("mistral", "MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=True, sliding_window=None), {}),
     ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False, rope_theta=1e6),
      dict(max_shard_size="60KB")),
+    # Sliding-window attention (Mistral-7B-v0.1's kind: every layer sees the last 6 positions; Qwen2's
+    # use_sliding_window: layers 2 and 3, from max_window_layers on, saved as layer_types).
+    ("mistral_swa", "MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=True, sliding_window=6), {}),
+    ("qwen2_swa", "Qwen2Config", "Qwen2ForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e6, use_sliding_window=True, sliding_window=6, max_window_layers=2),
+     {}),
     ("qwen3", "Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True, head_dim=24, rope_theta=1e6), {}),
     # Phi-3 / Phi-4's kind: q|k|v and gate|up stored packed (self_attn.qkv_proj, mlp.gate_up_proj); three
     # quarters of each head rotated (Phi-4-mini's partial_rotary_factor 0.75: 12 of 16).

@@ -144,6 +144,36 @@ def test_packed_documents_do_not_see_each_other(tmp_path):
     assert rel(ours["hidden"][0, 10:, 0], whole.hidden_states[2][0, 10:]) > 1e-3
 
 
+@pytest.mark.parametrize("family, full, layers, first", [("mistral_swa", dict(sliding_window=None), [0, 3], 0),
+                                                          ("qwen2_swa", dict(use_sliding_window=False,
+                                                                             layer_types=["full_attention"] * 4),
+                                                           [1, 2, 3], 2)])
+def test_sliding_window_layers_see_only_their_window(family, full, layers, first, tmp_path):
+    """Sliding-window attention (window 6; Mistral: every layer, Qwen2: layers 2 and 3 as its
+    layer_types say) over 24 positions: ours equals transformers' with the window and, read with
+    full attention, transformers' with full attention; the two differ from the first sliding layer
+    on and not before it (the window is read, and applied where it should be)."""
+    folder = tmp_path / family
+    model = make_model(folder, family, seed=5)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(3))
+    p, windowed = run_target(folder, tokens, torch.tensor([24]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    edit_config(folder, **full)
+    p, plain = run_target(folder, tokens, torch.tensor([24]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        windowed_ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+        plain_ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+            input_ids=tokens, output_hidden_states=True).hidden_states
+    for e, layer in enumerate(layers):
+        ours_w, ours_p = windowed["hidden"][:, :, e], plain["hidden"][:, :, e]
+        err_w, err_p = rel(ours_w, windowed_ref[layer + 1]), rel(ours_p, plain_ref[layer + 1])
+        moved = rel(ours_w, ours_p)
+        print(f"{family} layer {layer}: rel err {err_w:.1e} windowed, {err_p:.1e} full; the window moves it {moved:.1e}")
+        assert err_w <= BOUND and err_p <= BOUND
+        assert moved > 10 * BOUND if layer >= first else moved <= BOUND
+
+
 # (family, what the target prints, a config change that must move the states)
 MOE_FAMILIES = {
     "qwen3_moe": ("Qwen3MoeForCausalLM", dict(norm_topk_prob=False)),

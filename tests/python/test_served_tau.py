@@ -202,7 +202,17 @@ def test_greedy_equals_the_reference_loop(trained):
     check_greedy(trained)
 
 
-def check_greedy(trained, min_tau=1.2):
+def test_greedy_equals_the_reference_loop_with_a_sliding_window_target(tmp_path_factory):
+    """The same against a tiny Mistral target whose every layer sees only the last 6 positions
+    (responses run to ~58): our key/value-cached decoder and our target verification apply the window
+    as transformers' model does under dflash_generate. (initializer_range 0.1: at 0.2 this target's
+    text is out of the tiny drafter's reach, served tau 1.05. Its greedy text never reaches eos at
+    0.05 or 0.1, with two seeds: the stop rule is left to the other greedy comparisons.)"""
+    data = make_target_data(tmp_path_factory.mktemp("served_swa_target"), "mistral_swa", 0.1)
+    check_greedy(train("bidirectional", data, tmp_path_factory.mktemp("served_swa")), stops=False)
+
+
+def check_greedy(trained, min_tau=1.2, stops=True):
     dump, meta = validate(trained, "greedy", 0.0)
     assert meta["tau_served_method"] == "target (greedy)"
     ours = responses(dump, "served_")
@@ -230,7 +240,7 @@ def check_greedy(trained, min_tau=1.2):
     assert float(dump["tau_served_data"]) == ours_tau  # the data is the target's greedy text
     assert draft.layers[0].self_attn.is_causal is (trained["in_block"] == "causal")
     assert ours_tau > min_tau, "the trained drafter must be accepted sometimes, or the comparison proves little"
-    assert stopped > 0, "some response must end at eos, so the stop rule is compared too"
+    assert stopped > 0 or not stops, "some response must end at eos, so the stop rule is compared too"
     assert any(max(a) > 2 for *_, a, _ in ours), "some step must accept more than one proposal"
 
 

@@ -23,10 +23,6 @@ struct MaskBlocks {
   // keeps its first lengths[b][n] keys and queries; its later queries see nothing (a
   // server's last block of a response is shorter).
   std::vector<std::vector<int64_t>> lengths;
-  // Sliding-window attention (a draft layer of layer_type "sliding_attention"): > 0: a
-  // query at position p sees only keys at positions p' with |p - p'| < window (before it,
-  // and after it where the mask lets a query see later keys); 0 = no window.
-  int64_t window = 0;
 };
 
 // What a batch tells the generator: the shape every generator reads, the documents and
@@ -44,6 +40,11 @@ struct MaskInput {
   // (the queries are positions q_offsets[b] .. q_offsets[b] + q_len - 1 of a cache of
   // kv_len); empty = the generator's own alignment.
   std::vector<int64_t> q_offsets;
+  // Sliding-window attention ("dflash": a draft layer of layer_type "sliding_attention";
+  // "document" and "causal": a target's sliding layers, Mistral's and Phi-3's): > 0: a query at
+  // position p sees only keys at positions p' with |p - p'| < window (before it, and after it
+  // where the mask lets a query see later keys); 0 = no window.
+  int64_t window = 0;
   MaskBlocks blocks;  // "dflash" only
 };
 

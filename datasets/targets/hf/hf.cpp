@@ -136,17 +136,14 @@ class HfTarget final : public Target {
   at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
                            AttentionContext& attention) override {
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
-    if (cfg_.sliding_window > 0 && S > cfg_.sliding_window)
-      throw std::invalid_argument("hf target: sequences of " + std::to_string(S) + " tokens exceed the model's " +
-                                  "sliding_window " + std::to_string(cfg_.sliding_window) +
-                                  " (sliding-window attention is not supported; use seq_len <= the window)");
     int64_t deepest = -1;
     for (int64_t l : layers) deepest = std::max(deepest, l);
     if (deepest >= static_cast<int64_t>(layers_.size()))
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
     const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
     warn_past_max_position(rows);
-    const MaskInput docs = document_mask(rows, S);
+    MaskInput docs = document_mask(rows, S);
+    docs.window = cfg_.window(0);  // (a sliding layer's window; set again where a layer's differs)
     attention.set_mask(docs);
     const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
@@ -197,6 +194,10 @@ class HfTarget final : public Target {
       if (l > 0) record(l - 1, stream);
       const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
                                      cfg_.rms_eps, cos, sin, fused_);
+      if (cfg_.window(l) != docs.window) {
+        docs.window = cfg_.window(l);
+        attention.set_mask(docs);
+      }
       const at::Tensor a = layers::merge_heads(attention.attention(l, p.q, p.k, p.v, scale));
       at::Tensor x1, h2;
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
@@ -268,8 +269,11 @@ class HfTarget final : public Target {
     const auto [cos_c, sin_c] = rope_tables(context_pos);
     const auto [cos_b, sin_b] =
         rope_tables((context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
-    const auto [mask_c, mask_b] = verify_masks(batch, anchor, S, BS);
-    for (const DecoderLayer& L : layers_) {
+    const auto full = verify_masks(batch, anchor, S, BS, 0);
+    const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const DecoderLayer& L = layers_[l];
+      const auto& [mask_c, mask_b] = cfg_.window(static_cast<int64_t>(l)) > 0 ? sliding : full;
       const DenseOut context = dense_layer(L, xc, cos_c, sin_c, {}, {}, mask_c);
       xb = dense_layer(L, xb, cos_b, sin_b, context.k, context.v, mask_b).x;
       xc = context.x;
@@ -318,6 +322,7 @@ class HfTarget final : public Target {
       mask.q_len = T;
       mask.kv_len = capacity_;
       mask.q_offsets = start;
+      mask.window = t_.cfg_.window(0);
       attention_.set_mask(mask);
       const auto [cos, sin] = t_.rope_tables(positions);
       const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
@@ -329,6 +334,10 @@ class HfTarget final : public Target {
         const QKV p = t_.project(L, x, cos, sin);
         k_[l].scatter_(2, index, p.k);
         v_[l].scatter_(2, index, p.v);
+        if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
+          mask.window = t_.cfg_.window(static_cast<int64_t>(l));
+          attention_.set_mask(mask);
+        }
         const at::Tensor a = attention_.attention(static_cast<int64_t>(l), p.q.contiguous(), k_[l], v_[l], scale);
         x = t_.finish_layer(L, x, a);
         for (size_t i = 0; i < layers_.size(); ++i)
@@ -673,9 +682,10 @@ class HfTarget final : public Target {
 
   // Visibility for verification: the context causal within each document [B, 1, S, S]; the
   // blocks [B, 1, N*BS, S + N*BS]: block n sees context positions before its anchor in the
-  // anchor's document, and its own positions up to the query's (causal).
-  std::pair<at::Tensor, at::Tensor> verify_masks(const Batch& batch, const at::Tensor& anchor, int64_t S,
-                                                 int64_t BS) const {
+  // anchor's document, and its own positions up to the query's (causal); with a sliding window W
+  // > 0 only keys fewer than W positions before the query (block n's query j sits at anchor + j).
+  std::pair<at::Tensor, at::Tensor> verify_masks(const Batch& batch, const at::Tensor& anchor, int64_t S, int64_t BS,
+                                                 int64_t W) const {
     const int64_t B = anchor.size(0), N = anchor.size(1), L = N * BS;
     const MaskInput docs = document_mask(row_documents(batch, B, S), S);
     std::vector<int64_t> doc_ids;
@@ -685,14 +695,20 @@ class HfTarget final : public Target {
     const at::Tensor doc = at::tensor(doc_ids, at::TensorOptions().dtype(at::kLong)).view({B, S}).to(device_);
     const at::Tensor pos = at::arange(S, long_opts);
     const at::Tensor same_doc = doc.unsqueeze(2).eq(doc.unsqueeze(1));
-    const at::Tensor mask_c = (pos.unsqueeze(1) >= pos.unsqueeze(0)).unsqueeze(0) & same_doc;
+    at::Tensor mask_c = (pos.unsqueeze(1) >= pos.unsqueeze(0)).unsqueeze(0) & same_doc;
     const at::Tensor anchor_doc = doc.gather(1, anchor);
     const at::Tensor context =
         pos.view({1, 1, S}).lt(anchor.unsqueeze(2)) & doc.unsqueeze(1).eq(anchor_doc.unsqueeze(2));
     const at::Tensor q = at::arange(L, long_opts);
-    const at::Tensor own =
+    at::Tensor own =
         (q.unsqueeze(1).div(BS, "floor") == q.unsqueeze(0).div(BS, "floor")) & (q.unsqueeze(1) >= q.unsqueeze(0));
-    const at::Tensor ctx = context.unsqueeze(2).expand({B, N, BS, S}).reshape({B, L, S});
+    at::Tensor ctx = context.unsqueeze(2).expand({B, N, BS, S}).reshape({B, L, S});
+    if (W > 0) {
+      mask_c = mask_c & (pos.unsqueeze(1) - pos.unsqueeze(0)).lt(W).unsqueeze(0);
+      own = own & (q.unsqueeze(1) - q.unsqueeze(0)).lt(W);
+      const at::Tensor query_pos = (anchor.unsqueeze(2) + at::arange(BS, long_opts)).reshape({B, L});  // [B, L]
+      ctx = ctx & (query_pos.unsqueeze(2) - pos.view({1, 1, S})).lt(W);
+    }
     const at::Tensor mask_b = at::cat({ctx, own.unsqueeze(0).expand({B, L, L})}, 2);
     return {mask_c.unsqueeze(1), mask_b.unsqueeze(1)};
   }

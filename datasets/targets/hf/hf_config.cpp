@@ -156,6 +156,30 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type == "longrope") read_longrope(r, *scaling, c.rotary_dim, c.rope);
 }
 
+// Which layers attend through a sliding window (ModelConfig::sliding): Mistral's and Phi-3's every
+// layer when sliding_window is set (`all`); a family with use_sliding_window (Qwen2) the layers from
+// max_window_layers on; layer_types, where config.json lists them, says it per layer.
+void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
+  c.sliding.assign(static_cast<size_t>(c.layers), 0);
+  const bool qwen2_rule = !all && r.boolean("use_sliding_window", false);
+  if (!(all || qwen2_rule) || !r.has("sliding_window")) return;
+  c.sliding_window = r.integer("sliding_window", 1);
+  if (r.has("layer_types")) {
+    const json& v = r.j.at("layer_types");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
+      r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
+                                " layer types (num_hidden_layers)");
+    for (size_t l = 0; l < v.size(); ++l) {
+      if (v[l] != "full_attention" && v[l] != "sliding_attention")
+        r.fail("layer_types", "holds " + v[l].dump() + " (accepted: \"full_attention\", \"sliding_attention\")");
+      c.sliding[l] = v[l] == "sliding_attention";
+    }
+    return;
+  }
+  const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, c.layers) : 0;
+  for (int64_t l = first; l < c.layers; ++l) c.sliding[static_cast<size_t>(l)] = 1;
+}
+
 // GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in
 // float32 with a per-expert correction bias that only chooses; the top k of the best topk_group of
 // n_group groups (a group scored by its best two), renormalised when norm_topk_prob, times
@@ -313,8 +337,7 @@ ModelConfig read_config(const std::string& folder) {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   if (moe || qwen2_moe || mixtral || glm) read_experts(r, c);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
-  const bool windowed = mistral || phi3 || r.boolean("use_sliding_window", false);
-  if (windowed && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window", 1);
+  read_sliding_layers(r, mistral || phi3, c);
   c.eos = eos_ids(j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";
   if (fs::is_regular_file(generation)) {

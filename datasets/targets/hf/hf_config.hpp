@@ -30,12 +30,20 @@ struct ModelConfig {
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
-  int64_t rotary_dim = 0;      // the first rotary_dim of each head's head_dim rotate (partial_rotary_factor)
-  bool qk_norm = false;        // Qwen3: RMSNorm of q and k per head, before RoPE
-  bool qkv_bias = false;       // Qwen2: biases on q, k, v
-  bool o_bias = false;         // attention_bias (Llama, Qwen3): biases on q, k, v and o
-  int tie_embeddings = -1;     // 1 / 0 as config.json says; -1: not said (the weights decide)
-  int64_t sliding_window = 0;  // 0: full attention (Mistral and Phi-3 may set a window)
+  int64_t rotary_dim = 0;   // the first rotary_dim of each head's head_dim rotate (partial_rotary_factor)
+  bool qk_norm = false;     // Qwen3: RMSNorm of q and k per head, before RoPE
+  bool qkv_bias = false;    // Qwen2: biases on q, k, v
+  bool o_bias = false;      // attention_bias (Llama, Qwen3): biases on q, k, v and o
+  int tie_embeddings = -1;  // 1 / 0 as config.json says; -1: not said (the weights decide)
+  // Sliding-window attention: a sliding layer's query sees only the sliding_window positions ending
+  // at its own (0: every layer full). Which layers slide: config.json's layer_types where it lists
+  // them, else Qwen2's use_sliding_window rule (layers from max_window_layers on), else every layer
+  // (Mistral, Phi-3).
+  int64_t sliding_window = 0;
+  std::vector<uint8_t> sliding;  // per layer
+  int64_t window(int64_t layer) const {
+    return sliding_window > 0 && sliding[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
   // The longest position the checkpoint is made for: max_position_embeddings, or a RoPE
   // scaling's factor x its pretraining length where that is longer (as vLLM takes a model's
   // length); 0 when config.json says neither.
