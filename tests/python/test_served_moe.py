@@ -15,16 +15,17 @@ import pytest
 
 from test_served_tau import check_greedy, make_target_data, train
 
-# Each target's initializer_range: at test_served_tau.py's 0.2 the greedy text of GLM-4.5's tiny
-# target is out of the tiny drafter's reach after 150 steps (served tau 1.04: under 60 accepted
-# proposals to compare); narrower weights give a more regular text that the drafter learns (tau
-# 2.27), still of more than 40 distinct tokens.
-FAMILIES = {"qwen3_moe": 0.2, "glm4_moe": 0.05}
+# Each target's initializer_range and conversations (the last 48 held out): at test_served_tau.py's
+# 0.2 the greedy text of GLM-4.5's tiny target is out of the tiny drafter's reach after 150 steps
+# (served tau 1.04: under 60 accepted proposals to compare); narrower weights give a more regular
+# text that the drafter learns (tau 2.24 from 144 conversations), still of more than 40 distinct
+# tokens. Qwen3-MoE's needs all 240 (from 144: tau 1.09).
+FAMILIES = {"qwen3_moe": (0.2, 240), "glm4_moe": (0.05, 144)}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target(family, tmp_path_factory):
-    data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, FAMILIES[family])
+    data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, *FAMILIES[family])
     # Qwen3-MoE's greedy text is the hardest for the tiny drafter (tau_anchor ~1.3 against ~2.7 for
     # the dense target, with 150 or 400 steps alike): tau > 1.1 still compares over a hundred
     # accepted proposals one by one, and some step must accept more than one.

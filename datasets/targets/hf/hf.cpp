@@ -19,7 +19,7 @@
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
 // RMSNorm (transformers reports the normed state there), so it is here too. Attention is causal within each document of
 // a row (packed rows: Batch::documents; padded rows: the tokens past a row's length are a document of their own, so
-// they never change the real ones).
+// they never change the real ones), and in a sliding layer within its last sliding_window positions.
 #include "hf_config.hpp"
 
 #include <flashdraft/layers.hpp>
@@ -92,15 +92,16 @@ class HfTarget final : public Target {
     tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find("lm_head.weight"));
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
     final_norm_ = load("model.norm.weight");
-    // (the rotated part of each head: all of it but for GLM-4.5's partial_rotary_factor)
+    // (the rotated part of each head: all of it but for a partial_rotary_factor, GLM-4.5's and Phi-3's)
     const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
     const at::Tensor pos_freqs = at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim));
-    inv_freq_ = scaled_inv_freq(pos_freqs).to(device_);  // once: a copy from pageable memory at every forward
-                                                         // waits for the device's queue
+    // once, on the device: a copy from pageable memory at every forward waits for the device's queue
     if (cfg_.rope.type == "longrope") {
       const auto factors = [](const std::vector<double>& f) { return at::tensor(f, at::kDouble).to(at::kFloat); };
       inv_freq_ = (1.0 / (factors(cfg_.rope.short_factor) * pos_freqs)).to(device_);
       long_inv_freq_ = (1.0 / (factors(cfg_.rope.long_factor) * pos_freqs)).to(device_);
+    } else {
+      inv_freq_ = scaled_inv_freq(pos_freqs).to(device_);
     }
   }
 
