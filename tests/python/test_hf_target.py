@@ -152,12 +152,19 @@ def test_sliding_window_layers_see_only_their_window(family, full, layers, first
     """Sliding-window attention (window 6; Mistral: every layer, Qwen2: layers 2 and 3 as its
     layer_types say) over 24 positions: ours equals transformers' with the window and, read with
     full attention, transformers' with full attention; the two differ from the first sliding layer
-    on and not before it (the window is read, and applied where it should be)."""
+    on and not before it (the window is read, and applied where it should be). Qwen2's config.json
+    without layer_types gives the same states (the rule: the layers from max_window_layers on)."""
     folder = tmp_path / family
     model = make_model(folder, family, seed=5)
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(3))
     p, windowed = run_target(folder, tokens, torch.tensor([24]), layers, tmp_path)
     assert p.returncode == 0, p.stderr
+    if family == "qwen2_swa":
+        assert json.loads((folder / "config.json").read_text())["layer_types"][first] == "sliding_attention"
+        edit_config(folder, layer_types=None)
+        p, by_rule = run_target(folder, tokens, torch.tensor([24]), layers, tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert torch.equal(by_rule["hidden"], windowed["hidden"])
     edit_config(folder, **full)
     p, plain = run_target(folder, tokens, torch.tensor([24]), layers, tmp_path)
     assert p.returncode == 0, p.stderr
