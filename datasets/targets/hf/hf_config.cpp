@@ -176,7 +176,8 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
     }
     return;
   }
-  const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, c.layers) : 0;
+  // (transformers' Qwen2Config defaults max_window_layers to 28)
+  const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
   for (int64_t l = first; l < c.layers; ++l) c.sliding[static_cast<size_t>(l)] = 1;
 }
 
