@@ -52,6 +52,16 @@ FAMILIES = [
      dict(tie_word_embeddings=False, rope_theta=1e6, attention_bias=True, use_qk_norm=True, n_routed_experts=8,
           num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
           topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True), {}),
+    # gpt-oss's kind: a learned sink logit per head in every attention softmax, biases on q / k / v / o,
+    # layers 0 and 2 sliding (window 6: transformers' default layer_types), 8 experts of intermediate_size,
+    # 2 a token, with biases on the router and the experts, the GLU clamped (limit 0.2 here, not 7: a
+    # random model's products reach it); YaRN as published (factor 32, bounds 32 / 1 not truncated)
+    # over a pretraining length of 8 (x 32 = max_position_embeddings).
+    ("gpt_oss", "GptOssConfig", "GptOssForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=6,
+          swiglu_limit=0.2, rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                                 beta_slow=1.0, truncate=False, original_max_position_embeddings=8)),
+     {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -78,7 +88,9 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
-            elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # a router whose choices and
+            elif n.endswith("self_attn.sinks"):  # gpt-oss: sinks that take a real share of each softmax
+                p.uniform_(0.5, 2.5)
+            elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)

@@ -250,6 +250,87 @@ def zeroed_against_transformers(family, suffix, tmp_path):
     return saved, before["hidden"][:, :, 0], after["hidden"][:, :, 0], ref
 
 
+def test_gpt_oss_sinks_clamped_glu_and_windows_are_read_and_used(tmp_path):
+    """gpt-oss's own parts each move the states, and ours follows transformers through each change
+    (the family test gives the states equal with all of them): its attention sinks zeroed in the
+    checkpoint, its GLU's limit at the published 7 (which this random model's products never reach,
+    against 0.2), its sliding layers made full. Layer 3 of 4, 40 positions (past the window of 6)."""
+    sinks, ours, unsunk, ref = zeroed_against_transformers("gpt_oss", "self_attn.sinks", tmp_path)
+    assert len(sinks) == 4 and all(t.abs().min() >= 0.5 for t in sinks.values())
+    print(f"gpt_oss with its sinks zeroed: rel err {rel(unsunk, ref):.1e}; the sinks move it {rel(ours, unsunk):.1e}")
+    assert rel(unsunk, ref) <= BOUND and rel(ours, unsunk) > 10 * BOUND
+    folder = tmp_path / "gpt_oss"
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    for change in (dict(swiglu_limit=7.0), dict(layer_types=["full_attention"] * 4)):
+        edit_config(folder, **change)
+        p, changed = run_target(folder, tokens, torch.tensor([40, 40]), [3], tmp_path)
+        assert p.returncode == 0, p.stderr
+        with torch.no_grad():
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+                input_ids=tokens, output_hidden_states=True).hidden_states[4]
+        err, moved = rel(changed["hidden"][:, :, 0], theirs), rel(changed["hidden"][:, :, 0], unsunk)
+        print(f"gpt_oss with {list(change)[0]} {str(list(change.values())[0])[:40]}: rel err {err:.1e}; the change "
+              f"moves it {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
+        unsunk = changed["hidden"][:, :, 0]
+
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def to_mxfp4(w):
+    """w [E, rows, cols] (cols % 32 == 0) as MXFP4: blocks [E, rows, cols / 32, 16] uint8 (two e2m1
+    codes a byte, the first value in the low nibble) and scales [E, rows, cols / 32] uint8 (each 32
+    values' power of two + 127), each value the nearest code to it over its group's power of two."""
+    E, R, C = w.shape
+    g = w.reshape(E, R, C // 32, 32)
+    e = torch.ceil(torch.log2(g.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 6))
+    codes = ((g / 2 ** e).unsqueeze(-1) - E2M1).abs().argmin(-1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8), (e.squeeze(-1) + 127).to(torch.uint8)
+
+
+def test_gpt_oss_mxfp4_experts_are_dequantized_as_transformers_does(tmp_path):
+    """gpt-oss as published: its experts' weights in MXFP4 (<name>_blocks / _scales, quant_method
+    "mxfp4"). Ours dequantizes at load and equals transformers' model loaded from the same folder
+    with Mxfp4Config(dequantize=True); the quantization moves the weights (so the blocks are read, not
+    some other copy), and a scale tensor of another dtype is refused with a sentence."""
+    folder = tmp_path / "gpt_oss_mxfp4"
+    model = make_model(folder, "gpt_oss", seed=4)
+    weights = load_file(str(folder / "model.safetensors"))
+    for name in [k for k in weights if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        weights[name + "_blocks"], weights[name + "_scales"] = to_mxfp4(weights.pop(name).transpose(1, 2).float())
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    edit_config(folder, quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+    dequantized = ref.model.layers[1].mlp.experts.gate_up_proj
+    original = model.model.layers[1].mlp.experts.gate_up_proj
+    moved_weights = rel(dequantized, original)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    p, ours = run_target(folder, tokens, torch.tensor([40, 33]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "8 experts (2 a token, mxfp4 dequantized)" in p.stdout, p.stdout
+    errs, moved = [], []
+    for b, n in enumerate([40, 33]):
+        with torch.no_grad():
+            theirs = ref(input_ids=tokens[b:b + 1, :n], output_hidden_states=True).hidden_states
+            unquantized = model(input_ids=tokens[b:b + 1, :n], output_hidden_states=True).hidden_states
+        for e, layer in enumerate([1, 3]):
+            errs.append(rel(ours["hidden"][b, :n, e], theirs[layer + 1][0]))
+            moved.append(rel(ours["hidden"][b, :n, e], unquantized[layer + 1][0]))
+    print(f"gpt_oss mxfp4: the quantization moves the experts' weights {moved_weights:.1e} and the states "
+          f"{min(moved):.1e}-{max(moved):.1e}; ours against transformers' dequantized model: rel err {max(errs):.1e}")
+    assert max(errs) <= BOUND and moved_weights > 1e-2 and min(moved) > 10 * BOUND
+    weights["model.layers.2.mlp.experts.down_proj_scales"] = weights["model.layers.2.mlp.experts.down_proj_scales"].float()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    p, _ = run_target(folder, tokens, torch.tensor([40, 33]), [3], tmp_path)
+    line = p.stderr.strip().splitlines()[-1]
+    print(line[:200])
+    assert p.returncode == 1 and "model.layers.2.mlp.experts.down_proj_scales' is F32 (MXFP4 blocks and scales are U8" \
+        in line, line
+
+
 def test_glm_router_biases_choose_the_experts(tmp_path):
     """GLM-4.5's correction biases (mlp.gate.e_score_correction_bias, float32) only choose: the
     family test above gives transformers' states with random biases, and the same checkpoint with
@@ -340,6 +421,10 @@ MOE_REFUSED = {
                                         "mlp.shared_expert.gate_proj.weight' has shape [48, 64], but"),
     "n_shared_experts": ("glm4_moe", dict(n_shared_experts=2),
                          "mlp.shared_experts.gate_proj.weight' has shape [32, 64], but"),
+    "swiglu_limit": ("gpt_oss", dict(swiglu_limit=-1.0), "swiglu_alpha and swiglu_limit must be positive"),
+    "quantization_config": ("qwen3_moe", dict(quantization_config={"quant_method": "awq", "bits": 4}),
+                            'quant_method "awq": a quantized Qwen3MoeForCausalLM checkpoint is not read (accepted: an '
+                            'unquantized checkpoint, or gpt-oss\'s "mxfp4" experts)'),
 }
 
 

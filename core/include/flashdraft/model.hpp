@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,15 @@ class FLASHDRAFT_API AttentionContext {
   // q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lkv, D].
   virtual at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                double scale) = 0;
+  // The same call, frozen (no gradient flows through it), also giving each row's log-sum-exp
+  // [B, Hq, Lq] float32 of its scaled visible scores (-inf for a row that sees no key): what a
+  // softmax with terms of its own needs (gpt-oss's attention sinks: out * sigmoid(lse - sink)).
+  // Recorded in the ledger as attention() is. A context that cannot give it refuses.
+  virtual std::pair<at::Tensor, at::Tensor> attention_lse(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                                          const at::Tensor& v, double scale) {
+    (void)layer, (void)q, (void)k, (void)v, (void)scale;
+    throw std::logic_error("this attention context gives no log-sum-exp (attention_lse)");
+  }
 };
 
 // The engine's LM-head loss: the chosen variant of the dispatched op (see LmHeadLossInput).

@@ -261,6 +261,33 @@ at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, co
   }
   return out;
 }
+std::pair<at::Tensor, at::Tensor> AttentionDispatcher::attention_lse(int64_t layer, const at::Tensor& q,
+                                                                     const at::Tensor& k, const at::Tensor& v,
+                                                                     double scale) {
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    throw std::logic_error("attention layer " + std::to_string(layer) +
+                           ": attention_lse is frozen attention (no gradient), called with inputs that require one");
+  const BlockMask& bm = current().mask;
+  if (q.size(2) != bm.q_len || k.size(2) != bm.kv_len)
+    throw std::invalid_argument("attention layer " + std::to_string(layer) + ": q has " + std::to_string(q.size(2)) +
+                                " rows and k " + std::to_string(k.size(2)) + ", but the mask is " +
+                                std::to_string(bm.q_len) + " x " + std::to_string(bm.kv_len));
+  const at::Tensor qc = q.contiguous();
+  AttentionForward r;
+  {
+    at::NoGradGuard no_grad;
+    r = kernel().forward(qc, k.contiguous(), v.contiguous(), current().tensors, scale);
+  }
+  check_shape(*this, "an output", r.out, qc);
+  if (!r.lse.defined() || r.lse.dim() != 3 || r.lse.size(0) != q.size(0) || r.lse.size(1) != q.size(1) ||
+      r.lse.size(2) != q.size(2) || r.lse.scalar_type() != at::kFloat)
+    throw std::runtime_error("attention kernel '" + kernel_name() + "' returned no float32 log-sum-exp of shape [" +
+                             std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) + ", " +
+                             std::to_string(q.size(2)) + "] (the kernel ABI's lse)");
+  note(layer, Phase::forward, r.variant);
+  return {r.out, r.lse};
+}
+
 void AttentionDispatcher::set_loss(const LossChoice& choice, int64_t column) {
   loss_column_ = column;
   loss_on_fallback_ = choice.on_fallback;

@@ -100,6 +100,8 @@ class FLASHDRAFT_API AttentionDispatcher : public DrafterContext {
   void set_mask(const MaskInput& input) override;
   at::Tensor attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        double scale) override;
+  std::pair<at::Tensor, at::Tensor> attention_lse(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, double scale) override;
   // The LM-head loss through the variant chosen for it (set_loss), recorded in ledger column
   // `column` (after the attention calls), a fallback under the choice's own policy; without
   // set_loss() a drafter's call is an error.

@@ -106,7 +106,10 @@ bool swiglu_in_product() {
 
 at::Tensor plain_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   const at::Tensor xf = x.to(at::kFloat);
-  return w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  // a float32 weight on a narrower x (gpt-oss's): applied in float32, one rounding after it
+  if (w.scalar_type() == at::kFloat && x.scalar_type() != at::kFloat) return (w * normed).to(x.scalar_type());
+  return w * normed.to(x.scalar_type());
 }
 
 at::Tensor plain_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -131,7 +134,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
                                 c10::str(x.sizes()) + ", dtype and device, and come with a delta to add");
   const int64_t H = x.size(-1);
   const bool rows = cuda_ops::row_stride(x) >= H && (!sum_into.defined() || cuda_ops::row_stride(sum_into) >= H);
-  if (kernels_take(fused, x) && rows && (!delta.defined() || delta.is_contiguous())) {
+  if (kernels_take(fused, x) && rows && (!delta.defined() || delta.is_contiguous()) &&
+      w.scalar_type() == x.scalar_type()) {
     if (!delta.defined()) return {x, cuda_ops::add_rms_norm(x, delta, at::Tensor(), w, eps)};
     at::Tensor sum = sum_into.defined() ? sum_into : at::empty_like(delta);
     at::Tensor normed = cuda_ops::add_rms_norm(x, delta, sum, w, eps);

@@ -54,6 +54,10 @@ class OffsetAttention : public AttentionContext {
                        double scale) override {
     return inner_.attention(layer + offset_, q, k, v, scale);
   }
+  std::pair<at::Tensor, at::Tensor> attention_lse(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, double scale) override {
+    return inner_.attention_lse(layer + offset_, q, k, v, scale);
+  }
 
  private:
   AttentionContext& inner_;

@@ -13,7 +13,10 @@
 //              [Qwen3-MoE, Qwen2-MoE, Mixtral and GLM-4.5, sparse layers: x = x + sum over the token's k
 //               experts e of p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k;
 //               Qwen2-MoE: plus sigmoid(h g) x its shared expert's MLP of h; GLM-4.5: a sigmoid router,
-//               plus its shared experts' MLP of h; q, k rotated in their first rotary_dim dimensions only]
+//               plus its shared experts' MLP of h; q, k rotated in their first rotary_dim dimensions only;
+//               gpt-oss: the router's top k logits softmaxed, each expert (W_gu h + b_gu) through the clamped
+//               GLU (up + 1) gate sigmoid(alpha gate), then W_d . + b_d; every attention softmax also over a
+//               learned sink logit per head; its norms' weights applied in float32]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
@@ -33,6 +36,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 namespace flashdraft {
@@ -49,6 +53,9 @@ namespace {
 struct DecoderLayer {
   at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
   at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down, shared_gate;
+  // gpt-oss: its router's bias [E] (a logit bias, in the model's dtype), its experts' biases [E, 2 I]
+  // (gate entries, then up, as experts_gate_up's rows) and [E, H], and its sinks [heads] (float32)
+  at::Tensor router_logit_bias, experts_gate_up_bias, experts_down_bias, sinks;
   bool sparse() const { return router.defined(); }
 };
 
@@ -91,7 +98,7 @@ class HfTarget final : public Target {
     embed_ = load("model.embed_tokens.weight");
     tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find("lm_head.weight"));
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
-    final_norm_ = load("model.norm.weight");
+    final_norm_ = load_norm("model.norm.weight");
     // (the rotated part of each head: all of it but for a partial_rotary_factor, GLM-4.5's and Phi-3's)
     const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
     const at::Tensor pos_freqs = at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim));
@@ -199,7 +206,7 @@ class HfTarget final : public Target {
         docs.window = cfg_.window(l);
         attention.set_mask(docs);
       }
-      const at::Tensor a = layers::merge_heads(attention.attention(l, p.q, p.k, p.v, scale));
+      const at::Tensor a = layers::merge_heads(attend(attention, l, L, p.q, p.k, p.v, scale));
       at::Tensor x1, h2;
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
       if (!into.defined() && !L.o_bias.defined() && frozen::add_linear_(stream, a, L.o_proj, fused_)) {
@@ -339,7 +346,7 @@ class HfTarget final : public Target {
           mask.window = t_.cfg_.window(static_cast<int64_t>(l));
           attention_.set_mask(mask);
         }
-        const at::Tensor a = attention_.attention(static_cast<int64_t>(l), p.q.contiguous(), k_[l], v_[l], scale);
+        const at::Tensor a = t_.attend(attention_, static_cast<int64_t>(l), L, p.q.contiguous(), k_[l], v_[l], scale);
         x = t_.finish_layer(L, x, a);
         for (size_t i = 0; i < layers_.size(); ++i)
           if (layers_[i] == static_cast<int64_t>(l))
@@ -360,6 +367,45 @@ class HfTarget final : public Target {
   };
 
   at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
+  // A norm's weight: in the model's dtype, or in float32 where the family applies it so (gpt-oss).
+  at::Tensor load_norm(const std::string& name) const {
+    return cfg_.norm_weight_fp32 ? checkpoint_->load(name, device_, at::kFloat) : load(name);
+  }
+
+  // Attention through the engine; with sinks (gpt-oss) the softmax also runs over a learned logit per
+  // head that takes weight and gives no value: each row's output times sigmoid(lse - sink), in float32.
+  static at::Tensor attend(AttentionContext& attention, int64_t layer, const DecoderLayer& L, const at::Tensor& q,
+                           const at::Tensor& k, const at::Tensor& v, double scale) {
+    if (!L.sinks.defined()) return attention.attention(layer, q, k, v, scale);
+    const auto [out, lse] = attention.attention_lse(layer, q, k, v, scale);
+    const at::Tensor kept = at::sigmoid(lse - L.sinks.view({1, -1, 1})).unsqueeze(-1);
+    return (out.to(at::kFloat) * kept).to(out.scalar_type());
+  }
+
+  // gpt-oss's expert weights [E, rows, cols] (out x in, as the engine's products read them) from the
+  // checkpoint's `name` ([E, cols, rows], transformers' layout) or from its MXFP4 `name`_blocks
+  // [E, rows, cols / 32, 16] (two 4-bit e2m1 values a byte, the low nibble first) and `name`_scales
+  // [E, rows, cols / 32] (each 32 values' power of two, biased by 127), dequantized on the device
+  // one expert at a time (every value exact in bf16).
+  at::Tensor load_expert_weights(const std::string& name, int64_t rows, int64_t cols) const {
+    if (checkpoint_->find(name)) return load(name).transpose(1, 2).contiguous();
+    const at::Tensor blocks = checkpoint_->load(name + "_blocks", device_, at::kByte);
+    const at::Tensor scales = checkpoint_->load(name + "_scales", device_, at::kByte);
+    const int64_t E = blocks.size(0), G = cols / 32;
+    const at::Tensor lut = at::tensor(std::vector<float>{0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f,
+                                                         -1.5f, -2.f, -3.f, -4.f, -6.f})
+                               .to(device_);
+    at::Tensor out = at::empty({E, rows, cols}, at::TensorOptions().dtype(dtype_).device(device_));
+    for (int64_t e = 0; e < E; ++e) {
+      const at::Tensor b = blocks[e].to(at::kLong);  // [rows, G, 16]
+      const at::Tensor lo = lut.index_select(0, b.bitwise_and(15).flatten());
+      const at::Tensor hi = lut.index_select(0, b.bitwise_right_shift(4).flatten());
+      const at::Tensor values = at::stack({lo, hi}, -1).view({rows, G, 32});
+      const at::Tensor power = at::pow(2.0, scales[e].to(at::kFloat) - 127).unsqueeze(-1);  // [rows, G, 1]
+      out[e].copy_((values * power).view({rows, cols}));
+    }
+    return out;
+  }
 
   // Every tensor the model reads, with the shape config.json implies; the first
   // mismatch or missing tensor is refused before anything is loaded.
@@ -383,7 +429,35 @@ class HfTarget final : public Target {
         expected.push_back({p + "self_attn.k_proj.weight", {kv, H}});
         expected.push_back({p + "self_attn.v_proj.weight", {kv, H}});
       }
-      if (cfg_.sparse(l)) {
+      if (cfg_.sinks) expected.push_back({p + "self_attn.sinks", {cfg_.heads}});
+      if (cfg_.sparse(l) && gpt_oss()) {
+        const int64_t E = cfg_.experts, I = cfg_.moe_intermediate;
+        expected.push_back({p + "mlp.router.weight", {E, H}});
+        expected.push_back({p + "mlp.router.bias", {E}});
+        for (const auto& [name, rows, cols] : {std::tuple<std::string, int64_t, int64_t>{"gate_up_proj", 2 * I, H},
+                                               std::tuple<std::string, int64_t, int64_t>{"down_proj", H, I}}) {
+          const std::string x = p + "mlp.experts." + name;
+          if (!checkpoint_->find(x) && checkpoint_->find(x + "_blocks")) {
+            if (cols % 32 != 0)
+              config_.fail("path", path_ + ": tensor '" + x +
+                                       "_blocks' holds MXFP4 blocks of 32 values, but its rows are " +
+                                       std::to_string(cols) + " wide (a multiple of 32 is needed)");
+            expected.push_back({x + "_blocks", {E, rows, cols / 32, 16}});
+            expected.push_back({x + "_scales", {E, rows, cols / 32}});
+            for (const char* part : {"_blocks", "_scales"})
+              if (checkpoint_->find(x + part)->dtype != "U8")
+                config_.fail("path", path_ + ": tensor '" + x + part + "' is " + checkpoint_->find(x + part)->dtype +
+                                         " (MXFP4 blocks and scales are U8 bytes)");
+          } else if (!checkpoint_->find(x)) {
+            config_.fail("path", path_ + ": tensor '" + x + "' is missing, and so are its MXFP4 '" + x +
+                                     "_blocks' / '" + x + "_scales' (a " + cfg_.architecture +
+                                     " checkpoint with this config.json has one of them)");
+          } else {
+            expected.push_back({x, {E, cols, rows}});
+          }
+          expected.push_back({x + "_bias", {E, rows}});
+        }
+      } else if (cfg_.sparse(l)) {
         const int64_t I = cfg_.moe_intermediate;
         const ExpertKeys n = expert_keys();
         expected.push_back({p + n.block + "gate.weight", {cfg_.experts, H}});
@@ -439,8 +513,8 @@ class HfTarget final : public Target {
   DecoderLayer load_layer(int64_t l) const {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayer L;
-    L.input_norm = load(p + "input_layernorm.weight");
-    L.post_norm = load(p + "post_attention_layernorm.weight");
+    L.input_norm = load_norm(p + "input_layernorm.weight");
+    L.post_norm = load_norm(p + "post_attention_layernorm.weight");
     L.qkv = packed() ? load(p + "self_attn.qkv_proj.weight")
                      : at::cat({load(p + "self_attn.q_proj.weight"), load(p + "self_attn.k_proj.weight"),
                                 load(p + "self_attn.v_proj.weight")});
@@ -452,6 +526,21 @@ class HfTarget final : public Target {
     if (cfg_.qk_norm) {
       L.q_norm = load(p + "self_attn.q_norm.weight");
       L.k_norm = load(p + "self_attn.k_norm.weight");
+    }
+    if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
+    if (cfg_.sparse(l) && gpt_oss()) {
+      const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
+      L.router = load(p + "mlp.router.weight");
+      L.router_logit_bias = load(p + "mlp.router.bias");
+      // the checkpoint's gate / up rows interleaved (gate_i, up_i, ...): gate rows first here
+      const auto gate_first = [&](const at::Tensor& t, int64_t cols) {
+        return t.view({E, I, 2, cols}).transpose(1, 2).reshape({E, 2 * I, cols}).contiguous();
+      };
+      L.experts_gate_up = gate_first(load_expert_weights(p + "mlp.experts.gate_up_proj", 2 * I, H), H);
+      L.experts_gate_up_bias = gate_first(load(p + "mlp.experts.gate_up_proj_bias").unsqueeze(-1), 1).squeeze(-1);
+      L.experts_down = load_expert_weights(p + "mlp.experts.down_proj", H, I);
+      L.experts_down_bias = load(p + "mlp.experts.down_proj_bias");
+      return L;
     }
     if (cfg_.sparse(l)) {
       const ExpertKeys n = expert_keys();
@@ -567,6 +656,10 @@ class HfTarget final : public Target {
     at::Tensor top, chosen;
     if (cfg_.sigmoid_router) {
       std::tie(top, chosen) = sigmoid_routing(L, x);
+    } else if (L.router_logit_bias.defined()) {
+      // gpt-oss: the top k logits (with the router's bias), softmaxed in the model's dtype
+      std::tie(top, chosen) = at::topk(at::linear(x, L.router, L.router_logit_bias), k, -1);
+      top = at::softmax(top, -1, top.scalar_type());
     } else {
       const at::Tensor probs = at::softmax(at::linear(x, L.router), -1, at::kFloat);
       std::tie(top, chosen) = at::topk(probs, k, -1);
@@ -580,8 +673,17 @@ class HfTarget final : public Target {
     // rows per expert, counted on the device (bincount would read the largest id on the host)
     const at::Tensor ends =
         at::zeros({cfg_.experts}, ids.options()).scatter_add_(0, ids, at::ones_like(ids)).cumsum(0).to(at::kInt);
-    const at::Tensor act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
-    const at::Tensor out = frozen::grouped_linear(act, L.experts_down, ends);
+    at::Tensor act, out;
+    if (L.experts_gate_up_bias.defined()) {
+      // gpt-oss: each product then its expert's bias (transformers' grouped products add them so), the clamped GLU
+      const at::Tensor expert = ids.index_select(0, order);
+      act = clamped_glu(
+          frozen::grouped_linear(rows, L.experts_gate_up, ends).add_(L.experts_gate_up_bias.index_select(0, expert)));
+      out = frozen::grouped_linear(act, L.experts_down, ends).add_(L.experts_down_bias.index_select(0, expert));
+    } else {
+      act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
+      out = frozen::grouped_linear(act, L.experts_down, ends);
+    }
     const at::Tensor slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
     const at::Tensor weights = cfg_.float_router_weights ? top : top.to(h.scalar_type());
     const at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
@@ -589,6 +691,15 @@ class HfTarget final : public Target {
     const at::Tensor shared = at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
     if (!L.shared_gate.defined()) return routed + shared;
     return routed + at::sigmoid(at::linear(h, L.shared_gate)) * shared;
+  }
+
+  // gpt-oss's GLU of gate_up [..., 2 I] (gate first): gate clamped above at glu_limit, up within
+  // +-glu_limit, (up + 1) * gate * sigmoid(glu_alpha gate), in the dtype, op by op as transformers runs it.
+  at::Tensor clamped_glu(const at::Tensor& gate_up) const {
+    const int64_t I = gate_up.size(-1) / 2;
+    const at::Tensor gate = gate_up.narrow(-1, 0, I).clamp_max(cfg_.glu_limit);
+    const at::Tensor up = gate_up.narrow(-1, I, I).clamp(-cfg_.glu_limit, cfg_.glu_limit);
+    return (up + 1) * (gate * at::sigmoid(gate * cfg_.glu_alpha));
   }
 
   // GLM-4.5's choice of experts for rows x [T, H] (transformers' Glm4MoeTopkRouter): scores =
@@ -614,6 +725,7 @@ class HfTarget final : public Target {
   }
 
   bool mixtral() const { return cfg_.architecture == "MixtralForCausalLM"; }
+  bool gpt_oss() const { return cfg_.architecture == "GptOssForCausalLM"; }
   // Phi-3 / Phi-4 store the projections packed as the engine runs them: self_attn.qkv_proj [q; k; v]
   // and mlp.gate_up_proj [gate; up] (transformers' Phi3Attention / Phi3MLP split them in that order).
   bool packed() const { return cfg_.architecture == "Phi3ForCausalLM"; }
@@ -634,7 +746,7 @@ class HfTarget final : public Target {
   std::string experts_sizes() const {
     if (cfg_.experts == 0) return "";
     std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
-    if (!mixtral()) s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
+    if (!mixtral() && !gpt_oss()) s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
     if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
     if (cfg_.shared_gate) s += ", shared_expert_intermediate_size " + std::to_string(cfg_.shared_intermediate);
     return s;
@@ -643,7 +755,8 @@ class HfTarget final : public Target {
   // ", 128 experts (8 a token)" for a mixture of experts, else nothing
   std::string experts_str() const {
     if (cfg_.experts == 0) return "";
-    return std::to_string(cfg_.experts) + " experts (" + std::to_string(cfg_.experts_per_token) + " a token), ";
+    return std::to_string(cfg_.experts) + " experts (" + std::to_string(cfg_.experts_per_token) + " a token" +
+           (cfg_.quant_method.empty() ? "" : ", " + cfg_.quant_method + " dequantized") + "), ";
   }
 
   // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
@@ -657,8 +770,18 @@ class HfTarget final : public Target {
     const int64_t group = cfg_.heads / cfg_.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
-    const at::Tensor a =
-        at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, 1.0 / std::sqrt(double(cfg_.head_dim)));
+    const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
+    at::Tensor a;
+    if (L.sinks.defined()) {
+      // the softmax over the visible scores and the head's sink logit, in float32; the sink's share dropped
+      const at::Tensor s = (at::matmul(p.q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale)
+                               .masked_fill(~mask, -std::numeric_limits<float>::infinity());
+      const at::Tensor sink = L.sinks.view({1, -1, 1, 1}).expand({s.size(0), s.size(1), s.size(2), 1});
+      const at::Tensor probs = at::softmax(at::cat({s, sink}, -1), -1).narrow(-1, 0, s.size(-1));
+      a = at::matmul(probs, v.to(at::kFloat)).to(p.q.scalar_type());
+    } else {
+      a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
+    }
     return {finish_layer(L, x, a), p.k, p.v};
   }
 
@@ -812,6 +935,6 @@ class HfTarget final : public Target {
 }  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, GLM-4.5) run "
-                  "online as the target",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Phi-3, Qwen2-MoE, Qwen3-MoE, "
+                  "Mixtral, GLM-4.5, gpt-oss) run online as the target",
                   flashdraft::HfTarget)

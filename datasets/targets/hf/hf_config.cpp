@@ -15,7 +15,7 @@ namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {
     "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "Phi3ForCausalLM"};
+    "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "Phi3ForCausalLM",  "GptOssForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -161,6 +161,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
 // max_window_layers on; layer_types, where config.json lists them, says it per layer.
 void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding.assign(static_cast<size_t>(c.layers), 0);
+  const bool gpt_oss = c.architecture == "GptOssForCausalLM";
   const bool qwen2_rule = !all && r.boolean("use_sliding_window", false);
   if (!(all || qwen2_rule) || !r.has("sliding_window")) return;
   c.sliding_window = r.integer("sliding_window", 1);
@@ -176,9 +177,10 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
     }
     return;
   }
-  // (transformers' Qwen2Config defaults max_window_layers to 28)
+  // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
+  // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
-  for (int64_t l = first; l < c.layers; ++l) c.sliding[static_cast<size_t>(l)] = 1;
+  for (int64_t l = first; l < c.layers; ++l) c.sliding[static_cast<size_t>(l)] = !gpt_oss || l % 2 == 0;
 }
 
 // GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in
@@ -232,6 +234,16 @@ void read_experts(const Reader& r, ModelConfig& c) {
     c.norm_topk = c.float_router_weights = true;
     return;
   }
+  if (c.architecture == "GptOssForCausalLM") {
+    // (transformers' GptOssExperts: swiglu_alpha, fixed at 1.702 in the published checkpoints' code)
+    c.moe_intermediate = c.intermediate;
+    c.norm_topk = c.expert_biases = true;
+    c.glu_alpha = r.real(r.j, "swiglu_alpha", 1.702);
+    c.glu_limit = r.real(r.j, "swiglu_limit", 7.0);
+    if (!(c.glu_alpha > 0) || !(c.glu_limit > 0))
+      r.fail("swiglu_limit", "swiglu_alpha and swiglu_limit must be positive");
+    return;
+  }
   if (c.architecture == "Glm4MoeForCausalLM") return read_glm_routing(r, c);
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
@@ -250,6 +262,24 @@ void read_experts(const Reader& r, ModelConfig& c) {
       c.mlp_only_layers.push_back(l.get<int64_t>());
     }
   }
+}
+
+// quantization_config: gpt-oss's MXFP4 experts are read (dequantized at load); any other quantized
+// checkpoint is refused (its tensors are not the ones the config.json sizes).
+void read_quantization(const Reader& r, ModelConfig& c) {
+  if (!r.has("quantization_config")) return;
+  const json& q = r.j.at("quantization_config");
+  const std::string method = q.is_object() && q.contains("quant_method") && q.at("quant_method").is_string()
+                                 ? q.at("quant_method").get<std::string>()
+                                 : "";
+  if (method == "mxfp4" && c.architecture == "GptOssForCausalLM") {
+    c.quant_method = method;
+    return;
+  }
+  r.fail("quantization_config", "quant_method " + (method.empty() ? q.dump().substr(0, 80) : "\"" + method + "\"") +
+                                    ": a quantized " + c.architecture +
+                                    " checkpoint is not read (accepted: an unquantized checkpoint, or gpt-oss's "
+                                    "\"mxfp4\" experts)");
 }
 
 // eos_token_id: an id or a list of ids (absent or null: none).
@@ -331,14 +361,17 @@ ModelConfig read_config(const std::string& folder) {
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || (glm && r.boolean("use_qk_norm", false));
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
-  const bool phi3 = c.architecture == "Phi3ForCausalLM";  // no biases
-  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && r.boolean("attention_bias", false);
+  const bool phi3 = c.architecture == "Phi3ForCausalLM";       // no biases
+  const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
+  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && r.boolean("attention_bias", gpt_oss);
+  c.sinks = c.norm_weight_fp32 = gpt_oss;
+  read_quantization(r, c);
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  if (moe || qwen2_moe || mixtral || glm) read_experts(r, c);
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss) read_experts(r, c);
   if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
-  read_sliding_layers(r, mistral || phi3, c);
+  read_sliding_layers(r, mistral || phi3 || gpt_oss, c);
   c.eos = eos_ids(j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";
   if (fs::is_regular_file(generation)) {

@@ -1,8 +1,9 @@
 // config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
 // dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 // Qwen3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-4: q|k|v and gate|up stored packed), and the mixtures of experts
-// Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM and Glm4MoeForCausalLM. Anything else is refused with
-// the architecture found and the list.
+// Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (gpt-oss:
+// attention sinks, a clamped GLU, biases on the router and the experts, its experts in bf16 or MXFP4). Anything else
+// is refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,15 @@ struct ModelConfig {
   // sigmoid(h mlp.shared_expert_gate^T), a [1, H] gate: shared_gate).
   int64_t shared_intermediate = 0;
   bool shared_gate = false;
+  // gpt-oss (GptOssForCausalLM): every layer sparse; the router a linear layer with a bias whose top
+  // k logits are softmaxed in the model's dtype; each expert's gate / up and down products with
+  // biases; the GLU glu_limit-clamped, (up + 1) * gate * sigmoid(glu_alpha gate) (glu_limit 0: plain
+  // SwiGLU); a learned sink logit per query head in every attention softmax (sinks); its RMSNorm's
+  // weight applied in float32 before the rounding (norm_weight_fp32); experts stored as bf16
+  // tensors or as MXFP4 blocks and scales (quant_method "mxfp4", dequantized at load).
+  bool sinks = false, norm_weight_fp32 = false, expert_biases = false;
+  double glu_alpha = 0, glu_limit = 0;
+  std::string quant_method;  // quantization_config's quant_method ("" for none)
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
