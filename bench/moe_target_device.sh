@@ -6,7 +6,10 @@
 # of its 32 layers, ~11 GiB; the drafter reads layers 0 and 2, so 3 layers run; S = 3072) or, with
 # MOE=glm-4.5-air, at GLM-4.5-Air's (bench/glm_4_5_air_hf_target.toml: 4 of its 46 layers, ~14 GiB;
 # layers 1 and 2 read, 3 run; S = 3072) or, with MOE=qwen2-57b-a14b, at Qwen2-57B-A14B's
-# (bench/qwen2_57b_a14b_hf_target.toml: 4 of its 28 layers, ~17 GiB; layers 0 and 2 read, 3 run).
+# (bench/qwen2_57b_a14b_hf_target.toml: 4 of its 28 layers, ~17 GiB; layers 0 and 2 read, 3 run) or, with
+# MOE=gpt-oss-20b, at gpt-oss-20b's (bench/gpt_oss_20b_hf_target.toml: 4 of its 24 layers, bf16 experts,
+# ~9 GiB; layers 1 and 2 read, 3 run; transformers runs gpt-oss with its eager attention, which has the
+# sinks, not SDPA, which has none: the reference and the peer use it).
 #   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
 #   [".deps", "build-device"] after
 #   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
@@ -35,8 +38,11 @@ case $MOE in
   qwen2-57b-a14b) CKPT_LAYERS=4 LAYERS=0,2 RUN=3 VOCAB=151936 FAMILY=qwen2_moe \
                   TOML=bench/qwen2_57b_a14b_hf_target.toml ;;
   glm-4.5-air) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=151552 FAMILY=glm4_moe TOML=bench/glm_4_5_air_hf_target.toml ;;
-  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b or glm-4.5-air" >&2; exit 2 ;;
+  gpt-oss-20b) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=201088 FAMILY=gpt_oss TOML=bench/gpt_oss_20b_hf_target.toml \
+               PEER_ATTN=eager ;;
+  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air or gpt-oss-20b" >&2; exit 2 ;;
 esac
+PEER_ATTN=${PEER_ATTN:-sdpa}  # transformers' attention for the reference states and the peer's timing
 OUT=${OUT:-/tmp/moe-target-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/moe-target-device.log") 2>&1
@@ -69,10 +75,10 @@ fi
 wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
 
 echo "=== hidden states at the real shape against transformers"
-timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" "$VOCAB" <<'PY' | tee "$OUT/states.txt"
+timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" "$VOCAB" "$PEER_ATTN" <<'PY' | tee "$OUT/states.txt"
 import subprocess, sys, torch
 from safetensors.torch import save_file, load_file
-build, ckpt, layer_list, vocab = sys.argv[1:5]
+build, ckpt, layer_list, vocab, peer_attn = sys.argv[1:6]
 layers = [int(x) for x in layer_list.split(",")]
 torch.manual_seed(0)
 tokens = torch.randint(0, int(vocab), (1, 3072))
@@ -84,10 +90,16 @@ for k in ("engine", "aten"):
     print(k, "rc", p.returncode, p.stdout.strip().splitlines()[-2:] if p.returncode == 0 else p.stderr.strip()[-300:])
     ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
 from bench.device_common import rel, transformers_states
-states = transformers_states(ckpt, tokens, layers, max(layers) + 2)
-print("relative to transformers (SDPA, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
+# (the noise of bf16: transformers' eager attention against its SDPA; gpt-oss has only the eager one)
+impls = ("sdpa", "eager") if peer_attn == "sdpa" else (peer_attn,)
+states = transformers_states(ckpt, tokens, layers, max(layers) + 2, impls=impls)
+print(f"relative to transformers ({peer_attn}, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
 for i, L in enumerate(layers):
-    ref = states["sdpa"][i]
+    ref = states[peer_attn][i]
+    if len(impls) == 1:
+        print(f"layer {L}: ours engine {rel(ours['engine'][0, :, i], ref)}; ours aten {rel(ours['aten'][0, :, i], ref)}; "
+              f"ours engine against ours aten {rel(ours['engine'][0, :, i], ours['aten'][0, :, i])}")
+        continue
     print(f"layer {L}: ours engine {rel(ours['engine'][0, :, i], ref)}; ours aten {rel(ours['aten'][0, :, i], ref)}; "
           f"transformers eager attention {rel(states['eager'][i], ref)}")
 PY
@@ -117,11 +129,11 @@ PY
 run_ours engine
 [ "$QUICK" = 1 ] || run_ours aten
 
-echo "=== transformers' forward ($RUN layers, bf16, SDPA, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
-timeout -k 5 240 python3 - "$CKPT" "$RUN" "$VOCAB" <<'PY' | tee "$OUT/peer.txt"
+echo "=== transformers' forward ($RUN layers, bf16, $PEER_ATTN, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
+timeout -k 5 240 python3 - "$CKPT" "$RUN" "$VOCAB" "$PEER_ATTN" <<'PY' | tee "$OUT/peer.txt"
 import sys, time, torch, transformers
 from bench.device_common import timed
-model = transformers.AutoModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, attn_implementation="sdpa",
+model = transformers.AutoModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, attn_implementation=sys.argv[4],
                                                num_hidden_layers=int(sys.argv[2])).cuda().eval()
 tokens = torch.randint(0, int(sys.argv[3]), (1, 3072), device="cuda")
 with torch.inference_mode():
