@@ -471,6 +471,22 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
       expect_agree(n_f, n_p, name + " add_rms_norm normed");
       expect_agree(frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, true).second,
                    frozen::add_rms_norm(x, at::Tensor(), w, 1e-6, false).second, name + " rms_norm");
+      if (dtype != at::kFloat) {
+        // A float32 weight (gpt-oss's norms): applied in float32 and rounded once, in the kernel as in
+        // ATen's ops; not the weight rounded to the dtype first (that moves many values by an ulp).
+        const at::Tensor w32 = 1 + 0.1 * at::randn({H}, opts.dtype(at::kFloat));
+        const at::Tensor n32 = frozen::add_rms_norm(x, delta, w32, 1e-6, true).second;
+        ASSERT_EQ(n32.scalar_type(), dtype) << name;
+        expect_agree(n32, frozen::add_rms_norm(x, delta, w32, 1e-6, false).second,
+                     name + " add_rms_norm normed, float32 weight");
+        expect_agree(frozen::add_rms_norm(x, at::Tensor(), w32, 1e-6, true).second,
+                     frozen::add_rms_norm(x, at::Tensor(), w32, 1e-6, false).second,
+                     name + " rms_norm, float32 weight");
+        const double apart =
+            agreement(n32, frozen::add_rms_norm(x, delta, w32.to(dtype), 1e-6, false).second).share_differing;
+        std::cout << name << " float32 weight against it rounded first: " << 100 * apart << "% of values differ\n";
+        EXPECT_GT(apart, 0.05) << name;
+      }
       {
         // x read from, and the sum written into, slices of wider buffers (the hf target's states [B, T, E, H]).
         const at::Tensor wide_x = at::randn({B, T, 3, H}, opts), wide_sum = at::full({B, T, 2, H}, 7.0, opts);

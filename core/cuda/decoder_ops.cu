@@ -1,7 +1,8 @@
 // A frozen decoder layer's memory-bound steps (engine_ops.cuh, "Frozen decoder layers"), each
 // one pass with the rounding of transformers' Llama / Qwen modules, so that the online target
 // computes what transformers computes:
-//   add_rms_norm   s = x + delta (rounded), out = w * round(s * rsqrt(mean(s^2) + eps)) (rounded)
+//   add_rms_norm   s = x + delta (rounded), out = w * round(s * rsqrt(mean(s^2) + eps)) (rounded); a
+//                  float32 w with a narrower x (gpt-oss's norms): out = round(w * s * rsqrt(...))
 //   qkv_rope       the packed q|k|v projection -> q, k, v in [B, heads, T, D]; q and k per-head
 //                  RMSNormed, then rotated as (x * cos) + (rotate_half(x) * sin), each product
 //                  and the sum rounded as transformers' separate ops round them (the first R
@@ -53,9 +54,19 @@ __device__ __forceinline__ float inverse_rms(float ss, float* partial, int64_t H
   return rsqrtf(total / float(H) + eps);
 }
 
-template <typename T>
+// A normed value times its weight: w of the dtype multiplies the value rounded to it (Llama's
+// RMSNorm); a float32 w with a narrower T multiplies it in float32, rounded once (gpt-oss's).
+template <typename T, typename W>
+__device__ __forceinline__ T weighted(float w, float normed) {
+  if constexpr (std::is_same<W, float>::value && !std::is_same<T, float>::value)
+    return from_float<T>(mul(w, normed));
+  else
+    return from_float<T>(mul(w, round_to<T>(normed)));
+}
+
+template <typename T, typename W>
 __global__ void add_rms_norm_kernel(const T* x, int64_t x_ld, const T* __restrict__ delta, T* sum, int64_t sum_ld,
-                                    const T* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
+                                    const W* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
   __shared__ float partial[kNormThreads / 32];
   pdl_wait();
   pdl_trigger();
@@ -77,16 +88,16 @@ __global__ void add_rms_norm_kernel(const T* x, int64_t x_ld, const T* __restric
   // Each thread reads back the values it wrote (or read): no other thread touched them.
   const T* src = dr ? sr : xr;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
-    orow[j] = from_float<T>(mul(to_float(w[j]), round_to<T>(mul(to_float(src[j]), inv))));
+    orow[j] = weighted<T, W>(to_float(w[j]), mul(to_float(src[j]), inv));
 }
 
 // The same with 16-byte vectors, each thread's (at most kNormVecs) vectors kept in registers
 // between the two passes (rows of at most kNormThreads * kNormVecs vectors).
 constexpr int kNormVecs = 4;
 
-template <typename T>
+template <typename T, typename W>
 __global__ void add_rms_norm_vec_kernel(const T* x, int64_t x_ld, const T* __restrict__ delta, T* sum, int64_t sum_ld,
-                                        const T* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
+                                        const W* __restrict__ w, T* __restrict__ out, int64_t H, float eps) {
   constexpr int E = Vec16<T>::E;
   __shared__ float partial[kNormThreads / 32];
   pdl_wait();
@@ -122,11 +133,18 @@ __global__ void add_rms_norm_vec_kernel(const T* x, int64_t x_ld, const T* __res
   for (int i = 0; i < kNormVecs; ++i) {
     const int64_t vi = threadIdx.x + int64_t(i) * kNormThreads;
     if (vi < nv) {
-      const Vec16<T> wv = load16(w + vi * E);
+      float wf[E];
+      if constexpr (std::is_same<W, T>::value) {
+        const Vec16<T> wv = load16(w + vi * E);
+#pragma unroll
+        for (int k = 0; k < E; ++k) wf[k] = to_float(wv.v[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < E; ++k) wf[k] = w[vi * E + k];
+      }
       Vec16<T> o;
 #pragma unroll
-      for (int k = 0; k < E; ++k)
-        o.v[k] = from_float<T>(mul(to_float(wv.v[k]), round_to<T>(mul(to_float(cache[i].v[k]), inv))));
+      for (int k = 0; k < E; ++k) o.v[k] = weighted<T, W>(wf[k], mul(to_float(cache[i].v[k]), inv));
       store16(orow + vi * E, o);
     }
   }
@@ -366,7 +384,7 @@ bool programmatic_launch(int device) { return pdl_on(device); }
 int compute_capability(int device) { return launch::compute_capability(device); }
 
 void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
-                  void* out, int64_t rows, int64_t H, float eps, void* stream) {
+                  bool w_float, void* out, int64_t rows, int64_t H, float eps, void* stream) {
   if (rows <= 0) return;
   with_type(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -374,13 +392,22 @@ void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, v
     const bool aligned = aligned16(x) && x_ld % E == 0 && aligned16(w) && aligned16(out) &&
                          (!delta || (aligned16(delta) && aligned16(sum) && sum_ld % E == 0));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const T *xt = static_cast<const T*>(x), *dt = static_cast<const T*>(delta), *wt = static_cast<const T*>(w);
+    const T *xt = static_cast<const T*>(x), *dt = static_cast<const T*>(delta);
     T *st = static_cast<T*>(sum), *ot = static_cast<T*>(out);
     const dim3 grid(static_cast<unsigned>(rows)), block(kNormThreads);
-    if (aligned && H % E == 0 && H / E <= int64_t(kNormThreads) * kNormVecs)
-      launch_dependent(add_rms_norm_vec_kernel<T>, grid, block, 0, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
+    const bool vec = aligned && H % E == 0 && H / E <= int64_t(kNormThreads) * kNormVecs;
+    const auto go = [&](auto* weights) {
+      using W = std::remove_const_t<std::remove_pointer_t<decltype(weights)>>;
+      if (vec)
+        launch_dependent(add_rms_norm_vec_kernel<T, W>, grid, block, 0, s, xt, x_ld, dt, st, sum_ld, weights, ot, H,
+                         eps);
+      else
+        launch_dependent(add_rms_norm_kernel<T, W>, grid, block, 0, s, xt, x_ld, dt, st, sum_ld, weights, ot, H, eps);
+    };
+    if (w_float)
+      go(static_cast<const float*>(w));
     else
-      launch_dependent(add_rms_norm_kernel<T>, grid, block, 0, s, xt, x_ld, dt, st, sum_ld, wt, ot, H, eps);
+      go(static_cast<const T*>(w));
   });
   check_launch("add_rms_norm");
 }

@@ -76,13 +76,14 @@ void rope(DType dtype, const void* x, const void* cos, const void* sin, void* ou
 // out contiguous, as every other tensor here):
 //   s = round(x + delta) written to `sum` (row r at sum + r * sum_ld; it may alias x; delta
 //   null: s = x, nothing written)
-//   out = round(w * round(s * rsqrt(mean(s^2) + eps)))
+//   out = round(w * round(s * rsqrt(mean(s^2) + eps))), w of x's dtype; w_float (w float32, x
+//   narrower: gpt-oss's norms): out = round(w * s * rsqrt(mean(s^2) + eps)), the product in float32
 // Whether the kernels of this section launch with programmatic dependent launch on `device`
 // (flashdraft/launch.cuh: compute capability 9.0 or later, FLASHDRAFT_PDL not 0).
 bool programmatic_launch(int device);
 int compute_capability(int device);  // major * 10 + minor (0: no such device)
 void add_rms_norm(DType dtype, const void* x, int64_t x_ld, const void* delta, void* sum, int64_t sum_ld, const void* w,
-                  void* out, int64_t rows, int64_t H, float eps, void* stream);
+                  bool w_float, void* out, int64_t rows, int64_t H, float eps, void* stream);
 // The packed projection qkv [B, T, (Hq + 2 Hkv) D] (q heads, k heads, v heads) into q [B, Hq,
 // T, D], k and v [B, Hkv, T, D]; q and k RMSNormed per head (as add_rms_norm, weights [D];
 // null: no norm) and rotated: y_j = round(round(x_j c_j) + round(r_j s_j)), r = (-x2, x1)

@@ -44,7 +44,7 @@ namespace frozen {
 // normalised in float32: returns {s, normed}. s goes into `sum_into` when it is defined (x's
 // shape; e.g. a slice of a wider buffer, rows at one stride; needs a delta), else into a new
 // tensor. x may be such a slice too. A float32 w with a narrower x (gpt-oss's norms) is applied in
-// float32, rounded once after it (ATen's ops: the engine's kernel takes a w of x's dtype).
+// float32, rounded once after it.
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
                                                               const at::Tensor& w, double eps, bool fused = true,
                                                               const at::Tensor& sum_into = at::Tensor());

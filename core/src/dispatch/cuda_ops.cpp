@@ -224,9 +224,11 @@ void adamw_mixed(const at::Tensor& param, const at::Tensor& grad, const at::Tens
 at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& sum, const at::Tensor& w,
                         double eps) {
   const int64_t H = x.size(-1), x_ld = row_stride(x);
-  require(runs_on(x) && x_ld >= H && w.dim() == 1 && w.size(0) == H && w.scalar_type() == x.scalar_type() &&
-              w.is_contiguous(),
-          "add_rms_norm: x must be a CUDA tensor [..., H] with rows at one stride and w [H] of its dtype, got x " +
+  const bool w_float = w.scalar_type() == at::kFloat && x.scalar_type() != at::kFloat;
+  require(runs_on(x) && x_ld >= H && w.dim() == 1 && w.size(0) == H &&
+              (w.scalar_type() == x.scalar_type() || w_float) && w.is_contiguous(),
+          "add_rms_norm: x must be a CUDA tensor [..., H] with rows at one stride and w [H] of its dtype or float32, "
+          "got x " +
               c10::str(x.sizes()) + " (strides " + c10::str(x.strides()) + "), w " + c10::str(w.sizes()));
   const int64_t sum_ld = delta.defined() && sum.defined() ? row_stride(sum) : 0;
   if (delta.defined())
@@ -238,7 +240,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   cuda_ops::add_rms_norm(dtype_of(x, "x"), x.data_ptr(), x_ld, delta.defined() ? delta.data_ptr() : nullptr,
-                         delta.defined() ? sum.data_ptr() : nullptr, sum_ld, w.data_ptr(), out.data_ptr(),
+                         delta.defined() ? sum.data_ptr() : nullptr, sum_ld, w.data_ptr(), w_float, out.data_ptr(),
                          x.numel() / H, H, static_cast<float>(eps), stream_of(x));
   return out;
 }

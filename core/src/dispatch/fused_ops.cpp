@@ -135,7 +135,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
   const int64_t H = x.size(-1);
   const bool rows = cuda_ops::row_stride(x) >= H && (!sum_into.defined() || cuda_ops::row_stride(sum_into) >= H);
   if (kernels_take(fused, x) && rows && (!delta.defined() || delta.is_contiguous()) &&
-      w.scalar_type() == x.scalar_type()) {
+      (w.scalar_type() == x.scalar_type() || w.scalar_type() == at::kFloat)) {
     if (!delta.defined()) return {x, cuda_ops::add_rms_norm(x, delta, at::Tensor(), w, eps)};
     at::Tensor sum = sum_into.defined() ? sum_into : at::empty_like(delta);
     at::Tensor normed = cuda_ops::add_rms_norm(x, delta, sum, w, eps);
