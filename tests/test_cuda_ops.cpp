@@ -449,6 +449,34 @@ struct FrozenShape {
   int64_t H, D, I, Hq, Hkv;
 };
 
+// gpt-oss's MXFP4 experts: the engine's kernel against ATen's ops on random codes and scales (the
+// powers 2^-24..2^8 around the published experts' ~2^-8), every value equal; shapes of gpt-oss-20b's
+// gate / up rows (2880 columns: 90 groups) and an odd count of groups.
+TEST(CudaOps, DequantizeMxfp4EqualsAtenOps) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(5);
+  const auto bytes = at::TensorOptions().device(at::kCUDA).dtype(at::kByte);
+  for (const std::vector<int64_t>& groups : {std::vector<int64_t>{3, 64, 90}, std::vector<int64_t>{2, 7, 3}})
+    for (at::ScalarType dtype : {at::kBFloat16, at::kFloat, at::kHalf}) {
+      std::vector<int64_t> block_shape = groups;
+      block_shape.push_back(16);
+      const at::Tensor blocks = at::randint(0, 256, block_shape, bytes);
+      const at::Tensor scales = at::randint(127 - 24, 127 + 9, groups, bytes);
+      const at::Tensor fused = frozen::dequantize_mxfp4(blocks, scales, dtype, true);
+      const at::Tensor plain = frozen::dequantize_mxfp4(blocks, scales, dtype, false);
+      const std::string what = std::string(c10::toString(dtype)) + " " + c10::str(groups) + " groups";
+      ASSERT_EQ(fused.sizes(), plain.sizes()) << what;
+      EXPECT_EQ(fused.size(-1), 32 * groups.back()) << what;
+      EXPECT_TRUE(at::equal(fused, plain)) << what;
+      // not vacuous: random codes give values of both signs, of many magnitudes
+      const at::Tensor f = fused.to(at::kFloat);
+      EXPECT_GT(f.gt(0).sum().item<int64_t>(), f.numel() / 3) << what;
+      EXPECT_GT(f.lt(0).sum().item<int64_t>(), f.numel() / 3) << what;
+      EXPECT_GT(std::get<0>(at::_unique(f.abs())).numel(), 100) << what;
+      std::cout << what << ": equal, " << std::get<0>(at::_unique(f.abs())).numel() << " distinct magnitudes\n";
+    }
+}
+
 TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
   REQUIRE_CUDA_OPS();
   at::manual_seed(11);

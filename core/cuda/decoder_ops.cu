@@ -491,4 +491,57 @@ void combine_experts(DType dtype, const void* rows, const void* weights, bool fl
   check_launch("combine_experts");
 }
 
+namespace {
+
+// One thread a group of 32 values: its 16 bytes in one load (blocks 16-byte aligned), its 64 (bf16)
+// bytes out in 16-byte stores where out is aligned.
+template <typename T>
+__global__ void dequantize_mxfp4_kernel(const uint8_t* __restrict__ blocks, const uint8_t* __restrict__ scales,
+                                        T* __restrict__ out, int64_t groups, bool aligned) {
+  constexpr float kE2M1[16] = {0.f,  .5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                               -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(blocks + 16 * g);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const int exponent = int(scales[g]) - 127;
+    T values[32];
+#pragma unroll
+    for (int b = 0; b < 16; ++b) {
+      const uint32_t byte = (words[b / 4] >> (8 * (b % 4))) & 0xffu;
+      values[2 * b] = from_float<T>(ldexpf(kE2M1[byte & 15u], exponent));
+      values[2 * b + 1] = from_float<T>(ldexpf(kE2M1[byte >> 4], exponent));
+    }
+    T* o = out + 32 * g;
+    if (aligned) {  // (out 16-byte aligned: every group's 32 values are whole vectors)
+      constexpr int E = Vec16<T>::E;
+#pragma unroll
+      for (int v = 0; v < 32 / E; ++v) {
+        Vec16<T> vec;
+#pragma unroll
+        for (int k = 0; k < E; ++k) vec.v[k] = values[v * E + k];
+        store16(o + v * E, vec);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) o[j] = values[j];
+    }
+  }
+}
+
+}  // namespace
+
+void dequantize_mxfp4(DType dtype, const uint8_t* blocks, const uint8_t* scales, void* out, int64_t groups,
+                      void* stream) {
+  if (groups <= 0) return;
+  with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const int64_t ctas = std::min<int64_t>((groups + 255) / 256, 65535 * 8);
+    launch_dependent(dequantize_mxfp4_kernel<T>, dim3(static_cast<unsigned>(ctas)), dim3(256), 0,
+                     static_cast<cudaStream_t>(stream), blocks, scales, static_cast<T*>(out), groups, aligned16(out));
+  });
+  check_launch("dequantize_mxfp4");
+}
+
 }  // namespace flashdraft::cuda_ops

@@ -101,6 +101,11 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
 // with float_weights the weights are float32 and the products are not rounded.
 void combine_experts(DType dtype, const void* rows, const void* weights, bool float_weights, const int64_t* slot,
                      void* out, int64_t tokens, int64_t k, int64_t H, void* stream);
+// MXFP4 (gpt-oss's experts) to the dtype: `groups` groups of 32 values, group g's 16 bytes at
+// blocks + 16 g (two e2m1 codes a byte, the first value in the low nibble) and its power of two
+// 2^(scales[g] - 127): out[32 g + j] = e2m1(code j) * 2^(scales[g] - 127) (exact in bf16 and float32).
+void dequantize_mxfp4(DType dtype, const uint8_t* blocks, const uint8_t* scales, void* out, int64_t groups,
+                      void* stream);
 
 // ---- The gate / up product with SwiGLU in its epilogue, on Hopper (gemm_sm90a.cu) ------------
 // out [M, I] = round(round(silu(round(x Wg^T))) * round(x Wu^T)), x [M, K], W = [Wg; Wu] [2 I, K]

@@ -31,8 +31,9 @@ kernels = ["my_kernel"]
 [kernels.my_kernel]
 max_len = 4096
 TOML
-"$work/prefix/bin/flashdraft" plugins --plugin-path "$work/my-plugins" | grep -q "my_kernel" \
-  || { echo "installed flashdraft does not list my_kernel"; exit 1; }
+# (the listing to a file first: `| grep -q` under pipefail fails whenever grep's early exit cuts the listing off)
+"$work/prefix/bin/flashdraft" plugins --plugin-path "$work/my-plugins" > "$work/plugins.txt"
+grep -q "my_kernel" "$work/plugins.txt" || { echo "installed flashdraft does not list my_kernel"; exit 1; }
 "$work/prefix/bin/flashdraft" run "$work/exp.toml" --plugin-path "$work/my-plugins:$build/test-plugins"
 "$work/prefix/bin/flashdraft" inspect "$work/runs/oot.h5" | tee "$work/inspect.txt"
 grep -q "forward:  my_kernel/dense x6" "$work/inspect.txt" || { echo "log lacks my_kernel/dense forward calls"; exit 1; }

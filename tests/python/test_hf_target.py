@@ -31,14 +31,15 @@ def rel_mean(a, b):
 
 
 def run_target(model_dir, tokens, lengths, layers, tmp, documents=None, kernel="dense_ref", dtype="float32",
-               device="cpu", env=None):
+               device="cpu", env=None, keys=None):
     inp, out = tmp / "in.safetensors", tmp / "out.safetensors"
     tensors = {"tokens": tokens.long(), "lengths": lengths.long()}
     if documents is not None:
         tensors["documents"] = documents.long()
     save_file(tensors, str(inp))
+    more = ["engine", *[f"{k}={v}" for k, v in keys.items()]] if keys else []  # more [target] keys
     p = subprocess.run([str(TOOL), "hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel, dtype,
-                        device],
+                        device, *more],
                        capture_output=True, text=True, timeout=300, env=None if env is None else {**os.environ, **env})
     return p, (load_file(str(out)) if p.returncode == 0 else None)
 
@@ -322,6 +323,11 @@ def test_gpt_oss_mxfp4_experts_are_dequantized_as_transformers_does(tmp_path):
     print(f"gpt_oss mxfp4: the quantization moves the experts' weights {moved_weights:.1e} and the states "
           f"{min(moved):.1e}-{max(moved):.1e}; ours against transformers' dequantized model: rel err {max(errs):.1e}")
     assert max(errs) <= BOUND and moved_weights > 1e-2 and min(moved) > 10 * BOUND
+    # [target] mxfp4 = "keep": the blocks kept and dequantized in each forward, the same states
+    p, kept = run_target(folder, tokens, torch.tensor([40, 33]), [1, 3], tmp_path, keys={"mxfp4": "keep"})
+    assert p.returncode == 0, p.stderr
+    assert "mxfp4 kept, dequantized a layer at a time" in p.stdout, p.stdout
+    assert torch.equal(kept["hidden"], ours["hidden"])
     weights["model.layers.2.mlp.experts.down_proj_scales"] = weights["model.layers.2.mlp.experts.down_proj_scales"].float()
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     p, _ = run_target(folder, tokens, torch.tensor([40, 33]), [3], tmp_path)
@@ -329,6 +335,16 @@ def test_gpt_oss_mxfp4_experts_are_dequantized_as_transformers_does(tmp_path):
     print(line[:200])
     assert p.returncode == 1 and "model.layers.2.mlp.experts.down_proj_scales' is F32 (MXFP4 blocks and scales are U8" \
         in line, line
+
+
+def test_keeping_mxfp4_experts_of_a_checkpoint_without_them_is_refused(tmp_path):
+    make_model(tmp_path / "gpt_oss", "gpt_oss", seed=4)
+    p, _ = run_target(tmp_path / "gpt_oss", torch.randint(0, 160, (1, 8)), torch.tensor([8]), [3], tmp_path,
+                      keys={"mxfp4": "keep"})
+    line = p.stderr.strip().splitlines()[-1]
+    print(line[:240])
+    assert p.returncode == 1 and line.startswith("error: ") and "mxfp4" in line and \
+        '(no quantization_config with quant_method "mxfp4"); accepted here: "dequantize" (the default)' in line, line
 
 
 def test_glm_router_biases_choose_the_experts(tmp_path):

@@ -3,7 +3,9 @@
 // targets with transformers (tests/python/test_hf_target.py).
 //
 //   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE] [DEVICE] [TARGET_KERNELS]
-// (TARGET_KERNELS: the hf target's [target] kernels, "engine" or "aten".)
+//                 [KEY=VALUE ...]
+// (TARGET_KERNELS: the hf target's [target] kernels, "engine" or "aten"; KEY=VALUE: more [target] keys
+// of string values, e.g. mxfp4=keep.)
 // IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
 //     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
@@ -55,6 +57,15 @@ int run(int argc, char** argv) {
   const fd::Registry reg({built_plugin_dir()});
   std::map<std::string, fd::Value> values = {{"path", std::string(argv[2])}, {"dtype", dtype}};
   if (argc > 9) values["kernels"] = std::string(argv[9]);
+  for (int i = 10; i < argc; ++i) {  // more [target] keys, KEY=VALUE (string values)
+    const std::string kv = argv[i];
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "target_states: argument '" << kv << "' is not KEY=VALUE\n";
+      return 2;
+    }
+    values[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
   auto target = create<fd::Target>(reg, fd::PluginKind::target, argv[1], values);
   fd::RunContext ctx;
   ctx.say = [](const std::string& line) { std::cout << line << "\n"; };

@@ -91,6 +91,13 @@ FLASHDRAFT_API at::Tensor grouped_linear(const at::Tensor& rows, const at::Tenso
 // one pass (the sum in the order j = 0 .. k - 1), else ATen's gather, product and sum.
 FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot,
                                           bool fused = true);
+// MXFP4 (gpt-oss's published experts) to `dtype`: blocks [..., G, 16] uint8 (two e2m1 codes a byte,
+// the first value in the low nibble), scales [..., G] uint8 (each group of 32 values' power of two,
+// biased by 127) -> [..., 32 G], every value e2m1 x 2^(scale - 127) (exact in bf16 and float32;
+// transformers' convert_moe_packed_tensors). On the engine's path (CUDA) one kernel, else ATen's
+// ops a leading index at a time.
+FLASHDRAFT_API at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, c10::ScalarType dtype,
+                                           bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
 // adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0; "; SwiGLU in the gate / up product" on

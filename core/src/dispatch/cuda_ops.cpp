@@ -306,6 +306,25 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
   return out;
 }
 
+at::Tensor dequantize_mxfp4(const at::Tensor& blocks_in, const at::Tensor& scales, c10::ScalarType dtype) {
+  // (the kernel reads each group's 16 bytes in one load: a view off 16-byte alignment is copied)
+  const at::Tensor blocks = reinterpret_cast<uintptr_t>(blocks_in.data_ptr()) % 16 == 0 ? blocks_in : blocks_in.clone();
+  require(blocks.is_cuda() && blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() >= 2 &&
+              blocks.size(-1) == 16 && scales.scalar_type() == at::kByte && scales.is_contiguous() &&
+              scales.device() == blocks.device() && scales.sizes() == blocks.sizes().slice(0, blocks.dim() - 1),
+          "dequantize_mxfp4: blocks [..., G, 16] and scales [..., G], uint8, contiguous on one CUDA device expected, "
+          "got blocks " +
+              c10::str(blocks.sizes()) + " " + c10::str(blocks.scalar_type()) + ", scales " + c10::str(scales.sizes()) +
+              " " + c10::str(scales.scalar_type()));
+  std::vector<int64_t> shape(scales.sizes().begin(), scales.sizes().end());
+  shape.back() *= 32;
+  const c10::cuda::CUDAGuard guard(blocks.device());
+  at::Tensor out = at::empty(shape, blocks.options().dtype(dtype));
+  cuda_ops::dequantize_mxfp4(dtype_of(out, "the output"), blocks.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(),
+                             out.data_ptr(), scales.numel(), stream_of(blocks));
+  return out;
+}
+
 bool linear_swiglu_applies(const at::Tensor& x, const at::Tensor& w) {
   if (!runs_on(x) || x.dim() < 1 || w.dim() != 2 || w.size(0) % 2 != 0 || x.size(-1) != w.size(1) ||
       !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() || w.scalar_type() != x.scalar_type() ||
@@ -372,6 +391,7 @@ Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::T
 }
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
 at::Tensor combine_experts(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
+at::Tensor dequantize_mxfp4(const at::Tensor&, const at::Tensor&, c10::ScalarType) { absent(); }
 bool linear_swiglu_applies(const at::Tensor&, const at::Tensor&) { return false; }
 bool linear_swiglu_device(const c10::Device&) { return false; }
 int compute_capability(const c10::Device&) { return 0; }

@@ -76,6 +76,9 @@ FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
 // rows [T k, H] contiguous, weights [T, k] in rows' dtype or float32, slot [T, k] int64 -> [T, H]
 // (engine_ops.cuh's combine_experts).
 FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot);
+// blocks [..., G, 16] uint8 and scales [..., G] uint8 on CUDA, contiguous -> [..., 32 G] in `dtype`
+// (engine_ops.cuh's dequantize_mxfp4).
+FLASHDRAFT_API at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, c10::ScalarType dtype);
 // swiglu_packed(x w^T) in one Hopper kernel, the [..., 2 I] product never written (x [..., K]
 // contiguous, w [2 I, K] contiguous, gate rows first); linear_swiglu_applies says whether it
 // runs here: a compute capability 9.0 device, bf16, K % 64 == 0, I % 128 == 0, 16-byte aligned.

@@ -211,6 +211,28 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
   return weighted.view({-1, k, H}).sum(1, /*keepdim=*/false, at::kFloat).to(rows.scalar_type());
 }
 
+at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, c10::ScalarType dtype, bool fused) {
+  const at::Tensor probe = at::empty({0}, blocks.options().dtype(dtype));  // the kernels take this dtype there
+  if (kernels_take(fused, probe)) return cuda_ops::dequantize_mxfp4(blocks.contiguous(), scales.contiguous(), dtype);
+  const at::Tensor lut = at::tensor(std::vector<float>{0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f,
+                                                       -2.f, -3.f, -4.f, -6.f})
+                             .to(blocks.device());
+  std::vector<int64_t> shape(scales.sizes().begin(), scales.sizes().end());
+  shape.back() *= 32;
+  at::Tensor out = at::empty(shape, blocks.options().dtype(dtype));
+  // a leading index at a time: the codes' int64 indices are 8 bytes a value
+  const at::Tensor b = blocks.reshape({blocks.size(0), -1}), s = scales.reshape({scales.size(0), -1});
+  const at::Tensor o = out.view({out.size(0), -1});
+  for (int64_t e = 0; e < b.size(0); ++e) {
+    const at::Tensor codes = b[e].to(at::kLong);
+    const at::Tensor lo = lut.index_select(0, codes.bitwise_and(15)),
+                     hi = lut.index_select(0, codes.bitwise_right_shift(4));
+    const at::Tensor values = at::stack({lo, hi}, -1).view({-1, 32});  // [G, 32]
+    o[e].copy_((values * at::pow(2.0, s[e].to(at::kFloat) - 127).unsqueeze(-1)).view({-1}));
+  }
+  return out;
+}
+
 at::Tensor grouped_linear(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& ends) {
   const int64_t item = static_cast<int64_t>(rows.element_size());
   const bool aligned = (w.size(1) * item) % 16 == 0 && (w.size(2) * item) % 16 == 0;

@@ -56,6 +56,9 @@ struct DecoderLayer {
   // gpt-oss: its router's bias [E] (a logit bias, in the model's dtype), its experts' biases [E, 2 I]
   // (gate entries, then up, as experts_gate_up's rows) and [E, H], and its sinks [heads] (float32)
   at::Tensor router_logit_bias, experts_gate_up_bias, experts_down_bias, sinks;
+  // gpt-oss's experts kept in MXFP4 ([target] mxfp4 = "keep"; experts_gate_up / experts_down undefined):
+  // blocks [E, rows, cols / 32, 16] and scales [E, rows, cols / 32], gate rows first, dequantized in each forward
+  at::Tensor gate_up_blocks, gate_up_scales, down_blocks, down_scales;
   bool sparse() const { return router.defined(); }
 };
 
@@ -79,10 +82,21 @@ class HfTarget final : public Target {
              "the CPU always runs these)")
         .def(std::string("engine"))
         .one_of({"engine", "aten"});
+    s.string("mxfp4",
+             "gpt-oss's MXFP4 experts (a checkpoint as published): \"dequantize\" = to the target's dtype at load "
+             "(4x their size on the device: gpt-oss-20b's ~38 GiB in bf16), \"keep\" = kept in MXFP4 and "
+             "dequantized a layer at a time in each forward (gpt-oss-120b's ~61 GiB instead of ~220; one layer's "
+             "bf16 experts at a time, ~6.4 GiB, and their dequantization's time each forward)")
+        .def(std::string("dequantize"))
+        .one_of({"dequantize", "keep"});
   }
 
   explicit HfTarget(const Config& c)
-      : config_(c), path_(c.string("path")), dtype_name_(c.string("dtype")), fused_(c.string("kernels") == "engine") {}
+      : config_(c),
+        path_(c.string("path")),
+        dtype_name_(c.string("dtype")),
+        fused_(c.string("kernels") == "engine"),
+        keep_mxfp4_(c.string("mxfp4") == "keep") {}
 
   void open(const RunContext& ctx) override {
     try {
@@ -91,6 +105,10 @@ class HfTarget final : public Target {
     } catch (const std::exception& e) {
       config_.fail("path", e.what());
     }
+    if (keep_mxfp4_ && cfg_.quant_method != "mxfp4")
+      config_.fail("mxfp4", "\"keep\" keeps a checkpoint's MXFP4 experts, but " + cfg_.path + " (" + cfg_.architecture +
+                                ") has none (no quantization_config with quant_method \"mxfp4\"); accepted here: "
+                                "\"dequantize\" (the default)");
     device_ = ctx.device;
     dtype_ = dtype_named(dtype_name_, device_);
     say_ = ctx.say;
@@ -382,29 +400,29 @@ class HfTarget final : public Target {
     return (out.to(at::kFloat) * kept).to(out.scalar_type());
   }
 
-  // gpt-oss's expert weights [E, rows, cols] (out x in, as the engine's products read them) from the
-  // checkpoint's `name` ([E, cols, rows], transformers' layout) or from its MXFP4 `name`_blocks
-  // [E, rows, cols / 32, 16] (two 4-bit e2m1 values a byte, the low nibble first) and `name`_scales
-  // [E, rows, cols / 32] (each 32 values' power of two, biased by 127), dequantized on the device
-  // one expert at a time (every value exact in bf16).
-  at::Tensor load_expert_weights(const std::string& name, int64_t rows, int64_t cols) const {
-    if (checkpoint_->find(name)) return load(name).transpose(1, 2).contiguous();
-    const at::Tensor blocks = checkpoint_->load(name + "_blocks", device_, at::kByte);
-    const at::Tensor scales = checkpoint_->load(name + "_scales", device_, at::kByte);
-    const int64_t E = blocks.size(0), G = cols / 32;
-    const at::Tensor lut = at::tensor(std::vector<float>{0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f,
-                                                         -1.5f, -2.f, -3.f, -4.f, -6.f})
-                               .to(device_);
-    at::Tensor out = at::empty({E, rows, cols}, at::TensorOptions().dtype(dtype_).device(device_));
-    for (int64_t e = 0; e < E; ++e) {
-      const at::Tensor b = blocks[e].to(at::kLong);  // [rows, G, 16]
-      const at::Tensor lo = lut.index_select(0, b.bitwise_and(15).flatten());
-      const at::Tensor hi = lut.index_select(0, b.bitwise_right_shift(4).flatten());
-      const at::Tensor values = at::stack({lo, hi}, -1).view({rows, G, 32});
-      const at::Tensor power = at::pow(2.0, scales[e].to(at::kFloat) - 127).unsqueeze(-1);  // [rows, G, 1]
-      out[e].copy_((values * power).view({rows, cols}));
-    }
-    return out;
+  // gpt-oss's experts' weights [E, rows, cols] (out x in, as the engine's products read them), their
+  // gate / up rows (interleaved in the checkpoint: gate_i, up_i, ...) put gate rows first where
+  // `gate_up`: from the checkpoint's `name` ([E, cols, rows], transformers' layout), or from its MXFP4
+  // `name`_blocks [E, rows, cols / 32, 16] and `name`_scales [E, rows, cols / 32], dequantized
+  // (frozen::dequantize_mxfp4) or, with [target] mxfp4 = "keep", kept as they are: then {blocks,
+  // scales} come back and the weights are undefined.
+  struct ExpertWeights {
+    at::Tensor weights, blocks, scales;
+  };
+  ExpertWeights load_expert_weights(const std::string& name, bool gate_up) const {
+    const int64_t I = cfg_.moe_intermediate;
+    const auto gate_first = [&](const at::Tensor& t) {  // [E, 2 I, ...]: rows 2i, 2i + 1 -> i, I + i
+      if (!gate_up) return t;
+      std::vector<int64_t> split(t.sizes().begin(), t.sizes().end());
+      split[1] = I;
+      split.insert(split.begin() + 2, 2);
+      return t.view(split).transpose(1, 2).reshape(t.sizes()).contiguous();
+    };
+    if (checkpoint_->find(name)) return {gate_first(load(name).transpose(1, 2)), {}, {}};
+    const at::Tensor blocks = gate_first(checkpoint_->load(name + "_blocks", device_, at::kByte));
+    const at::Tensor scales = gate_first(checkpoint_->load(name + "_scales", device_, at::kByte));
+    if (keep_mxfp4_) return {{}, blocks, scales};
+    return {frozen::dequantize_mxfp4(blocks, scales, dtype_, fused_), {}, {}};
   }
 
   // Every tensor the model reads, with the shape config.json implies; the first
@@ -529,16 +547,16 @@ class HfTarget final : public Target {
     }
     if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
     if (cfg_.sparse(l) && gpt_oss()) {
-      const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
+      const int64_t E = cfg_.experts, I = cfg_.moe_intermediate;
       L.router = load(p + "mlp.router.weight");
       L.router_logit_bias = load(p + "mlp.router.bias");
-      // the checkpoint's gate / up rows interleaved (gate_i, up_i, ...): gate rows first here
-      const auto gate_first = [&](const at::Tensor& t, int64_t cols) {
-        return t.view({E, I, 2, cols}).transpose(1, 2).reshape({E, 2 * I, cols}).contiguous();
-      };
-      L.experts_gate_up = gate_first(load_expert_weights(p + "mlp.experts.gate_up_proj", 2 * I, H), H);
-      L.experts_gate_up_bias = gate_first(load(p + "mlp.experts.gate_up_proj_bias").unsqueeze(-1), 1).squeeze(-1);
-      L.experts_down = load_expert_weights(p + "mlp.experts.down_proj", H, I);
+      const ExpertWeights gu = load_expert_weights(p + "mlp.experts.gate_up_proj", /*gate_up=*/true);
+      const ExpertWeights down = load_expert_weights(p + "mlp.experts.down_proj", /*gate_up=*/false);
+      L.experts_gate_up = gu.weights, L.gate_up_blocks = gu.blocks, L.gate_up_scales = gu.scales;
+      L.experts_down = down.weights, L.down_blocks = down.blocks, L.down_scales = down.scales;
+      // (the bias's entries interleaved as the rows were)
+      L.experts_gate_up_bias =
+          load(p + "mlp.experts.gate_up_proj_bias").view({E, I, 2}).transpose(1, 2).reshape({E, 2 * I}).contiguous();
       L.experts_down_bias = load(p + "mlp.experts.down_proj_bias");
       return L;
     }
@@ -675,11 +693,14 @@ class HfTarget final : public Target {
         at::zeros({cfg_.experts}, ids.options()).scatter_add_(0, ids, at::ones_like(ids)).cumsum(0).to(at::kInt);
     at::Tensor act, out;
     if (L.experts_gate_up_bias.defined()) {
-      // gpt-oss: each product then its expert's bias (transformers' grouped products add them so), the clamped GLU
+      // gpt-oss: each product then its expert's bias (transformers' grouped products add them so), the clamped GLU;
+      // experts kept in MXFP4 dequantized here, each product's weights freed after it
       const at::Tensor expert = ids.index_select(0, order);
-      act = clamped_glu(
-          frozen::grouped_linear(rows, L.experts_gate_up, ends).add_(L.experts_gate_up_bias.index_select(0, expert)));
-      out = frozen::grouped_linear(act, L.experts_down, ends).add_(L.experts_down_bias.index_select(0, expert));
+      const at::Tensor gate_up = expert_weights(L.experts_gate_up, L.gate_up_blocks, L.gate_up_scales);
+      act =
+          clamped_glu(frozen::grouped_linear(rows, gate_up, ends).add_(L.experts_gate_up_bias.index_select(0, expert)));
+      const at::Tensor down = expert_weights(L.experts_down, L.down_blocks, L.down_scales);
+      out = frozen::grouped_linear(act, down, ends).add_(L.experts_down_bias.index_select(0, expert));
     } else {
       act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
       out = frozen::grouped_linear(act, L.experts_down, ends);
@@ -691,6 +712,11 @@ class HfTarget final : public Target {
     const at::Tensor shared = at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
     if (!L.shared_gate.defined()) return routed + shared;
     return routed + at::sigmoid(at::linear(h, L.shared_gate)) * shared;
+  }
+
+  // A layer's experts' weights: as loaded, or dequantized now from the MXFP4 blocks kept.
+  at::Tensor expert_weights(const at::Tensor& loaded, const at::Tensor& blocks, const at::Tensor& scales) const {
+    return loaded.defined() ? loaded : frozen::dequantize_mxfp4(blocks, scales, dtype_, fused_);
   }
 
   // gpt-oss's GLU of gate_up [..., 2 I] (gate first): gate clamped above at glu_limit, up within
@@ -756,7 +782,10 @@ class HfTarget final : public Target {
   std::string experts_str() const {
     if (cfg_.experts == 0) return "";
     return std::to_string(cfg_.experts) + " experts (" + std::to_string(cfg_.experts_per_token) + " a token" +
-           (cfg_.quant_method.empty() ? "" : ", " + cfg_.quant_method + " dequantized") + "), ";
+           (cfg_.quant_method.empty() ? ""
+            : keep_mxfp4_             ? ", " + cfg_.quant_method + " kept, dequantized a layer at a time"
+                                      : ", " + cfg_.quant_method + " dequantized") +
+           "), ";
   }
 
   // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
@@ -917,7 +946,8 @@ class HfTarget final : public Target {
 
   Config config_;
   std::string path_, dtype_name_;
-  bool fused_ = true;  // [target] kernels = "engine"
+  bool fused_ = true;        // [target] kernels = "engine"
+  bool keep_mxfp4_ = false;  // [target] mxfp4 = "keep"
   bool warned_past_max_position_ = false;
   hf::ModelConfig cfg_;
   std::unique_ptr<safetensors::Checkpoint> checkpoint_;
