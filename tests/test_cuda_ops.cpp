@@ -477,6 +477,37 @@ TEST(CudaOps, DequantizeMxfp4EqualsAtenOps) {
     }
 }
 
+// gpt-oss's clamped GLU with each row's expert's bias: the engine's pass against ATen's ops, with
+// and without biases, vectorised (I = 2880, gpt-oss's width; 96) and general (I = 1001; an
+// unaligned gate_up), and a limit that clamps a good share of the values (not vacuous).
+TEST(CudaOps, ClampedGluEqualsAtenOps) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(9);
+  for (const int64_t I : {2880, 96, 1001})
+    for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+      const int64_t rows = 300, E = 8;
+      const at::Tensor gate_up = at::randn({rows, 2 * I}, opts) * 3, bias = at::randn({E, 2 * I}, opts);
+      const at::Tensor expert = at::randint(0, E, {rows}, opts.dtype(at::kLong));
+      const std::string name = std::string(c10::toString(dtype)) + " I " + std::to_string(I);
+      for (double limit : {2.0, 7.0}) {
+        const std::string tag = name + " limit " + std::to_string(limit).substr(0, 3);
+        expect_agree(frozen::clamped_glu(gate_up, bias, expert, 1.702, limit, true),
+                     frozen::clamped_glu(gate_up, bias, expert, 1.702, limit, false), tag + " clamped_glu, biases");
+        expect_agree(frozen::clamped_glu(gate_up, at::Tensor(), at::Tensor(), 1.702, limit, true),
+                     frozen::clamped_glu(gate_up, at::Tensor(), at::Tensor(), 1.702, limit, false),
+                     tag + " clamped_glu");
+      }
+      const double clamped =
+          (gate_up + bias.index_select(0, expert)).abs().gt(2.0).to(at::kDouble).mean().item<double>();
+      EXPECT_GT(clamped, 0.2) << name;
+      const at::Tensor shifted =
+          at::empty({gate_up.numel() + 1}, opts).narrow(0, 1, gate_up.numel()).view(gate_up.sizes()).copy_(gate_up);
+      expect_agree(cuda_ops::clamped_glu(shifted, bias, expert, 1.702, 2.0),
+                   frozen::clamped_glu(gate_up, bias, expert, 1.702, 2.0, false), name + " clamped_glu unaligned");
+    }
+}
+
 TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
   REQUIRE_CUDA_OPS();
   at::manual_seed(11);

@@ -8,6 +8,8 @@
 //                  and the sum rounded as transformers' separate ops round them (the first R
 //                  dimensions of a head with a partial rotary factor, the rest passed on)
 //   swiglu_packed  the packed gate|up projection -> round(round(silu(g)) * u)
+//   clamped_glu    gpt-oss's: each row's expert's bias added (rounded), g clamped above at limit, u to
+//                  +-limit, round(round(u + 1) * round(g * round(sigmoid(round(g alpha)))))
 //   combine_experts  a mixture of experts' output rows back to their tokens: per token, the sum
 //                  in float32 of its k rows each times its router weight (each product rounded
 //                  to the dtype, unless the weights are float32), rounded once
@@ -324,6 +326,61 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
   }
 }
 
+// gpt-oss's GLU of one (gate, up) pair, the bias already added, as transformers' ops round it.
+template <typename T>
+__device__ __forceinline__ T clamped_glu_value(float g, float u, float alpha, float limit) {
+  g = round_to<T>(fminf(g, limit));
+  u = round_to<T>(fminf(fmaxf(u, -limit), limit));
+  const float s = round_to<T>(1.f / (1.f + expf(-round_to<T>(mul(g, alpha)))));
+  return from_float<T>(mul(round_to<T>(add(u, 1.f)), round_to<T>(mul(g, s))));
+}
+
+// Rows of gate_up [rows, 2 I] (gate first) with each row's expert's bias [2 I] (bias [E, 2 I], expert
+// [rows]; bias null: none) -> out [rows, I]; 16-byte vectors, rows over blockIdx.y.
+template <typename T>
+__global__ void clamped_glu_vec_kernel(const T* __restrict__ gate_up, const T* __restrict__ bias,
+                                       const int64_t* __restrict__ expert, T* __restrict__ out, int64_t rows, int64_t I,
+                                       float alpha, float limit) {
+  constexpr int E = Vec16<T>::E;
+  pdl_wait();
+  pdl_trigger();
+  const int64_t nv = I / E;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const T* b = bias ? bias + expert[r] * 2 * I : nullptr;
+    for (int64_t vi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; vi < nv; vi += int64_t(gridDim.x) * blockDim.x) {
+      const Vec16<T> g = load16(gate_up + r * 2 * I + vi * E), u = load16(gate_up + r * 2 * I + I + vi * E);
+      Vec16<T> bg, bu;
+      if (b) bg = load16(b + vi * E), bu = load16(b + I + vi * E);
+      Vec16<T> o;
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        float gv = to_float(g.v[k]), uv = to_float(u.v[k]);
+        if (b) gv = round_to<T>(add(gv, to_float(bg.v[k]))), uv = round_to<T>(add(uv, to_float(bu.v[k])));
+        o.v[k] = clamped_glu_value<T>(gv, uv, alpha, limit);
+      }
+      store16(out + r * I + vi * E, o);
+    }
+  }
+}
+
+template <typename T>
+__global__ void clamped_glu_kernel(const T* __restrict__ gate_up, const T* __restrict__ bias,
+                                   const int64_t* __restrict__ expert, T* __restrict__ out, int64_t rows, int64_t I,
+                                   float alpha, float limit) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t n = rows * I, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t r = i / I, j = i % I;
+    float g = to_float(gate_up[r * 2 * I + j]), u = to_float(gate_up[r * 2 * I + I + j]);
+    if (bias) {
+      const T* b = bias + expert[r] * 2 * I;
+      g = round_to<T>(add(g, to_float(b[j]))), u = round_to<T>(add(u, to_float(b[I + j])));
+    }
+    out[i] = clamped_glu_value<T>(g, u, alpha, limit);
+  }
+}
+
 // The product of a row's value and its weight as ATen rounds it: to T where the weight is in T,
 // not at all where the weight is float32 (the product is then float32).
 template <typename T, typename W>
@@ -463,6 +520,30 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
     }
   });
   check_launch("swiglu_packed");
+}
+
+void clamped_glu(DType dtype, const void* gate_up, const void* bias, const int64_t* expert, void* out, int64_t rows,
+                 int64_t I, float alpha, float limit, void* stream) {
+  if (rows <= 0 || I <= 0) return;
+  const bool aligned = aligned16(gate_up) && aligned16(out) && (!bias || aligned16(bias));
+  with_type(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int E = Vec16<T>::E;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const T *in = static_cast<const T*>(gate_up), *b = static_cast<const T*>(bias);
+    T* o = static_cast<T*>(out);
+    if (aligned && I % E == 0) {
+      const int64_t nv = I / E;
+      const dim3 grid(static_cast<unsigned>(std::min<int64_t>((nv + kSwigluThreads - 1) / kSwigluThreads, 64)),
+                      static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+      launch_dependent(clamped_glu_vec_kernel<T>, grid, dim3(kSwigluThreads), 0, s, in, b, expert, o, rows, I, alpha,
+                       limit);
+    } else {
+      launch_dependent(clamped_glu_kernel<T>, dim3(grid_for(rows * I, kSwigluThreads)), dim3(kSwigluThreads), 0, s, in,
+                       b, expert, o, rows, I, alpha, limit);
+    }
+  });
+  check_launch("clamped_glu");
 }
 
 void combine_experts(DType dtype, const void* rows, const void* weights, bool float_weights, const int64_t* slot,

@@ -95,6 +95,11 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
               int64_t Hkv, int64_t D, int64_t R, void* stream);
 // The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
+// gpt-oss's clamped GLU: gate_up [rows, 2 I] (gate, then up), plus, where bias is not null, row r's
+// expert's bias (bias [E, 2 I], expert [rows] int64) rounded in; g clamped above at limit, u within
+// +-limit; out [rows, I] = round(round(u + 1) * round(g * round(sigmoid(round(g * alpha))))).
+void clamped_glu(DType dtype, const void* gate_up, const void* bias, const int64_t* expert, void* out, int64_t rows,
+                 int64_t I, float alpha, float limit, void* stream);
 // A mixture of experts' rows [N, H] (in the experts' order) back to tokens: out[t] [tokens, H] =
 // round(sum over j < k, in order, of round(rows[slot[t k + j]] * weights[t k + j])), the sum in
 // float32, each product rounded to the dtype (transformers' weighted rows, then its sum over k);

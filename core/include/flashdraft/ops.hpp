@@ -91,6 +91,12 @@ FLASHDRAFT_API at::Tensor grouped_linear(const at::Tensor& rows, const at::Tenso
 // one pass (the sum in the order j = 0 .. k - 1), else ATen's gather, product and sum.
 FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot,
                                           bool fused = true);
+// gpt-oss's experts' GLU: gate_up [rows, 2 I] (gate first), plus row r's expert's bias where bias
+// [E, 2 I] and expert [rows] (int64) are defined (rounded to the dtype); gate clamped above at
+// limit, up within +-limit: (up + 1) * gate * sigmoid(alpha gate), [rows, I], each op rounded as
+// transformers' separate ops round it. On the engine's path one pass, else ATen's ops.
+FLASHDRAFT_API at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& expert,
+                                      double alpha, double limit, bool fused = true);
 // MXFP4 (gpt-oss's published experts) to `dtype`: blocks [..., G, 16] uint8 (two e2m1 codes a byte,
 // the first value in the low nibble), scales [..., G] uint8 (each group of 32 values' power of two,
 // biased by 127) -> [..., 32 G], every value e2m1 x 2^(scale - 127) (exact in bf16 and float32;

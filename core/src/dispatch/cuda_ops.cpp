@@ -306,6 +306,26 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
   return out;
 }
 
+at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& expert, double alpha,
+                       double limit) {
+  const int64_t I = gate_up.dim() == 2 ? gate_up.size(1) / 2 : 0;
+  require(runs_on(gate_up) && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0 && gate_up.is_contiguous() &&
+              bias.defined() == expert.defined() &&
+              (!bias.defined() || (bias.dim() == 2 && bias.size(1) == 2 * I && bias.is_contiguous() &&
+                                   bias.scalar_type() == gate_up.scalar_type() && bias.device() == gate_up.device() &&
+                                   expert.scalar_type() == at::kLong && expert.is_contiguous() &&
+                                   expert.numel() == gate_up.size(0) && expert.device() == gate_up.device())),
+          "clamped_glu: gate_up [rows, 2 I] contiguous on CUDA, bias [E, 2 I] of its dtype and expert [rows] int64 on "
+          "its device (or neither) expected, got gate_up " +
+              c10::str(gate_up.sizes()) + (bias.defined() ? ", bias " + c10::str(bias.sizes()) : std::string()));
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  at::Tensor out = at::empty({gate_up.size(0), I}, gate_up.options());
+  cuda_ops::clamped_glu(dtype_of(gate_up, "gate_up"), gate_up.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr,
+                        expert.defined() ? expert.data_ptr<int64_t>() : nullptr, out.data_ptr(), gate_up.size(0), I,
+                        static_cast<float>(alpha), static_cast<float>(limit), stream_of(gate_up));
+  return out;
+}
+
 at::Tensor dequantize_mxfp4(const at::Tensor& blocks_in, const at::Tensor& scales, c10::ScalarType dtype) {
   // (the kernel reads each group's 16 bytes in one load: a view off 16-byte alignment is copied)
   const at::Tensor blocks = reinterpret_cast<uintptr_t>(blocks_in.data_ptr()) % 16 == 0 ? blocks_in : blocks_in.clone();
@@ -392,6 +412,7 @@ Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::T
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
 at::Tensor combine_experts(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
 at::Tensor dequantize_mxfp4(const at::Tensor&, const at::Tensor&, c10::ScalarType) { absent(); }
+at::Tensor clamped_glu(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double) { absent(); }
 bool linear_swiglu_applies(const at::Tensor&, const at::Tensor&) { return false; }
 bool linear_swiglu_device(const c10::Device&) { return false; }
 int compute_capability(const c10::Device&) { return 0; }

@@ -76,6 +76,10 @@ FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
 // rows [T k, H] contiguous, weights [T, k] in rows' dtype or float32, slot [T, k] int64 -> [T, H]
 // (engine_ops.cuh's combine_experts).
 FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot);
+// gate_up [rows, 2 I] contiguous, bias [E, 2 I] of its dtype and expert [rows] int64 (or both
+// undefined) -> [rows, I] (engine_ops.cuh's clamped_glu).
+FLASHDRAFT_API at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& expert,
+                                      double alpha, double limit);
 // blocks [..., G, 16] uint8 and scales [..., G] uint8 on CUDA, contiguous -> [..., 32 G] in `dtype`
 // (engine_ops.cuh's dequantize_mxfp4).
 FLASHDRAFT_API at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, c10::ScalarType dtype);

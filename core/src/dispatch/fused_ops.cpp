@@ -211,6 +211,18 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
   return weighted.view({-1, k, H}).sum(1, /*keepdim=*/false, at::kFloat).to(rows.scalar_type());
 }
 
+at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& expert, double alpha,
+                       double limit, bool fused) {
+  if (kernels_take(fused, gate_up) && gate_up.dim() == 2 && gate_up.is_contiguous())
+    return cuda_ops::clamped_glu(gate_up, bias.defined() ? bias.contiguous() : bias,
+                                 expert.defined() ? expert.contiguous() : expert, alpha, limit);
+  const at::Tensor gu = bias.defined() ? gate_up + bias.index_select(0, expert) : gate_up;
+  const int64_t I = gu.size(-1) / 2;
+  const at::Tensor gate = gu.narrow(-1, 0, I).clamp_max(limit);
+  const at::Tensor up = gu.narrow(-1, I, I).clamp(-limit, limit);
+  return (up + 1) * (gate * at::sigmoid(gate * alpha));
+}
+
 at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, c10::ScalarType dtype, bool fused) {
   const at::Tensor probe = at::empty({0}, blocks.options().dtype(dtype));  // the kernels take this dtype there
   if (kernels_take(fused, probe)) return cuda_ops::dequantize_mxfp4(blocks.contiguous(), scales.contiguous(), dtype);

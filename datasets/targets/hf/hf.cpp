@@ -693,12 +693,13 @@ class HfTarget final : public Target {
         at::zeros({cfg_.experts}, ids.options()).scatter_add_(0, ids, at::ones_like(ids)).cumsum(0).to(at::kInt);
     at::Tensor act, out;
     if (L.experts_gate_up_bias.defined()) {
-      // gpt-oss: each product then its expert's bias (transformers' grouped products add them so), the clamped GLU;
+      // gpt-oss: each product then its expert's bias (transformers' grouped products add them so; the gate / up
+      // bias in the clamped GLU's pass);
       // experts kept in MXFP4 dequantized here, each product's weights freed after it
       const at::Tensor expert = ids.index_select(0, order);
       const at::Tensor gate_up = expert_weights(L.experts_gate_up, L.gate_up_blocks, L.gate_up_scales);
-      act =
-          clamped_glu(frozen::grouped_linear(rows, gate_up, ends).add_(L.experts_gate_up_bias.index_select(0, expert)));
+      act = frozen::clamped_glu(frozen::grouped_linear(rows, gate_up, ends), L.experts_gate_up_bias, expert,
+                                cfg_.glu_alpha, cfg_.glu_limit, fused_);
       const at::Tensor down = expert_weights(L.experts_down, L.down_blocks, L.down_scales);
       out = frozen::grouped_linear(act, down, ends).add_(L.experts_down_bias.index_select(0, expert));
     } else {
@@ -717,15 +718,6 @@ class HfTarget final : public Target {
   // A layer's experts' weights: as loaded, or dequantized now from the MXFP4 blocks kept.
   at::Tensor expert_weights(const at::Tensor& loaded, const at::Tensor& blocks, const at::Tensor& scales) const {
     return loaded.defined() ? loaded : frozen::dequantize_mxfp4(blocks, scales, dtype_, fused_);
-  }
-
-  // gpt-oss's GLU of gate_up [..., 2 I] (gate first): gate clamped above at glu_limit, up within
-  // +-glu_limit, (up + 1) * gate * sigmoid(glu_alpha gate), in the dtype, op by op as transformers runs it.
-  at::Tensor clamped_glu(const at::Tensor& gate_up) const {
-    const int64_t I = gate_up.size(-1) / 2;
-    const at::Tensor gate = gate_up.narrow(-1, 0, I).clamp_max(cfg_.glu_limit);
-    const at::Tensor up = gate_up.narrow(-1, I, I).clamp(-cfg_.glu_limit, cfg_.glu_limit);
-    return (up + 1) * (gate * at::sigmoid(gate * cfg_.glu_alpha));
   }
 
   // GLM-4.5's choice of experts for rows x [T, H] (transformers' Glm4MoeTopkRouter): scores =
