@@ -64,6 +64,7 @@ echo "rc $?"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is" /tmp/test_cuda_ops.log | head -20
 grep -E "combine_experts" /tmp/test_cuda_ops.log | head -30
 grep -E "float32 weight|qkv_rope R .* q$" /tmp/test_cuda_ops.log | grep -E "BFloat16 H 4096|BFloat16 H 1100" | head -16
+grep -E "^BFloat16 I .*clamped_glu" /tmp/test_cuda_ops.log | head -10
 echo "=== tests/python/test_hf_target.py -k 'cuda and $FAMILY' ($(( $(date +%s) - t0 )) s)"
 if python3 -c 'import pytest' 2>/dev/null; then
   FLASHDRAFT_BINARY_DIR=$BUILD timeout -k 5 150 python3 -m pytest -q -s -p no:cacheprovider tests/python/test_hf_target.py \
