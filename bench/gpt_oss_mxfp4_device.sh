@@ -12,10 +12,11 @@
 #    target forward ms (steps 14-24), step ms, peak GiB;
 # 3. gpt-oss-120b's shapes, the first G120 (default 24) of its 36 layers (the disk: ~1.6 GiB a layer in
 #    MXFP4), "keep", the drafter reading layers 1, G120 / 2 and G120 - 1 (every layer runs): 12 steps,
-#    target forward ms, peak GiB; the 36 layers' memory by arithmetic from the measured per-layer bytes.
+#    target forward ms, peak GiB; the 36 layers' memory by arithmetic from the measured per-layer bytes
+#    (G120=0: not run).
 set -uo pipefail
 G120=${G120:-24}
-OUT=${OUT:-/tmp/gpt-oss-mxfp4-device}
+OUT=${OUT:-/tmp/gpt-oss-mxfp4-device}/mxfp4
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpt-oss-mxfp4-device.log") 2>&1
 rm -rf /tmp/oss-runs /tmp/gpt-oss-20b-mxfp4 /tmp/gpt-oss-120b-mxfp4
@@ -75,6 +76,7 @@ run_ours oss20_dequantize /tmp/gpt-oss-20b-mxfp4 bench/gpt_oss_20b_hf_target.tom
 run_ours oss20_keep /tmp/gpt-oss-20b-mxfp4 bench/gpt_oss_20b_hf_target.toml keep 24 "1, 2"
 rm -rf /tmp/gpt-oss-20b-mxfp4
 
+[ "$G120" -gt 0 ] || { echo "done ($(( $(date +%s) - t0 )) s)"; exit 0; }
 echo "=== gpt-oss-120b checkpoint, $G120 of 36 layers ($(( $(date +%s) - t0 )) s)"
 timeout -k 5 240 python3 scripts/make-random-checkpoint --preset gpt-oss-120b --layers $G120 --mxfp4 \
   --out /tmp/gpt-oss-120b-mxfp4 --device cuda > /tmp/ckpt120.log 2>&1
