@@ -163,13 +163,14 @@ def train(name, target_data, tmp):
                 in_block=in_block, name=name)
 
 
-def validate(trained, name, temperature):
+def validate(trained, name, temperature, environment=None):
     tmp = trained["tmp"]
     env = dict(trained["env"], temperature=temperature)
     exp = tmp / f"{name}.toml"
     exp.write_text(EXPERIMENT.format(name=name, steps=1, out=tmp / name, init=trained["folder"], **env))
     out = tmp / f"{name}.safetensors"
-    p = subprocess.run([str(TOOL), str(exp), str(out)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run([str(TOOL), str(exp), str(out)], capture_output=True, text=True, timeout=600,
+                       env=None if environment is None else {**os.environ, **environment})
     assert p.returncode == 0, p.stdout + p.stderr
     print(p.stdout.strip().splitlines()[-1])
     dump = {}

@@ -34,6 +34,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <tuple>
@@ -780,6 +781,16 @@ class HfTarget final : public Target {
            "), ";
   }
 
+  // The most float32 scores a chunk of dense attention with sinks holds: 2^28 (1 GiB), or
+  // FLASHDRAFT_VERIFY_SCORES (the tests' way to run many chunks at tiny shapes).
+  static int64_t verify_scores() {
+    static const int64_t n = [] {
+      const char* v = std::getenv("FLASHDRAFT_VERIFY_SCORES");
+      return v && std::atoll(v) > 0 ? static_cast<int64_t>(std::atoll(v)) : int64_t(1) << 28;
+    }();
+    return n;
+  }
+
   // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
   // (true = visible); returns its output and its own keys/values.
   struct DenseOut {
@@ -794,12 +805,22 @@ class HfTarget final : public Target {
     const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
     at::Tensor a;
     if (L.sinks.defined()) {
-      // the softmax over the visible scores and the head's sink logit, in float32; the sink's share dropped
-      const at::Tensor s = (at::matmul(p.q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale)
-                               .masked_fill(~mask, -std::numeric_limits<float>::infinity());
-      const at::Tensor sink = L.sinks.view({1, -1, 1, 1}).expand({s.size(0), s.size(1), s.size(2), 1});
-      const at::Tensor probs = at::softmax(at::cat({s, sink}, -1), -1).narrow(-1, 0, s.size(-1));
-      a = at::matmul(probs, v.to(at::kFloat)).to(p.q.scalar_type());
+      // the softmax over the visible scores and the head's sink logit, in float32, the sink's share dropped;
+      // in chunks of queries whose scores take at most ~1 GiB (verification's blocks: 8192 queries of 64 heads
+      // over ~11K keys would be 24 GiB at once)
+      const int64_t B = p.q.size(0), Hq = p.q.size(1), T = p.q.size(2), K = k.size(2);
+      const int64_t chunk = std::max<int64_t>(1, verify_scores() / std::max<int64_t>(1, B * Hq * K));
+      const at::Tensor kf = k.to(at::kFloat).transpose(-1, -2), vf = v.to(at::kFloat);
+      std::vector<at::Tensor> parts;
+      for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int64_t n = std::min(chunk, T - t0);
+        const at::Tensor s = (at::matmul(p.q.narrow(2, t0, n).to(at::kFloat), kf) * scale)
+                                 .masked_fill(~mask.narrow(2, t0, n), -std::numeric_limits<float>::infinity());
+        const at::Tensor sink = L.sinks.view({1, -1, 1, 1}).expand({B, Hq, n, 1});
+        const at::Tensor probs = at::softmax(at::cat({s, sink}, -1), -1).narrow(-1, 0, K);
+        parts.push_back(at::matmul(probs, vf).to(p.q.scalar_type()));
+      }
+      a = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
     } else {
       a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
     }
