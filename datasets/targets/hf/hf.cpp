@@ -413,7 +413,7 @@ class HfTarget final : public Target {
   ExpertWeights load_expert_weights(const std::string& name, bool gate_up) const {
     const int64_t I = cfg_.moe_intermediate;
     const auto gate_first = [&](const at::Tensor& t) {  // [E, 2 I, ...]: rows 2i, 2i + 1 -> i, I + i
-      if (!gate_up) return t.contiguous();  // (the layout of the other families' experts)
+      if (!gate_up) return t.contiguous();              // (the layout of the other families' experts)
       std::vector<int64_t> split(t.sizes().begin(), t.sizes().end());
       split[1] = I;
       split.insert(split.begin() + 2, 2);

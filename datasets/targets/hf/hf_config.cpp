@@ -237,7 +237,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
   if (c.architecture == "GptOssForCausalLM") {
     // (transformers' GptOssExperts: swiglu_alpha, fixed at 1.702 in the published checkpoints' code)
     c.moe_intermediate = c.intermediate;
-    c.norm_topk = c.expert_biases = true;
+    c.norm_topk = true;  // (its softmax over the top k logits: the top k of the softmax, renormalised)
     c.glu_alpha = r.real(r.j, "swiglu_alpha", 1.702);
     c.glu_limit = r.real(r.j, "swiglu_limit", 7.0);
     if (!(c.glu_alpha > 0) || !(c.glu_limit > 0))

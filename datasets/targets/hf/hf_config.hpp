@@ -82,7 +82,7 @@ struct ModelConfig {
   // SwiGLU); a learned sink logit per query head in every attention softmax (sinks); its RMSNorm's
   // weight applied in float32 before the rounding (norm_weight_fp32); experts stored as bf16
   // tensors or as MXFP4 blocks and scales (quant_method "mxfp4", dequantized at load).
-  bool sinks = false, norm_weight_fp32 = false, expert_biases = false;
+  bool sinks = false, norm_weight_fp32 = false;
   double glu_alpha = 0, glu_limit = 0;
   std::string quant_method;  // quantization_config's quant_method ("" for none)
   std::vector<int64_t> mlp_only_layers;
