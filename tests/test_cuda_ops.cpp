@@ -468,11 +468,12 @@ TEST(CudaOps, DequantizeMxfp4EqualsAtenOps) {
       ASSERT_EQ(fused.sizes(), plain.sizes()) << what;
       EXPECT_EQ(fused.size(-1), 32 * groups.back()) << what;
       EXPECT_TRUE(at::equal(fused, plain)) << what;
-      // not vacuous: random codes give values of both signs, of many magnitudes
+      // not vacuous: random codes give values of both signs, of many magnitudes (the codes' magnitudes are
+      // 2^k and 1.5 x 2^k, so 33 scales give about 70 distinct ones: 67-72 on an H100)
       const at::Tensor f = fused.to(at::kFloat);
       EXPECT_GT(f.gt(0).sum().item<int64_t>(), f.numel() / 3) << what;
       EXPECT_GT(f.lt(0).sum().item<int64_t>(), f.numel() / 3) << what;
-      EXPECT_GT(std::get<0>(at::_unique(f.abs())).numel(), 100) << what;
+      EXPECT_GT(std::get<0>(at::_unique(f.abs())).numel(), 60) << what;
       std::cout << what << ": equal, " << std::get<0>(at::_unique(f.abs())).numel() << " distinct magnitudes\n";
     }
 }

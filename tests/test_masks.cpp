@@ -284,6 +284,8 @@ TEST(MaskDocument, MatchesOracleOverRandomDraws) {
       in.doc_lengths.push_back(random_docs(rng, in.q_len));
     else
       toml = random_docs(rng, in.q_len);
+    // a target's sliding layers (MaskInput::window): every other draw, a row starts no earlier than q - W + 1
+    in.window = draw % 2 ? uniform(rng, 1, 40) : 0;
     const BlockShape bs = kShapes[static_cast<size_t>(draw) % kShapes.size()];
     auto gen = make("document", {{"lengths", toml}});
     // Document id of every position, per batch element; same id and kv <= q.
@@ -294,12 +296,14 @@ TEST(MaskDocument, MatchesOracleOverRandomDraws) {
       for (size_t doc = 0; doc < lens.size(); ++doc)
         for (int64_t t = 0; t < lens[doc]; ++t) id[static_cast<size_t>(b)].push_back(static_cast<int64_t>(doc));
     }
-    const Oracle oracle = [&id](int64_t b, int64_t q, int64_t kv) {
-      return kv <= q &&
+    const int64_t W = in.window;
+    const Oracle oracle = [&id, W](int64_t b, int64_t q, int64_t kv) {
+      return kv <= q && (W == 0 || q - kv < W) &&
              id[static_cast<size_t>(b)][static_cast<size_t>(q)] == id[static_cast<size_t>(b)][static_cast<size_t>(kv)];
     };
     const std::string problem = check_mask(*gen, in, bs.q, bs.kv, oracle, source == 0 ? in.batch : 1);
-    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " source " << source;
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " source " << source
+                           << " window " << W;
   }
 }
 
