@@ -302,8 +302,8 @@ TEST(MaskDocument, MatchesOracleOverRandomDraws) {
              id[static_cast<size_t>(b)][static_cast<size_t>(q)] == id[static_cast<size_t>(b)][static_cast<size_t>(kv)];
     };
     const std::string problem = check_mask(*gen, in, bs.q, bs.kv, oracle, source == 0 ? in.batch : 1);
-    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " source " << source
-                           << " window " << W;
+    ASSERT_EQ(problem, "") << "draw " << draw << ": " << describe(in, bs.q, bs.kv) << " source " << source << " window "
+                           << W;
   }
 }
 

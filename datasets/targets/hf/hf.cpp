@@ -426,12 +426,43 @@ class HfTarget final : public Target {
     return {frozen::dequantize_mxfp4(blocks, scales, dtype_, fused_), {}, {}};
   }
 
+  using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  // gpt-oss's sparse layer under prefix p: its router and bias, and each expert tensor with its bias, in
+  // transformers' layout or as MXFP4 blocks and scales (U8; rows of whole 32-value blocks).
+  void add_gpt_oss_expert_shapes(const std::string& p, Shapes& expected) const {
+    const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
+    expected.push_back({p + "mlp.router.weight", {E, H}});
+    expected.push_back({p + "mlp.router.bias", {E}});
+    for (const auto& [name, rows, cols] : {std::tuple<std::string, int64_t, int64_t>{"gate_up_proj", 2 * I, H},
+                                           std::tuple<std::string, int64_t, int64_t>{"down_proj", H, I}}) {
+      const std::string x = p + "mlp.experts." + name;
+      if (!checkpoint_->find(x) && checkpoint_->find(x + "_blocks")) {
+        if (cols % 32 != 0)
+          config_.fail("path", path_ + ": tensor '" + x +
+                                   "_blocks' holds MXFP4 blocks of 32 values, but its rows are " +
+                                   std::to_string(cols) + " wide (a multiple of 32 is needed)");
+        expected.push_back({x + "_blocks", {E, rows, cols / 32, 16}});
+        expected.push_back({x + "_scales", {E, rows, cols / 32}});
+        for (const char* part : {"_blocks", "_scales"})
+          if (checkpoint_->find(x + part)->dtype != "U8")
+            config_.fail("path", path_ + ": tensor '" + x + part + "' is " + checkpoint_->find(x + part)->dtype +
+                                     " (MXFP4 blocks and scales are U8 bytes)");
+      } else if (!checkpoint_->find(x)) {
+        config_.fail("path", path_ + ": tensor '" + x + "' is missing, and so are its MXFP4 '" + x + "_blocks' / '" +
+                                 x + "_scales' (a " + cfg_.architecture +
+                                 " checkpoint with this config.json has one of them)");
+      } else {
+        expected.push_back({x, {E, cols, rows}});
+      }
+      expected.push_back({x + "_bias", {E, rows}});
+    }
+  }
+
   // Every tensor the model reads, with the shape config.json implies; the first
   // mismatch or missing tensor is refused before anything is loaded.
   void check_shapes() const {
     const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D, kv = cfg_.kv_heads * D;
-    std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
-        {"model.embed_tokens.weight", {cfg_.vocab, H}}, {"model.norm.weight", {H}}};
+    Shapes expected = {{"model.embed_tokens.weight", {cfg_.vocab, H}}, {"model.norm.weight", {H}}};
     if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find("lm_head.weight")))
       expected.push_back({"lm_head.weight", {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
@@ -450,32 +481,7 @@ class HfTarget final : public Target {
       }
       if (cfg_.sinks) expected.push_back({p + "self_attn.sinks", {cfg_.heads}});
       if (cfg_.sparse(l) && gpt_oss()) {
-        const int64_t E = cfg_.experts, I = cfg_.moe_intermediate;
-        expected.push_back({p + "mlp.router.weight", {E, H}});
-        expected.push_back({p + "mlp.router.bias", {E}});
-        for (const auto& [name, rows, cols] : {std::tuple<std::string, int64_t, int64_t>{"gate_up_proj", 2 * I, H},
-                                               std::tuple<std::string, int64_t, int64_t>{"down_proj", H, I}}) {
-          const std::string x = p + "mlp.experts." + name;
-          if (!checkpoint_->find(x) && checkpoint_->find(x + "_blocks")) {
-            if (cols % 32 != 0)
-              config_.fail("path", path_ + ": tensor '" + x +
-                                       "_blocks' holds MXFP4 blocks of 32 values, but its rows are " +
-                                       std::to_string(cols) + " wide (a multiple of 32 is needed)");
-            expected.push_back({x + "_blocks", {E, rows, cols / 32, 16}});
-            expected.push_back({x + "_scales", {E, rows, cols / 32}});
-            for (const char* part : {"_blocks", "_scales"})
-              if (checkpoint_->find(x + part)->dtype != "U8")
-                config_.fail("path", path_ + ": tensor '" + x + part + "' is " + checkpoint_->find(x + part)->dtype +
-                                         " (MXFP4 blocks and scales are U8 bytes)");
-          } else if (!checkpoint_->find(x)) {
-            config_.fail("path", path_ + ": tensor '" + x + "' is missing, and so are its MXFP4 '" + x +
-                                     "_blocks' / '" + x + "_scales' (a " + cfg_.architecture +
-                                     " checkpoint with this config.json has one of them)");
-          } else {
-            expected.push_back({x, {E, cols, rows}});
-          }
-          expected.push_back({x + "_bias", {E, rows}});
-        }
+        add_gpt_oss_expert_shapes(p, expected);
       } else if (cfg_.sparse(l)) {
         const int64_t I = cfg_.moe_intermediate;
         const ExpertKeys n = expert_keys();
