@@ -203,6 +203,28 @@ struct KernelAttentionBackward final : public torch::autograd::Node {
 
 }  // namespace
 
+namespace {
+
+// One forward of the chosen kernel under the current mask, without autograd (attention() and attention_lse()):
+// the lengths checked against the mask before, the output's shape after.
+AttentionForward kernel_forward(AttentionDispatcher& d, int64_t layer, const at::Tensor& qc, const at::Tensor& kc,
+                                const at::Tensor& vc, double scale) {
+  const BlockMask& bm = d.mask();
+  if (qc.size(2) != bm.q_len || kc.size(2) != bm.kv_len)
+    throw std::invalid_argument("attention layer " + std::to_string(layer) + ": q has " + std::to_string(qc.size(2)) +
+                                " rows and k " + std::to_string(kc.size(2)) + ", but the mask is " +
+                                std::to_string(bm.q_len) + " x " + std::to_string(bm.kv_len));
+  AttentionForward r;
+  {
+    at::NoGradGuard no_grad;
+    r = d.kernel().forward(qc, kc, vc, d.mask_tensors(), scale);
+  }
+  check_shape(d, "an output", r.out, qc);
+  return r;
+}
+
+}  // namespace
+
 AttentionDispatcher::AttentionDispatcher(KernelChoice choice, const MaskGenerator* generator, std::string on_fallback,
                                          KernelLedger* ledger, EventSink events)
     : choice_(std::move(choice)),
@@ -231,18 +253,9 @@ void AttentionDispatcher::set_mask(const MaskInput& input) {
 at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           double scale) {
   std::shared_ptr<const StepMask> mask = current_;
-  const BlockMask& bm = current().mask;
-  if (q.size(2) != bm.q_len || k.size(2) != bm.kv_len)
-    throw std::invalid_argument("attention layer " + std::to_string(layer) + ": q has " + std::to_string(q.size(2)) +
-                                " rows and k " + std::to_string(k.size(2)) + ", but the mask is " +
-                                std::to_string(bm.q_len) + " x " + std::to_string(bm.kv_len));
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  AttentionForward r;
-  {
-    at::NoGradGuard no_grad;  // the kernel's own ops are not recorded: the node below is their gradient
-    r = kernel().forward(qc, kc, vc, mask->tensors, scale);
-  }
-  check_shape(*this, "an output", r.out, qc);
+  // (the kernel's own ops are not recorded: the node below is their gradient)
+  const AttentionForward r = kernel_forward(*this, layer, qc, kc, vc, scale);
   note(layer, Phase::forward, r.variant);
   at::Tensor out = r.out.is_view() ? r.out.clone() : r.out;  // the node's output owns its storage
   if (at::GradMode::is_enabled() && (qc.requires_grad() || kc.requires_grad() || vc.requires_grad())) {
@@ -267,18 +280,7 @@ std::pair<at::Tensor, at::Tensor> AttentionDispatcher::attention_lse(int64_t lay
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
     throw std::logic_error("attention layer " + std::to_string(layer) +
                            ": attention_lse is frozen attention (no gradient), called with inputs that require one");
-  const BlockMask& bm = current().mask;
-  if (q.size(2) != bm.q_len || k.size(2) != bm.kv_len)
-    throw std::invalid_argument("attention layer " + std::to_string(layer) + ": q has " + std::to_string(q.size(2)) +
-                                " rows and k " + std::to_string(k.size(2)) + ", but the mask is " +
-                                std::to_string(bm.q_len) + " x " + std::to_string(bm.kv_len));
-  const at::Tensor qc = q.contiguous();
-  AttentionForward r;
-  {
-    at::NoGradGuard no_grad;
-    r = kernel().forward(qc, k.contiguous(), v.contiguous(), current().tensors, scale);
-  }
-  check_shape(*this, "an output", r.out, qc);
+  const AttentionForward r = kernel_forward(*this, layer, q.contiguous(), k.contiguous(), v.contiguous(), scale);
   if (!r.lse.defined() || r.lse.dim() != 3 || r.lse.size(0) != q.size(0) || r.lse.size(1) != q.size(1) ||
       r.lse.size(2) != q.size(2) || r.lse.scalar_type() != at::kFloat)
     throw std::runtime_error("attention kernel '" + kernel_name() + "' returned no float32 log-sum-exp of shape [" +
