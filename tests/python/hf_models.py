@@ -62,6 +62,15 @@ FAMILIES = [
           swiglu_limit=0.2, rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                                  beta_slow=1.0, truncate=False, original_max_position_embeddings=8)),
      {}),
+    # Qwen3.5's kind (hybrid): layers 0 and 2 Gated DeltaNet (2 key heads of 16 for 4 value heads of 8, a
+    # convolution of 4 taps), 1 and 3 attention with an output gate (q_proj twice the rows), a quarter of each
+    # head rotated (8 of 32), every norm 1 + w; mrope's sections as published (text positions: plain RoPE).
+    ("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+          linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+          layer_types=["linear_attention", "full_attention"] * 2,
+          rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
+                               mrope_section=[11, 11, 10], mrope_interleaved=True)), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

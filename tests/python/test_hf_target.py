@@ -282,6 +282,69 @@ def test_gpt_oss_sinks_clamped_glu_and_windows_are_read_and_used(tmp_path):
         unsunk = changed["hidden"][:, :, 0]
 
 
+def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpoint(tmp_path):
+    """Qwen3.5 (Gated DeltaNet layers 0 and 2, gated attention 1 and 3): 150 positions (the rule's chunks
+    of 64: three, the last partial) equal transformers'; a row packed with documents of 70, 50 and 30
+    gives each document the states it has alone (no state or convolution history crosses a start), and
+    packing them moves the later ones; dt_bias and A_log zeroed in the checkpoint, ours follows
+    transformers and each moves the states (they are read); the same language model saved as
+    Qwen3_5ForConditionalGeneration (config.json's text_config, tensors under model.language_model.)
+    gives the same states."""
+    folder = tmp_path / "qwen3_5"
+    model = make_model(folder, "qwen3_5", seed=31)
+    layers = [0, 1, 2, 3]
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 150), generator=torch.Generator().manual_seed(9))
+    p, whole = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Qwen3_5ForCausalLM" in p.stdout, p.stdout
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    errs = [rel(whole["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate(layers)]
+    p, packed = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path,
+                           documents=torch.tensor([[70, 50, 30]]))
+    assert p.returncode == 0, p.stderr
+    start, doc_errs = 0, []
+    for n in [70, 50, 30]:
+        with torch.no_grad():
+            alone = model(input_ids=tokens[:, start:start + n], output_hidden_states=True).hidden_states
+        doc_errs += [rel(packed["hidden"][0, start:start + n, e], alone[layer + 1][0]) for e, layer in enumerate(layers)]
+        start += n
+    moved = rel(packed["hidden"][0, 70:, 0], whole["hidden"][0, 70:, 0])
+    print(f"qwen3_5: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
+          f"layer 0's states {moved:.1e}")
+    assert max(errs) <= BOUND and max(doc_errs) <= BOUND and moved > 10 * BOUND
+
+    for suffix in ("linear_attn.dt_bias", "linear_attn.A_log"):
+        saved, before, after, theirs = zeroed_against_transformers("qwen3_5", suffix, tmp_path / suffix)
+        assert len(saved) == 2 and all(t.abs().max() > 0 for t in saved.values())
+        print(f"qwen3_5 with {suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
+              f"{rel(before, after):.1e}")
+        assert rel(after, theirs) <= BOUND and rel(before, after) > 10 * BOUND
+
+    # The multimodal checkpoint: a tiny vision tower beside the same language model and LM head.
+    text = model.config.to_dict()
+    config = transformers.Qwen3_5Config(
+        text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
+                                             out_hidden_size=SMALL["hidden_size"], patch_size=4),
+        tie_word_embeddings=False)
+    composite = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    composite.model.language_model.load_state_dict(model.model.state_dict())
+    composite.lm_head.load_state_dict(model.lm_head.state_dict())
+    composite.save_pretrained(tmp_path / "qwen3_5_vl", safe_serialization=True)
+    names = load_file(str(tmp_path / "qwen3_5_vl" / "model.safetensors")).keys()
+    assert any(k.startswith("model.language_model.layers.0.linear_attn.") for k in names)
+    assert any(k.startswith("model.visual.") for k in names)
+    p, vl = run_target(tmp_path / "qwen3_5_vl", tokens, torch.tensor([150]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Qwen3_5ForConditionalGeneration" in p.stdout, p.stdout
+    with torch.no_grad():
+        theirs = composite(input_ids=tokens, output_hidden_states=True).hidden_states
+    vl_errs = [rel(vl["hidden"][0, :, e], theirs[layer + 1][0]) for e, layer in enumerate(layers)]
+    print(f"qwen3_5 as Qwen3_5ForConditionalGeneration: rel err {max(vl_errs):.1e} against its transformers model; "
+          f"equal to the text-only checkpoint's: {torch.equal(vl['hidden'], whole['hidden'])}")
+    assert max(vl_errs) <= BOUND and torch.equal(vl["hidden"], whole["hidden"])
+
+
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 

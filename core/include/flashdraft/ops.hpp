@@ -55,7 +55,8 @@ struct Qkv {
 // per head when q_norm / k_norm [D] are defined (Qwen3), then rotated (rotate-half RoPE,
 // x cos + rotate_half(x) sin) with tables cos, sin [T, D], [Bt, T, D] or [Bt, 1, T, D] (Bt = 1
 // or B) in qkv's dtype. Tables of R < D columns (a partial rotary factor: GLM-4.5) rotate each
-// head's first R dimensions and pass the rest (normed, when the norms are defined).
+// head's first R dimensions and pass the rest (normed, when the norms are defined). Norm weights in
+// float32 on a narrower qkv (Qwen3.5's 1 + w) are applied in float32 and rounded once (ATen's ops).
 FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm,
                             const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin,
                             bool fused = true);

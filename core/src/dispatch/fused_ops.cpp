@@ -153,8 +153,10 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::Tensor& q_norm, const at::Tensor& k_norm,
              double eps, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
   const int64_t D = qkv.size(-1) / (heads + 2 * kv_heads), R = cos.size(-1);
+  // (the kernel applies norm weights in qkv's dtype; float32 ones, Qwen3.5's 1 + w, take ATen's ops)
+  const auto kernel_norm = [&](const at::Tensor& w) { return !w.defined() || w.scalar_type() == qkv.scalar_type(); };
   if (kernels_take(fused, qkv) && qkv.is_contiguous() && qkv.dim() == 3 && cos.is_contiguous() && sin.is_contiguous() &&
-      R <= D && R % 2 == 0) {
+      R <= D && R % 2 == 0 && kernel_norm(q_norm) && kernel_norm(k_norm)) {
     const cuda_ops::Qkv r = cuda_ops::qkv_rope(qkv, heads, kv_heads, q_norm, k_norm, eps, cos, sin);
     return {r.q, r.k, r.v};
   }

@@ -16,13 +16,16 @@
 //               plus its shared experts' MLP of h; q, k rotated in their first rotary_dim dimensions only;
 //               gpt-oss: the router's top k logits softmaxed, each expert (W_gu h + b_gu) through the clamped
 //               GLU (up + 1) gate sigmoid(alpha gate), then W_d . + b_d; every attention softmax also over a
-//               learned sink logit per head; its norms' weights applied in float32]
+//               learned sink logit per head; its norms' weights applied in float32;
+//               Qwen3.5: its Gated DeltaNet layers mix tokens by the gated delta rule instead of attention
+//               (gated_delta.hpp), its attention layers' output times sigmoid(h W_gate), every norm 1 + w]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
 // RMSNorm (transformers reports the normed state there), so it is here too. Attention is causal within each document of
 // a row (packed rows: Batch::documents; padded rows: the tokens past a row's length are a document of their own, so
 // they never change the real ones), and in a sliding layer within its last sliding_window positions.
+#include "gated_delta.hpp"
 #include "hf_config.hpp"
 
 #include <flashdraft/layers.hpp>
@@ -60,6 +63,10 @@ struct DecoderLayer {
   // gpt-oss's experts kept in MXFP4 ([target] mxfp4 = "keep"; experts_gate_up / experts_down undefined):
   // blocks [E, rows, cols / 32, 16] and scales [E, rows, cols / 32], gate rows first, dequantized in each forward
   at::Tensor gate_up_blocks, gate_up_scales, down_blocks, down_scales;
+  // Qwen3.5: a Gated DeltaNet layer's mixer (o_proj its out_proj; no qkv), or an attention layer's output
+  // gate [heads D, H] (the second half of each head's q_proj rows)
+  hf::GatedDeltaNet gdn;
+  at::Tensor attn_gate;
   bool sparse() const { return router.defined(); }
 };
 
@@ -114,10 +121,10 @@ class HfTarget final : public Target {
     dtype_ = dtype_named(dtype_name_, device_);
     say_ = ctx.say;
     check_shapes();
-    embed_ = load("model.embed_tokens.weight");
+    embed_ = load(cfg_.prefix + "embed_tokens.weight");
     tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find("lm_head.weight"));
     lm_head_ = tied_ ? embed_ : load("lm_head.weight");
-    final_norm_ = load_norm("model.norm.weight");
+    final_norm_ = load_norm(cfg_.prefix + "norm.weight");
     // (the rotated part of each head: all of it but for a partial_rotary_factor, GLM-4.5's and Phi-3's)
     const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
     const at::Tensor pos_freqs = at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim));
@@ -157,7 +164,9 @@ class HfTarget final : public Target {
     if (say_)
       say_("target: loaded " + std::to_string(layers_.size()) + " of " + std::to_string(cfg_.layers) +
            " decoder layers (the deepest the drafter reads is " + std::to_string(deepest) + ")");
-    return deepest + 1;
+    int64_t calls = 0;  // an attention call per layer up to the deepest, but for Qwen3.5's Gated DeltaNet layers
+    for (int64_t l = 0; l <= deepest; ++l) calls += cfg_.linear_attention(l) ? 0 : 1;
+    return calls;
   }
 
   at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
@@ -213,19 +222,26 @@ class HfTarget final : public Target {
     // transformers rounds it.
     at::Tensor pending;
     const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
+    int64_t call = 0;  // the forward's attention calls so far (Qwen3.5's Gated DeltaNet layers make none)
     for (int64_t l = 0; l <= deepest; ++l) {
       const DecoderLayer& L = layers_[static_cast<size_t>(l)];
       // (l - 1 < deepest <= the last layer: never the final-norm case)
       const at::Tensor into = l > 0 && pending.defined() ? slot_of(l - 1) : at::Tensor();
       const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into);
       if (l > 0) record(l - 1, stream);
-      const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
-                                     cfg_.rms_eps, cos, sin, fused_);
-      if (cfg_.window(l) != docs.window) {
-        docs.window = cfg_.window(l);
-        attention.set_mask(docs);
+      at::Tensor a;
+      if (L.gdn.defined()) {
+        a = hf::gated_delta_mix(L.gdn, h, rows);
+      } else {
+        const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
+                                       cfg_.rms_eps, cos, sin, fused_);
+        if (cfg_.window(l) != docs.window) {
+          docs.window = cfg_.window(l);
+          attention.set_mask(docs);
+        }
+        a = layers::merge_heads(attend(attention, call++, L, p.q, p.k, p.v, scale));
+        if (L.attn_gate.defined()) a = a * at::sigmoid(at::linear(h, L.attn_gate));  // (Qwen3.5's output gate)
       }
-      const at::Tensor a = layers::merge_heads(attend(attention, l, L, p.q, p.k, p.v, scale));
       at::Tensor x1, h2;
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
       if (!into.defined() && !L.o_bias.defined() && frozen::add_linear_(stream, a, L.o_proj, fused_)) {
@@ -259,7 +275,9 @@ class HfTarget final : public Target {
 
   // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row
   // and layer; every decoder layer is loaded and run.
-  bool decodes() const override { return true; }
+  // (Qwen3.5: its served decoding, with the Gated DeltaNet's state rolled back to the accepted tokens, is not
+  // built; served τ is then measured on the data's tokens, and verification is not offered)
+  bool decodes() const override { return !cfg_.qwen3_5(); }
   std::unique_ptr<TargetDecoder> decoder(int64_t batch, int64_t capacity, const std::vector<int64_t>& layers,
                                          AttentionContext& attention) override {
     for (int64_t l : layers)
@@ -284,6 +302,7 @@ class HfTarget final : public Target {
   // after every prefix of every block. Attention here is computed densely in this plugin
   // (validation only, N * BS queries), not through the engine's dispatcher.
   at::Tensor verify(const Batch& batch, const at::Tensor& anchors, const at::Tensor& blocks) override {
+    if (cfg_.qwen3_5()) return {};
     at::NoGradGuard frozen;
     load_every_layer();
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = blocks.size(1), BS = blocks.size(2);
@@ -386,8 +405,10 @@ class HfTarget final : public Target {
   };
 
   at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
-  // A norm's weight: in the model's dtype, or in float32 where the family applies it so (gpt-oss).
+  // A norm's weight: in the model's dtype, or in float32 where the family applies it so (gpt-oss; Qwen3.5's
+  // 1 + w, the sum in float32 as transformers' Qwen3_5RMSNorm makes it).
   at::Tensor load_norm(const std::string& name) const {
+    if (cfg_.norm_plus_one) return checkpoint_->load(name, device_, at::kFloat) + 1.0;
     return cfg_.norm_weight_fp32 ? checkpoint_->load(name, device_, at::kFloat) : load(name);
   }
 
@@ -461,64 +482,21 @@ class HfTarget final : public Target {
   // Every tensor the model reads, with the shape config.json implies; the first
   // mismatch or missing tensor is refused before anything is loaded.
   void check_shapes() const {
-    const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D, kv = cfg_.kv_heads * D;
-    Shapes expected = {{"model.embed_tokens.weight", {cfg_.vocab, H}}, {"model.norm.weight", {H}}};
+    const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D;
+    Shapes expected = {{cfg_.prefix + "embed_tokens.weight", {cfg_.vocab, H}}, {cfg_.prefix + "norm.weight", {H}}};
     if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find("lm_head.weight")))
       expected.push_back({"lm_head.weight", {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      for (const auto& e :
-           std::vector<std::pair<std::string, std::vector<int64_t>>>{{"input_layernorm.weight", {H}},
-                                                                     {"post_attention_layernorm.weight", {H}},
-                                                                     {"self_attn.o_proj.weight", {H, q}}})
-        expected.push_back({p + e.first, e.second});
-      if (packed()) {
-        expected.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, H}});
+      const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
+      expected.push_back({p + "input_layernorm.weight", {H}});
+      expected.push_back({p + "post_attention_layernorm.weight", {H}});
+      if (cfg_.linear_attention(l)) {
+        add_gated_delta_shapes(p, expected);
       } else {
-        expected.push_back({p + "self_attn.q_proj.weight", {q, H}});
-        expected.push_back({p + "self_attn.k_proj.weight", {kv, H}});
-        expected.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+        expected.push_back({p + "self_attn.o_proj.weight", {H, q}});
+        add_attention_shapes(p, expected);
       }
-      if (cfg_.sinks) expected.push_back({p + "self_attn.sinks", {cfg_.heads}});
-      if (cfg_.sparse(l) && gpt_oss()) {
-        add_gpt_oss_expert_shapes(p, expected);
-      } else if (cfg_.sparse(l)) {
-        const int64_t I = cfg_.moe_intermediate;
-        const ExpertKeys n = expert_keys();
-        expected.push_back({p + n.block + "gate.weight", {cfg_.experts, H}});
-        for (int64_t e = 0; e < cfg_.experts; ++e) {
-          const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
-          expected.push_back({x + n.gate, {I, H}});
-          expected.push_back({x + n.up, {I, H}});
-          expected.push_back({x + n.down, {H, I}});
-        }
-        if (cfg_.sigmoid_router) expected.push_back({p + "mlp.gate.e_score_correction_bias", {cfg_.experts}});
-        if (cfg_.shared_intermediate > 0) {
-          const int64_t Is = cfg_.shared_intermediate;
-          const std::string s = p + shared_block();
-          expected.push_back({s + "gate_proj.weight", {Is, H}});
-          expected.push_back({s + "up_proj.weight", {Is, H}});
-          expected.push_back({s + "down_proj.weight", {H, Is}});
-          if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
-        }
-      } else {
-        if (packed()) {
-          expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
-        } else {
-          expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
-          expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
-        }
-        expected.push_back({p + "mlp.down_proj.weight", {H, cfg_.intermediate}});
-      }
-      if (cfg_.qkv_bias || cfg_.o_bias)
-        for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-                 {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
-          expected.push_back({p + e.first, e.second});
-      if (cfg_.o_bias) expected.push_back({p + "self_attn.o_proj.bias", {H}});
-      if (cfg_.qk_norm) {
-        expected.push_back({p + "self_attn.q_norm.weight", {D}});
-        expected.push_back({p + "self_attn.k_norm.weight", {D}});
-      }
+      add_mlp_shapes(l, p, expected);
     }
     for (const auto& [name, shape] : expected) {
       const safetensors::TensorInfo* info = checkpoint_->find(name);
@@ -530,29 +508,94 @@ class HfTarget final : public Target {
                                  cfg_.path + " (hidden_size " + std::to_string(H) + ", " + std::to_string(cfg_.heads) +
                                  " heads, " + std::to_string(cfg_.kv_heads) + " kv heads, head_dim " +
                                  std::to_string(D) + ", intermediate_size " + std::to_string(cfg_.intermediate) +
-                                 experts_sizes() + ", vocab_size " + std::to_string(cfg_.vocab) + ") implies " +
-                                 list_str(shape));
+                                 experts_sizes() + linear_sizes() + ", vocab_size " + std::to_string(cfg_.vocab) +
+                                 ") implies " + list_str(shape));
+    }
+  }
+
+  // An attention layer's projections under prefix p (o_proj aside): q, k, v (Phi-3: packed; Qwen3.5: q_proj
+  // with each head's output gate after its query, twice the rows), biases, norms, sinks.
+  void add_attention_shapes(const std::string& p, Shapes& expected) const {
+    const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D, kv = cfg_.kv_heads * D;
+    if (packed()) {
+      expected.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, H}});
+    } else {
+      expected.push_back({p + "self_attn.q_proj.weight", {cfg_.attn_gate ? 2 * q : q, H}});
+      expected.push_back({p + "self_attn.k_proj.weight", {kv, H}});
+      expected.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+    }
+    if (cfg_.sinks) expected.push_back({p + "self_attn.sinks", {cfg_.heads}});
+    if (cfg_.qkv_bias || cfg_.o_bias)
+      for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+               {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
+        expected.push_back({p + e.first, e.second});
+    if (cfg_.o_bias) expected.push_back({p + "self_attn.o_proj.bias", {H}});
+    if (cfg_.qk_norm) {
+      expected.push_back({p + "self_attn.q_norm.weight", {D}});
+      expected.push_back({p + "self_attn.k_norm.weight", {D}});
+    }
+  }
+
+  // A Gated DeltaNet layer's tensors under prefix p (Qwen3.5's linear_attn.).
+  void add_gated_delta_shapes(const std::string& p, Shapes& expected) const {
+    const int64_t H = cfg_.hidden, kd = cfg_.lin_k_heads * cfg_.lin_k_dim, vd = cfg_.lin_v_heads * cfg_.lin_v_dim;
+    const int64_t Hv = cfg_.lin_v_heads;
+    const std::string x = p + "linear_attn.";
+    expected.push_back({x + "in_proj_qkv.weight", {2 * kd + vd, H}});
+    expected.push_back({x + "in_proj_z.weight", {vd, H}});
+    expected.push_back({x + "in_proj_b.weight", {Hv, H}});
+    expected.push_back({x + "in_proj_a.weight", {Hv, H}});
+    expected.push_back({x + "conv1d.weight", {2 * kd + vd, 1, cfg_.conv_kernel}});
+    expected.push_back({x + "dt_bias", {Hv}});
+    expected.push_back({x + "A_log", {Hv}});
+    expected.push_back({x + "norm.weight", {cfg_.lin_v_dim}});
+    expected.push_back({x + "out_proj.weight", {H, vd}});
+  }
+
+  // Layer l's feed-forward tensors under prefix p: its MLP, or its router and experts.
+  void add_mlp_shapes(int64_t l, const std::string& p, Shapes& expected) const {
+    const int64_t H = cfg_.hidden;
+    if (cfg_.sparse(l) && gpt_oss()) {
+      add_gpt_oss_expert_shapes(p, expected);
+    } else if (cfg_.sparse(l)) {
+      const int64_t I = cfg_.moe_intermediate;
+      const ExpertKeys n = expert_keys();
+      expected.push_back({p + n.block + "gate.weight", {cfg_.experts, H}});
+      for (int64_t e = 0; e < cfg_.experts; ++e) {
+        const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
+        expected.push_back({x + n.gate, {I, H}});
+        expected.push_back({x + n.up, {I, H}});
+        expected.push_back({x + n.down, {H, I}});
+      }
+      if (cfg_.sigmoid_router) expected.push_back({p + "mlp.gate.e_score_correction_bias", {cfg_.experts}});
+      if (cfg_.shared_intermediate > 0) {
+        const int64_t Is = cfg_.shared_intermediate;
+        const std::string s = p + shared_block();
+        expected.push_back({s + "gate_proj.weight", {Is, H}});
+        expected.push_back({s + "up_proj.weight", {Is, H}});
+        expected.push_back({s + "down_proj.weight", {H, Is}});
+        if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
+      }
+    } else {
+      if (packed()) {
+        expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
+      } else {
+        expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+      }
+      expected.push_back({p + "mlp.down_proj.weight", {H, cfg_.intermediate}});
     }
   }
 
   DecoderLayer load_layer(int64_t l) const {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
     DecoderLayer L;
     L.input_norm = load_norm(p + "input_layernorm.weight");
     L.post_norm = load_norm(p + "post_attention_layernorm.weight");
-    L.qkv = packed() ? load(p + "self_attn.qkv_proj.weight")
-                     : at::cat({load(p + "self_attn.q_proj.weight"), load(p + "self_attn.k_proj.weight"),
-                                load(p + "self_attn.v_proj.weight")});
-    L.o_proj = load(p + "self_attn.o_proj.weight");
-    if (cfg_.qkv_bias || cfg_.o_bias)
-      L.qkv_bias = at::cat(
-          {load(p + "self_attn.q_proj.bias"), load(p + "self_attn.k_proj.bias"), load(p + "self_attn.v_proj.bias")});
-    if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
-    if (cfg_.qk_norm) {
-      L.q_norm = load(p + "self_attn.q_norm.weight");
-      L.k_norm = load(p + "self_attn.k_norm.weight");
-    }
-    if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
+    if (cfg_.linear_attention(l))
+      load_gated_delta(p, L);
+    else
+      load_attention(p, L);
     if (cfg_.sparse(l) && gpt_oss()) {
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate;
       L.router = load(p + "mlp.router.weight");
@@ -596,6 +639,47 @@ class HfTarget final : public Target {
                          : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
     L.down_proj = load(p + "mlp.down_proj.weight");
     return L;
+  }
+
+  // An attention layer's projections under prefix p: q | k | v packed (Qwen3.5: each head's query rows
+  // of q_proj, its output gate's rows apart), o_proj, biases, q / k norms, sinks.
+  void load_attention(const std::string& p, DecoderLayer& L) const {
+    at::Tensor q;
+    if (!packed()) q = load(p + "self_attn.q_proj.weight");
+    if (cfg_.attn_gate) {  // [heads x (query D | gate D), H]
+      const at::Tensor halves = q.view({cfg_.heads, 2, cfg_.head_dim, cfg_.hidden});
+      L.attn_gate = halves.select(1, 1).reshape({-1, cfg_.hidden}).contiguous();
+      q = halves.select(1, 0).reshape({-1, cfg_.hidden});
+    }
+    L.qkv = packed() ? load(p + "self_attn.qkv_proj.weight")
+                     : at::cat({q, load(p + "self_attn.k_proj.weight"), load(p + "self_attn.v_proj.weight")});
+    L.o_proj = load(p + "self_attn.o_proj.weight");
+    if (cfg_.qkv_bias || cfg_.o_bias)
+      L.qkv_bias = at::cat(
+          {load(p + "self_attn.q_proj.bias"), load(p + "self_attn.k_proj.bias"), load(p + "self_attn.v_proj.bias")});
+    if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
+    if (cfg_.qk_norm) {
+      L.q_norm = load_norm(p + "self_attn.q_norm.weight");
+      L.k_norm = load_norm(p + "self_attn.k_norm.weight");
+    }
+    if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
+  }
+
+  // A Gated DeltaNet layer under prefix p: its four input projections as one, the convolution's taps,
+  // -exp(A_log) in float32 (transformers' A_log.float().exp(), from the model's dtype), dt_bias, the gated
+  // norm's weight; out_proj as the layer's o_proj.
+  void load_gated_delta(const std::string& p, DecoderLayer& L) const {
+    const std::string x = p + "linear_attn.";
+    hf::GatedDeltaNet& g = L.gdn;
+    g.in_proj = at::cat({load(x + "in_proj_qkv.weight"), load(x + "in_proj_z.weight"), load(x + "in_proj_b.weight"),
+                         load(x + "in_proj_a.weight")});
+    g.conv = load(x + "conv1d.weight").squeeze(1).contiguous();
+    g.neg_A = -load(x + "A_log").to(at::kFloat).exp();
+    g.dt_bias = load(x + "dt_bias");
+    g.norm = load(x + "norm.weight");
+    g.k_heads = cfg_.lin_k_heads, g.v_heads = cfg_.lin_v_heads, g.k_dim = cfg_.lin_k_dim, g.v_dim = cfg_.lin_v_dim;
+    g.eps = cfg_.rms_eps;
+    L.o_proj = load(x + "out_proj.weight");
   }
 
   // RoPE frequencies from theta^(2i/D) with the config's scaling (linear: positions / factor;
@@ -775,6 +859,15 @@ class HfTarget final : public Target {
     if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
     if (cfg_.shared_gate) s += ", shared_expert_intermediate_size " + std::to_string(cfg_.shared_intermediate);
     return s;
+  }
+
+  // Qwen3.5's Gated DeltaNet sizes, as ", linear_num_key_heads 16, ..." for a message (else nothing).
+  std::string linear_sizes() const {
+    if (cfg_.linear.empty()) return "";
+    return ", linear_num_key_heads " + std::to_string(cfg_.lin_k_heads) + ", linear_num_value_heads " +
+           std::to_string(cfg_.lin_v_heads) + ", linear_key_head_dim " + std::to_string(cfg_.lin_k_dim) +
+           ", linear_value_head_dim " + std::to_string(cfg_.lin_v_dim) + ", linear_conv_kernel_dim " +
+           std::to_string(cfg_.conv_kernel);
   }
 
   // ", 128 experts (8 a token)" for a mixture of experts, else nothing

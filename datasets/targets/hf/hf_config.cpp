@@ -14,8 +14,9 @@
 namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM", "Phi3ForCausalLM",  "GptOssForCausalLM"};
+    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM",
+    "Phi3ForCausalLM",     "GptOssForCausalLM",   "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -119,10 +120,11 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
   // it (transformers' Llama / Qwen / Mistral code has no part).
   const bool glm = c.architecture == "Glm4MoeForCausalLM", phi3 = c.architecture == "Phi3ForCausalLM";
-  const double top_partial = r.real(r.j, "partial_rotary_factor", glm ? 0.5 : 1.0);
+  const bool qwen3_5 = c.qwen3_5();  // (Qwen3_5TextConfig's default: 0.25)
+  const double top_partial = r.real(r.j, "partial_rotary_factor", glm ? 0.5 : qwen3_5 ? 0.25 : 1.0);
   const double partial =
       scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
-  if (partial != 1.0 && !glm && !phi3)
+  if (partial != 1.0 && !glm && !phi3 && !qwen3_5)
     r.fail("partial_rotary_factor", "value " + std::to_string(partial) + " rotates part of each head, which " +
                                         c.architecture + " does not (accepted: 1 or absent)");
   c.rotary_dim = static_cast<int64_t>(double(c.head_dim) * partial);
@@ -282,6 +284,36 @@ void read_quantization(const Reader& r, ModelConfig& c) {
                                     "\"mxfp4\" experts)");
 }
 
+// Qwen3.5's Gated DeltaNet layers (transformers' Qwen3_5TextConfig): which layers (layer_types, else
+// every full_attention_interval-th full and the others linear), their heads and the convolution's taps;
+// its attention layers' output gate and its norms' 1 + w.
+void read_linear_attention(const Reader& r, ModelConfig& c) {
+  c.attn_gate = c.norm_plus_one = true;
+  c.lin_k_heads = r.integer("linear_num_key_heads", 1, 16);
+  c.lin_v_heads = r.integer("linear_num_value_heads", 1, 32);
+  c.lin_k_dim = r.integer("linear_key_head_dim", 1, 128);
+  c.lin_v_dim = r.integer("linear_value_head_dim", 1, 128);
+  c.conv_kernel = r.integer("linear_conv_kernel_dim", 1, 4);
+  if (c.lin_v_heads % c.lin_k_heads != 0)
+    r.fail("linear_num_value_heads", std::to_string(c.lin_v_heads) + " is not a multiple of linear_num_key_heads " +
+                                         std::to_string(c.lin_k_heads));
+  c.linear.assign(static_cast<size_t>(c.layers), 0);
+  if (r.has("layer_types")) {
+    const json& v = r.j.at("layer_types");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
+      r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
+                                " layer types (num_hidden_layers)");
+    for (size_t l = 0; l < v.size(); ++l) {
+      if (v[l] != "full_attention" && v[l] != "linear_attention")
+        r.fail("layer_types", "holds " + v[l].dump() + " (accepted: \"full_attention\", \"linear_attention\")");
+      c.linear[l] = v[l] == "linear_attention";
+    }
+    return;
+  }
+  const int64_t interval = r.integer("full_attention_interval", 1, 4);
+  for (int64_t l = 0; l < c.layers; ++l) c.linear[static_cast<size_t>(l)] = (l + 1) % interval != 0;
+}
+
 // eos_token_id: an id or a list of ids (absent or null: none).
 std::vector<int64_t> eos_ids(const json& j, const std::string& file) {
   std::vector<int64_t> ids;
@@ -318,18 +350,25 @@ ModelConfig read_config(const std::string& folder) {
     throw std::runtime_error(file + ": not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_object()) throw std::runtime_error(file + ": expected a JSON object");
-  const Reader r{j, file};
   ModelConfig c;
   c.path = file;
-  if (!r.has("architectures") || !j.at("architectures").is_array() || j.at("architectures").empty() ||
+  const Reader top{j, file};
+  if (!top.has("architectures") || !j.at("architectures").is_array() || j.at("architectures").empty() ||
       !j.at("architectures")[0].is_string())
-    r.fail("architectures", "missing; supported: " + join(kSupportedArchitectures));
+    top.fail("architectures", "missing; supported: " + join(kSupportedArchitectures));
   c.architecture = j.at("architectures")[0].get<std::string>();
   bool known = false;
   for (const auto& a : kSupportedArchitectures) known = known || a == c.architecture;
   if (!known)
-    r.fail("architectures",
-           "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) + ")");
+    top.fail("architectures",
+             "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) + ")");
+  // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
+  const bool multimodal = c.architecture == "Qwen3_5ForConditionalGeneration";
+  if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
+    top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
+  if (multimodal) c.prefix = "model.language_model.";
+  const json& text = multimodal ? j.at("text_config") : j;
+  const Reader r{text, multimodal ? file + ": text_config" : file};
   c.vocab = r.integer("vocab_size", 1);
   c.hidden = r.integer("hidden_size", 1);
   c.layers = r.integer("num_hidden_layers", 1);
@@ -346,10 +385,10 @@ ModelConfig read_config(const std::string& folder) {
                            "num_attention_heads " +
                            std::to_string(c.heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
-  c.rms_eps = r.real(j, "rms_norm_eps", 1e-6);
+  c.rms_eps = r.real(text, "rms_norm_eps", 1e-6);
   read_rope(r, c);
   if (r.has("max_position_embeddings"))
-    c.max_position = static_cast<int64_t>(r.real(j, "max_position_embeddings", 0.0));
+    c.max_position = static_cast<int64_t>(r.real(text, "max_position_embeddings", 0.0));
   if (c.rope.type != "default")
     c.max_position =
         std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
@@ -359,20 +398,25 @@ ModelConfig read_config(const std::string& folder) {
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;
   const bool glm = c.architecture == "Glm4MoeForCausalLM";         // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
-  c.qk_norm = qwen3 || (glm && r.boolean("use_qk_norm", false));
+  c.qk_norm = qwen3 || c.qwen3_5() || (glm && r.boolean("use_qk_norm", false));
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
   const bool phi3 = c.architecture == "Phi3ForCausalLM";       // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
   c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && r.boolean("attention_bias", gpt_oss);
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_quantization(r, c);
+  if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   if (moe || qwen2_moe || mixtral || glm || gpt_oss) read_experts(r, c);
-  if (r.has("tie_word_embeddings")) c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
+  if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
+    c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
+  else if (r.has("tie_word_embeddings"))
+    c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
+  if (c.qwen3_5()) read_linear_attention(r, c);
   read_sliding_layers(r, mistral || phi3 || gpt_oss, c);
-  c.eos = eos_ids(j, file);
+  c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";
   if (fs::is_regular_file(generation)) {
     std::ifstream g(generation);

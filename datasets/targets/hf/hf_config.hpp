@@ -2,8 +2,9 @@
 // dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 // Qwen3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-4: q|k|v and gate|up stored packed), and the mixtures of experts
 // Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (gpt-oss:
-// attention sinks, a clamped GLU, biases on the router and the experts, its experts in bf16 or MXFP4). Anything else
-// is refused with the architecture found and the list.
+// attention sinks, a clamped GLU, biases on the router and the experts, its experts in bf16 or MXFP4), and the hybrid
+// Qwen3.5 (Qwen3_5ForCausalLM, or the language model of Qwen3_5ForConditionalGeneration: Gated DeltaNet layers
+// between gated attention layers). Anything else is refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,11 @@ struct RopeScaling {
 struct ModelConfig {
   std::string path;          // the config.json read
   std::string architecture;  // e.g. "Qwen3ForCausalLM"
+  // Where the decoder's tensors sit: "model." (model.embed_tokens, model.layers.N., model.norm), or
+  // "model.language_model." for a multimodal checkpoint's language model (Qwen3_5ForConditionalGeneration,
+  // whose config.json holds the decoder's keys in text_config).
+  std::string prefix = "model.";
+  bool qwen3_5() const { return architecture.rfind("Qwen3_5For", 0) == 0; }
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
@@ -85,6 +91,17 @@ struct ModelConfig {
   bool sinks = false, norm_weight_fp32 = false;
   double glu_alpha = 0, glu_limit = 0;
   std::string quant_method;  // quantization_config's quant_method ("" for none)
+  // Qwen3.5: layer_types "linear_attention" (or every full_attention_interval-th layer full, the
+  // others linear) mark Gated DeltaNet layers (transformers' Qwen3_5GatedDeltaNet): q, k, v of
+  // linear_num_key_heads x linear_key_head_dim (q, k) and linear_num_value_heads x linear_value_head_dim
+  // (v) through a causal depthwise convolution of linear_conv_kernel_dim taps and SiLU, the gated delta
+  // rule over them, a gated RMSNorm and out_proj. Its attention layers gate their output with
+  // sigmoid(a second half of q_proj per head) (attn_gate), and every RMSNorm of the model but the gated
+  // one scales by 1 + w in float32 (norm_plus_one; q / k norms too).
+  std::vector<uint8_t> linear;  // per layer (empty: none)
+  int64_t lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, conv_kernel = 0;
+  bool attn_gate = false, norm_plus_one = false;
+  bool linear_attention(int64_t layer) const { return !linear.empty() && linear[static_cast<size_t>(layer)]; }
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
