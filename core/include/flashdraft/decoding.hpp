@@ -78,6 +78,15 @@ class FLASHDRAFT_API TargetDecoder {
   // of the new positions enter the cache. Rows whose tokens are padding still run (their
   // outputs are ignored by the caller).
   virtual Output forward(const at::Tensor& tokens, const std::vector<int64_t>& start) = 0;
+  // The same, row b's real tokens being its first real[b] (the rest padding). A decoder whose state
+  // is not indexed by position (a recurrent layer's: Qwen3.5's Gated DeltaNet) needs them: it keeps
+  // what rolls its state back to any position up to start[b] + real[b], and the next call's start[b]
+  // must be one of those (or 0, a new sequence). The default ignores them.
+  virtual Output forward(const at::Tensor& tokens, const std::vector<int64_t>& start,
+                         const std::vector<int64_t>& real) {
+    (void)real;
+    return forward(tokens, start);
+  }
 };
 
 }  // namespace flashdraft

@@ -29,7 +29,7 @@ namespace flashdraft {
 
 // Bump on any change of the descriptor or of an interface class layout (one number:
 // the engine's version, and the one plugins compile unless a test overrides it).
-#define FLASHDRAFT_ENGINE_API_VERSION 10
+#define FLASHDRAFT_ENGINE_API_VERSION 11
 #ifndef FLASHDRAFT_PLUGIN_API_VERSION
 #define FLASHDRAFT_PLUGIN_API_VERSION FLASHDRAFT_ENGINE_API_VERSION
 #endif

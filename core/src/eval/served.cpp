@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <tuple>
 
 namespace flashdraft {
 
@@ -159,17 +160,19 @@ class ServedBatch {
     std::unique_ptr<TargetDecoder> target = c_.target->decoder(B_, capacity_, c_.target_layers, *c_.target_attention);
     const DeviceMark before(c_.device);
     const auto t0 = std::chrono::steady_clock::now();
-    for (const auto& [tokens, start] : calls_) target->forward(tokens, start);
+    for (const auto& [tokens, start, real] : calls_) target->forward(tokens, start, real);
     const DeviceMark after(c_.device);
     tally_.floor_seconds += c_.device.is_cuda()
                                 ? after.seconds_since(before)
                                 : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  at::Tensor target_forward(const at::Tensor& tokens, const std::vector<int64_t>& start, TargetDecoder::Output* out) {
-    if (c_.replay_floor) calls_.emplace_back(tokens.clone(), start);
+  // (real: each row's real tokens, the first of its row; the rest is padding)
+  at::Tensor target_forward(const at::Tensor& tokens, const std::vector<int64_t>& start,
+                            const std::vector<int64_t>& real, TargetDecoder::Output* out) {
+    if (c_.replay_floor) calls_.emplace_back(tokens.clone(), start, real);
     DeviceMark before(c_.device);
-    *out = target_->forward(tokens, start);
+    *out = target_->forward(tokens, start, real);
     timers_.push_back(ForwardTimer{std::move(before), DeviceMark(c_.device)});
     ++tally_.target_forwards;
     tally_.target_tokens += tokens.numel();
@@ -187,7 +190,7 @@ class ServedBatch {
     if (by_target_) {
       const at::Tensor tokens = device_tokens(tokens_, longest);
       TargetDecoder::Output out;
-      target_forward(tokens, zero, &out);
+      target_forward(tokens, zero, prompt, &out);
       const at::Tensor at_last = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).to(c_.device) - 1;
       const at::Tensor last = out.last.gather(1, at_last.view({B_, 1, 1}).expand({B_, 1, out.last.size(2)}));
       const at::Tensor logits = at::linear(last.squeeze(1), c_.target_model.lm_head);
@@ -277,7 +280,9 @@ class ServedBatch {
     *block = at::zeros({B_, K_ + 1}, at::TensorOptions().dtype(at::kLong).device(c_.device));
     block->select(1, 0).copy_(request.last);
     block->narrow(1, 1, K).copy_(proposal.tokens);
-    const at::Tensor last_states = target_forward(*block, start_, out);
+    std::vector<int64_t> real(count.size());  // this token and its proposals (0 for a row done)
+    for (size_t b = 0; b < count.size(); ++b) real[b] = active(static_cast<int64_t>(b)) ? count[b] + 1 : 0;
+    const at::Tensor last_states = target_forward(*block, start_, real, out);
     const at::Tensor logits = at::linear(last_states, c_.target_model.lm_head);  // [B, K_ + 1, V]
     const at::Tensor counts = at::tensor(count, at::TensorOptions().dtype(at::kLong)).to(c_.device);
     at::Tensor acc, next;
@@ -382,7 +387,8 @@ class ServedBatch {
   std::vector<uint8_t> stopped_;
   std::vector<std::vector<int64_t>> acceptance_;
   std::vector<ForwardTimer> timers_;
-  std::vector<std::pair<at::Tensor, std::vector<int64_t>>> calls_;  // replay_floor: every target forward
+  // replay_floor: every target forward (tokens, start, real)
+  std::vector<std::tuple<at::Tensor, std::vector<int64_t>, std::vector<int64_t>>> calls_;
 };
 
 }  // namespace

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace flashdraft::hf {
 
@@ -17,32 +20,17 @@ at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, tr
 // [B, T, H, D] -> [B, H, T, D] float32, contiguous
 at::Tensor heads_first(const at::Tensor& x) { return x.transpose(1, 2).to(at::kFloat).contiguous(); }
 
-// One document: the projections' slices [B, T, ...] through the convolution, the rule and the norm.
-at::Tensor mix_document(const GatedDeltaNet& w, const at::Tensor& qkv, const at::Tensor& z, const at::Tensor& b,
-                        const at::Tensor& a) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2), taps = w.conv.size(1);
-  // transformers' causal_conv1d_fn: conv1d over [B, C, T] with taps - 1 zeros of history, then SiLU
-  const at::Tensor conv =
-      at::conv1d(qkv.transpose(1, 2), w.conv.unsqueeze(1), at::Tensor(), 1, taps - 1, 1, C).narrow(-1, 0, T);
-  const at::Tensor mixed = at::silu(conv).transpose(1, 2);  // [B, T, C]
-  const int64_t kd = w.k_heads * w.k_dim, vd = w.v_heads * w.v_dim;
-  const at::Tensor q = mixed.narrow(-1, 0, kd).reshape({B, T, w.k_heads, w.k_dim});
-  const at::Tensor k = mixed.narrow(-1, kd, kd).reshape({B, T, w.k_heads, w.k_dim});
-  const at::Tensor v = mixed.narrow(-1, 2 * kd, vd).reshape({B, T, w.v_heads, w.v_dim});
-  const at::Tensor beta = at::sigmoid(b);
-  const at::Tensor g = w.neg_A * at::softplus(a.to(at::kFloat) + w.dt_bias);  // float32
-  const at::Tensor o = chunk_gated_delta_rule(q, k, v, g, beta);            // [B, T, Hv, Dv]
-  // Qwen3_5RMSNormGated: normed in float32, rounded, times w; times silu(z) in float32, rounded
-  const at::Tensor of = o.to(at::kFloat);
-  const at::Tensor normed = (of * at::rsqrt(of.pow(2).mean(-1, true) + w.eps)).to(o.scalar_type());
-  const at::Tensor gated = (w.norm * normed) * at::silu(z.reshape({B, T, w.v_heads, w.v_dim}).to(at::kFloat));
-  return gated.to(o.scalar_type()).reshape({B, T, vd});
-}
+// The rule's run: its output and, for rows whose chunk `capture` names ([B] int64, chunk index), the state at
+// that chunk's start, its keys (l2-normed), new values and log decays from the chunk's start.
+struct RuleRun {
+  at::Tensor out;                                       // [B, T, Hv, Dv] in v's dtype
+  at::Tensor chunk_state, keys, new_values, log_decay;  // [B, Hv, Dk, Dv], [B, Hv, C, Dk], [B, Hv, C, Dv], [B, Hv, C]
+};
 
-}  // namespace
-
-at::Tensor chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                  const at::Tensor& g_in, const at::Tensor& beta_in) {
+// The gated delta rule in chunks of kChunk positions from `initial` ([B, Hv, Dk, Dv] float32; undefined: zeros),
+// as transformers' torch_chunk_gated_delta_rule computes it.
+RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g_in,
+                 const at::Tensor& beta_in, const at::Tensor& initial, const at::Tensor& capture) {
   const int64_t B = k_in.size(0), T = k_in.size(1), Hk = k_in.size(2), Dk = k_in.size(3);
   const int64_t Hv = v_in.size(2), Dv = v_in.size(3);
   at::Tensor q = q_in, k = k_in;
@@ -76,30 +64,102 @@ at::Tensor chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in
   const at::Tensor k_cumdecay = at::linalg_solve_triangular(system, k_beta * cum.exp().unsqueeze(-1),
                                                             /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
   const at::Tensor q_decayed = q * cum.exp().unsqueeze(-1);
-  const at::Tensor last = cum.narrow(-1, kChunk - 1, 1);                   // [B, H, n, 1]
-  const at::Tensor k_decayed = k * (last - cum).exp().unsqueeze(-1);       // to the chunk's end
-  const at::Tensor chunk_decay = last.exp().unsqueeze(-1);                 // [B, H, n, 1, 1]
-  at::Tensor state = at::zeros({B, Hv, Dk, Dv}, v.options());
+  const at::Tensor last = cum.narrow(-1, kChunk - 1, 1);              // [B, H, n, 1]
+  const at::Tensor k_decayed = k * (last - cum).exp().unsqueeze(-1);  // to the chunk's end
+  const at::Tensor chunk_decay = last.exp().unsqueeze(-1);            // [B, H, n, 1, 1]
+  at::Tensor state = initial.defined() ? initial : at::zeros({B, Hv, Dk, Dv}, v.options());
   at::Tensor out = at::empty_like(values);
+  RuleRun run;
+  if (capture.defined()) {
+    run.chunk_state = at::zeros_like(state);
+    run.new_values = at::zeros({B, Hv, kChunk, Dv}, v.options());
+  }
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor v_new = values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);
     out.select(2, i).copy_(at::matmul(q_decayed.select(2, i), state) + at::matmul(intra.select(2, i), v_new));
+    if (capture.defined()) {
+      const at::Tensor here = capture.eq(i).view({B, 1, 1, 1});
+      run.chunk_state = at::where(here, state, run.chunk_state);
+      run.new_values = at::where(here, v_new, run.new_values);
+    }
     state = state * chunk_decay.select(2, i) + at::matmul(k_decayed.select(2, i).transpose(-1, -2), v_new);
   }
-  return out.reshape({B, Hv, n * kChunk, Dv}).narrow(2, 0, T).transpose(1, 2).contiguous().to(v_in.scalar_type());
+  if (capture.defined()) {
+    const at::Tensor at_chunk = capture.view({B, 1, 1, 1});
+    run.keys = k.gather(2, at_chunk.unsqueeze(-1).expand({B, Hv, 1, kChunk, Dk})).squeeze(2);
+    run.log_decay = cum.gather(2, at_chunk.expand({B, Hv, 1, kChunk})).squeeze(2);
+  }
+  run.out = out.reshape({B, Hv, n * kChunk, Dv}).narrow(2, 0, T).transpose(1, 2).contiguous().to(v_in.scalar_type());
+  return run;
+}
+
+// q, k, v, g, beta from the convolution's output mixed [B, T, C] (after SiLU) and the projections b, a.
+struct RuleInputs {
+  at::Tensor q, k, v, g, beta;
+};
+RuleInputs rule_inputs(const GatedDeltaNet& w, const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a) {
+  const int64_t B = mixed.size(0), T = mixed.size(1), kd = w.k_heads * w.k_dim, vd = w.v_heads * w.v_dim;
+  RuleInputs in;
+  in.q = mixed.narrow(-1, 0, kd).reshape({B, T, w.k_heads, w.k_dim});
+  in.k = mixed.narrow(-1, kd, kd).reshape({B, T, w.k_heads, w.k_dim});
+  in.v = mixed.narrow(-1, 2 * kd, vd).reshape({B, T, w.v_heads, w.v_dim});
+  in.beta = at::sigmoid(b);
+  in.g = w.neg_A * at::softplus(a.to(at::kFloat) + w.dt_bias);  // float32
+  return in;
+}
+
+// Qwen3_5RMSNormGated on the rule's output o [B, T, Hv, Dv]: normed in float32, rounded, times w; times silu(z)
+// in float32, rounded: [B, T, Hv Dv].
+at::Tensor gated_norm(const GatedDeltaNet& w, const at::Tensor& o, const at::Tensor& z) {
+  const int64_t B = o.size(0), T = o.size(1);
+  const at::Tensor of = o.to(at::kFloat);
+  const at::Tensor normed = (of * at::rsqrt(of.pow(2).mean(-1, true) + w.eps)).to(o.scalar_type());
+  const at::Tensor gated = (w.norm * normed) * at::silu(z.reshape({B, T, w.v_heads, w.v_dim}).to(at::kFloat));
+  return gated.to(o.scalar_type()).reshape({B, T, w.v_heads * w.v_dim});
+}
+
+// conv1d over x [B, T, C] (as [B, C, T]) with one filter of w [C, taps] a channel, `zeros` zeros of history on the
+// left: [B, C, T + zeros - taps + 1].
+at::Tensor depthwise_conv(const at::Tensor& x, const at::Tensor& w, int64_t zeros) {
+  const std::vector<int64_t> stride = {1}, padding = {zeros}, dilation = {1};
+  return at::conv1d(x.transpose(1, 2), w.unsqueeze(1), at::Tensor(), stride, padding, dilation, x.size(2));
+}
+
+// The projection h W_in^T split: the convolution's inputs, z, b, a.
+struct Projected {
+  at::Tensor x, z, b, a;
+};
+Projected project(const GatedDeltaNet& w, const at::Tensor& h) {
+  const int64_t kd = w.k_heads * w.k_dim, vd = w.v_heads * w.v_dim, C = 2 * kd + vd;
+  const at::Tensor proj = at::linear(h, w.in_proj);  // [B, S, C + vd + 2 Hv]
+  return {proj.narrow(-1, 0, C), proj.narrow(-1, C, vd), proj.narrow(-1, C + vd, w.v_heads),
+          proj.narrow(-1, C + vd + w.v_heads, w.v_heads)};
+}
+
+// One document from a zero state: transformers' causal_conv1d_fn (conv1d over [B, C, T] with taps - 1 zeros
+// of history), then SiLU, the rule and the gated norm.
+at::Tensor mix_document(const GatedDeltaNet& w, const Projected& p) {
+  const int64_t T = p.x.size(1), taps = w.conv.size(1);
+  const at::Tensor conv = depthwise_conv(p.x, w.conv, taps - 1).narrow(-1, 0, T);
+  const RuleInputs in = rule_inputs(w, at::silu(conv).transpose(1, 2), p.b, p.a);
+  return gated_norm(w, run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor()).out, p.z);
+}
+
+}  // namespace
+
+at::Tensor chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta) {
+  return run_rule(q, k, v, g, beta, at::Tensor(), at::Tensor()).out;
 }
 
 at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
                            const std::vector<std::vector<int64_t>>& documents) {
   const int64_t B = h.size(0), S = h.size(1);
-  const int64_t kd = w.k_heads * w.k_dim, vd = w.v_heads * w.v_dim, C = 2 * kd + vd;
-  const at::Tensor proj = at::linear(h, w.in_proj);  // [B, S, C + vd + 2 Hv]
-  const at::Tensor qkv = proj.narrow(-1, 0, C), z = proj.narrow(-1, C, vd);
-  const at::Tensor b = proj.narrow(-1, C + vd, w.v_heads), a = proj.narrow(-1, C + vd + w.v_heads, w.v_heads);
+  const Projected p = project(w, h);
   bool whole_rows = true;  // every row one document (padding after it changes no real position)
   for (const auto& d : documents) whole_rows = whole_rows && d.size() <= 1;
-  if (whole_rows) return mix_document(w, qkv, z, b, a);
-  at::Tensor out = at::empty({B, S, vd}, h.options());
+  if (whole_rows) return mix_document(w, p);
+  at::Tensor out = at::empty({B, S, w.v_heads * w.v_dim}, h.options());
   for (int64_t r = 0; r < B; ++r) {
     std::vector<int64_t> lengths = documents[static_cast<size_t>(r)];
     int64_t used = 0;
@@ -109,11 +169,101 @@ at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
     for (int64_t len : lengths) {
       if (len <= 0) continue;
       const auto part = [&](const at::Tensor& x) { return x.narrow(0, r, 1).narrow(1, start, len); };
-      out.narrow(0, r, 1).narrow(1, start, len).copy_(mix_document(w, part(qkv), part(z), part(b), part(a)));
+      out.narrow(0, r, 1).narrow(1, start, len).copy_(mix_document(w, {part(p.x), part(p.z), part(p.b), part(p.a)}));
       start += len;
     }
   }
   return out;
+}
+
+GatedDeltaCache::GatedDeltaCache(const GatedDeltaNet& w, int64_t batch, c10::ScalarType dtype, c10::Device device)
+    : w_(w),
+      batch_(batch),
+      taps_(w.conv.size(1)),
+      base_(static_cast<size_t>(batch), -1),
+      real_(static_cast<size_t>(batch), 0),
+      chunk_start_(static_cast<size_t>(batch), 0) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  state_ = at::zeros({batch, w.v_heads, w.k_dim, w.v_dim}, f32);
+  history_ = at::zeros({batch, taps_ - 1, w.conv.size(0)}, f32.dtype(dtype));
+}
+
+void GatedDeltaCache::commit(const std::vector<int64_t>& start) {
+  const int64_t B = batch_;
+  std::vector<int64_t> offset(static_cast<size_t>(B), 0);  // into the row's captured chunk
+  std::vector<uint8_t> fresh(static_cast<size_t>(B), 0);
+  bool any_run = false;
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    if (start[i] == 0) {
+      fresh[i] = 1;
+      continue;
+    }
+    const int64_t o = start[i] - base_[i];
+    if (base_[i] < 0 || o < chunk_start_[i] || o > real_[i])
+      throw std::logic_error("hf target decoder (Gated DeltaNet): row " + std::to_string(b) + " starts at position " +
+                             std::to_string(start[i]) + ", but its state can be rolled to positions " +
+                             (base_[i] < 0
+                                  ? std::string("0 only (nothing has run for it)")
+                                  : std::to_string(base_[i] + chunk_start_[i]) + ".." +
+                                        std::to_string(base_[i] + real_[i]) + " (its last call's real tokens) or 0"));
+    offset[i] = o - chunk_start_[i];
+    any_run = true;
+  }
+  if (any_run) {
+    const at::Device device = state_.device();
+    const int64_t H = w_.v_heads, C = keys_.size(2);
+    const at::Tensor r = at::tensor(offset, at::TensorOptions().dtype(at::kLong)).to(device).view({B, 1, 1});
+    // S(r) = S_chunk exp(cum[r - 1]) + sum_{j < r} exp(cum[r - 1] - cum[j]) k_j v_new_j^T (r = 0: S_chunk)
+    const at::Tensor cum_r = log_decay_.gather(2, (r - 1).clamp_min(0).expand({B, H, 1}));  // [B, H, 1]
+    const at::Tensor seen = at::arange(C, r.options()).view({1, 1, C}).lt(r);               // j < r
+    const at::Tensor weight = at::where(seen, (cum_r - log_decay_).exp(), at::zeros_like(log_decay_));
+    const at::Tensor factor = at::where(r.gt(0), cum_r.exp(), at::ones_like(cum_r)).unsqueeze(-1);
+    state_ = chunk_state_ * factor + at::matmul((keys_ * weight.unsqueeze(-1)).transpose(-1, -2), new_values_);
+    // the convolution's inputs at the taps - 1 positions before the new start
+    const at::Tensor at_r = r.view({B, 1, 1}) + at::arange(taps_ - 1, r.options()).view({1, taps_ - 1, 1});
+    history_ = inputs_.gather(1, at_r.expand({B, taps_ - 1, inputs_.size(2)}));
+  }
+  for (int64_t b = 0; b < B; ++b)
+    if (fresh[static_cast<size_t>(b)]) {
+      state_[b].zero_();
+      history_[b].zero_();
+    }
+}
+
+at::Tensor GatedDeltaCache::forward(const at::Tensor& h, const std::vector<int64_t>& start,
+                                    const std::vector<int64_t>& real) {
+  const int64_t B = h.size(0), T = h.size(1);
+  if (B != batch_ || static_cast<int64_t>(start.size()) != B || static_cast<int64_t>(real.size()) != B)
+    throw std::invalid_argument("hf target decoder (Gated DeltaNet): " + std::to_string(B) + " rows, " +
+                                std::to_string(start.size()) + " starts and " + std::to_string(real.size()) +
+                                " real counts for a decoder of " + std::to_string(batch_) + " rows");
+  commit(start);
+  const Projected p = project(w_, h);
+  const int64_t Cc = p.x.size(2), K = taps_;
+  const at::Tensor full = at::cat({history_, p.x}, 1);  // [B, K - 1 + T, C]: the inputs the convolution reads
+  const at::Tensor conv = depthwise_conv(full, w_.conv, 0);
+  const RuleInputs in = rule_inputs(w_, at::silu(conv).transpose(1, 2), p.b, p.a);
+  std::vector<int64_t> chunk(static_cast<size_t>(B), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = real[static_cast<size_t>(b)];
+    if (n < 0 || n > T)
+      throw std::invalid_argument("hf target decoder (Gated DeltaNet): row " + std::to_string(b) + " has " +
+                                  std::to_string(n) + " real tokens of " + std::to_string(T));
+    chunk[static_cast<size_t>(b)] = n > 0 ? (n - 1) / kChunk : 0;
+  }
+  const at::Tensor capture = at::tensor(chunk, at::TensorOptions().dtype(at::kLong)).to(h.device());
+  RuleRun run = run_rule(in.q, in.k, in.v, in.g, in.beta, state_, capture);
+  chunk_state_ = run.chunk_state, keys_ = run.keys, new_values_ = run.new_values, log_decay_ = run.log_decay;
+  // the convolution's inputs from each row's captured chunk's start - (K - 1) on: kChunk + K - 1 of them
+  const int64_t window = kChunk + K - 1;
+  const at::Tensor padded = at::constant_pad_nd(full, {0, 0, 0, window});
+  const at::Tensor from =
+      (capture * kChunk).view({B, 1, 1}) + at::arange(window, capture.options()).view({1, window, 1});
+  inputs_ = padded.gather(1, from.expand({B, window, Cc}));
+  for (int64_t b = 0; b < B; ++b) chunk_start_[static_cast<size_t>(b)] = chunk[static_cast<size_t>(b)] * kChunk;
+  base_ = start, real_ = real;
+  return gated_norm(w_, run.out, p.z);
 }
 
 }  // namespace flashdraft::hf

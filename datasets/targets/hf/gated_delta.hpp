@@ -12,17 +12,20 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <vector>
 
 namespace flashdraft::hf {
 
 struct GatedDeltaNet {
-  at::Tensor in_proj;   // [2 Hk Dk + Hv Dv + Hv Dv + 2 Hv, H]: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
-  at::Tensor conv;      // [2 Hk Dk + Hv Dv, taps], the model's dtype
-  at::Tensor neg_A;     // [Hv] float32: -exp(A_log)
-  at::Tensor dt_bias;   // [Hv], the model's dtype
-  at::Tensor norm;      // [Dv], the model's dtype (the gated RMSNorm's weight, applied as w, not 1 + w)
+  at::Tensor in_proj;  // [2 Hk Dk + Hv Dv + Hv Dv + 2 Hv, H]: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+  at::Tensor conv;     // [2 Hk Dk + Hv Dv, taps], the model's dtype
+  at::Tensor neg_A;    // [Hv] float32: -exp(A_log)
+  at::Tensor dt_bias;  // [Hv], the model's dtype
+  at::Tensor norm;     // [Dv], the model's dtype (the gated RMSNorm's weight, applied as w, not 1 + w)
   int64_t k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
   double eps = 1e-6;
   bool defined() const { return in_proj.defined(); }
@@ -38,5 +41,30 @@ at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
 // row, from a zero state): [B, T, Hv, Dv] in v's dtype. In float32, in chunks of 64 positions.
 at::Tensor chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                   const at::Tensor& beta);
+
+// One Gated DeltaNet layer's state in served decoding, per row: the recurrent state and the
+// convolution's last inputs at the row's committed position, and what rolls them forward to any
+// position the last call ran (its start state of the chunk holding the row's last real token, that
+// chunk's keys, new values and log decays, and the convolution's inputs around it). Each call first
+// commits every row to its start (a position the last call ran for it, up to its real tokens; 0: a
+// new sequence), so that a verification's rejected tokens never enter the state: what a server does,
+// and what transformers' cache does not (DynamicCache's crop leaves the recurrent state as the last
+// forward left it).
+class GatedDeltaCache {
+ public:
+  GatedDeltaCache(const GatedDeltaNet& w, int64_t batch, c10::ScalarType dtype, c10::Device device);
+  // The mixer's output before out_proj [B, T, Hv Dv] for h [B, T, H] (the layer's normed input) at
+  // positions start[b] + t; row b's real tokens its first real[b].
+  at::Tensor forward(const at::Tensor& h, const std::vector<int64_t>& start, const std::vector<int64_t>& real);
+
+ private:
+  void commit(const std::vector<int64_t>& start);
+  const GatedDeltaNet& w_;
+  int64_t batch_, taps_;
+  at::Tensor state_, history_;        // committed: [B, Hv, Dk, Dv] float32, [B, taps - 1, C]
+  std::vector<int64_t> base_, real_;  // the last call's start and real tokens per row (-1: none yet)
+  at::Tensor chunk_state_, keys_, new_values_, log_decay_, inputs_;  // what rolls a row forward (see above)
+  std::vector<int64_t> chunk_start_;  // per row: its captured chunk's first position in the last call
+};
 
 }  // namespace flashdraft::hf

@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <utility>
 
@@ -239,8 +240,7 @@ class HfTarget final : public Target {
           docs.window = cfg_.window(l);
           attention.set_mask(docs);
         }
-        a = layers::merge_heads(attend(attention, call++, L, p.q, p.k, p.v, scale));
-        if (L.attn_gate.defined()) a = a * at::sigmoid(at::linear(h, L.attn_gate));  // (Qwen3.5's output gate)
+        a = gated(L, layers::merge_heads(attend(attention, call++, L, p.q, p.k, p.v, scale)), h);
       }
       at::Tensor x1, h2;
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
@@ -275,9 +275,7 @@ class HfTarget final : public Target {
 
   // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row
   // and layer; every decoder layer is loaded and run.
-  // (Qwen3.5: its served decoding, with the Gated DeltaNet's state rolled back to the accepted tokens, is not
-  // built; served τ is then measured on the data's tokens, and verification is not offered)
-  bool decodes() const override { return !cfg_.qwen3_5(); }
+  bool decodes() const override { return true; }
   std::unique_ptr<TargetDecoder> decoder(int64_t batch, int64_t capacity, const std::vector<int64_t>& layers,
                                          AttentionContext& attention) override {
     for (int64_t l : layers)
@@ -302,7 +300,7 @@ class HfTarget final : public Target {
   // after every prefix of every block. Attention here is computed densely in this plugin
   // (validation only, N * BS queries), not through the engine's dispatcher.
   at::Tensor verify(const Batch& batch, const at::Tensor& anchors, const at::Tensor& blocks) override {
-    if (cfg_.qwen3_5()) return {};
+    if (!cfg_.linear.empty()) return {};  // (Qwen3.5: each block would need the Gated DeltaNet's state at its anchor)
     at::NoGradGuard frozen;
     load_every_layer();
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = blocks.size(1), BS = blocks.size(2);
@@ -342,12 +340,23 @@ class HfTarget final : public Target {
         : t_(t), batch_(batch), capacity_(capacity), layers_(std::move(layers)), attention_(attention) {
       const auto opts = at::TensorOptions().dtype(t.dtype_).device(t.device_);
       for (size_t l = 0; l < t.layers_.size(); ++l) {
+        if (t.layers_[l].gdn.defined()) {  // (Qwen3.5's Gated DeltaNet: a state per row, not keys and values)
+          k_.emplace_back(), v_.emplace_back();
+          gdn_.push_back(std::make_unique<hf::GatedDeltaCache>(t.layers_[l].gdn, batch, t.dtype_, t.device_));
+          continue;
+        }
         k_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
         v_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
+        gdn_.emplace_back();
       }
     }
 
     Output forward(const at::Tensor& tokens, const std::vector<int64_t>& start) override {
+      return forward(tokens, start, std::vector<int64_t>(start.size(), tokens.size(1)));
+    }
+
+    Output forward(const at::Tensor& tokens, const std::vector<int64_t>& start,
+                   const std::vector<int64_t>& real) override {
       at::NoGradGuard frozen;
       const int64_t B = tokens.size(0), T = tokens.size(1), H = t_.cfg_.hidden, D = t_.cfg_.head_dim;
       if (B != batch_ || static_cast<int64_t>(start.size()) != B)
@@ -375,17 +384,23 @@ class HfTarget final : public Target {
       at::Tensor x = t_.embed_.index_select(0, tokens.to(t_.device_, at::kLong).reshape({-1})).view({B, T, H});
       std::vector<at::Tensor> features(layers_.size());
       const double scale = 1.0 / std::sqrt(double(D));
+      int64_t call = 0;  // the forward's attention calls so far
       for (size_t l = 0; l < t_.layers_.size(); ++l) {
         const DecoderLayer& L = t_.layers_[l];
-        const QKV p = t_.project(L, x, cos, sin);
-        k_[l].scatter_(2, index, p.k);
-        v_[l].scatter_(2, index, p.v);
-        if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
-          mask.window = t_.cfg_.window(static_cast<int64_t>(l));
-          attention_.set_mask(mask);
+        const at::Tensor h = t_.rms_norm(x, L.input_norm);
+        if (gdn_[l]) {
+          x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real));
+        } else {
+          const QKV p = t_.project(L, h, cos, sin);
+          k_[l].scatter_(2, index, p.k);
+          v_[l].scatter_(2, index, p.v);
+          if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
+            mask.window = t_.cfg_.window(static_cast<int64_t>(l));
+            attention_.set_mask(mask);
+          }
+          const at::Tensor a = t_.attend(attention_, call++, L, p.q.contiguous(), k_[l], v_[l], scale);
+          x = t_.finish_layer(L, x, t_.gated(L, layers::merge_heads(a), h));
         }
-        const at::Tensor a = t_.attend(attention_, static_cast<int64_t>(l), L, p.q.contiguous(), k_[l], v_[l], scale);
-        x = t_.finish_layer(L, x, a);
         for (size_t i = 0; i < layers_.size(); ++i)
           if (layers_[i] == static_cast<int64_t>(l))
             features[i] = static_cast<int64_t>(l) == t_.cfg_.layers - 1 ? t_.rms_norm(x, t_.final_norm_) : x;
@@ -401,7 +416,8 @@ class HfTarget final : public Target {
     int64_t batch_, capacity_;
     std::vector<int64_t> layers_;
     AttentionContext& attention_;
-    std::vector<at::Tensor> k_, v_;
+    std::vector<at::Tensor> k_, v_;                          // per attention layer (undefined for the others)
+    std::vector<std::unique_ptr<hf::GatedDeltaCache>> gdn_;  // per Gated DeltaNet layer (null for the others)
   };
 
   at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
@@ -735,16 +751,24 @@ class HfTarget final : public Target {
   }
 
   using QKV = frozen::Qkv;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
-  QKV project(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-    const at::Tensor qkv = at::linear(rms_norm(x, L.input_norm), L.qkv, L.qkv_bias);
+  // q, k, v of an attention layer from its normed input h.
+  QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin) const {
+    const at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
     return frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
   }
 
-  // The rest of a layer after attention: output projection, residual, MLP, residual. (cuBLAS's
+  // An attention layer's merged output a [..., heads D] times Qwen3.5's output gate sigmoid(h W_gate^T), in the
+  // model's dtype as transformers' ops round it (no gate: a).
+  static at::Tensor gated(const DecoderLayer& L, const at::Tensor& a, const at::Tensor& h) {
+    return L.attn_gate.defined() ? a * at::sigmoid(at::linear(h, L.attn_gate)) : a;
+  }
+
+  // The rest of a layer after attention (a: its merged output [..., heads D], or a Gated DeltaNet's mixer's):
+  // output projection, residual, MLP, residual. (cuBLAS's
   // gate / up product and the separate SwiGLU pass: this cached path's values stay as they were; the
   // training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
-    const at::Tensor o = at::linear(layers::merge_heads(a), L.o_proj, L.o_bias);
+    const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
     if (L.sparse()) return x1 + experts(L, h2);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
@@ -897,7 +921,7 @@ class HfTarget final : public Target {
   };
   DenseOut dense_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& k_prefix, const at::Tensor& v_prefix, const at::Tensor& mask) const {
-    const QKV p = project(L, x, cos, sin);
+    const QKV p = project(L, rms_norm(x, L.input_norm), cos, sin);
     const int64_t group = cfg_.heads / cfg_.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
@@ -923,7 +947,7 @@ class HfTarget final : public Target {
     } else {
       a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
     }
-    return {finish_layer(L, x, a), p.k, p.v};
+    return {finish_layer(L, x, layers::merge_heads(a)), p.k, p.v};
   }
 
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them. LongRoPE: a
