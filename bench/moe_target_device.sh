@@ -9,7 +9,11 @@
 # (bench/qwen2_57b_a14b_hf_target.toml: 4 of its 28 layers, ~17 GiB; layers 0 and 2 read, 3 run) or, with
 # MOE=gpt-oss-20b, at gpt-oss-20b's (bench/gpt_oss_20b_hf_target.toml: 4 of its 24 layers, bf16 experts,
 # ~9 GiB; layers 1 and 2 read, 3 run; transformers runs gpt-oss with its eager attention, which has the
-# sinks, not SDPA, which has none: the reference and the peer use it).
+# sinks, not SDPA, which has none: the reference and the peer use it) or, not a mixture of experts, with
+# MOE=qwen3.5-27b at Qwen3.5-27B's (hybrid: bench/qwen3_5_27b_hf_target.toml, 4 of its 64 layers, ~7.6 GiB:
+# Gated DeltaNet layers 0-2, attention layer 3, whose heads of 256 flash_cuda does not run: the target's
+# attention on dense_ref; layers 1 and 3 read, 4 run; transformers' Gated DeltaNet is its torch path there,
+# flash-linear-attention not being installed).
 #   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
 #   [".deps", "build-device"] after
 #   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
@@ -40,9 +44,13 @@ case $MOE in
   glm-4.5-air) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=151552 FAMILY=glm4_moe TOML=bench/glm_4_5_air_hf_target.toml ;;
   gpt-oss-20b) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=201088 FAMILY=gpt_oss TOML=bench/gpt_oss_20b_hf_target.toml \
                PEER_ATTN=eager ;;
-  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air or gpt-oss-20b" >&2; exit 2 ;;
+  qwen3.5-27b) CKPT_LAYERS=4 LAYERS=1,3 RUN=4 VOCAB=248320 FAMILY=qwen3_5 TOML=bench/qwen3_5_27b_hf_target.toml \
+               TKERN=dense_ref ;;
+  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, gpt-oss-20b or qwen3.5-27b" >&2
+     exit 2 ;;
 esac
 PEER_ATTN=${PEER_ATTN:-sdpa}  # transformers' attention for the reference states and the peer's timing
+TKERN=${TKERN:-flash_cuda}    # the kernel of our target's attention in the states comparison
 OUT=${OUT:-/tmp/moe-target-device}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/moe-target-device.log") 2>&1
@@ -77,10 +85,10 @@ fi
 wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
 
 echo "=== hidden states at the real shape against transformers"
-timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" "$VOCAB" "$PEER_ATTN" <<'PY' | tee "$OUT/states.txt"
+timeout -k 5 200 python3 - "$BUILD" "$CKPT" "$LAYERS" "$VOCAB" "$PEER_ATTN" "$TKERN" <<'PY' | tee "$OUT/states.txt"
 import subprocess, sys, torch
 from safetensors.torch import save_file, load_file
-build, ckpt, layer_list, vocab, peer_attn = sys.argv[1:6]
+build, ckpt, layer_list, vocab, peer_attn, kernel = sys.argv[1:7]
 layers = [int(x) for x in layer_list.split(",")]
 torch.manual_seed(0)
 tokens = torch.randint(0, int(vocab), (1, 3072))
@@ -88,7 +96,7 @@ save_file({"tokens": tokens, "lengths": torch.tensor([3072])}, "/tmp/states_in.s
 ours = {}
 for k in ("engine", "aten"):
     p = subprocess.run([f"{build}/bin/target_states", "hf", ckpt, "/tmp/states_in.safetensors", f"/tmp/states_{k}.safetensors",
-                        layer_list, "flash_cuda", "bfloat16", "cuda", k], capture_output=True, text=True)
+                        layer_list, kernel, "bfloat16", "cuda", k], capture_output=True, text=True)
     print(k, "rc", p.returncode, p.stdout.strip().splitlines()[-2:] if p.returncode == 0 else p.stderr.strip()[-300:])
     ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
 from bench.device_common import rel, transformers_states
@@ -117,7 +125,7 @@ run_ours() {
     $TOML > /tmp/moe_$k.toml
   timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/moe_$k.toml --out /tmp/moe-runs $prof > /tmp/run_$k.log 2>&1
   echo "=== ours, [target] kernels = $k: rc $? ($(( $(date +%s) - t0 )) s)"
-  grep -E "^target:|^error" /tmp/run_$k.log | head -3
+  grep -E "^target:|^error|^warning" /tmp/run_$k.log | head -3
   grep -A12 "^ *target_forward " /tmp/run_$k.log | head -13
   python3 - /tmp/moe-runs/moe_$k.h5 $k <<'PY' | tee -a "$OUT/ours.txt"
 import statistics, sys, h5py
