@@ -188,17 +188,18 @@ MOE_FAMILIES = {
     "qwen2_moe": ("Qwen2MoeForCausalLM", dict(norm_topk_prob=True)),
     "mixtral": ("MixtralForCausalLM", dict(num_experts_per_tok=1)),
     "glm4_moe": ("Glm4MoeForCausalLM", dict(topk_group=4)),
+    "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", dict(num_experts_per_tok=1)),
 }
 
 
 @pytest.mark.parametrize("family", list(MOE_FAMILIES))
 def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
-    """Qwen3-MoE, Qwen2-MoE, Mixtral and GLM-4.5: the states equal transformers' (the family test above)
+    """Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5 and Qwen3.5-MoE: the states equal transformers' (the family test above)
     and that is not vacuous: the tokens spread over the experts, and the same checkpoint read with
     another routing (Qwen3-MoE: without the renormalisation over the chosen experts, norm_topk_prob
-    false; Qwen2-MoE: with it; Mixtral, which always renormalises: one expert a token; GLM-4.5: its experts chosen from
-    all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
-    sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE and GLM-4.5: 0 dense)."""
+    false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
+    experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
+    sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE and GLM-4.5: 0 dense; Qwen3.5-MoE: every layer sparse)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)

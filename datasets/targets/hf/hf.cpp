@@ -114,6 +114,10 @@ class HfTarget final : public Target {
     } catch (const std::exception& e) {
       config_.fail("path", e.what());
     }
+    // (a Qwen3.5 language model saved under the multimodal checkpoint's prefix, as transformers also reads it)
+    if (cfg_.qwen3_5() && !checkpoint_->find(cfg_.prefix + "embed_tokens.weight") &&
+        checkpoint_->find("model.language_model.embed_tokens.weight"))
+      cfg_.prefix = "model.language_model.";
     if (keep_mxfp4_ && cfg_.quant_method != "mxfp4")
       config_.fail("mxfp4", "\"keep\" keeps a checkpoint's MXFP4 experts, but " + cfg_.path + " (" + cfg_.architecture +
                                 ") has none (no quantization_config with quant_method \"mxfp4\"); accepted here: "

@@ -14,9 +14,13 @@
 namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {
-    "LlamaForCausalLM",    "MistralForCausalLM",  "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM",
-    "Phi3ForCausalLM",     "GptOssForCausalLM",   "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"};
+    "LlamaForCausalLM",      "MistralForCausalLM",
+    "Qwen2ForCausalLM",      "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",   "Qwen2MoeForCausalLM",
+    "MixtralForCausalLM",    "Glm4MoeForCausalLM",
+    "Phi3ForCausalLM",       "GptOssForCausalLM",
+    "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -218,7 +222,8 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
 // (the same routing, norm_topk_prob false by default, plus a gated shared expert of
 // shared_expert_intermediate_size), of MixtralForCausalLM
 // (MixtralConfig: num_local_experts experts of intermediate_size, every layer sparse, the top k
-// always renormalised and kept in float32) and of Glm4MoeForCausalLM (read_glm_routing).
+// always renormalised and kept in float32), of Glm4MoeForCausalLM (read_glm_routing) and of Qwen3.5-MoE
+// (Qwen2-MoE's, its top k always renormalised).
 void read_experts(const Reader& r, ModelConfig& c) {
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const char* count = !mixtral && r.has("num_experts")        ? "num_experts"
@@ -250,10 +255,11 @@ void read_experts(const Reader& r, ModelConfig& c) {
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", false);
-  if (c.architecture == "Qwen2MoeForCausalLM") {
+  if (c.architecture == "Qwen2MoeForCausalLM" || c.qwen3_5()) {
     c.shared_intermediate = r.integer("shared_expert_intermediate_size", 1);
     c.shared_gate = true;
   }
+  if (c.qwen3_5()) c.norm_topk = true;  // (Qwen3_5MoeTopKRouter renormalises its top k always)
   if (r.has("mlp_only_layers")) {
     const json& v = r.j.at("mlp_only_layers");
     if (!v.is_array()) r.fail("mlp_only_layers", "value " + v.dump() + " is not a list of layer indices");
@@ -363,7 +369,8 @@ ModelConfig read_config(const std::string& folder) {
     top.fail("architectures",
              "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) + ")");
   // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
-  const bool multimodal = c.architecture == "Qwen3_5ForConditionalGeneration";
+  const bool multimodal =
+      c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration";
   if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
     top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
   if (multimodal) c.prefix = "model.language_model.";
@@ -409,7 +416,8 @@ ModelConfig read_config(const std::string& folder) {
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss) read_experts(r, c);
+  const bool qwen3_5_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0;
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || qwen3_5_moe) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
   else if (r.has("tie_word_embeddings"))

@@ -4,7 +4,9 @@
 // Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (gpt-oss:
 // attention sinks, a clamped GLU, biases on the router and the experts, its experts in bf16 or MXFP4), and the hybrid
 // Qwen3.5 (Qwen3_5ForCausalLM, or the language model of Qwen3_5ForConditionalGeneration: Gated DeltaNet layers
-// between gated attention layers). Anything else is refused with the architecture found and the list.
+// between gated attention layers) and Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
+// Qwen2-MoE's kind of experts and gated shared expert in every layer). Anything else is refused with the architecture
+// found and the list.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +35,8 @@ struct ModelConfig {
   // "model.language_model." for a multimodal checkpoint's language model (Qwen3_5ForConditionalGeneration,
   // whose config.json holds the decoder's keys in text_config).
   std::string prefix = "model.";
-  bool qwen3_5() const { return architecture.rfind("Qwen3_5For", 0) == 0; }
+  // Qwen3.5 (Qwen3_5ForCausalLM / ForConditionalGeneration) and Qwen3.5-MoE (Qwen3_5Moe...)
+  bool qwen3_5() const { return architecture.rfind("Qwen3_5", 0) == 0; }
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
