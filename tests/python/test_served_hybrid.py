@@ -4,7 +4,8 @@ back to the accepted tokens before every verification (hf target's GatedDeltaCac
 z-lab's `dflash_generate` (test_served_tau.py's greedy comparison) with the target's forward computed
 afresh over the whole sequence at every call, so that no state of a rejected token can remain in it.
 The decoded text (the target's plain greedy text), every step's acceptance length and their mean
-(tau_served, the same float) must match.
+(tau_served, the same float) must match; and target verification's labels (tau_anchor: each draft from
+the Gated DeltaNet's state at its start) must equal transformers' greedy tokens draft by draft.
 
 `dflash_generate` with its own cache is not that reference for a hybrid target: it rolls back with
 transformers' DynamicCache.crop, which crops the attention layers' keys/values and the convolution's
@@ -72,6 +73,31 @@ def reference(draft, target, prompt, new_tokens, cached):
         dflash_model._make_cache = make_cache
 
 
+def check_verification(dump, meta, target):
+    """Target verification (tau_anchor) with the hybrid target: every label the engine's one forward gave (the
+    target's greedy token at a drafted position, from the Gated DeltaNet's state at the draft's start and the
+    drafted tokens before it) equals transformers' greedy token from a forward over the draft's document up to its
+    start and the drafted tokens."""
+    assert meta["tau_anchor_method"] == "target verification"
+    tokens, documents, lengths = dump["tokens"], dump["documents"], dump["lengths"]
+    verified, compared = dump["verified"], 0
+    for d, (r, start) in enumerate(zip(dump["draft_rows"].tolist(), dump["draft_starts"].tolist())):
+        ends = documents[r][documents[r] > 0].cumsum(0).tolist() or [int(lengths[r])]
+        doc_start = max([0] + [e for e in ends if e <= start])
+        wanted = verified[d] >= 0
+        if not wanted.any():
+            continue
+        seq = tokens[r, doc_start:start + 1].tolist() + dump["draft_tokens"][d].tolist()
+        with torch.no_grad():
+            choice = target(input_ids=torch.tensor([seq])).logits[0, start - doc_start:].argmax(-1)
+        K = verified.shape[1]
+        assert torch.equal(verified[d][wanted], choice[:K][wanted]), (d, verified[d], choice[:K])
+        compared += int(wanted.sum())
+    print(f"target verification: {compared} labels of {verified.shape[0]} drafts equal transformers'; tau_anchor "
+          f"{float(dump['tau_anchor']):.4f}")
+    assert compared >= 200
+
+
 def test_greedy_equals_the_reference_loop_with_a_hybrid_target(tmp_path_factory):
     # initializer_range 0.07, 144 conversations: the tiny Qwen3.5's greedy text that the tiny drafter learns
     # best while some responses still reach eos (measured: at 0.2 tau 1.03, at 0.1 1.02, at 0.05 1.35 but no
@@ -104,6 +130,7 @@ def test_greedy_equals_the_reference_loop_with_a_hybrid_target(tmp_path_factory)
           f"text in {cached_departs} of {len(ours)} responses")
     assert ours_tau == reference_tau
     assert float(dump["tau_served_data"]) == ours_tau  # the data is the target's greedy text
+    check_verification(dump, meta, target)
     assert ours_tau > 1.05, "the trained drafter must be accepted sometimes, or the comparison proves little"
     assert stopped > 0, "some response must end at eos, so the stop rule is compared too"
     assert any(max(a) > 2 for *_, a, _ in ours), "some step must accept more than one proposal"

@@ -20,17 +20,33 @@ at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, tr
 // [B, T, H, D] -> [B, H, T, D] float32, contiguous
 at::Tensor heads_first(const at::Tensor& x) { return x.transpose(1, 2).to(at::kFloat).contiguous(); }
 
-// The rule's run: its output and, for rows whose chunk `capture` names ([B] int64, chunk index), the state at
-// that chunk's start, its keys (l2-normed), new values and log decays from the chunk's start.
+// The rule's run: its output and, for each row's chunk that `capture` names ([B] int64, chunk index), the state at
+// that chunk's start, its keys (l2-normed), new values and log decays from the chunk's start; with every_chunk,
+// those of every chunk (a chunk dimension after the heads': [B, Hv, n, ...]).
 struct RuleRun {
   at::Tensor out;                                       // [B, T, Hv, Dv] in v's dtype
   at::Tensor chunk_state, keys, new_values, log_decay;  // [B, Hv, Dk, Dv], [B, Hv, C, Dk], [B, Hv, C, Dv], [B, Hv, C]
 };
 
+// The state after the first r[m] positions of a chunk ([M] int64, 0..C) from its start state S [M, H, Dk, Dv],
+// keys k [M, H, C, Dk], new values u [M, H, C, Dv] and log decays c [M, H, C] (cumulative from the chunk's start):
+// S exp(c[r - 1]) + sum_{j < r} exp(c[r - 1] - c[j]) k_j u_j^T (r = 0: S), as the chunk's end update is at r = C.
+at::Tensor state_at(const at::Tensor& S, const at::Tensor& k, const at::Tensor& u, const at::Tensor& c,
+                    const at::Tensor& r_in) {
+  const int64_t M = S.size(0), H = S.size(1), C = c.size(2);
+  const at::Tensor r = r_in.view({M, 1, 1});
+  const at::Tensor c_r = c.gather(2, (r - 1).clamp_min(0).expand({M, H, 1}));  // [M, H, 1]
+  const at::Tensor seen = at::arange(C, r.options()).view({1, 1, C}).lt(r);    // j < r
+  const at::Tensor weight = at::where(seen, (c_r - c).exp(), at::zeros_like(c));
+  const at::Tensor factor = at::where(r.gt(0), c_r.exp(), at::ones_like(c_r)).unsqueeze(-1);
+  return S * factor + at::matmul((k * weight.unsqueeze(-1)).transpose(-1, -2), u);
+}
+
 // The gated delta rule in chunks of kChunk positions from `initial` ([B, Hv, Dk, Dv] float32; undefined: zeros),
 // as transformers' torch_chunk_gated_delta_rule computes it.
 RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g_in,
-                 const at::Tensor& beta_in, const at::Tensor& initial, const at::Tensor& capture) {
+                 const at::Tensor& beta_in, const at::Tensor& initial, const at::Tensor& capture,
+                 bool every_chunk = false) {
   const int64_t B = k_in.size(0), T = k_in.size(1), Hk = k_in.size(2), Dk = k_in.size(3);
   const int64_t Hv = v_in.size(2), Dv = v_in.size(3);
   at::Tensor q = q_in, k = k_in;
@@ -74,9 +90,18 @@ RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tenso
     run.chunk_state = at::zeros_like(state);
     run.new_values = at::zeros({B, Hv, kChunk, Dv}, v.options());
   }
+  if (every_chunk) {
+    run.chunk_state = at::empty({B, Hv, n, Dk, Dv}, v.options());
+    run.new_values = at::empty({B, Hv, n, kChunk, Dv}, v.options());
+    run.keys = k, run.log_decay = cum;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor v_new = values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);
     out.select(2, i).copy_(at::matmul(q_decayed.select(2, i), state) + at::matmul(intra.select(2, i), v_new));
+    if (every_chunk) {
+      run.chunk_state.select(2, i).copy_(state);
+      run.new_values.select(2, i).copy_(v_new);
+    }
     if (capture.defined()) {
       const at::Tensor here = capture.eq(i).view({B, 1, 1, 1});
       run.chunk_state = at::where(here, state, run.chunk_state);
@@ -176,6 +201,69 @@ at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
   return out;
 }
 
+std::pair<at::Tensor, at::Tensor> gated_delta_verify(const GatedDeltaNet& w, const at::Tensor& hc,
+                                                     const std::vector<std::vector<int64_t>>& documents,
+                                                     const at::Tensor& anchors, const at::Tensor& hb, int64_t BS) {
+  const int64_t B = hc.size(0), S = hc.size(1), N = anchors.size(1), taps = w.conv.size(1);
+  const int64_t vd = w.v_heads * w.v_dim;
+  const Projected pc = project(w, hc), pb = project(w, hb);
+  const int64_t Cc = pc.x.size(2);
+  const auto f32 = pc.x.options().dtype(at::kFloat);
+  at::Tensor context = at::empty({B, S, vd}, hc.options());
+  at::Tensor states = at::zeros({B, N, w.v_heads, w.k_dim, w.v_dim}, f32);
+  at::Tensor history = at::zeros({B, N, taps - 1, Cc}, pc.x.options());
+  const at::Tensor host_anchors = anchors.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* at_anchor = host_anchors.data_ptr<int64_t>();
+  for (int64_t r = 0; r < B; ++r) {
+    std::vector<int64_t> lengths = documents[static_cast<size_t>(r)];
+    int64_t used = 0;
+    for (int64_t len : lengths) used += len;
+    if (used < S) lengths.push_back(S - used);
+    int64_t start = 0;
+    for (int64_t len : lengths) {
+      if (len <= 0) continue;
+      const auto part = [&](const at::Tensor& x) { return x.narrow(0, r, 1).narrow(1, start, len); };
+      const at::Tensor x = part(pc.x);
+      const at::Tensor conv = depthwise_conv(x, w.conv, taps - 1).narrow(-1, 0, len);
+      const RuleInputs in = rule_inputs(w, at::silu(conv).transpose(1, 2), part(pc.b), part(pc.a));
+      const RuleRun run = run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor(), /*every_chunk=*/true);
+      context.narrow(0, r, 1).narrow(1, start, len).copy_(gated_norm(w, run.out, part(pc.z)));
+      // this document's anchors: the state after the tokens before each, and the convolution's inputs there
+      std::vector<int64_t> blocks, offsets;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t a = at_anchor[r * N + n];
+        if (a >= start && a < start + len) blocks.push_back(n), offsets.push_back(a - start);
+      }
+      if (blocks.empty()) {
+        start += len;
+        continue;
+      }
+      const auto opts = at::TensorOptions().dtype(at::kLong).device(x.device());
+      const at::Tensor off = at::tensor(offsets, at::TensorOptions().dtype(at::kLong)).to(x.device());
+      const at::Tensor chunk = at::floor_divide(off, kChunk), within = off - chunk * kChunk;
+      const auto pick = [&](const at::Tensor& t) {
+        return t[0].index_select(1, chunk).transpose(0, 1);
+      };  // [M, H, ...]
+      const at::Tensor at_blocks = at::tensor(blocks, opts);
+      states[r].index_copy_(
+          0, at_blocks,
+          state_at(pick(run.chunk_state), pick(run.keys), pick(run.new_values), pick(run.log_decay), within));
+      const at::Tensor padded = at::constant_pad_nd(x[0], {0, 0, taps - 1, 0});  // [taps - 1 + len, C]
+      const at::Tensor idx = off.view({-1, 1}) + at::arange(taps - 1, opts).view({1, -1});
+      history[r].index_copy_(0, at_blocks, padded.index_select(0, idx.reshape({-1})).view({-1, taps - 1, Cc}));
+      start += len;
+    }
+  }
+  // every block alone, from its state: [B N, BS] sequences
+  const auto per_block = [&](const at::Tensor& t) { return t.reshape({B * N, BS, t.size(-1)}); };
+  const at::Tensor full = at::cat({history.view({B * N, taps - 1, Cc}), per_block(pb.x)}, 1);
+  const RuleInputs in =
+      rule_inputs(w, at::silu(depthwise_conv(full, w.conv, 0)).transpose(1, 2), per_block(pb.b), per_block(pb.a));
+  const RuleRun run =
+      run_rule(in.q, in.k, in.v, in.g, in.beta, states.view({B * N, w.v_heads, w.k_dim, w.v_dim}), at::Tensor());
+  return {context, gated_norm(w, run.out, per_block(pb.z)).view({B, N * BS, vd})};
+}
+
 GatedDeltaCache::GatedDeltaCache(const GatedDeltaNet& w, int64_t batch, c10::ScalarType dtype, c10::Device device)
     : w_(w),
       batch_(batch),
@@ -211,15 +299,8 @@ void GatedDeltaCache::commit(const std::vector<int64_t>& start) {
     any_run = true;
   }
   if (any_run) {
-    const at::Device device = state_.device();
-    const int64_t H = w_.v_heads, C = keys_.size(2);
-    const at::Tensor r = at::tensor(offset, at::TensorOptions().dtype(at::kLong)).to(device).view({B, 1, 1});
-    // S(r) = S_chunk exp(cum[r - 1]) + sum_{j < r} exp(cum[r - 1] - cum[j]) k_j v_new_j^T (r = 0: S_chunk)
-    const at::Tensor cum_r = log_decay_.gather(2, (r - 1).clamp_min(0).expand({B, H, 1}));  // [B, H, 1]
-    const at::Tensor seen = at::arange(C, r.options()).view({1, 1, C}).lt(r);               // j < r
-    const at::Tensor weight = at::where(seen, (cum_r - log_decay_).exp(), at::zeros_like(log_decay_));
-    const at::Tensor factor = at::where(r.gt(0), cum_r.exp(), at::ones_like(cum_r)).unsqueeze(-1);
-    state_ = chunk_state_ * factor + at::matmul((keys_ * weight.unsqueeze(-1)).transpose(-1, -2), new_values_);
+    const at::Tensor r = at::tensor(offset, at::TensorOptions().dtype(at::kLong)).to(state_.device()).view({B, 1, 1});
+    state_ = state_at(chunk_state_, keys_, new_values_, log_decay_, r);
     // the convolution's inputs at the taps - 1 positions before the new start
     const at::Tensor at_r = r.view({B, 1, 1}) + at::arange(taps_ - 1, r.options()).view({1, taps_ - 1, 1});
     history_ = inputs_.gather(1, at_r.expand({B, taps_ - 1, inputs_.size(2)}));

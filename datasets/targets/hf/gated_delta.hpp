@@ -16,6 +16,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace flashdraft::hf {
@@ -41,6 +42,15 @@ at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
 // row, from a zero state): [B, T, Hv, Dv] in v's dtype. In float32, in chunks of 64 positions.
 at::Tensor chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                                   const at::Tensor& beta);
+
+// Target verification's mixer (model.hpp Target::verify): over the context hc [B, S, H] (the layer's normed input;
+// documents as gated_delta_mix) and over blocks hb [B, N BS, H], block n of row b continuing its document from
+// position anchors[b][n] ([B, N] int64, host; its first token at that position) from the state and convolution
+// inputs after the tokens before it, each block alone. Returns the context's and the blocks' outputs before
+// out_proj, [B, S, Hv Dv] and [B, N BS, Hv Dv].
+std::pair<at::Tensor, at::Tensor> gated_delta_verify(const GatedDeltaNet& w, const at::Tensor& hc,
+                                                     const std::vector<std::vector<int64_t>>& documents,
+                                                     const at::Tensor& anchors, const at::Tensor& hb, int64_t BS);
 
 // One Gated DeltaNet layer's state in served decoding, per row: the recurrent state and the
 // convolution's last inputs at the row's committed position, and what rolls them forward to any

@@ -302,9 +302,9 @@ class HfTarget final : public Target {
   // each document) and over all blocks at once; block n's queries see the context before its
   // anchor (same document) and its own block causally, so one forward gives the greedy choice
   // after every prefix of every block. Attention here is computed densely in this plugin
-  // (validation only, N * BS queries), not through the engine's dispatcher.
+  // (validation only, N * BS queries), not through the engine's dispatcher. A Gated DeltaNet layer (Qwen3.5) runs
+  // each block from its state after the block's context (gated_delta_verify).
   at::Tensor verify(const Batch& batch, const at::Tensor& anchors, const at::Tensor& blocks) override {
-    if (!cfg_.linear.empty()) return {};  // (Qwen3.5: each block would need the Gated DeltaNet's state at its anchor)
     at::NoGradGuard frozen;
     load_every_layer();
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = blocks.size(1), BS = blocks.size(2);
@@ -313,7 +313,8 @@ class HfTarget final : public Target {
     const at::Tensor block_tokens = blocks.to(device_, at::kLong).reshape({B, N * BS});
     at::Tensor xc = embed_.index_select(0, batch.tokens.to(device_, at::kLong).reshape({-1})).view({B, S, cfg_.hidden});
     at::Tensor xb = embed_.index_select(0, block_tokens.reshape({-1})).view({B, N * BS, cfg_.hidden});
-    const at::Tensor context_pos = document_positions(document_mask(row_documents(batch, B, S), S), B, S);  // [B, S]
+    const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
+    const at::Tensor context_pos = document_positions(document_mask(rows, S), B, S);  // [B, S]
     const auto [cos_c, sin_c] = rope_tables(context_pos);
     const auto [cos_b, sin_b] =
         rope_tables((context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
@@ -321,6 +322,13 @@ class HfTarget final : public Target {
     const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayer& L = layers_[l];
+      if (L.gdn.defined()) {  // (Qwen3.5: each block from the Gated DeltaNet's state at its anchor)
+        const auto [oc, ob] =
+            hf::gated_delta_verify(L.gdn, rms_norm(xc, L.input_norm), rows, anchors, rms_norm(xb, L.input_norm), BS);
+        xc = finish_layer(L, xc, oc);
+        xb = finish_layer(L, xb, ob);
+        continue;
+      }
       const auto& [mask_c, mask_b] = cfg_.window(static_cast<int64_t>(l)) > 0 ? sliding : full;
       const DenseOut context = dense_layer(L, xc, cos_c, sin_c, {}, {}, mask_c);
       xb = dense_layer(L, xb, cos_b, sin_b, context.k, context.v, mask_b).x;
@@ -925,7 +933,8 @@ class HfTarget final : public Target {
   };
   DenseOut dense_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& k_prefix, const at::Tensor& v_prefix, const at::Tensor& mask) const {
-    const QKV p = project(L, rms_norm(x, L.input_norm), cos, sin);
+    const at::Tensor h = rms_norm(x, L.input_norm);
+    const QKV p = project(L, h, cos, sin);
     const int64_t group = cfg_.heads / cfg_.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
@@ -951,7 +960,7 @@ class HfTarget final : public Target {
     } else {
       a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
     }
-    return {finish_layer(L, x, layers::merge_heads(a)), p.k, p.v};
+    return {finish_layer(L, x, gated(L, layers::merge_heads(a), h)), p.k, p.v};
   }
 
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them. LongRoPE: a
