@@ -80,6 +80,15 @@ FAMILIES = [
           moe_intermediate_size=32, shared_expert_intermediate_size=48,
           rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
                                mrope_section=[11, 11, 10], mrope_interleaved=True)), {}),
+    # Qwen3-Next's kind: the same hybrid layers, its Gated DeltaNet's projections packed per key head
+    # (in_proj_qkvz, in_proj_ba); layer 0's MLP dense (mlp_only_layers), the others 8 experts of 32, 2 a token, not
+    # renormalised, and a gated shared expert of 48.
+    ("qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+          linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+          layer_types=["linear_attention", "full_attention"] * 2, num_experts=8, num_experts_per_tok=2,
+          moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0],
+          decoder_sparse_step=1, rope_theta=1e7, partial_rotary_factor=0.25), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

@@ -189,6 +189,7 @@ MOE_FAMILIES = {
     "mixtral": ("MixtralForCausalLM", dict(num_experts_per_tok=1)),
     "glm4_moe": ("Glm4MoeForCausalLM", dict(topk_group=4)),
     "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", dict(num_experts_per_tok=1)),
+    "qwen3_next": ("Qwen3NextForCausalLM", dict(norm_topk_prob=True)),
 }
 
 
@@ -199,7 +200,8 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     another routing (Qwen3-MoE: without the renormalisation over the chosen experts, norm_topk_prob
     false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
-    sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE and GLM-4.5: 0 dense; Qwen3.5-MoE: every layer sparse)."""
+    sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
+    sparse; Qwen3-Next, not renormalised here: with it)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
@@ -580,6 +582,9 @@ def test_make_random_checkpoint_presets_read_as_transformers_reads_them(preset, 
                        ("num_local_experts", 8), ("num_experts_per_tok", 2), ("shared_expert_intermediate_size", 48)]:
         if key in cfg:
             small[key] = value
+    if "linear_num_key_heads" in cfg:  # (Qwen3.5: 4 layers, the last attention; transformers runs no all-linear one)
+        small.update(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=16)
     cfg.update(small)
     monkeypatch.setitem(script.PRESETS, "small", cfg)
     folder = tmp_path / preset

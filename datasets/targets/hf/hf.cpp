@@ -569,10 +569,15 @@ class HfTarget final : public Target {
     const int64_t H = cfg_.hidden, kd = cfg_.lin_k_heads * cfg_.lin_k_dim, vd = cfg_.lin_v_heads * cfg_.lin_v_dim;
     const int64_t Hv = cfg_.lin_v_heads;
     const std::string x = p + "linear_attn.";
-    expected.push_back({x + "in_proj_qkv.weight", {2 * kd + vd, H}});
-    expected.push_back({x + "in_proj_z.weight", {vd, H}});
-    expected.push_back({x + "in_proj_b.weight", {Hv, H}});
-    expected.push_back({x + "in_proj_a.weight", {Hv, H}});
+    if (qwen3_next()) {  // (packed per key head: q, k, v, z; b, a)
+      expected.push_back({x + "in_proj_qkvz.weight", {2 * kd + 2 * vd, H}});
+      expected.push_back({x + "in_proj_ba.weight", {2 * Hv, H}});
+    } else {
+      expected.push_back({x + "in_proj_qkv.weight", {2 * kd + vd, H}});
+      expected.push_back({x + "in_proj_z.weight", {vd, H}});
+      expected.push_back({x + "in_proj_b.weight", {Hv, H}});
+      expected.push_back({x + "in_proj_a.weight", {Hv, H}});
+    }
     expected.push_back({x + "conv1d.weight", {2 * kd + vd, 1, cfg_.conv_kernel}});
     expected.push_back({x + "dt_bias", {Hv}});
     expected.push_back({x + "A_log", {Hv}});
@@ -699,8 +704,23 @@ class HfTarget final : public Target {
   void load_gated_delta(const std::string& p, DecoderLayer& L) const {
     const std::string x = p + "linear_attn.";
     hf::GatedDeltaNet& g = L.gdn;
-    g.in_proj = at::cat({load(x + "in_proj_qkv.weight"), load(x + "in_proj_z.weight"), load(x + "in_proj_b.weight"),
-                         load(x + "in_proj_a.weight")});
+    if (qwen3_next()) {
+      // Qwen3-Next packs them per key head: in_proj_qkvz's rows [q (Dk), k (Dk), v (r Dv), z (r Dv)] a key head
+      // and in_proj_ba's [b (r), a (r)] (r value heads a key head); the engine's order is every head's q, then k,
+      // v, z, b, a (transformers' fix_query_key_value_ordering)
+      const int64_t G = cfg_.lin_k_heads, Dk = cfg_.lin_k_dim, rv = cfg_.lin_v_heads / G * cfg_.lin_v_dim;
+      const int64_t r = cfg_.lin_v_heads / G, H = cfg_.hidden;
+      const at::Tensor qkvz = load(x + "in_proj_qkvz.weight").view({G, 2 * Dk + 2 * rv, H});
+      const at::Tensor ba = load(x + "in_proj_ba.weight").view({G, 2 * r, H});
+      const auto rows = [&](const at::Tensor& t, int64_t from, int64_t n) {
+        return t.narrow(1, from, n).reshape({-1, H});
+      };
+      g.in_proj = at::cat({rows(qkvz, 0, Dk), rows(qkvz, Dk, Dk), rows(qkvz, 2 * Dk, rv), rows(qkvz, 2 * Dk + rv, rv),
+                           rows(ba, 0, r), rows(ba, r, r)});
+    } else {
+      g.in_proj = at::cat({load(x + "in_proj_qkv.weight"), load(x + "in_proj_z.weight"), load(x + "in_proj_b.weight"),
+                           load(x + "in_proj_a.weight")});
+    }
     g.conv = load(x + "conv1d.weight").squeeze(1).contiguous();
     g.neg_A = -load(x + "A_log").to(at::kFloat).exp();
     g.dt_bias = load(x + "dt_bias");
@@ -871,6 +891,7 @@ class HfTarget final : public Target {
 
   bool mixtral() const { return cfg_.architecture == "MixtralForCausalLM"; }
   bool gpt_oss() const { return cfg_.architecture == "GptOssForCausalLM"; }
+  bool qwen3_next() const { return cfg_.architecture == "Qwen3NextForCausalLM"; }
   // Phi-3 / Phi-4 store the projections packed as the engine runs them: self_attn.qkv_proj [q; k; v]
   // and mlp.gate_up_proj [gate; up] (transformers' Phi3Attention / Phi3MLP split them in that order).
   bool packed() const { return cfg_.architecture == "Phi3ForCausalLM"; }

@@ -13,14 +13,14 @@
 
 namespace flashdraft::hf {
 
-const std::vector<std::string> kSupportedArchitectures = {
-    "LlamaForCausalLM",      "MistralForCausalLM",
-    "Qwen2ForCausalLM",      "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM",   "Qwen2MoeForCausalLM",
-    "MixtralForCausalLM",    "Glm4MoeForCausalLM",
-    "Phi3ForCausalLM",       "GptOssForCausalLM",
-    "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"};
+const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",      "MistralForCausalLM",
+                                                          "Qwen2ForCausalLM",      "Qwen3ForCausalLM",
+                                                          "Qwen3MoeForCausalLM",   "Qwen2MoeForCausalLM",
+                                                          "MixtralForCausalLM",    "Glm4MoeForCausalLM",
+                                                          "Phi3ForCausalLM",       "GptOssForCausalLM",
+                                                          "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
+                                                          "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                                                          "Qwen3NextForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -124,7 +124,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
   // it (transformers' Llama / Qwen / Mistral code has no part).
   const bool glm = c.architecture == "Glm4MoeForCausalLM", phi3 = c.architecture == "Phi3ForCausalLM";
-  const bool qwen3_5 = c.qwen3_5();  // (Qwen3_5TextConfig's default: 0.25)
+  const bool qwen3_5 = c.hybrid();  // (Qwen3_5TextConfig's and Qwen3NextConfig's default: 0.25)
   const double top_partial = r.real(r.j, "partial_rotary_factor", glm ? 0.5 : qwen3_5 ? 0.25 : 1.0);
   const double partial =
       scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
@@ -254,8 +254,8 @@ void read_experts(const Reader& r, ModelConfig& c) {
   if (c.architecture == "Glm4MoeForCausalLM") return read_glm_routing(r, c);
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
-  c.norm_topk = r.boolean("norm_topk_prob", false);
-  if (c.architecture == "Qwen2MoeForCausalLM" || c.qwen3_5()) {
+  c.norm_topk = r.boolean("norm_topk_prob", c.hybrid());  // (Qwen3NextConfig's default: true)
+  if (c.architecture == "Qwen2MoeForCausalLM" || c.hybrid()) {
     c.shared_intermediate = r.integer("shared_expert_intermediate_size", 1);
     c.shared_gate = true;
   }
@@ -405,7 +405,7 @@ ModelConfig read_config(const std::string& folder) {
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;
   const bool glm = c.architecture == "Glm4MoeForCausalLM";         // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
-  c.qk_norm = qwen3 || c.qwen3_5() || (glm && r.boolean("use_qk_norm", false));
+  c.qk_norm = qwen3 || c.hybrid() || (glm && r.boolean("use_qk_norm", false));
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
   const bool phi3 = c.architecture == "Phi3ForCausalLM";       // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
@@ -416,13 +416,13 @@ ModelConfig read_config(const std::string& folder) {
   // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
-  const bool qwen3_5_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0;
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss || qwen3_5_moe) read_experts(r, c);
+  const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
   else if (r.has("tie_word_embeddings"))
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
-  if (c.qwen3_5()) read_linear_attention(r, c);
+  if (c.hybrid()) read_linear_attention(r, c);
   read_sliding_layers(r, mistral || phi3 || gpt_oss, c);
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";

@@ -4,8 +4,9 @@
 // Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (gpt-oss:
 // attention sinks, a clamped GLU, biases on the router and the experts, its experts in bf16 or MXFP4), and the hybrid
 // Qwen3.5 (Qwen3_5ForCausalLM, or the language model of Qwen3_5ForConditionalGeneration: Gated DeltaNet layers
-// between gated attention layers) and Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
-// Qwen2-MoE's kind of experts and gated shared expert in every layer). Anything else is refused with the architecture
+// between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
+// Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
+// same kind, its Gated DeltaNet's projections packed per key head). Anything else is refused with the architecture
 // found and the list.
 #pragma once
 
@@ -37,6 +38,9 @@ struct ModelConfig {
   std::string prefix = "model.";
   // Qwen3.5 (Qwen3_5ForCausalLM / ForConditionalGeneration) and Qwen3.5-MoE (Qwen3_5Moe...)
   bool qwen3_5() const { return architecture.rfind("Qwen3_5", 0) == 0; }
+  // The hybrid families of Gated DeltaNet and gated attention layers: Qwen3.5, Qwen3.5-MoE and Qwen3-Next
+  // (Qwen3NextForCausalLM: its Gated DeltaNet's projections packed per key head, in_proj_qkvz and in_proj_ba)
+  bool hybrid() const { return qwen3_5() || architecture == "Qwen3NextForCausalLM"; }
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
