@@ -9,6 +9,14 @@ import transformers
 SMALL = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 
+# The hybrid families' (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) Gated DeltaNet and attention shapes, their experts'.
+HYBRID = dict(tie_word_embeddings=False, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+              layer_types=["linear_attention", "full_attention"] * 2)
+HYBRID_EXPERTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+QWEN3_5_ROPE = dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25, mrope_section=[11, 11, 10],
+                    mrope_interleaved=True)
+
 # (name, config class, model class, extra config keys, save_pretrained keys)
 FAMILIES = [
     ("llama", "LlamaConfig", "LlamaForCausalLM",
@@ -65,30 +73,17 @@ FAMILIES = [
     # Qwen3.5's kind (hybrid): layers 0 and 2 Gated DeltaNet (2 key heads of 16 for 4 value heads of 8, a
     # convolution of 4 taps), 1 and 3 attention with an output gate (q_proj twice the rows), a quarter of each
     # head rotated (8 of 32), every norm 1 + w; mrope's sections as published (text positions: plain RoPE).
-    ("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
-     dict(tie_word_embeddings=False, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-          linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-          layer_types=["linear_attention", "full_attention"] * 2,
-          rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
-                               mrope_section=[11, 11, 10], mrope_interleaved=True)), {}),
+    ("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(HYBRID, rope_parameters=QWEN3_5_ROPE), {}),
     # Qwen3.5-MoE's kind: the same hybrid layers, every MLP 8 experts of 32, 2 a token (always renormalised),
     # and a shared expert of 48 behind a sigmoid gate.
     ("qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
-     dict(tie_word_embeddings=False, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-          linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-          layer_types=["linear_attention", "full_attention"] * 2, num_experts=8, num_experts_per_tok=2,
-          moe_intermediate_size=32, shared_expert_intermediate_size=48,
-          rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
-                               mrope_section=[11, 11, 10], mrope_interleaved=True)), {}),
+     dict(HYBRID, **HYBRID_EXPERTS, rope_parameters=QWEN3_5_ROPE), {}),
     # Qwen3-Next's kind: the same hybrid layers, its Gated DeltaNet's projections packed per key head
     # (in_proj_qkvz, in_proj_ba); layer 0's MLP dense (mlp_only_layers), the others 8 experts of 32, 2 a token, not
     # renormalised, and a gated shared expert of 48.
     ("qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM",
-     dict(tie_word_embeddings=False, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-          linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
-          layer_types=["linear_attention", "full_attention"] * 2, num_experts=8, num_experts_per_tok=2,
-          moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0],
-          decoder_sparse_step=1, rope_theta=1e7, partial_rotary_factor=0.25), {}),
+     dict(HYBRID, **HYBRID_EXPERTS, norm_topk_prob=False, mlp_only_layers=[0], decoder_sparse_step=1, rope_theta=1e7,
+          partial_rotary_factor=0.25), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

@@ -162,12 +162,22 @@ Projected project(const GatedDeltaNet& w, const at::Tensor& h) {
 }
 
 // One document from a zero state: transformers' causal_conv1d_fn (conv1d over [B, C, T] with taps - 1 zeros
-// of history), then SiLU, the rule and the gated norm.
-at::Tensor mix_document(const GatedDeltaNet& w, const Projected& p) {
+// of history), then SiLU and the rule (every_chunk: see RuleRun); the gated norm's input is run.out.
+RuleRun mix_document(const GatedDeltaNet& w, const Projected& p, bool every_chunk = false) {
   const int64_t T = p.x.size(1), taps = w.conv.size(1);
   const at::Tensor conv = depthwise_conv(p.x, w.conv, taps - 1).narrow(-1, 0, T);
   const RuleInputs in = rule_inputs(w, at::silu(conv).transpose(1, 2), p.b, p.a);
-  return gated_norm(w, run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor()).out, p.z);
+  return run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor(), every_chunk);
+}
+
+// A row's documents as (start, length), padding past them one more: the spans no state crosses.
+std::vector<std::pair<int64_t, int64_t>> spans(const std::vector<int64_t>& documents, int64_t S) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t start = 0;
+  for (int64_t len : documents)
+    if (len > 0) out.emplace_back(start, len), start += len;
+  if (start < S) out.emplace_back(start, S - start);
+  return out;
 }
 
 }  // namespace
@@ -183,21 +193,16 @@ at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
   const Projected p = project(w, h);
   bool whole_rows = true;  // every row one document (padding after it changes no real position)
   for (const auto& d : documents) whole_rows = whole_rows && d.size() <= 1;
-  if (whole_rows) return mix_document(w, p);
+  if (whole_rows) return gated_norm(w, mix_document(w, p).out, p.z);
   at::Tensor out = at::empty({B, S, w.v_heads * w.v_dim}, h.options());
-  for (int64_t r = 0; r < B; ++r) {
-    std::vector<int64_t> lengths = documents[static_cast<size_t>(r)];
-    int64_t used = 0;
-    for (int64_t len : lengths) used += len;
-    if (used < S) lengths.push_back(S - used);
-    int64_t start = 0;
-    for (int64_t len : lengths) {
-      if (len <= 0) continue;
-      const auto part = [&](const at::Tensor& x) { return x.narrow(0, r, 1).narrow(1, start, len); };
-      out.narrow(0, r, 1).narrow(1, start, len).copy_(mix_document(w, {part(p.x), part(p.z), part(p.b), part(p.a)}));
-      start += len;
+  for (int64_t r = 0; r < B; ++r)
+    for (const auto& [start, len] : spans(documents[static_cast<size_t>(r)], S)) {
+      const auto part = [&, start = start, len = len](const at::Tensor& x) {
+        return x.narrow(0, r, 1).narrow(1, start, len);
+      };
+      const Projected doc{part(p.x), part(p.z), part(p.b), part(p.a)};
+      part(out).copy_(gated_norm(w, mix_document(w, doc).out, doc.z));
     }
-  }
   return out;
 }
 
@@ -215,35 +220,26 @@ std::pair<at::Tensor, at::Tensor> gated_delta_verify(const GatedDeltaNet& w, con
   const at::Tensor host_anchors = anchors.to(at::kCPU, at::kLong).contiguous();
   const int64_t* at_anchor = host_anchors.data_ptr<int64_t>();
   for (int64_t r = 0; r < B; ++r) {
-    std::vector<int64_t> lengths = documents[static_cast<size_t>(r)];
-    int64_t used = 0;
-    for (int64_t len : lengths) used += len;
-    if (used < S) lengths.push_back(S - used);
-    int64_t start = 0;
-    for (int64_t len : lengths) {
-      if (len <= 0) continue;
-      const auto part = [&](const at::Tensor& x) { return x.narrow(0, r, 1).narrow(1, start, len); };
-      const at::Tensor x = part(pc.x);
-      const at::Tensor conv = depthwise_conv(x, w.conv, taps - 1).narrow(-1, 0, len);
-      const RuleInputs in = rule_inputs(w, at::silu(conv).transpose(1, 2), part(pc.b), part(pc.a));
-      const RuleRun run = run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor(), /*every_chunk=*/true);
-      context.narrow(0, r, 1).narrow(1, start, len).copy_(gated_norm(w, run.out, part(pc.z)));
+    for (const auto& [start, len] : spans(documents[static_cast<size_t>(r)], S)) {
+      const auto part = [&, start = start, len = len](const at::Tensor& x) {
+        return x.narrow(0, r, 1).narrow(1, start, len);
+      };
+      const Projected doc{part(pc.x), part(pc.z), part(pc.b), part(pc.a)};
+      const at::Tensor& x = doc.x;
+      const RuleRun run = mix_document(w, doc, /*every_chunk=*/true);
+      part(context).copy_(gated_norm(w, run.out, doc.z));
       // this document's anchors: the state after the tokens before each, and the convolution's inputs there
       std::vector<int64_t> blocks, offsets;
       for (int64_t n = 0; n < N; ++n) {
         const int64_t a = at_anchor[r * N + n];
         if (a >= start && a < start + len) blocks.push_back(n), offsets.push_back(a - start);
       }
-      if (blocks.empty()) {
-        start += len;
-        continue;
-      }
+      if (blocks.empty()) continue;
       const auto opts = at::TensorOptions().dtype(at::kLong).device(x.device());
       const at::Tensor off = at::tensor(offsets, at::TensorOptions().dtype(at::kLong)).to(x.device());
       const at::Tensor chunk = at::floor_divide(off, kChunk), within = off - chunk * kChunk;
-      const auto pick = [&](const at::Tensor& t) {
-        return t[0].index_select(1, chunk).transpose(0, 1);
-      };  // [M, H, ...]
+      // [1, H, n, ...] -> [M, H, ...] at each anchor's chunk
+      const auto pick = [&](const at::Tensor& t) { return t[0].index_select(1, chunk).transpose(0, 1); };
       const at::Tensor at_blocks = at::tensor(blocks, opts);
       states[r].index_copy_(
           0, at_blocks,
@@ -251,7 +247,6 @@ std::pair<at::Tensor, at::Tensor> gated_delta_verify(const GatedDeltaNet& w, con
       const at::Tensor padded = at::constant_pad_nd(x[0], {0, 0, taps - 1, 0});  // [taps - 1 + len, C]
       const at::Tensor idx = off.view({-1, 1}) + at::arange(taps - 1, opts).view({1, -1});
       history[r].index_copy_(0, at_blocks, padded.index_select(0, idx.reshape({-1})).view({-1, taps - 1, Cc}));
-      start += len;
     }
   }
   // every block alone, from its state: [B N, BS] sequences

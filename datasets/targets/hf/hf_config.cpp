@@ -162,6 +162,20 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type == "longrope") read_longrope(r, *scaling, c.rotary_dim, c.rope);
 }
 
+// config.json's layer_types: a list of `layers` entries, each "full_attention" or `other`; out[l] = 1 where other.
+void read_layer_types(const Reader& r, int64_t layers, const std::string& other, std::vector<uint8_t>& out) {
+  const json& v = r.j.at("layer_types");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != layers)
+    r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(layers) +
+                              " layer types (num_hidden_layers)");
+  out.assign(static_cast<size_t>(layers), 0);
+  for (size_t l = 0; l < v.size(); ++l) {
+    if (v[l] != "full_attention" && v[l] != other)
+      r.fail("layer_types", "holds " + v[l].dump() + " (accepted: \"full_attention\", \"" + other + "\")");
+    out[l] = v[l] == other;
+  }
+}
+
 // Which layers attend through a sliding window (ModelConfig::sliding): Mistral's and Phi-3's every
 // layer when sliding_window is set (`all`); a family with use_sliding_window (Qwen2) the layers from
 // max_window_layers on; layer_types, where config.json lists them, says it per layer.
@@ -171,18 +185,7 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   const bool qwen2_rule = !all && r.boolean("use_sliding_window", false);
   if (!(all || qwen2_rule) || !r.has("sliding_window")) return;
   c.sliding_window = r.integer("sliding_window", 1);
-  if (r.has("layer_types")) {
-    const json& v = r.j.at("layer_types");
-    if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
-      r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
-                                " layer types (num_hidden_layers)");
-    for (size_t l = 0; l < v.size(); ++l) {
-      if (v[l] != "full_attention" && v[l] != "sliding_attention")
-        r.fail("layer_types", "holds " + v[l].dump() + " (accepted: \"full_attention\", \"sliding_attention\")");
-      c.sliding[l] = v[l] == "sliding_attention";
-    }
-    return;
-  }
+  if (r.has("layer_types")) return read_layer_types(r, c.layers, "sliding_attention", c.sliding);
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
@@ -304,18 +307,7 @@ void read_linear_attention(const Reader& r, ModelConfig& c) {
     r.fail("linear_num_value_heads", std::to_string(c.lin_v_heads) + " is not a multiple of linear_num_key_heads " +
                                          std::to_string(c.lin_k_heads));
   c.linear.assign(static_cast<size_t>(c.layers), 0);
-  if (r.has("layer_types")) {
-    const json& v = r.j.at("layer_types");
-    if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
-      r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
-                                " layer types (num_hidden_layers)");
-    for (size_t l = 0; l < v.size(); ++l) {
-      if (v[l] != "full_attention" && v[l] != "linear_attention")
-        r.fail("layer_types", "holds " + v[l].dump() + " (accepted: \"full_attention\", \"linear_attention\")");
-      c.linear[l] = v[l] == "linear_attention";
-    }
-    return;
-  }
+  if (r.has("layer_types")) return read_layer_types(r, c.layers, "linear_attention", c.linear);
   const int64_t interval = r.integer("full_attention_interval", 1, 4);
   for (int64_t l = 0; l < c.layers; ++l) c.linear[static_cast<size_t>(l)] = (l + 1) % interval != 0;
 }
