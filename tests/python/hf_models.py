@@ -84,6 +84,17 @@ FAMILIES = [
     ("qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM",
      dict(HYBRID, **HYBRID_EXPERTS, norm_topk_prob=False, mlp_only_layers=[0], decoder_sparse_step=1, rope_theta=1e7,
           partial_rotary_factor=0.25), {}),
+    # DeepSeek-V3's kind (Kimi-K2, Moonlight): multi-head latent attention (q from a rank-24 latent, keys and values
+    # from a rank-16 one, 16 + 8 dimensions of q / k a head, the 8 rotated with their pairs interleaved, 12 of v),
+    # YaRN with mscale_all_dim (the softmax scale's factor); layer 0 dense, the others GLM-4.5's kind of router (8
+    # experts in 4 groups, 2 a token from the best 2 groups, times 2.5) and one shared expert.
+    ("deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
+     dict(tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+          v_head_dim=12, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+          n_shared_experts=1, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=2.5,
+          norm_topk_prob=True, rope_interleave=True,
+          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
+                               mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0)), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

@@ -348,6 +348,46 @@ def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpo
     assert max(vl_errs) <= BOUND and torch.equal(vl["hidden"], whole["hidden"])
 
 
+def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
+    """DeepSeek-V3's latent attention (the family test gives its states equal to transformers'): each part is read
+    and moves the states, ours following transformers through every change (layer 3 of 4, 40 positions): its
+    rotated pairs read as laid out (rope_interleave false), YaRN's mscale_all_dim out of the softmax scale, and a
+    checkpoint whose q comes from q_proj (q_lora_rank null) instead of a latent."""
+    folder = tmp_path / "deepseek_v3"
+    make_model(folder, "deepseek_v3", seed=21, initializer_range=0.1)  # (scores far enough from even that the scale shows)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([40, 40])
+
+    def ours_and_theirs():
+        p, ours = run_target(folder, tokens, lengths, [3], tmp_path)
+        assert p.returncode == 0, p.stderr
+        with torch.no_grad():
+            theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+                input_ids=tokens, output_hidden_states=True).hidden_states[4]
+        return ours["hidden"][:, :, 0], theirs
+
+    before, theirs = ours_and_theirs()
+    assert rel(before, theirs) <= BOUND
+    rope = json.loads((folder / "config.json").read_text())["rope_parameters"]
+    for change in (dict(rope_interleave=False), dict(rope_parameters={**rope, "mscale_all_dim": 0.0})):
+        edit_config(folder, **change)
+        changed, theirs = ours_and_theirs()
+        err, moved = rel(changed, theirs), rel(changed, before)
+        print(f"deepseek_v3 with {change}: rel err {err:.1e}; the change moves it {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
+        before = changed
+    folder = tmp_path / "deepseek_v3_q"
+    model = make_model(folder, "deepseek_v3", seed=22, initializer_range=0.1, q_lora_rank=None)
+    assert model.model.layers[0].self_attn.q_proj is not None
+    p, ours = run_target(folder, tokens, lengths, [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    err = max(rel(ours["hidden"][:, :, e], ref[layer + 1]) for e, layer in enumerate([1, 3]))
+    print(f"deepseek_v3 with q_proj (q_lora_rank null): rel err {err:.1e}")
+    assert err <= BOUND
+
+
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 

@@ -68,6 +68,10 @@ struct DecoderLayer {
   // gate [heads D, H] (the second half of each head's q_proj rows)
   hf::GatedDeltaNet gdn;
   at::Tensor attn_gate;
+  // DeepSeek-V3's latent attention's projections (q_a and its norm undefined where q comes from q_proj: then q_b)
+  struct Latent {
+    at::Tensor q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;
+  } mla;
   bool sparse() const { return router.defined(); }
 };
 
@@ -226,7 +230,7 @@ class HfTarget final : public Target {
     // writes the sum into the state's slot). Off the engine's path every add is pending, as
     // transformers rounds it.
     at::Tensor pending;
-    const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
+    const double scale = softmax_scale();
     int64_t call = 0;  // the forward's attention calls so far (Qwen3.5's Gated DeltaNet layers make none)
     for (int64_t l = 0; l <= deepest; ++l) {
       const DecoderLayer& L = layers_[static_cast<size_t>(l)];
@@ -238,13 +242,12 @@ class HfTarget final : public Target {
       if (L.gdn.defined()) {
         a = hf::gated_delta_mix(L.gdn, h, rows);
       } else {
-        const QKV p = frozen::qkv_rope(at::linear(h, L.qkv, L.qkv_bias), cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm,
-                                       cfg_.rms_eps, cos, sin, fused_);
+        const QKV p = project(L, h, cos, sin);
         if (cfg_.window(l) != docs.window) {
           docs.window = cfg_.window(l);
           attention.set_mask(docs);
         }
-        a = gated(L, layers::merge_heads(attend(attention, call++, L, p.q, p.k, p.v, scale)), h);
+        a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
       at::Tensor x1, h2;
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
@@ -395,7 +398,7 @@ class HfTarget final : public Target {
       const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
       at::Tensor x = t_.embed_.index_select(0, tokens.to(t_.device_, at::kLong).reshape({-1})).view({B, T, H});
       std::vector<at::Tensor> features(layers_.size());
-      const double scale = 1.0 / std::sqrt(double(D));
+      const double scale = t_.softmax_scale();
       int64_t call = 0;  // the forward's attention calls so far
       for (size_t l = 0; l < t_.layers_.size(); ++l) {
         const DecoderLayer& L = t_.layers_[l];
@@ -411,7 +414,7 @@ class HfTarget final : public Target {
             attention_.set_mask(mask);
           }
           const at::Tensor a = t_.attend(attention_, call++, L, p.q.contiguous(), k_[l], v_[l], scale);
-          x = t_.finish_layer(L, x, t_.gated(L, layers::merge_heads(a), h));
+          x = t_.finish_layer(L, x, t_.attention_out(L, a, h));
         }
         for (size_t i = 0; i < layers_.size(); ++i)
           if (layers_[i] == static_cast<int64_t>(l))
@@ -521,8 +524,11 @@ class HfTarget final : public Target {
       if (cfg_.linear_attention(l)) {
         add_gated_delta_shapes(p, expected);
       } else {
-        expected.push_back({p + "self_attn.o_proj.weight", {H, q}});
-        add_attention_shapes(p, expected);
+        expected.push_back({p + "self_attn.o_proj.weight", {H, cfg_.mla() ? cfg_.heads * cfg_.v_dim : q}});
+        if (cfg_.mla())
+          add_latent_shapes(p, expected);
+        else
+          add_attention_shapes(p, expected);
       }
       add_mlp_shapes(l, p, expected);
     }
@@ -562,6 +568,22 @@ class HfTarget final : public Target {
       expected.push_back({p + "self_attn.q_norm.weight", {D}});
       expected.push_back({p + "self_attn.k_norm.weight", {D}});
     }
+  }
+
+  // DeepSeek-V3's latent attention's projections under prefix p (o_proj aside).
+  void add_latent_shapes(const std::string& p, Shapes& expected) const {
+    const int64_t H = cfg_.hidden, heads = cfg_.heads, qk = cfg_.qk_nope + cfg_.qk_rope;
+    const std::string a = p + "self_attn.";
+    if (cfg_.q_lora > 0) {
+      expected.push_back({a + "q_a_proj.weight", {cfg_.q_lora, H}});
+      expected.push_back({a + "q_a_layernorm.weight", {cfg_.q_lora}});
+      expected.push_back({a + "q_b_proj.weight", {heads * qk, cfg_.q_lora}});
+    } else {
+      expected.push_back({a + "q_proj.weight", {heads * qk, H}});
+    }
+    expected.push_back({a + "kv_a_proj_with_mqa.weight", {cfg_.kv_lora + cfg_.qk_rope, H}});
+    expected.push_back({a + "kv_a_layernorm.weight", {cfg_.kv_lora}});
+    expected.push_back({a + "kv_b_proj.weight", {heads * (cfg_.qk_nope + cfg_.v_dim), cfg_.kv_lora}});
   }
 
   // A Gated DeltaNet layer's tensors under prefix p (Qwen3.5's linear_attn.).
@@ -677,6 +699,7 @@ class HfTarget final : public Target {
   // An attention layer's projections under prefix p: q | k | v packed (Qwen3.5: each head's query rows
   // of q_proj, its output gate's rows apart), o_proj, biases, q / k norms, sinks.
   void load_attention(const std::string& p, DecoderLayer& L) const {
+    if (cfg_.mla()) return load_latent(p, L);
     at::Tensor q;
     if (!packed()) q = load(p + "self_attn.q_proj.weight");
     if (cfg_.attn_gate) {  // [heads x (query D | gate D), H]
@@ -696,6 +719,34 @@ class HfTarget final : public Target {
       L.k_norm = load_norm(p + "self_attn.k_norm.weight");
     }
     if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
+  }
+
+  // DeepSeek-V3's latent attention under prefix p. With rope_interleave the rotated dimensions' pairs (x0, x1), (x2,
+  // x3), ... are stored interleaved: their rows (each head's last qk_rope of q, the latent's last qk_rope) are
+  // reordered evens first, then odds, which rotate-half RoPE turns into the values transformers' interleaved rotation
+  // gives (apply_rotary_pos_emb_interleave: [x_even cos - x_odd sin, x_odd cos + x_even sin]).
+  void load_latent(const std::string& p, DecoderLayer& L) const {
+    const std::string a = p + "self_attn.";
+    const int64_t nope = cfg_.qk_nope, rope = cfg_.qk_rope;
+    const auto deinterleave = [&](const at::Tensor& w, int64_t blocks, int64_t width) {
+      if (!cfg_.rope_interleave) return w;
+      const at::Tensor b = w.view({blocks, width, -1});
+      const at::Tensor r = b.narrow(1, width - rope, rope);
+      return at::cat({b.narrow(1, 0, width - rope), r.slice(1, 0, rope, 2), r.slice(1, 1, rope, 2)}, 1)
+          .reshape({blocks * width, -1})
+          .contiguous();
+    };
+    if (cfg_.q_lora > 0) {
+      L.mla.q_a = load(a + "q_a_proj.weight");
+      L.mla.q_a_norm = load_norm(a + "q_a_layernorm.weight");
+      L.mla.q_b = deinterleave(load(a + "q_b_proj.weight"), cfg_.heads, nope + rope);
+    } else {
+      L.mla.q_b = deinterleave(load(a + "q_proj.weight"), cfg_.heads, nope + rope);
+    }
+    L.mla.kv_a = deinterleave(load(a + "kv_a_proj_with_mqa.weight"), 1, cfg_.kv_lora + rope);
+    L.mla.kv_a_norm = load_norm(a + "kv_a_layernorm.weight");
+    L.mla.kv_b = load(a + "kv_b_proj.weight");
+    L.o_proj = load(a + "o_proj.weight");
   }
 
   // A Gated DeltaNet layer under prefix p: its four input projections as one, the convolution's taps,
@@ -785,14 +836,48 @@ class HfTarget final : public Target {
   using QKV = frozen::Qkv;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
   // q, k, v of an attention layer from its normed input h.
   QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin) const {
+    if (cfg_.mla()) return latent_project(L, h, cos, sin);
     const at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
     return frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
   }
 
-  // An attention layer's merged output a [..., heads D] times Qwen3.5's output gate sigmoid(h W_gate^T), in the
-  // model's dtype as transformers' ops round it (no gate: a).
-  static at::Tensor gated(const DecoderLayer& L, const at::Tensor& a, const at::Tensor& h) {
-    return L.attn_gate.defined() ? a * at::sigmoid(at::linear(h, L.attn_gate)) : a;
+  // DeepSeek-V3's multi-head latent attention (transformers' DeepseekV3Attention): q = q_b(norm(q_a h)) (or q_proj
+  // h), per head [nope | rope]; the latent c = kv_a h = [kv | k_rope], kv_b(norm(kv)) per head [k_nope | v]; the
+  // rope parts rotated (their pairs de-interleaved at load, so that rotate-half RoPE gives the interleaved rotation's
+  // values), k_rope shared by every head; v padded with zeros to the keys' width (attention_out drops it).
+  QKV latent_project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t B = h.size(0), T = h.size(1), H = cfg_.heads, nope = cfg_.qk_nope, rope = cfg_.qk_rope;
+    const at::Tensor q_in = L.mla.q_a.defined() ? rms_norm(at::linear(h, L.mla.q_a), L.mla.q_a_norm) : h;
+    const at::Tensor q = at::linear(q_in, L.mla.q_b).view({B, T, H, nope + rope}).transpose(1, 2);
+    const at::Tensor latent = at::linear(h, L.mla.kv_a);  // [B, T, kv_lora + rope]
+    const at::Tensor kv = at::linear(rms_norm(latent.narrow(-1, 0, cfg_.kv_lora), L.mla.kv_a_norm), L.mla.kv_b)
+                              .view({B, T, H, nope + cfg_.v_dim})
+                              .transpose(1, 2);
+    const at::Tensor k_rope = latent.narrow(-1, cfg_.kv_lora, rope).unsqueeze(1);  // [B, 1, T, rope]
+    const at::Tensor c = cos.dim() == 2 ? cos.view({1, 1, T, rope}) : cos.dim() == 3 ? cos.unsqueeze(1) : cos;
+    const at::Tensor s = sin.dim() == 2 ? sin.view({1, 1, T, rope}) : sin.dim() == 3 ? sin.unsqueeze(1) : sin;
+    const auto rotate = [&](const at::Tensor& x) {
+      const int64_t half = rope / 2;
+      return x * c + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * s;
+    };
+    QKV out;
+    out.q = at::cat({q.narrow(-1, 0, nope), rotate(q.narrow(-1, nope, rope))}, -1);
+    out.k = at::cat({kv.narrow(-1, 0, nope), rotate(k_rope).expand({B, H, T, rope})}, -1);
+    const at::Tensor v = kv.narrow(-1, nope, cfg_.v_dim);
+    out.v = cfg_.v_dim == cfg_.head_dim ? v.contiguous() : at::constant_pad_nd(v, {0, cfg_.head_dim - cfg_.v_dim});
+    return out;
+  }
+
+  // 1 / sqrt(head_dim), or the family's own (DeepSeek-V3's with YaRN's mscale).
+  double softmax_scale() const {
+    return cfg_.softmax_scale > 0 ? cfg_.softmax_scale : 1.0 / std::sqrt(double(cfg_.head_dim));
+  }
+
+  // An attention layer's output a [B, heads, T, D] merged to [B, T, heads D] (DeepSeek-V3: its v_dim values of each
+  // head), times Qwen3.5's output gate sigmoid(h W_gate^T) in the model's dtype as transformers' ops round it.
+  at::Tensor attention_out(const DecoderLayer& L, const at::Tensor& a, const at::Tensor& h) const {
+    const at::Tensor merged = layers::merge_heads(cfg_.mla() ? a.narrow(-1, 0, cfg_.v_dim) : a);
+    return L.attn_gate.defined() ? merged * at::sigmoid(at::linear(h, L.attn_gate)) : merged;
   }
 
   // The rest of a layer after attention (a: its merged output [..., heads D], or a Gated DeltaNet's mixer's):
@@ -959,7 +1044,7 @@ class HfTarget final : public Target {
     const int64_t group = cfg_.heads / cfg_.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
-    const double scale = 1.0 / std::sqrt(double(cfg_.head_dim));
+    const double scale = softmax_scale();
     at::Tensor a;
     if (L.sinks.defined()) {
       // the softmax over the visible scores and the head's sink logit, in float32, the sink's share dropped;
@@ -981,7 +1066,7 @@ class HfTarget final : public Target {
     } else {
       a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
     }
-    return {finish_layer(L, x, gated(L, layers::merge_heads(a), h)), p.k, p.v};
+    return {finish_layer(L, x, attention_out(L, a, h)), p.k, p.v};
   }
 
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them. LongRoPE: a

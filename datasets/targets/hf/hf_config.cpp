@@ -20,7 +20,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",   
                                                           "Phi3ForCausalLM",       "GptOssForCausalLM",
                                                           "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
                                                           "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-                                                          "Qwen3NextForCausalLM"};
+                                                          "Qwen3NextForCausalLM",  "DeepseekV3ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -146,6 +146,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
            "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn, longrope)");
   c.rope.type = type;
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
+  c.rope.mscale_all_dim = r.real(*scaling, "mscale_all_dim", 0.0);
   c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
   // The pretraining length, as transformers takes it: a top-level original_max_position_embeddings
   // first, then the scaling's, then max_position_embeddings.
@@ -160,6 +161,36 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type != "default" && !(c.rope.factor > 0)) r.fail("rope_scaling", "factor must be positive");
   if (type == "yarn") read_yarn(r, *scaling, c.rope);
   if (type == "longrope") read_longrope(r, *scaling, c.rotary_dim, c.rope);
+}
+
+// DeepSeek-V3's multi-head latent attention (ModelConfig::mla): its ranks and head dimensions; head_dim is set to
+// qk_rope_head_dim first (the rotated part, as transformers' DeepseekV3Config does), to qk_nope + qk_rope after the
+// RoPE is read (read_mla_scale).
+void read_mla(const Reader& r, ModelConfig& c) {
+  c.q_lora = r.has("q_lora_rank") ? r.integer("q_lora_rank", 1) : 0;  // (null: q_proj)
+  c.kv_lora = r.integer("kv_lora_rank", 1);
+  c.qk_nope = r.integer("qk_nope_head_dim", 0);
+  c.qk_rope = r.integer("qk_rope_head_dim", 2);
+  c.v_dim = r.integer("v_head_dim", 1);
+  c.rope_interleave = r.boolean("rope_interleave", true);
+  if (c.qk_rope % 2 != 0) r.fail("qk_rope_head_dim", std::to_string(c.qk_rope) + " is odd (RoPE rotates pairs)");
+  if (c.v_dim > c.qk_nope + c.qk_rope)
+    r.fail("v_head_dim", std::to_string(c.v_dim) + " is wider than qk_nope_head_dim + qk_rope_head_dim = " +
+                             std::to_string(c.qk_nope + c.qk_rope) +
+                             " (the engine pads the values to the keys' width)");
+  if (r.boolean("attention_bias", false))
+    r.fail("attention_bias", "true: biases on the latent attention's projections are not read (accepted: false)");
+  c.head_dim = c.qk_rope;
+}
+
+// After read_rope: the attention's width and softmax scale (transformers' yarn_apply_mscale).
+void read_mla_scale(ModelConfig& c) {
+  c.head_dim = c.qk_nope + c.qk_rope;
+  c.softmax_scale = 1.0 / std::sqrt(double(c.head_dim));
+  if (c.rope.type != "default" && c.rope.mscale_all_dim != 0 && c.rope.factor > 1) {
+    const double m = 0.1 * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.0;
+    c.softmax_scale *= m * m;
+  }
 }
 
 // config.json's layer_types: a list of `layers` entries, each "full_attention" or `other`; out[l] = 1 where other.
@@ -254,7 +285,8 @@ void read_experts(const Reader& r, ModelConfig& c) {
       r.fail("swiglu_limit", "swiglu_alpha and swiglu_limit must be positive");
     return;
   }
-  if (c.architecture == "Glm4MoeForCausalLM") return read_glm_routing(r, c);
+  if (c.architecture == "Glm4MoeForCausalLM" || c.architecture == "DeepseekV3ForCausalLM")
+    return read_glm_routing(r, c);
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", c.hybrid());  // (Qwen3NextConfig's default: true)
@@ -385,7 +417,13 @@ ModelConfig read_config(const std::string& folder) {
                            std::to_string(c.heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
   c.rms_eps = r.real(text, "rms_norm_eps", 1e-6);
+  const bool deepseek = c.architecture == "DeepseekV3ForCausalLM";
+  if (deepseek) {
+    read_mla(r, c);
+    c.kv_heads = c.heads;  // (every head's keys and values from the latent)
+  }
   read_rope(r, c);
+  if (deepseek) read_mla_scale(c);
   if (r.has("max_position_embeddings"))
     c.max_position = static_cast<int64_t>(r.real(text, "max_position_embeddings", 0.0));
   if (c.rope.type != "default")
@@ -409,7 +447,7 @@ ModelConfig read_config(const std::string& folder) {
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe) read_experts(r, c);
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
   else if (r.has("tie_word_embeddings"))

@@ -24,6 +24,7 @@ struct RopeScaling {
   double beta_fast = 32, beta_slow = 1;                  // yarn: the ramp's bounds in rotations
   bool truncate = true;                                  // yarn: the ramp's bounds rounded outwards
   double attention_factor = 1.0;                         // yarn, longrope: cos and sin are scaled by it
+  double mscale_all_dim = 0;                             // DeepSeek's YaRN: its softmax scale's mscale
   // longrope (Phi-3.5, Phi-4-mini): per rotated pair, the wavelength's factor for forwards that reach
   // no further than the pretraining length (short) and for longer ones (long).
   std::vector<double> short_factor, long_factor;
@@ -109,6 +110,16 @@ struct ModelConfig {
   int64_t lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, conv_kernel = 0;
   bool attn_gate = false, norm_plus_one = false;
   bool linear_attention(int64_t layer) const { return !linear.empty() && linear[static_cast<size_t>(layer)]; }
+  // DeepSeek-V3's multi-head latent attention (DeepseekV3ForCausalLM: DeepSeek-V3 / R1, Kimi-K2, Moonlight): q from
+  // q_lora_rank (q_a_proj, its norm, q_b_proj; 0: q_proj), keys and values from a kv_lora_rank latent
+  // (kv_a_proj_with_mqa, its norm, kv_b_proj) per head: qk_nope dimensions without position, qk_rope rotated ones
+  // (one rotated key shared by the heads; its pairs interleaved when rope_interleave), v_dim values. The engine
+  // attends over heads of head_dim = qk_nope + qk_rope, the values padded with zeros to it; softmax_scale:
+  // head_dim^-1/2 times YaRN's mscale(factor, mscale_all_dim)^2 (transformers' yarn_apply_mscale).
+  int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_dim = 0;
+  bool rope_interleave = false;
+  double softmax_scale = 0;  // 0: 1 / sqrt(head_dim)
+  bool mla() const { return kv_lora > 0; }
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
