@@ -95,6 +95,13 @@ FAMILIES = [
           norm_topk_prob=True, rope_interleave=True,
           rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
                                mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0)), {}),
+    # GLM-4.7-Flash's kind (Glm4MoeLiteForCausalLM): DeepSeek-V3's latent attention (values as wide as the keys,
+    # rotary pairs interleaved, plain RoPE) and GLM-4.5's router; mlp_layer_types says layers 0 and 2 are dense.
+    ("glm4_moe_lite", "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
+     dict(tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+          v_head_dim=24, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+          n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=1.8, norm_topk_prob=True,
+          mlp_layer_types=["dense", "sparse", "dense", "sparse"], rope_theta=1e6), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

@@ -190,6 +190,7 @@ MOE_FAMILIES = {
     "glm4_moe": ("Glm4MoeForCausalLM", dict(topk_group=4)),
     "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", dict(num_experts_per_tok=1)),
     "qwen3_next": ("Qwen3NextForCausalLM", dict(norm_topk_prob=True)),
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", dict(num_experts_per_tok=1)),
 }
 
 
@@ -201,7 +202,7 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
-    sparse; Qwen3-Next, not renormalised here: with it)."""
+    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash: one expert a token)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)

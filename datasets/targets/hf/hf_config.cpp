@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <utility>
 
 namespace flashdraft::hf {
 
@@ -20,7 +21,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",   
                                                           "Phi3ForCausalLM",       "GptOssForCausalLM",
                                                           "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
                                                           "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-                                                          "Qwen3NextForCausalLM",  "DeepseekV3ForCausalLM"};
+                                                          "Qwen3NextForCausalLM",  "DeepseekV3ForCausalLM",
+                                                          "Glm4MoeLiteForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -193,17 +195,19 @@ void read_mla_scale(ModelConfig& c) {
   }
 }
 
-// config.json's layer_types: a list of `layers` entries, each "full_attention" or `other`; out[l] = 1 where other.
-void read_layer_types(const Reader& r, int64_t layers, const std::string& other, std::vector<uint8_t>& out) {
-  const json& v = r.j.at("layer_types");
+// A per-layer list of config.json (`key`: layer_types, mlp_layer_types): `layers` entries, each of the two names
+// `kinds`; out[l] = 1 where the second.
+void read_layer_types(const Reader& r, int64_t layers, const std::string& key,
+                      const std::pair<std::string, std::string>& kinds, std::vector<uint8_t>& out) {
+  const json& v = r.j.at(key);
   if (!v.is_array() || static_cast<int64_t>(v.size()) != layers)
-    r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(layers) +
-                              " layer types (num_hidden_layers)");
+    r.fail(key, "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(layers) +
+                    " layer types (num_hidden_layers)");
   out.assign(static_cast<size_t>(layers), 0);
   for (size_t l = 0; l < v.size(); ++l) {
-    if (v[l] != "full_attention" && v[l] != other)
-      r.fail("layer_types", "holds " + v[l].dump() + " (accepted: \"full_attention\", \"" + other + "\")");
-    out[l] = v[l] == other;
+    if (v[l] != kinds.first && v[l] != kinds.second)
+      r.fail(key, "holds " + v[l].dump() + " (accepted: \"" + kinds.first + "\", \"" + kinds.second + "\")");
+    out[l] = v[l] == kinds.second;
   }
 }
 
@@ -216,7 +220,8 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   const bool qwen2_rule = !all && r.boolean("use_sliding_window", false);
   if (!(all || qwen2_rule) || !r.has("sliding_window")) return;
   c.sliding_window = r.integer("sliding_window", 1);
-  if (r.has("layer_types")) return read_layer_types(r, c.layers, "sliding_attention", c.sliding);
+  if (r.has("layer_types"))
+    return read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
@@ -285,6 +290,19 @@ void read_experts(const Reader& r, ModelConfig& c) {
       r.fail("swiglu_limit", "swiglu_alpha and swiglu_limit must be positive");
     return;
   }
+  if (c.architecture == "Glm4MoeLiteForCausalLM") {  // (GLM-4.7-Flash: mlp_layer_types says which layers are dense)
+    read_glm_routing(r, c);
+    c.first_dense = 0;
+    c.mlp_only_layers = {0};  // (its default: layer 0 dense, the others sparse)
+    if (r.has("mlp_layer_types")) {
+      std::vector<uint8_t> sparse;
+      read_layer_types(r, c.layers, "mlp_layer_types", {"dense", "sparse"}, sparse);
+      c.mlp_only_layers.clear();
+      for (int64_t l = 0; l < c.layers; ++l)
+        if (!sparse[static_cast<size_t>(l)]) c.mlp_only_layers.push_back(l);
+    }
+    return;
+  }
   if (c.architecture == "Glm4MoeForCausalLM" || c.architecture == "DeepseekV3ForCausalLM")
     return read_glm_routing(r, c);
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
@@ -339,7 +357,8 @@ void read_linear_attention(const Reader& r, ModelConfig& c) {
     r.fail("linear_num_value_heads", std::to_string(c.lin_v_heads) + " is not a multiple of linear_num_key_heads " +
                                          std::to_string(c.lin_k_heads));
   c.linear.assign(static_cast<size_t>(c.layers), 0);
-  if (r.has("layer_types")) return read_layer_types(r, c.layers, "linear_attention", c.linear);
+  if (r.has("layer_types"))
+    return read_layer_types(r, c.layers, "layer_types", {"full_attention", "linear_attention"}, c.linear);
   const int64_t interval = r.integer("full_attention_interval", 1, 4);
   for (int64_t l = 0; l < c.layers; ++l) c.linear[static_cast<size_t>(l)] = (l + 1) % interval != 0;
 }
@@ -417,7 +436,7 @@ ModelConfig read_config(const std::string& folder) {
                            std::to_string(c.heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
   c.rms_eps = r.real(text, "rms_norm_eps", 1e-6);
-  const bool deepseek = c.architecture == "DeepseekV3ForCausalLM";
+  const bool deepseek = c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM";
   if (deepseek) {
     read_mla(r, c);
     c.kv_heads = c.heads;  // (every head's keys and values from the latent)
