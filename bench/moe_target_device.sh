@@ -31,7 +31,8 @@
 # 5. transformers' model (bf16, SDPA, output_hidden_states, inference mode, the layers ours runs,
 #    its default experts implementation): eager, then torch.compile, median forward ms;
 # 6. ours with the engine's kernels once more (after transformers: the spread of one version).
-# QUICK=1 leaves out the "aten" run and the second engine run (a call with little device time left).
+# QUICK=1 leaves out the "aten" run and the second engine run (a call with little device time left); TESTS=0 leaves
+# out steps 1's test_cuda_ops and 2.
 set -uo pipefail
 QUICK=${QUICK:-0}
 MOE=${MOE:-qwen3-30b-a3b}
@@ -66,6 +67,9 @@ python3 scripts/make-random-checkpoint --preset $MOE --layers $CKPT_LAYERS --out
 ckpt=$!
 . bench/device_build.sh
 device_build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops
+if [ "${TESTS:-1}" = 0 ]; then
+  echo "=== TESTS=0: test_cuda_ops and the CUDA states test left out"
+else
 echo "=== test_cuda_ops ($(( $(date +%s) - t0 )) s)"
 "$BUILD/bin/test_cuda_ops" > /tmp/test_cuda_ops.log 2>&1
 echo "rc $?"
@@ -81,6 +85,7 @@ if python3 -c 'import pytest' 2>/dev/null; then
   grep -E "passed|failed|error|$FAMILY row|adds in the products|Error|assert" /tmp/pytest.log | head -24
 else
   echo "pytest is not installed here: skipped"
+fi
 fi
 wait $ckpt; echo "=== checkpoint: rc $? ($(( $(date +%s) - t0 )) s)"; tail -1 /tmp/checkpoint.log
 

@@ -192,20 +192,7 @@ class HfTarget final : public Target {
     attention.set_mask(docs);
     const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
-    at::Tensor cos, sin;
-    if (batch.documents.empty()) {
-      // Rows of one conversation: the tables of positions 0..S-1, made once per length.
-      if (!plain_cos_.defined() || plain_cos_.size(0) != S) {
-        const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
-        const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_for(S).unsqueeze(0);  // [S, D/2], fp32
-        std::tie(plain_cos_, plain_sin_) = cos_sin(at::cat({freqs, freqs}, -1));
-      }
-      cos = plain_cos_, sin = plain_sin_;
-    } else {
-      // Packed rows: positions count from each document's start, as the conversation alone
-      // (longrope: the factors of the batch's longest document, as transformers picks them per forward).
-      std::tie(cos, sin) = rope_tables(document_positions(docs, B, S), /*whole_batch=*/true);
-    }
+    const auto [cos, sin] = forward_tables(batch, docs, B, S);
     // The states go straight into the result [B, S, E, H] as each layer makes them: the input
     // norm of layer l + 1 writes the state after layer l into its slot (the residual stream then
     // reads it there), no copy.
@@ -278,6 +265,19 @@ class HfTarget final : public Target {
       last = x + pending;
     record(deepest, last);
     return out;
+  }
+
+  // The RoPE tables of a training forward: rows of one conversation, the tables of positions 0..S-1 (made once per
+  // length); packed rows, positions counted from each document's start, as the conversation alone (longrope: the
+  // factors of the batch's longest document, as transformers picks them per forward).
+  std::pair<at::Tensor, at::Tensor> forward_tables(const Batch& batch, const MaskInput& docs, int64_t B, int64_t S) {
+    if (!batch.documents.empty()) return rope_tables(document_positions(docs, B, S), /*whole_batch=*/true);
+    if (!plain_cos_.defined() || plain_cos_.size(0) != S) {
+      const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
+      const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_for(S).unsqueeze(0);  // [S, D/2], fp32
+      std::tie(plain_cos_, plain_sin_) = cos_sin(at::cat({freqs, freqs}, -1));
+    }
+    return {plain_cos_, plain_sin_};
   }
 
   // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row

@@ -381,44 +381,31 @@ std::vector<int64_t> eos_ids(const json& j, const std::string& file) {
   return ids;
 }
 
-}  // namespace
-
-ModelConfig read_config(const std::string& folder) {
-  namespace fs = std::filesystem;
-  const std::string file = (fs::path(folder) / "config.json").string();
-  if (!fs::is_directory(folder))
-    throw std::runtime_error("[target] path \"" + folder +
-                             "\" is not a folder (a Hugging Face checkpoint folder with "
-                             "config.json and model.safetensors is expected)");
+// A JSON file, parsed; throws with the file's name where it cannot be read or parsed.
+json read_json(const std::string& file) {
   std::ifstream in(file);
-  if (!in) throw std::runtime_error(file + ": cannot be read (the checkpoint folder needs its config.json)");
-  json j;
+  if (!in) throw std::runtime_error(file + ": cannot be read");
   try {
-    j = json::parse(in);
+    return json::parse(in);
   } catch (const json::parse_error& e) {
     throw std::runtime_error(file + ": not valid JSON (" + std::string(e.what()) + ")");
   }
-  if (!j.is_object()) throw std::runtime_error(file + ": expected a JSON object");
-  ModelConfig c;
-  c.path = file;
-  const Reader top{j, file};
+}
+
+// architectures[0], one of kSupportedArchitectures.
+std::string read_architecture(const Reader& top) {
+  const json& j = top.j;
   if (!top.has("architectures") || !j.at("architectures").is_array() || j.at("architectures").empty() ||
       !j.at("architectures")[0].is_string())
     top.fail("architectures", "missing; supported: " + join(kSupportedArchitectures));
-  c.architecture = j.at("architectures")[0].get<std::string>();
-  bool known = false;
-  for (const auto& a : kSupportedArchitectures) known = known || a == c.architecture;
-  if (!known)
-    top.fail("architectures",
-             "\"" + c.architecture + "\" is not supported (supported: " + join(kSupportedArchitectures) + ")");
-  // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
-  const bool multimodal =
-      c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration";
-  if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
-    top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
-  if (multimodal) c.prefix = "model.language_model.";
-  const json& text = multimodal ? j.at("text_config") : j;
-  const Reader r{text, multimodal ? file + ": text_config" : file};
+  const std::string a = j.at("architectures")[0].get<std::string>();
+  if (std::find(kSupportedArchitectures.begin(), kSupportedArchitectures.end(), a) == kSupportedArchitectures.end())
+    top.fail("architectures", "\"" + a + "\" is not supported (supported: " + join(kSupportedArchitectures) + ")");
+  return a;
+}
+
+// The decoder's sizes: vocabulary, hidden, layers, heads, head_dim, MLP width, the norms' epsilon.
+void read_sizes(const Reader& r, ModelConfig& c) {
   c.vocab = r.integer("vocab_size", 1);
   c.hidden = r.integer("hidden_size", 1);
   c.layers = r.integer("num_hidden_layers", 1);
@@ -430,12 +417,38 @@ ModelConfig read_config(const std::string& folder) {
            std::to_string(c.kv_heads) + " does not divide num_attention_heads = " + std::to_string(c.heads));
   c.head_dim = r.integer("head_dim", 1, c.hidden % c.heads == 0 ? c.hidden / c.heads : 0);
   if (c.head_dim == 0)
-    r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) +
-                           " is not a multiple of "
-                           "num_attention_heads " +
-                           std::to_string(c.heads));
+    r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) + " is not a multiple of " +
+                           "num_attention_heads " + std::to_string(c.heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
-  c.rms_eps = r.real(text, "rms_norm_eps", 1e-6);
+  c.rms_eps = r.real(r.j, "rms_norm_eps", 1e-6);
+}
+
+}  // namespace
+
+ModelConfig read_config(const std::string& folder) {
+  namespace fs = std::filesystem;
+  const std::string file = (fs::path(folder) / "config.json").string();
+  if (!fs::is_directory(folder))
+    throw std::runtime_error("[target] path \"" + folder +
+                             "\" is not a folder (a Hugging Face checkpoint folder with "
+                             "config.json and model.safetensors is expected)");
+  if (!fs::exists(file))
+    throw std::runtime_error(file + ": cannot be read (the checkpoint folder needs its config.json)");
+  const json j = read_json(file);
+  if (!j.is_object()) throw std::runtime_error(file + ": expected a JSON object");
+  ModelConfig c;
+  c.path = file;
+  const Reader top{j, file};
+  c.architecture = read_architecture(top);
+  // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
+  const bool multimodal =
+      c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration";
+  if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
+    top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
+  if (multimodal) c.prefix = "model.language_model.";
+  const json& text = multimodal ? j.at("text_config") : j;
+  const Reader r{text, multimodal ? file + ": text_config" : file};
+  read_sizes(r, c);
   const bool deepseek = c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM";
   if (deepseek) {
     read_mla(r, c);
@@ -476,13 +489,7 @@ ModelConfig read_config(const std::string& folder) {
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";
   if (fs::is_regular_file(generation)) {
-    std::ifstream g(generation);
-    json gj;
-    try {
-      gj = json::parse(g);
-    } catch (const json::parse_error& e) {
-      throw std::runtime_error(generation.string() + ": not valid JSON (" + std::string(e.what()) + ")");
-    }
+    const json gj = read_json(generation.string());
     if (gj.is_object() && gj.contains("eos_token_id") && !gj.at("eos_token_id").is_null())
       c.eos = eos_ids(gj, generation.string());
   }
