@@ -746,10 +746,10 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     folder = tmp_path / family
     # head_dim 64: a size flash_cuda runs (64 or 128). gpt-oss under a transformers that fixes its GLU's
     # limit at 7.0 whatever config.json says (5.17 does): the published 7.0, so that both read the same.
-    extra = dict(swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else {}
+    extra = dict(head_dim=64, swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else dict(head_dim=64)
     if family in ("deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
-        extra.update(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
-    model = make_model(folder, family, seed=13, hidden_size=256, intermediate_size=384, head_dim=64, **extra)
+        extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
+    model = make_model(folder, family, seed=13, hidden_size=256, intermediate_size=384, **extra)
     # A mixture of experts: a token near a tie of the router goes to another expert in any bf16
     # forward (transformers' own: 1-2 of 128 tokens a layer at this shape), which moves its state by
     # more than rounding does; the largest error over the tokens would then say which tokens tied,
