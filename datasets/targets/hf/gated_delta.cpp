@@ -83,36 +83,34 @@ RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tenso
   const at::Tensor last = cum.narrow(-1, kChunk - 1, 1);              // [B, H, n, 1]
   const at::Tensor k_decayed = k * (last - cum).exp().unsqueeze(-1);  // to the chunk's end
   const at::Tensor chunk_decay = last.exp().unsqueeze(-1);            // [B, H, n, 1, 1]
-  at::Tensor state = initial.defined() ? initial : at::zeros({B, Hv, Dk, Dv}, v.options());
-  at::Tensor out = at::empty_like(values);
-  RuleRun run;
-  if (capture.defined()) {
-    run.chunk_state = at::zeros_like(state);
-    run.new_values = at::zeros({B, Hv, kChunk, Dv}, v.options());
-  }
-  if (every_chunk) {
-    run.chunk_state = at::empty({B, Hv, n, Dk, Dv}, v.options());
-    run.new_values = at::empty({B, Hv, n, kChunk, Dv}, v.options());
-    run.keys = k, run.log_decay = cum;
-  }
+  // The scan over chunks, few launches a chunk (it is sequential): each chunk's start state into S_all, its new
+  // values (u - W S) into u_all, the state carried on in place; both outputs' products after it, over every chunk at
+  // once: out = (q exp(cum)) S_chunk + intra u_chunk.
+  at::Tensor state = (initial.defined() ? initial.to(at::kFloat) : at::zeros({B, Hv, Dk, Dv}, v.options()))
+                         .reshape({B * Hv, Dk, Dv})
+                         .clone();
+  const at::Tensor S_all = at::empty({B, Hv, n, Dk, Dv}, v.options()), u_all = at::empty_like(values);
+  const auto per_head = [&](const at::Tensor& t) { return t.view({B * Hv, n, t.size(-2), t.size(-1)}); };
+  const at::Tensor S_heads = per_head(S_all), u_heads = per_head(u_all), values_heads = per_head(values);
+  const at::Tensor w_heads = per_head(k_cumdecay), kd_heads = per_head(k_decayed);
+  const at::Tensor decay_heads = chunk_decay.view({B * Hv, n, 1, 1});
   for (int64_t i = 0; i < n; ++i) {
-    const at::Tensor v_new = values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);
-    out.select(2, i).copy_(at::matmul(q_decayed.select(2, i), state) + at::matmul(intra.select(2, i), v_new));
-    if (every_chunk) {
-      run.chunk_state.select(2, i).copy_(state);
-      run.new_values.select(2, i).copy_(v_new);
-    }
-    if (capture.defined()) {
-      const at::Tensor here = capture.eq(i).view({B, 1, 1, 1});
-      run.chunk_state = at::where(here, state, run.chunk_state);
-      run.new_values = at::where(here, v_new, run.new_values);
-    }
-    state = state * chunk_decay.select(2, i) + at::matmul(k_decayed.select(2, i).transpose(-1, -2), v_new);
+    S_heads.select(1, i).copy_(state);
+    at::Tensor u = u_heads.select(1, i);
+    u.copy_(values_heads.select(1, i));
+    u.baddbmm_(w_heads.select(1, i), state, /*beta=*/1, /*alpha=*/-1);
+    state.mul_(decay_heads.select(1, i));
+    state.baddbmm_(kd_heads.select(1, i).transpose(-1, -2), u);
   }
+  const at::Tensor out = at::matmul(q_decayed, S_all) + at::matmul(intra, u_all);  // [B, H, n, C, Dv]
+  RuleRun run;
+  if (every_chunk) run.chunk_state = S_all, run.new_values = u_all, run.keys = k, run.log_decay = cum;
   if (capture.defined()) {
-    const at::Tensor at_chunk = capture.view({B, 1, 1, 1});
-    run.keys = k.gather(2, at_chunk.unsqueeze(-1).expand({B, Hv, 1, kChunk, Dk})).squeeze(2);
-    run.log_decay = cum.gather(2, at_chunk.expand({B, Hv, 1, kChunk})).squeeze(2);
+    const at::Tensor at_chunk = capture.view({B, 1, 1, 1, 1});
+    run.chunk_state = S_all.gather(2, at_chunk.expand({B, Hv, 1, Dk, Dv})).squeeze(2);
+    run.new_values = u_all.gather(2, at_chunk.expand({B, Hv, 1, kChunk, Dv})).squeeze(2);
+    run.keys = k.gather(2, at_chunk.expand({B, Hv, 1, kChunk, Dk})).squeeze(2);
+    run.log_decay = cum.gather(2, capture.view({B, 1, 1, 1}).expand({B, Hv, 1, kChunk})).squeeze(2);
   }
   run.out = out.reshape({B, Hv, n * kChunk, Dv}).narrow(2, 0, T).transpose(1, 2).contiguous().to(v_in.scalar_type());
   return run;
