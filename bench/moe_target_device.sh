@@ -107,7 +107,10 @@ for k in ("engine", "aten"):
 from bench.device_common import rel, transformers_states
 # (the noise of bf16: transformers' eager attention against its SDPA; gpt-oss has only the eager one)
 impls = ("sdpa", "eager") if peer_attn == "sdpa" else (peer_attn,)
-states = transformers_states(ckpt, tokens, layers, max(layers) + 2, impls=impls)
+import json, os
+made = json.load(open(os.path.join(ckpt, "config.json")))["num_hidden_layers"]
+# (one past the deepest layer read, within the layers made: reading the last, both sides give it after the final norm)
+states = transformers_states(ckpt, tokens, layers, min(max(layers) + 2, made), impls=impls)
 print(f"relative to transformers ({peer_attn}, bf16): max |diff| / max |ref|, mean |diff| / mean |ref|")
 for i, L in enumerate(layers):
     ref = states[peer_attn][i]

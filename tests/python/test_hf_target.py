@@ -730,7 +730,15 @@ def test_corrupt_checkpoints_are_refused_with_a_sentence(tmp_path, how):
     print(f"{how}: {line[:200]}")
 
 
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 BF16_BOUND = 3e-2  # bf16 (8 bits of mantissa) through 4 layers, relative to the fp32 reference
+# The hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: the Gated DeltaNet's recurrence and convolution over bf16
+# inputs) and the mixtures of experts (a token near a router's tie goes to another expert in any bf16 forward): their
+# bf16 error is that of their kind, not of rounding alone. Measured on an H100 (2026-12-07, transformers 5.17),
+# transformers' own bf16 forward against its fp32 one: Qwen3.5 3.3e-02-6.2e-02, Qwen3.5-MoE 1.2e-02-7.6e-02,
+# Qwen3-Next 9.6e-03-4.4e-02, gpt-oss 2.2e-02-2.8e-02, GLM-4.7-Flash 2.1e-02-3.1e-02 (ours: 1.6e-02-5.2e-02,
+# 1.2e-02-7.1e-02, 9.0e-03-4.1e-02, 2.7e-02-3.3e-02, 2.1e-02-3.5e-02). There BF16_BOUND gives way to transformers' own
+# error where that is near it: ours within 1.25x it (+1e-3), and 2x as everywhere.
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -773,7 +781,8 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
             mine = error(ours["hidden"][b, :n, e], ref.hidden_states[layer + 1][0])
             hf = error(theirs.hidden_states[layer + 1][0].float().cpu(), ref.hidden_states[layer + 1][0])
             print(f"{family} row {b} layer {layer}: ours bf16 {mine:.1e}, transformers bf16 {hf:.1e}")
-            assert mine <= BF16_BOUND and mine <= 2 * hf + 1e-3, (family, b, layer, mine, hf)
+            bound = max(BF16_BOUND, 1.25 * hf + 1e-3) if moe or family in HYBRID_FAMILIES else BF16_BOUND
+            assert mine <= bound and mine <= 2 * hf + 1e-3, (family, b, layer, mine, hf)
     if layers == [0, 2]:
         # The same with each add in the norm after it (FLASHDRAFT_GEMM_ADD=0): cuBLAS's epilogue
         # rounds as the separate add does at most shapes (equal), at some once (within bf16 noise).
