@@ -32,7 +32,8 @@
 #    its default experts implementation): eager, then torch.compile, median forward ms;
 # 6. ours with the engine's kernels once more (after transformers: the spread of one version).
 # QUICK=1 leaves out the "aten" run and the second engine run (a call with little device time left); TESTS=0 leaves
-# out steps 1's test_cuda_ops and 2.
+# out steps 1's test_cuda_ops and 2; PEER_COMPILE=0 leaves out transformers' torch.compile (its first call takes
+# minutes at some shapes).
 set -uo pipefail
 QUICK=${QUICK:-0}
 MOE=${MOE:-qwen3-30b-a3b}
@@ -148,7 +149,7 @@ run_ours engine
 [ "$QUICK" = 1 ] || run_ours aten
 
 echo "=== transformers' forward ($RUN layers, bf16, $PEER_ATTN, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"
-timeout -k 5 240 python3 - "$CKPT" "$RUN" "$VOCAB" "$PEER_ATTN" <<'PY' | tee "$OUT/peer.txt"
+timeout -k 5 240 python3 - "$CKPT" "$RUN" "$VOCAB" "$PEER_ATTN" "${PEER_COMPILE:-1}" <<'PY' | tee "$OUT/peer.txt"
 import sys, time, torch, transformers
 from bench.device_common import timed
 model = transformers.AutoModel.from_pretrained(sys.argv[1], dtype=torch.bfloat16, attn_implementation=sys.argv[4],
@@ -157,6 +158,8 @@ tokens = torch.randint(0, int(sys.argv[3]), (1, 3072), device="cuda")
 with torch.inference_mode():
     f = lambda: model(input_ids=tokens, output_hidden_states=True)
     print(f"transformers eager: {timed(f):.2f} ms (peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)", flush=True)
+    if sys.argv[5] == "0":
+        sys.exit(0)
     compiled = torch.compile(model)
     t = time.time()
     g = lambda: compiled(input_ids=tokens, output_hidden_states=True)

@@ -83,25 +83,32 @@ RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tenso
   const at::Tensor last = cum.narrow(-1, kChunk - 1, 1);              // [B, H, n, 1]
   const at::Tensor k_decayed = k * (last - cum).exp().unsqueeze(-1);  // to the chunk's end
   const at::Tensor chunk_decay = last.exp().unsqueeze(-1);            // [B, H, n, 1, 1]
-  // The scan over chunks, few launches a chunk (it is sequential): each chunk's start state into S_all, its new
-  // values (u - W S) into u_all, the state carried on in place; both outputs' products after it, over every chunk at
-  // once: out = (q exp(cum)) S_chunk + intra u_chunk.
+  // The scan over chunks, four launches a chunk (it is sequential): each chunk's start state into S_all, its new
+  // values (u - W S) in place of its values, the state decayed and updated in place; both outputs' products after
+  // it, over every chunk at once: out = (q exp(cum)) S_chunk + intra u_chunk.
   at::Tensor state = (initial.defined() ? initial.to(at::kFloat) : at::zeros({B, Hv, Dk, Dv}, v.options()))
                          .reshape({B * Hv, Dk, Dv})
                          .clone();
-  const at::Tensor S_all = at::empty({B, Hv, n, Dk, Dv}, v.options()), u_all = at::empty_like(values);
-  const auto per_head = [&](const at::Tensor& t) { return t.view({B * Hv, n, t.size(-2), t.size(-1)}); };
-  const at::Tensor S_heads = per_head(S_all), u_heads = per_head(u_all), values_heads = per_head(values);
-  const at::Tensor w_heads = per_head(k_cumdecay), kd_heads = per_head(k_decayed);
-  const at::Tensor decay_heads = chunk_decay.view({B * Hv, n, 1, 1});
+  // chunk-major copies [n, B H, ...] of what the scan reads and writes: every step's operands contiguous (strided
+  // batches would make the in-place products copy)
+  const auto chunk_major = [&](const at::Tensor& t) {
+    return t.reshape({B * Hv, n, t.size(-2), t.size(-1)}).transpose(0, 1).contiguous();
+  };
+  const at::Tensor u_n = chunk_major(values), w_n = chunk_major(k_cumdecay);  // (u_n: the values, then u in place)
+  const at::Tensor kdT_n = chunk_major(k_decayed.transpose(-1, -2));          // [n, B H, Dk, C]
+  const at::Tensor decay_n = chunk_decay.reshape({B * Hv, n, 1, 1}).transpose(0, 1).contiguous();
+  const at::Tensor S_n = at::empty({n, B * Hv, Dk, Dv}, v.options());
   for (int64_t i = 0; i < n; ++i) {
-    S_heads.select(1, i).copy_(state);
-    at::Tensor u = u_heads.select(1, i);
-    u.copy_(values_heads.select(1, i));
-    u.baddbmm_(w_heads.select(1, i), state, /*beta=*/1, /*alpha=*/-1);
-    state.mul_(decay_heads.select(1, i));
-    state.baddbmm_(kd_heads.select(1, i).transpose(-1, -2), u);
+    S_n[i].copy_(state);
+    at::Tensor u = u_n[i];
+    u.baddbmm_(w_n[i], state, /*beta=*/1, /*alpha=*/-1);  // u - W S
+    state.mul_(decay_n[i]);
+    state.baddbmm_(kdT_n[i], u);
   }
+  const auto heads_major = [&](const at::Tensor& t) {
+    return t.transpose(0, 1).reshape({B, Hv, n, t.size(-2), t.size(-1)});
+  };
+  const at::Tensor S_all = heads_major(S_n), u_all = heads_major(u_n);
   const at::Tensor out = at::matmul(q_decayed, S_all) + at::matmul(intra, u_all);  // [B, H, n, C, Dv]
   RuleRun run;
   if (every_chunk) run.chunk_state = S_all, run.new_values = u_all, run.keys = k, run.log_decay = cum;
