@@ -102,6 +102,13 @@ FAMILIES = [
           v_head_dim=24, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
           n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=1.8, norm_topk_prob=True,
           mlp_layer_types=["dense", "sparse", "dense", "sparse"], rope_theta=1e6), {}),
+    # Ministral 3's kind (Ministral3ForCausalLM): Mistral's layers, YaRN over a pretraining length of 16 and each query
+    # times 1 + 0.1 ln(1 + floor(position / 16)) (llama_4_scaling_beta): positions 16 on are scaled.
+    ("ministral3", "Ministral3Config", "Ministral3ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, sliding_window=None,
+          rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0, original_max_position_embeddings=16,
+                               beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)),
+     {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

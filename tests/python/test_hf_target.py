@@ -389,6 +389,49 @@ def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projecti
     assert err <= BOUND
 
 
+def test_ministral3_query_scale_and_its_multimodal_checkpoint(tmp_path):
+    """Ministral 3 (the family test gives its states equal to transformers'): the query factor past the pretraining
+    length is read and moves the states (llama_4_scaling_beta 0: ours follows transformers), and the same language
+    model saved as Mistral3ForConditionalGeneration (text_config, tensors under model.language_model., a vision tower
+    beside them) gives the same states."""
+    folder = tmp_path / "ministral3"
+    model = make_model(folder, "ministral3", seed=23, initializer_range=0.1)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    p, scaled = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    assert max(rel(scaled["hidden"][0, :, e], ref[L + 1][0]) for e, L in enumerate([1, 3])) <= BOUND
+    # the composite checkpoint first (config.json still as made)
+    config = transformers.Mistral3Config(
+        text_config=model.config.to_dict(),
+        vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           head_dim=16, image_size=32, patch_size=16),
+        tie_word_embeddings=False)  # (tied, loading the LM head would overwrite the embedding)
+    composite = transformers.Mistral3ForConditionalGeneration(config).eval()
+    composite.model.language_model.load_state_dict(model.model.state_dict())
+    composite.lm_head.load_state_dict(model.lm_head.state_dict())
+    composite.save_pretrained(tmp_path / "mistral3", safe_serialization=True)
+    p, vl = run_target(tmp_path / "mistral3", tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Mistral3ForConditionalGeneration" in p.stdout, p.stdout
+    print(f"ministral3 as Mistral3ForConditionalGeneration: equal to the text-only checkpoint's: "
+          f"{torch.equal(vl['hidden'], scaled['hidden'])}")
+    assert torch.equal(vl["hidden"], scaled["hidden"])
+    rope = json.loads((folder / "config.json").read_text())["rope_parameters"]
+    edit_config(folder, rope_parameters={**rope, "llama_4_scaling_beta": 0.0})
+    p, plain = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+            input_ids=tokens, output_hidden_states=True).hidden_states
+    err = max(rel(plain["hidden"][0, :, e], theirs[L + 1][0]) for e, L in enumerate([1, 3]))
+    early, late = rel(plain["hidden"][0, :16, 1], scaled["hidden"][0, :16, 1]), rel(plain["hidden"][0, 16:, 1],
+                                                                                      scaled["hidden"][0, 16:, 1])
+    print(f"ministral3 without the query factor: rel err {err:.1e}; it moves positions 16-39 {late:.1e}, 0-15 {early:.1e}")
+    assert err <= BOUND and late > 10 * BOUND and early == 0
+
+
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 

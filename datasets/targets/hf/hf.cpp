@@ -118,10 +118,17 @@ class HfTarget final : public Target {
     } catch (const std::exception& e) {
       config_.fail("path", e.what());
     }
-    // (a Qwen3.5 language model saved under the multimodal checkpoint's prefix, as transformers also reads it)
-    if (cfg_.qwen3_5() && !checkpoint_->find(cfg_.prefix + "embed_tokens.weight") &&
-        checkpoint_->find("model.language_model.embed_tokens.weight"))
-      cfg_.prefix = "model.language_model.";
+    // A language model's tensors where its checkpoint has them: under model., model.language_model. (a multimodal
+    // checkpoint; a Qwen3.5 language model saved so, as transformers also reads it) or language_model.model. with
+    // language_model.lm_head. (a multimodal checkpoint in its original layout, Mistral 3's).
+    for (const auto& [prefix, head] : {std::pair<const char*, const char*>{"model.", "lm_head.weight"},
+                                       {"model.language_model.", "lm_head.weight"},
+                                       {"language_model.model.", "language_model.lm_head.weight"}})
+      if (!checkpoint_->find(cfg_.prefix + "embed_tokens.weight") &&
+          checkpoint_->find(std::string(prefix) + "embed_tokens.weight")) {
+        cfg_.prefix = prefix;
+        cfg_.lm_head = head;
+      }
     if (keep_mxfp4_ && cfg_.quant_method != "mxfp4")
       config_.fail("mxfp4", "\"keep\" keeps a checkpoint's MXFP4 experts, but " + cfg_.path + " (" + cfg_.architecture +
                                 ") has none (no quantization_config with quant_method \"mxfp4\"); accepted here: "
@@ -131,8 +138,8 @@ class HfTarget final : public Target {
     say_ = ctx.say;
     check_shapes();
     embed_ = load(cfg_.prefix + "embed_tokens.weight");
-    tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find("lm_head.weight"));
-    lm_head_ = tied_ ? embed_ : load("lm_head.weight");
+    tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find(cfg_.lm_head));
+    lm_head_ = tied_ ? embed_ : load(cfg_.lm_head);
     final_norm_ = load_norm(cfg_.prefix + "norm.weight");
     // (the rotated part of each head: all of it but for a partial_rotary_factor, GLM-4.5's and Phi-3's)
     const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
@@ -193,6 +200,10 @@ class HfTarget final : public Target {
     const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
     at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
     const auto [cos, sin] = forward_tables(batch, docs, B, S);
+    const at::Tensor q_scale = cfg_.query_scale_beta == 0 ? at::Tensor()
+                               : batch.documents.empty()
+                                   ? query_scale(at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_)))
+                                   : query_scale(document_positions(docs, B, S));
     // The states go straight into the result [B, S, E, H] as each layer makes them: the input
     // norm of layer l + 1 writes the state after layer l into its slot (the residual stream then
     // reads it there), no copy.
@@ -229,7 +240,7 @@ class HfTarget final : public Target {
       if (L.gdn.defined()) {
         a = hf::gated_delta_mix(L.gdn, h, rows);
       } else {
-        const QKV p = project(L, h, cos, sin);
+        const QKV p = project(L, h, cos, sin, q_scale);
         if (cfg_.window(l) != docs.window) {
           docs.window = cfg_.window(l);
           attention.set_mask(docs);
@@ -319,8 +330,10 @@ class HfTarget final : public Target {
     const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
     const at::Tensor context_pos = document_positions(document_mask(rows, S), B, S);  // [B, S]
     const auto [cos_c, sin_c] = rope_tables(context_pos);
-    const auto [cos_b, sin_b] =
-        rope_tables((context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS}));
+    const at::Tensor block_pos =
+        (context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS});
+    const at::Tensor q_scale_c = query_scale(context_pos), q_scale_b = query_scale(block_pos);
+    const auto [cos_b, sin_b] = rope_tables(block_pos);
     const auto full = verify_masks(batch, anchor, S, BS, 0);
     const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -333,8 +346,8 @@ class HfTarget final : public Target {
         continue;
       }
       const auto& [mask_c, mask_b] = cfg_.window(static_cast<int64_t>(l)) > 0 ? sliding : full;
-      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, {}, {}, mask_c);
-      xb = dense_layer(L, xb, cos_b, sin_b, context.k, context.v, mask_b).x;
+      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, q_scale_c, {}, {}, mask_c);
+      xb = dense_layer(L, xb, cos_b, sin_b, q_scale_b, context.k, context.v, mask_b).x;
       xc = context.x;
     }
     const at::Tensor greedy = at::linear(rms_norm(xb, final_norm_), lm_head_).argmax(-1).view({B, N, BS});
@@ -395,6 +408,7 @@ class HfTarget final : public Target {
       mask.window = t_.cfg_.window(0);
       attention_.set_mask(mask);
       const auto [cos, sin] = t_.rope_tables(positions);
+      const at::Tensor q_scale = t_.query_scale(positions);
       const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
       at::Tensor x = t_.embed_.index_select(0, tokens.to(t_.device_, at::kLong).reshape({-1})).view({B, T, H});
       std::vector<at::Tensor> features(layers_.size());
@@ -406,7 +420,7 @@ class HfTarget final : public Target {
         if (gdn_[l]) {
           x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real));
         } else {
-          const QKV p = t_.project(L, h, cos, sin);
+          const QKV p = t_.project(L, h, cos, sin, q_scale);
           k_[l].scatter_(2, index, p.k);
           v_[l].scatter_(2, index, p.v);
           if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
@@ -515,8 +529,8 @@ class HfTarget final : public Target {
   void check_shapes() const {
     const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D;
     Shapes expected = {{cfg_.prefix + "embed_tokens.weight", {cfg_.vocab, H}}, {cfg_.prefix + "norm.weight", {H}}};
-    if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find("lm_head.weight")))
-      expected.push_back({"lm_head.weight", {cfg_.vocab, H}});
+    if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find(cfg_.lm_head)))
+      expected.push_back({cfg_.lm_head, {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
       expected.push_back({p + "input_layernorm.weight", {H}});
@@ -835,10 +849,25 @@ class HfTarget final : public Target {
 
   using QKV = frozen::Qkv;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
   // q, k, v of an attention layer from its normed input h.
-  QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin) const {
+  // q_scale (query_scale(): Ministral 3's per-position factor) multiplies the rotated queries where defined.
+  QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
+              const at::Tensor& q_scale = at::Tensor()) const {
     if (cfg_.mla()) return latent_project(L, h, cos, sin);
     const at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
-    return frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
+    QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
+    if (q_scale.defined()) p.q = p.q * q_scale;
+    return p;
+  }
+
+  // Ministral 3's query factor per position (positions [T] or [B, T], int64): 1 + beta ln(1 + floor(position /
+  // length)) in float32, rounded to the model's dtype, [1 or B, 1, T, 1] (transformers' get_llama_4_attn_scale);
+  // undefined for the other families.
+  at::Tensor query_scale(const at::Tensor& positions) const {
+    if (cfg_.query_scale_beta == 0) return {};
+    const at::Tensor pos = positions.dim() == 1 ? positions.unsqueeze(0) : positions;
+    const at::Tensor f =
+        1 + cfg_.query_scale_beta * at::log(1 + at::floor(pos.to(at::kFloat) / double(cfg_.query_scale_length)));
+    return f.to(dtype_).unsqueeze(1).unsqueeze(-1);
   }
 
   // DeepSeek-V3's multi-head latent attention (transformers' DeepseekV3Attention): q = q_b(norm(q_a h)) (or q_proj
@@ -1038,9 +1067,10 @@ class HfTarget final : public Target {
     at::Tensor x, k, v;
   };
   DenseOut dense_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& k_prefix, const at::Tensor& v_prefix, const at::Tensor& mask) const {
+                       const at::Tensor& q_scale, const at::Tensor& k_prefix, const at::Tensor& v_prefix,
+                       const at::Tensor& mask) const {
     const at::Tensor h = rms_norm(x, L.input_norm);
-    const QKV p = project(L, h, cos, sin);
+    const QKV p = project(L, h, cos, sin, q_scale);
     const int64_t group = cfg_.heads / cfg_.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);

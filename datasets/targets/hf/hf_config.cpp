@@ -14,15 +14,25 @@
 
 namespace flashdraft::hf {
 
-const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",      "MistralForCausalLM",
-                                                          "Qwen2ForCausalLM",      "Qwen3ForCausalLM",
-                                                          "Qwen3MoeForCausalLM",   "Qwen2MoeForCausalLM",
-                                                          "MixtralForCausalLM",    "Glm4MoeForCausalLM",
-                                                          "Phi3ForCausalLM",       "GptOssForCausalLM",
-                                                          "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
-                                                          "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-                                                          "Qwen3NextForCausalLM",  "DeepseekV3ForCausalLM",
-                                                          "Glm4MoeLiteForCausalLM"};
+const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
+                                                          "MistralForCausalLM",
+                                                          "Qwen2ForCausalLM",
+                                                          "Qwen3ForCausalLM",
+                                                          "Qwen3MoeForCausalLM",
+                                                          "Qwen2MoeForCausalLM",
+                                                          "MixtralForCausalLM",
+                                                          "Glm4MoeForCausalLM",
+                                                          "Phi3ForCausalLM",
+                                                          "GptOssForCausalLM",
+                                                          "Qwen3_5ForCausalLM",
+                                                          "Qwen3_5ForConditionalGeneration",
+                                                          "Qwen3_5MoeForCausalLM",
+                                                          "Qwen3_5MoeForConditionalGeneration",
+                                                          "Qwen3NextForCausalLM",
+                                                          "DeepseekV3ForCausalLM",
+                                                          "Glm4MoeLiteForCausalLM",
+                                                          "Ministral3ForCausalLM",
+                                                          "Mistral3ForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -149,6 +159,13 @@ void read_rope(const Reader& r, ModelConfig& c) {
   c.rope.type = type;
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
   c.rope.mscale_all_dim = r.real(*scaling, "mscale_all_dim", 0.0);
+  if (c.architecture == "Ministral3ForCausalLM" || c.architecture == "Mistral3ForConditionalGeneration") {
+    c.query_scale_beta = r.real(*scaling, "llama_4_scaling_beta", 0.0);
+    c.query_scale_length = static_cast<int64_t>(r.real(*scaling, "original_max_position_embeddings", 0.0));
+    if (c.query_scale_beta != 0 && c.query_scale_length < 1)
+      r.fail("rope_parameters", "llama_4_scaling_beta " + std::to_string(c.query_scale_beta) +
+                                    " needs original_max_position_embeddings (a positive length)");
+  }
   c.rope.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
   // The pretraining length, as transformers takes it: a top-level original_max_position_embeddings
   // first, then the scaling's, then max_position_embeddings.
@@ -441,8 +458,9 @@ ModelConfig read_config(const std::string& folder) {
   const Reader top{j, file};
   c.architecture = read_architecture(top);
   // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
-  const bool multimodal =
-      c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration";
+  const bool multimodal = c.architecture == "Qwen3_5ForConditionalGeneration" ||
+                          c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
+                          c.architecture == "Mistral3ForConditionalGeneration";
   if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
     top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
   if (multimodal) c.prefix = "model.language_model.";
@@ -464,7 +482,8 @@ ModelConfig read_config(const std::string& folder) {
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM", moe = c.architecture == "Qwen3MoeForCausalLM";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe;
   const bool mixtral = c.architecture == "MixtralForCausalLM";
-  const bool mistral = c.architecture == "MistralForCausalLM" || mixtral;
+  const bool mistral = c.architecture == "MistralForCausalLM" || mixtral || c.architecture == "Ministral3ForCausalLM" ||
+                       c.architecture == "Mistral3ForConditionalGeneration";
   const bool glm = c.architecture == "Glm4MoeForCausalLM";         // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || c.hybrid() || (glm && r.boolean("use_qk_norm", false));

@@ -35,8 +35,10 @@ struct ModelConfig {
   std::string architecture;  // e.g. "Qwen3ForCausalLM"
   // Where the decoder's tensors sit: "model." (model.embed_tokens, model.layers.N., model.norm), or
   // "model.language_model." for a multimodal checkpoint's language model (Qwen3_5ForConditionalGeneration,
-  // whose config.json holds the decoder's keys in text_config).
+  // Mistral3ForConditionalGeneration, whose config.json holds the decoder's keys in text_config), or
+  // "language_model.model." where it is saved in its original layout (Mistral 3's, as transformers writes it).
   std::string prefix = "model.";
+  std::string lm_head = "lm_head.weight";  // (a multimodal checkpoint in its original layout: language_model.lm_head.)
   // Qwen3.5 (Qwen3_5ForCausalLM / ForConditionalGeneration) and Qwen3.5-MoE (Qwen3_5Moe...)
   bool qwen3_5() const { return architecture.rfind("Qwen3_5", 0) == 0; }
   // The hybrid families of Gated DeltaNet and gated attention layers: Qwen3.5, Qwen3.5-MoE and Qwen3-Next
@@ -120,6 +122,11 @@ struct ModelConfig {
   bool rope_interleave = false;
   double softmax_scale = 0;  // 0: 1 / sqrt(head_dim)
   bool mla() const { return kv_lora > 0; }
+  // Ministral 3 (Ministral3ForCausalLM; Mistral3ForConditionalGeneration's language model): each query times
+  // 1 + beta ln(1 + floor(position / length)) after RoPE (rope_parameters' llama_4_scaling_beta and
+  // original_max_position_embeddings; 1 within the pretraining length). beta 0: none.
+  double query_scale_beta = 0;
+  int64_t query_scale_length = 0;
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
