@@ -187,11 +187,6 @@ std::vector<std::pair<int64_t, int64_t>> spans(const std::vector<int64_t>& docum
 
 }  // namespace
 
-at::Tensor chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                  const at::Tensor& beta) {
-  return run_rule(q, k, v, g, beta, at::Tensor(), at::Tensor()).out;
-}
-
 at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
                            const std::vector<std::vector<int64_t>>& documents) {
   const int64_t B = h.size(0), S = h.size(1);

@@ -38,11 +38,6 @@ struct GatedDeltaNet {
 at::Tensor gated_delta_mix(const GatedDeltaNet& w, const at::Tensor& h,
                            const std::vector<std::vector<int64_t>>& documents);
 
-// The gated delta rule over q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g, beta [B, T, Hv] (one document a
-// row, from a zero state): [B, T, Hv, Dv] in v's dtype. In float32, in chunks of 64 positions.
-at::Tensor chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                                  const at::Tensor& beta);
-
 // Target verification's mixer (model.hpp Target::verify): over the context hc [B, S, H] (the layer's normed input;
 // documents as gated_delta_mix) and over blocks hb [B, N BS, H], block n of row b continuing its document from
 // position anchors[b][n] ([B, N] int64, host; its first token at that position) from the state and convolution
