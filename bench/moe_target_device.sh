@@ -11,8 +11,8 @@
 # ~9 GiB; layers 1 and 2 read, 3 run; transformers runs gpt-oss with its eager attention, which has the
 # sinks, not SDPA, which has none: the reference and the peer use it) or, not a mixture of experts, with
 # MOE=qwen3.5-27b at Qwen3.5-27B's (hybrid: bench/qwen3_5_27b_hf_target.toml, 4 of its 64 layers, ~7.6 GiB:
-# Gated DeltaNet layers 0-2, attention layer 3, whose heads of 256 flash_cuda does not run: the target's
-# attention on dense_ref; layers 1 and 3 read, 4 run; transformers' Gated DeltaNet is its torch path there,
+# Gated DeltaNet layers 0-2, attention layer 3 of heads of 256 (flash_cuda's forward-only variant); layers 1 and 3
+# read, 4 run; transformers' Gated DeltaNet is its torch path there,
 # flash-linear-attention not being installed).
 #   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
 #   [".deps", "build-device"] after
@@ -46,8 +46,7 @@ case $MOE in
   glm-4.5-air) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=151552 FAMILY=glm4_moe TOML=bench/glm_4_5_air_hf_target.toml ;;
   gpt-oss-20b) CKPT_LAYERS=4 LAYERS=1,2 RUN=3 VOCAB=201088 FAMILY=gpt_oss TOML=bench/gpt_oss_20b_hf_target.toml \
                PEER_ATTN=eager ;;
-  qwen3.5-27b) CKPT_LAYERS=4 LAYERS=1,3 RUN=4 VOCAB=248320 FAMILY=qwen3_5 TOML=bench/qwen3_5_27b_hf_target.toml \
-               TKERN=dense_ref ;;
+  qwen3.5-27b) CKPT_LAYERS=4 LAYERS=1,3 RUN=4 VOCAB=248320 FAMILY=qwen3_5 TOML=bench/qwen3_5_27b_hf_target.toml ;;
   *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, gpt-oss-20b or qwen3.5-27b" >&2
      exit 2 ;;
 esac

@@ -341,6 +341,78 @@ TEST_F(FlashCuda, MatchesDenseRefForEveryMaskGeneratorDtypeHeadDimAndConfig) {
               configs.size());
 }
 
+// Heads of 192 and 256 (the online target's attention for DeepSeek-V3 / Qwen3.5 / Gemma) run the
+// forward alone: on every mask case, both dtypes and every configuration, out and lse against
+// dense_ref's forward in float32 on the same rounded values, rows that see no key exactly 0 / -inf;
+// under a configuration whose shared memory cannot hold the forward (256 under sm120) supports()
+// refuses it, saying so.
+TEST_F(FlashCuda, WideHeadsForwardOnlyMatchesDenseRef) {
+  std::shared_ptr<fd::AttentionKernel> dense = dense_ref();
+  std::vector<Case> cases = generator_cases();
+  for (Case& c : predicate_cases()) cases.push_back(std::move(c));
+  uint64_t seed = base_seed() + 7919;
+  int runs = 0, refused = 0;
+  const ConfigEnv env("");
+  for (const std::string& config : configs_here()) {
+    std::shared_ptr<fd::AttentionKernel> flash = flash_cuda(config);
+    for (int64_t dim : {192, 256})
+      for (const Case& c : cases)
+        for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+          const std::string precision = dtype == at::kBFloat16 ? "bf16" : "fp16";
+          SCOPED_TRACE(c.name + " " + precision + " d" + std::to_string(dim) + " config " + config);
+          fd::AttentionProblem problem = fd::AttentionProblem::of(c10::Device(c10::kCUDA, 0), dtype, c.batch, c.heads_q,
+                                                                  c.heads_kv, c.q_len, c.kv_len, dim, true);
+          const fd::Support with_grad = flash->supports(problem);
+          EXPECT_FALSE(with_grad.ok);
+          EXPECT_NE(with_grad.reason.find("head_dim " + std::to_string(dim) + " runs forward only"), std::string::npos)
+              << with_grad.reason;
+          problem.needs_backward = false;
+          const fd::Support s = flash->supports(problem);
+          if (!s.ok) {
+            EXPECT_TRUE(dim == 256 && noted_config(flash->supports(small_problem()).reason) == "sm120") << s.reason;
+            EXPECT_NE(s.reason.find("KB of shared memory per block, config sm120 allows 99 KB"), std::string::npos)
+                << s.reason;
+            ++refused;
+            continue;
+          }
+          const fd::BlockMask mask = c.build();
+          const double scale = 1.0 / std::sqrt(double(dim));
+          at::manual_seed(seed++);
+          const auto opt = at::TensorOptions().device(at::kCUDA);
+          const at::Tensor q = at::randn({c.batch, c.heads_q, c.q_len, dim}, opt).to(dtype);
+          const at::Tensor k = at::randn({c.batch, c.heads_kv, c.kv_len, dim}, opt).to(dtype);
+          const at::Tensor v = at::randn({c.batch, c.heads_kv, c.kv_len, dim}, opt).to(dtype);
+          fd::AttentionForward got;
+          {
+            PoisonedAllocations poison;
+            poison_cuda_cache();
+            got = flash->forward(q, k, v, fd::to_tensors(mask, q.device()), scale);
+          }
+          const fd::AttentionForward want = dense->forward(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                                           fd::to_tensors(mask, q.device()), scale);
+          const std::string ran = noted_config(s.reason);
+          EXPECT_EQ(got.variant, "flash_cuda/fwd/" + std::string(ran == "sm90a" ? "sm90" : ran) + "/" + precision +
+                                     "/d" + std::to_string(dim) + "/m128n64");
+          EXPECT_EQ(got.out.scalar_type(), dtype);
+          ASSERT_EQ(got.out.sizes(), q.sizes());
+          EXPECT_FALSE(test::has_nan(got.out));
+          const double e_out = test::relative_error(got.out, want.out),
+                       e_lse = test::lse_relative_error(got.lse, want.lse);
+          const double bound = dtype == at::kBFloat16 ? 2e-2 : 1e-2;
+          std::printf("  %-17s %s d%-3lld %-5s rel err: out %.1e lse %.1e (bound %.0e)\n", c.name.c_str(),
+                      precision.c_str(), static_cast<long long>(dim), config.c_str(), e_out, e_lse, bound);
+          EXPECT_LE(e_out, bound);
+          EXPECT_LE(e_lse, bound);
+          const at::Tensor empty = want.lse.isneginf();  // rows that see no key
+          EXPECT_TRUE(got.lse.isneginf().equal(empty));
+          EXPECT_EQ(got.out.to(at::kFloat).abs().amax(-1).masked_select(empty).sum().item<double>(), 0.0);
+          ++runs;
+        }
+  }
+  std::printf("  %d forward-only comparisons at heads of 192 and 256, %d refused for shared memory\n", runs, refused);
+  EXPECT_GT(runs, 0);
+}
+
 // The order in which CTAs take their tiles ([kernels.flash_cuda].schedule) changes no bit of
 // any output: every output element is written by exactly one CTA. The comparison above ran
 // "longest-first" (the default); here "grid" against it, on every case plus a DFlash mask
@@ -747,7 +819,20 @@ TEST(FlashCudaSupports, RefusesWithReasonsNamingFoundAndSupportedValues) {
   p.dtype = at::kHalf, p.head_dim = 96;
   s = flash->supports(p);
   EXPECT_FALSE(s.ok);
-  EXPECT_NE(s.reason.find("head_dim 96 unsupported (supported: 64, 128)"), std::string::npos) << s.reason;
+  EXPECT_NE(s.reason.find("head_dim 96 unsupported (supported: 64, 128; 192, 256 forward only)"), std::string::npos)
+      << s.reason;
+
+  p.head_dim = 256;  // a forward-only head dim with a backward to run (needs_backward: the default)
+  s = flash->supports(p);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("head_dim 256 runs forward only (the backward's head dims: 64, 128), and this problem "
+                          "needs a backward"),
+            std::string::npos)
+      << s.reason;
+  p.needs_backward = false;  // the online target's attention: only the device is refused here
+  s = flash->supports(p);
+  EXPECT_EQ(s.reason.find("head_dim"), std::string::npos) << s.reason;
+  p.needs_backward = true;
 
   p.head_dim = 64, p.heads_q = 6, p.heads_kv = 4;
   s = flash->supports(p);

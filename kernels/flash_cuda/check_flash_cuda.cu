@@ -527,9 +527,10 @@ struct BenchSetup {
 static int g_failures = 0;
 
 // scale_error != 1: negative control -- the kernel runs with a wrong scale and the check
-// must fail (counted as a failure when it does not).
+// must fail (counted as a failure when it does not). forward_only: the forward alone (heads of
+// 192 and 256), its gradients reported as 0.
 template <class T>
-void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error = 1.f) {
+void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error = 1.f, bool forward_only = false) {
   const DType dt = std::is_same<T, __nv_bfloat16>::value ? DType::bf16 : DType::fp16;
   const double tol = dt == DType::bf16 ? 2e-2 : 1e-2;
   DeviceMask dm;
@@ -554,8 +555,14 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   try {
     vf = flash_forward(p, cfg);
     CK(cudaDeviceSynchronize());
-    vb = flash_backward(p, cfg);
-    CK(cudaDeviceSynchronize());
+    if (!forward_only) {
+      vb = flash_backward(p, cfg);
+      CK(cudaDeviceSynchronize());
+    } else {  // no gradients: the comparisons below see the reference's zeros
+      CK(cudaMemset(bf.dq, 0, nq * sizeof(T)));
+      CK(cudaMemset(bf.dk, 0, nk * sizeof(T)));
+      CK(cudaMemset(bf.dv, 0, nk * sizeof(T)));
+    }
   } catch (const std::exception& e) {
     std::printf("FAIL %-28s exception: %s\n", pr.name.c_str(), e.what());
     ++g_failures;
@@ -579,10 +586,16 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   CK(cudaFuncSetAttribute(ref_dq<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   ref_forward<T><<<dim3(Lq, pr.Hq, pr.B), 128, smem_f>>>(a);
   CK(cudaGetLastError());
-  ref_dq<T><<<dim3(Lq, pr.Hq, pr.B), 128, smem_q>>>(a);
-  CK(cudaGetLastError());
-  ref_dkdv<T><<<dim3(Lkv, pr.Hkv, pr.B), 128>>>(a);
-  CK(cudaGetLastError());
+  if (!forward_only) {
+    ref_dq<T><<<dim3(Lq, pr.Hq, pr.B), 128, smem_q>>>(a);
+    CK(cudaGetLastError());
+    ref_dkdv<T><<<dim3(Lkv, pr.Hkv, pr.B), 128>>>(a);
+    CK(cudaGetLastError());
+  } else {
+    CK(cudaMemset(a.dq, 0, nq * 4));
+    CK(cudaMemset(a.dk, 0, nk * 4));
+    CK(cudaMemset(a.dv, 0, nk * 4));
+  }
   CK(cudaDeviceSynchronize());
 
   const auto out = to_host_f((const T*)bf.out, nq), dq = to_host_f((const T*)bf.dq, nq);
@@ -624,6 +637,24 @@ void run_check(const Problem& pr, Config cfg, uint64_t seed, float scale_error =
   std::fflush(stdout);
   for (float* x : {a.out, a.dq, a.dk, a.dv, a.lse, a.delta}) cudaFree(x);
   free_buffers(bf);
+}
+
+// A forward the configuration cannot run must throw, saying `expected` (flash_forward_unfit()).
+void check_refusal(const Problem& pr, Config cfg, const std::string& expected) {
+  BenchSetup su(pr, 7, workspace_bytes(pr));
+  std::string what;
+  try {
+    flash_forward(su.p, cfg);
+    CK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  const bool ok = what.find(expected) != std::string::npos;
+  if (!ok) ++g_failures;
+  std::printf("%s %-30s d%-3d %-5s %s%s\n", ok ? "ok  " : "FAIL", pr.name.c_str(), pr.D, flash_config_name(cfg),
+              ok ? "refused as expected: " : ("expected a refusal saying \"" + expected + "\", got: ").c_str(),
+              what.empty() ? "(it ran)" : what.c_str());
+  std::fflush(stdout);
 }
 
 std::vector<Problem> check_problems(std::mt19937& rng, int D) {
@@ -1112,6 +1143,25 @@ int main(int argc, char** argv) {
     {  // the check must be able to fail: a 25% scale error has to be reported
       const Problem pr = check_problems(rng, 128)[0];
       run_check<__nv_bfloat16>(pr, Config::sm120, s += 17, 1.25f);
+    }
+    // heads of 192 and 256: the forward alone, or the refusal where the configuration's shared
+    // memory cannot hold it (256 under sm120)
+    const DeviceLimits limits = flash_device_limits(0);
+    for (int D : {192, 256})
+      for (Config c : cfgs) {
+        const std::string unfit = flash_forward_unfit(D, flash_forward_config(c, D), limits);
+        if (!unfit.empty()) {
+          check_refusal(check_problems(rng, D)[0], c, unfit);
+          continue;
+        }
+        for (const Problem& pr : check_problems(rng, D)) {
+          run_check<__nv_bfloat16>(pr, c, s += 17, 1.f, true);
+          run_check<__half>(pr, c, s += 17, 1.f, true);
+        }
+      }
+    {  // and the forward-only check must be able to fail too
+      const Problem pr = check_problems(rng, 256)[0];
+      run_check<__nv_bfloat16>(pr, Config::sm90, s += 17, 1.25f, true);
     }
   }
   if (mode == "tail") {

@@ -12,8 +12,8 @@ namespace flashdraft::flash_cuda {
 
 TileSize flash_tile_size(int /*head_dim*/) { return TileSize{kTileQ, kTileKV}; }
 
-const char* flash_supported_head_dims() { return "64, 128"; }
-bool flash_supports_head_dim(int d) { return d == 64 || d == 128; }
+const char* flash_supported_head_dims() { return kHeadDimsText; }
+bool flash_supports_head_dim(int d) { return flash_forward_head_dim(d); }
 
 namespace {
 std::string strides_ok(const char* name, const void* ptr, const Strides& s) {
@@ -57,6 +57,8 @@ Config flash_resolve_config(Config requested, int device) {
 std::string flash_check(const FlashParams& p, bool backward) {
   if (!flash_supports_head_dim(p.D))
     return "head_dim " + std::to_string(p.D) + " unsupported (supported: " + flash_supported_head_dims() + ")";
+  if (backward && !flash_backward_head_dim(p.D))
+    return "head_dim " + std::to_string(p.D) + " runs forward only (the backward's head dims: 64, 128)";
   if (p.B < 1 || p.Hq < 1 || p.Hkv < 1 || p.Lq < 1 || p.Lkv < 1)
     return "empty problem (B " + std::to_string(p.B) + ", Hq " + std::to_string(p.Hq) + ", Hkv " +
            std::to_string(p.Hkv) + ", Lq " + std::to_string(p.Lq) + ", Lkv " + std::to_string(p.Lkv) + ")";
@@ -101,6 +103,7 @@ std::string flash_check(const FlashParams& p, bool backward) {
 }
 
 std::string flash_variant(bool backward, Config c, DType dtype, int d) {
+  if (!backward) c = flash_forward_config(c, d);
   return std::string("flash_cuda/") + (backward ? "bwd/" : "fwd/") + flash_config_name(c) + "/" +
          (dtype == DType::bf16 ? "bf16/" : "fp16/") + "d" + std::to_string(d) + "/m" + std::to_string(kTileQ) + "n" +
          std::to_string(kTileKV);

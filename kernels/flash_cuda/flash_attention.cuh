@@ -51,9 +51,13 @@
 //   Config they are given; the plugin takes it from the experiment's
 //   [kernels.flash_cuda].config, or from FLASHDRAFT_FLASH_CUDA_CONFIG, which overrides it
 //   (flash_choose_config()), and reports the variant string the launcher returns.
-// Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90,sm90a}/{bf16,fp16}/d{64,128}/m128n64.
+// Variant names: flash_cuda/{fwd,bwd}/{sm120,sm90,sm90a}/{bf16,fp16}/d{64,128,192,256}/m128n64.
+// Heads of 192 and 256 (DeepSeek-V3's latent attention with its values padded, Qwen3.5's, Gemma's)
+// run forward only, on the mma.sync forward with 8 warps of 16 rows under every configuration
+// (reported as sm90 under sm90a) and 2 key/value stages where the configuration's shared memory
+// holds them, else 1 (flash_forward_stages(): 256 does not fit sm120's 99 KB).
 //
-// Requirements checked by flash_check(): D in {64, 128}; last dim contiguous and every
+// Requirements checked by flash_check(): D in {64, 128} (forward: also 192, 256); last dim contiguous and every
 // row start 16-byte aligned (row/head/batch strides multiples of 8 elements, pointers
 // 16-byte aligned); Hq % Hkv == 0; mask tile 128x64; mask batch in {1, B}, heads in
 // {1, Hq}; lse contiguous [B, Hq, Lq]. Errors throw std::runtime_error with a sentence.
@@ -151,7 +155,9 @@ struct TileSize {
 
 // The tile the BlockMask must be built at (the same for every head dim and config).
 TileSize flash_tile_size(int head_dim);
-// Head dims the kernel supports, as text for a refusal reason: "64, 128".
+// Head dims the kernel supports, as text for a refusal reason: "64, 128; 192, 256 forward only";
+// flash_supports_head_dim() answers for the forward (flash_config.hpp's flash_backward_head_dim()
+// for the backward).
 const char* flash_supported_head_dims();
 bool flash_supports_head_dim(int head_dim);
 // The compute capability and shared memory per block of CUDA device `device`; throws

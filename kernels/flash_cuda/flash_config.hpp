@@ -76,6 +76,42 @@ inline std::string flash_config_unfit(Config c, const DeviceLimits& d) {
   return "";
 }
 
+// Head dims: 64 and 128 forward and backward; 192 and 256 (DeepSeek-V3's and Qwen3.5's / Gemma's
+// attention) forward only -- the online target's attention, which takes no gradient.
+inline bool flash_forward_head_dim(int d) { return d == 64 || d == 128 || d == 192 || d == 256; }
+inline bool flash_backward_head_dim(int d) { return d == 64 || d == 128; }
+constexpr const char* kHeadDimsText = "64, 128; 192, 256 forward only";
+constexpr int kSm120Smem = 99 * 1024;  // what the sm120 configuration keeps every kernel within
+
+// The mma.sync forward's shared memory: the 128-row query tile and `stages` pairs of 64-row key and
+// value tiles, 16-bit values.
+constexpr int flash_forward_smem(int head_dim, int stages) { return 256 * head_dim * (1 + stages); }
+// The shared memory per block a configuration's kernels may take on a device: sm120 stays within
+// 99 KB whatever the device allows (it is the configuration of the parts that allow no more).
+inline int flash_config_smem(Config c, const DeviceLimits& d) {
+  return c == Config::sm120 && d.smem_per_block > kSm120Smem ? kSm120Smem : d.smem_per_block;
+}
+// The stages of the mma.sync forward's key/value pipeline under configuration `c` (not automatic) on
+// a device with these limits: 2 for heads up to 128 (96 KB at 128); wider heads 2 where they fit
+// (192 KB at 256, 144 KB at 192), else 1 (128 KB, 96 KB), else 0: the head dim cannot run there.
+inline int flash_forward_stages(int head_dim, Config c, const DeviceLimits& d) {
+  if (head_dim <= 128) return 2;
+  const int smem = flash_config_smem(c, d);
+  return flash_forward_smem(head_dim, 2) <= smem ? 2 : flash_forward_smem(head_dim, 1) <= smem ? 1 : 0;
+}
+// "" when configuration `c` (not automatic) runs the forward of head_dim on the device, else why not.
+inline std::string flash_forward_unfit(int head_dim, Config c, const DeviceLimits& d) {
+  if (flash_forward_stages(head_dim, c, d) > 0) return "";
+  return "head_dim " + std::to_string(head_dim) + "'s forward needs " +
+         std::to_string(flash_forward_smem(head_dim, 1) / 1024) + " KB of shared memory per block, config " +
+         flash_config_name(c) + " allows " + std::to_string(flash_config_smem(c, d) / 1024) + " KB on this device";
+}
+// The configuration whose forward kernel runs: heads wider than 128 take the mma.sync forward in
+// every configuration (under sm90a, as sm90 runs it: the device's whole shared memory).
+inline Config flash_forward_config(Config c, int head_dim) {
+  return c == Config::sm90a && head_dim > 128 ? Config::sm90 : c;
+}
+
 // The configuration "auto" picks on a device with these limits; *why says what decided it.
 inline Config flash_auto_config(const DeviceLimits& d, std::string* why) {
   const std::string cc = "compute capability " + std::to_string(d.major) + "." + std::to_string(d.minor);

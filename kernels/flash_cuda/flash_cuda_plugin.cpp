@@ -10,7 +10,10 @@
 // between calls. supports() answers with the choice as a note ("config sm90a (auto:
 // compute capability 9.0)", printed in the selection report), or refuses a configuration the
 // device cannot run; the variant the launcher returns
-// (flash_cuda/{fwd,bwd}/{sm90a,sm90,sm120}/{bf16,fp16}/d{64,128}/m128n64) is what a call reports.
+// (flash_cuda/{fwd,bwd}/{sm90a,sm90,sm120}/{bf16,fp16}/d{64,128,192,256}/m128n64) is what a call
+// reports. Heads of 192 and 256 run forward only (the online target's attention): supports()
+// refuses them for a problem that needs a backward, and where the configuration's shared memory
+// cannot hold their forward (256 under sm120's 99 KB).
 //
 // Edge cases handled here rather than in the kernels: Lq = 0 or B*H = 0 (empty outputs),
 // Lkv = 0 (no key at all: out 0, lse -inf, gradients 0, as the header's contract says),
@@ -77,7 +80,7 @@ fc::Strides strides_of(const at::Tensor& t) {
 }
 
 // A tensor the kernels can read: on `device`, last dim contiguous, rows 16-byte aligned.
-// Contiguous tensors of D in {64, 128} always are; anything else is copied once.
+// Contiguous tensors of any accepted D (a multiple of 64) always are; anything else is copied once.
 at::Tensor kernel_ready(const at::Tensor& t) {
   const bool ok = t.stride(-1) == 1 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0 &&
                   reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
@@ -201,6 +204,10 @@ class FlashCuda : public flashdraft::AttentionKernel {
     const fc::ConfigRequest request = config_request();
     const std::string bad_request = fc::flash_config_request_error(request);  // needs no device
     why.add(bad_request);
+    const int head_dim = static_cast<int>(p.head_dim);
+    if (p.needs_backward && fc::flash_forward_head_dim(head_dim) && !fc::flash_backward_head_dim(head_dim))
+      why.add("head_dim " + std::to_string(head_dim) +
+              " runs forward only (the backward's head dims: 64, 128), and this problem needs a backward");
     std::string note;
     if (p.device.is_cuda()) {
       const int index = p.device.has_index() ? p.device.index() : 0;
@@ -215,6 +222,8 @@ class FlashCuda : public flashdraft::AttentionKernel {
       } else if (bad_request.empty()) {
         const fc::ConfigChoice choice = fc::flash_choose_config(request, limits, device);
         why.add(choice.refusal);
+        if (choice.refusal.empty() && fc::flash_forward_head_dim(head_dim))
+          why.add(fc::flash_forward_unfit(head_dim, fc::flash_forward_config(choice.config, head_dim), limits));
         note = choice.note;
       }
     }

@@ -121,11 +121,20 @@ __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
 // Thread tid always copies chunk tid % C of rows tid / C + k * (NT / C); NT / C is a
 // multiple of 8, so the swizzle key (row & 7) is the same for every k: one destination
 // base per thread instead of ROWS * C / NT live addresses.
+// Where NT threads do not split into whole groups of 8 rows (heads of 192: 24 chunks a row), each
+// thread takes every NT-th chunk of the tile instead, with its own address per chunk.
 template <int D, int ROWS, int NT>
 __device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* base, int64_t row_stride, int row0, int L,
                                           int tid) {
   constexpr int C = D / 8, RPP = NT / C;
-  static_assert(RPP % 8 == 0 && ROWS % RPP == 0, "tile copy shape");
+  if constexpr (NT % C != 0 || RPP % 8 != 0 || ROWS % RPP != 0) {
+    for (int i = tid; i < ROWS * C; i += NT) {
+      const int r = i / C, c = i % C;
+      const bool ok = row0 + r < L;
+      cp_async16(dst + tile_off<D>(r, c), ok ? base + (int64_t)(row0 + r) * row_stride + c * 8 : base, ok);
+    }
+    return;
+  }
   const int r0 = tid / C, c = tid % C;
   const uint32_t d0 = dst + r0 * (D * 2) + ((c ^ (r0 & 7)) << 4);
   const uint16_t* src = base + (int64_t)(row0 + r0) * row_stride + c * 8;
@@ -445,14 +454,23 @@ struct FwdSmem {
   static constexpr int kQ = BQ * D * 2;
   static constexpr int kKV = BKV * D * 2;
   static constexpr int bytes = kQ + STAGES * 2 * kKV;
+  static_assert(bytes == flash_forward_smem(D, STAGES), "flash_config.hpp's count");
 };
-constexpr int kFwdWarps = 4, kFwdMT = 2;  // 4 warps x 2 m-tiles x 16 rows = 128 rows
+// The forward's 128 query rows: heads up to 128 wide as 4 warps x 2 m-tiles of 16 rows (each key
+// fragment read feeds two products; two CTAs an SM); wider heads (192, 256) as 8 warps x 1 m-tile,
+// so that a thread's output accumulator (MT x D / 8 x 4 floats: 128 at 256) stays in registers.
+template <int D>
+struct FwdShape {
+  static constexpr int kWarps = D <= 128 ? 4 : 8, kMT = D <= 128 ? 2 : 1, kCtas = D <= 128 ? 2 : 1;
+  static_assert(kWarps * kMT * 16 == BQ, "the forward's rows");
+};
 
 template <class T, int D, int STAGES>
-__global__ void __launch_bounds__(kFwdWarps * 32, 2) flash_fwd_kernel(const FlashParams p, const int* order) {
+__global__ void __launch_bounds__(FwdShape<D>::kWarps * 32, FwdShape<D>::kCtas)
+    flash_fwd_kernel(const FlashParams p, const int* order) {
   extern __shared__ __align__(128) unsigned char smem[];
   using S = FwdSmem<D, STAGES>;
-  constexpr int MT = kFwdMT, NT = kFwdWarps * 32, WR = MT * 16;  // rows per warp
+  constexpr int MT = FwdShape<D>::kMT, NT = FwdShape<D>::kWarps * 32, WR = MT * 16;  // rows per warp
   const int q_blocks = (p.Lq + BQ - 1) / BQ;
   const QueryItem item = query_item(p, order, q_blocks);
   const int qb = item.qb, h = item.h, b = item.b;
@@ -1064,6 +1082,18 @@ void for_instance(const FlashParams& p, F&& launch) {
       launch(Instance<__half, 64>{});
     else
       launch(Instance<__half, 128>{});
+  }
+}
+
+// The same for the forward, whose head dims include 192 and 256 (flash_forward_head_dim()).
+template <class F>
+void for_forward_instance(const FlashParams& p, F&& launch) {
+  const bool bf16 = p.dtype == DType::bf16;
+  switch (p.D) {
+    case 64: return bf16 ? launch(Instance<__nv_bfloat16, 64>{}) : launch(Instance<__half, 64>{});
+    case 128: return bf16 ? launch(Instance<__nv_bfloat16, 128>{}) : launch(Instance<__half, 128>{});
+    case 192: return bf16 ? launch(Instance<__nv_bfloat16, 192>{}) : launch(Instance<__half, 192>{});
+    default: return bf16 ? launch(Instance<__nv_bfloat16, 256>{}) : launch(Instance<__half, 256>{});
   }
 }
 

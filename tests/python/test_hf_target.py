@@ -794,12 +794,37 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     no recorded state: with every layer recorded only layer 0's first (on the embedding's rows);
     with layers 0 and 2 also layer 1's second and layer 2's first (the bookkeeping that must leave
     layer 0's state alone)."""
-    folder = tmp_path / family
-    # head_dim 64: a size flash_cuda runs (64 or 128). gpt-oss under a transformers that fixes its GLU's
+    # head_dim 64: a size flash_cuda runs forward and backward. gpt-oss under a transformers that fixes its GLU's
     # limit at 7.0 whatever config.json says (5.17 does): the published 7.0, so that both read the same.
     extra = dict(head_dim=64, swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else dict(head_dim=64)
     if family in ("deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
+    check_bf16_on_cuda(family, layers, tmp_path, extra)
+
+
+# The published head widths of the families whose heads are wider than 128, which flash_cuda runs forward only:
+# Qwen3.5's 256, DeepSeek-V3's 128 + 64 (values 128, padded to 192), GLM-4.7-Flash's 192 + 64 (values 256).
+WIDE_HEADS = {"qwen3_5": dict(head_dim=256), "deepseek_v3": dict(qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                                                  v_head_dim=128),
+              "glm4_moe_lite": dict(qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", list(WIDE_HEADS))
+def test_bf16_on_cuda_with_wide_heads_matches_transformers(family, tmp_path):
+    """The same at the families' own head widths (192, 256): the target's attention on flash_cuda's forward-only
+    variant, where the GPU's shared memory holds it (target_states prints the kernel that ran)."""
+    heads = WIDE_HEADS[family]
+    width = heads.get("head_dim") or heads["qk_nope_head_dim"] + heads["qk_rope_head_dim"]
+    p = check_bf16_on_cuda(family, [0, 1, 2, 3], tmp_path, heads)
+    ran = p.stdout.strip().splitlines()[-1]
+    print(f"{family}: {ran}")
+    assert ran.startswith("kernels ") and "flash_cuda/fwd/" in ran and f"/d{width}/" in ran, ran
+
+
+def check_bf16_on_cuda(family, layers, tmp_path, extra):
+    """Runs the comparison; returns target_states' run with every layer (its last line: the kernels that ran)."""
+    folder = tmp_path / family
     model = make_model(folder, family, seed=13, hidden_size=256, intermediate_size=384, **extra)
     # A mixture of experts: a token near a tie of the router goes to another expert in any bf16
     # forward (transformers' own: 1-2 of 128 tokens a layer at this shape), which moves its state by
@@ -835,3 +860,4 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
         moved = error(ours["hidden"][0, :, 1], apart["hidden"][0, :, 1])  # row 0: all 128 positions real
         print(f"{family} layer 2, adds in the products against adds apart: {moved:.1e}")
         assert moved <= BF16_BOUND, (family, moved)
+    return p
