@@ -478,6 +478,55 @@ TEST(CudaOps, DequantizeMxfp4EqualsAtenOps) {
     }
 }
 
+// The gated delta rule's two kernels (frozen::gated_delta_chunks) against the rule's definition, one position
+// after another in float64 on the CPU (transformers' torch_recurrent_gated_delta_rule): S = exp(g_t) S; S += k_t
+// (beta_t (v_t - S^T k_t))^T; o_t = S^T q_t. Three sequences of three chunks, from zeros and from a random state
+// (its output and final state); decays of 0.5-1 a position and betas of 0.1-0.9, so that every chunk's system,
+// decays and carried state move the output. transformers' own float32 chunked rule is 5e-07 from the same
+// reference at this shape (its CPU path); the bound allows 10x that.
+TEST(CudaOps, GatedDeltaChunksMatchTheRecurrence) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(41);
+  const int64_t N = 3, T = 192, D = 128;
+  const auto l2 = [](const at::Tensor& x) { return x / x.norm(2, -1, true); };
+  const at::Tensor q = l2(at::randn({N, T, D})) / std::sqrt(double(D)), k = l2(at::randn({N, T, D}));
+  const at::Tensor v = at::randn({N, T, D});
+  const at::Tensor g = -at::softplus(at::randn({N, T})) * 0.5, beta = at::sigmoid(at::randn({N, T}) * 1.5);
+  const at::Tensor initial = at::randn({N, D, D}) * 0.3;
+  for (bool from_state : {false, true}) {
+    const std::string what = from_state ? "from a random state" : "from zeros";
+    // the reference, in float64
+    at::Tensor S = from_state ? initial.to(at::kDouble).clone() : at::zeros({N, D, D}, at::kDouble);
+    at::Tensor ref = at::empty({N, T, D}, at::kDouble);
+    const at::Tensor qd = q.to(at::kDouble), kd = k.to(at::kDouble), vd = v.to(at::kDouble);
+    const at::Tensor gd = g.to(at::kDouble), bd = beta.to(at::kDouble);
+    for (int64_t t = 0; t < T; ++t) {
+      S = S * gd.select(1, t).exp().view({N, 1, 1});
+      const at::Tensor kt = kd.select(1, t), memory = at::bmm(kt.unsqueeze(1), S).squeeze(1);  // S^T k
+      const at::Tensor delta = (vd.select(1, t) - memory) * bd.select(1, t).unsqueeze(1);
+      S = S + at::bmm(kt.unsqueeze(2), delta.unsqueeze(1));
+      ref.select(1, t).copy_(at::bmm(qd.select(1, t).unsqueeze(1), S).squeeze(1));
+    }
+    const auto cuda = [](const at::Tensor& x) { return x.to(kCuda); };
+    const auto [out, last] = frozen::gated_delta_chunks(cuda(q), cuda(k), cuda(v), cuda(g), cuda(beta),
+                                                        from_state ? cuda(initial) : at::Tensor(), true);
+    ASSERT_TRUE(out.defined() && last.defined()) << what;
+    ASSERT_EQ(out.sizes(), v.sizes()) << what;
+    EXPECT_EQ(out.scalar_type(), at::kFloat) << what;
+    const double e_out = rel_err(out, ref), e_state = rel_err(last, S);
+    std::cout << "gated delta rule " << what << ": out rel err " << e_out << ", final state " << e_state << "\n";
+    EXPECT_LE(e_out, 5e-6) << what;
+    EXPECT_LE(e_state, 5e-6) << what;
+  }
+  // where the kernels do not run: undefined, and the caller runs ATen's ops
+  EXPECT_FALSE(frozen::gated_delta_chunks(q.to(kCuda), k.to(kCuda), v.to(kCuda), g.to(kCuda), beta.to(kCuda),
+                                          at::Tensor(), false)
+                   .first.defined());
+  const at::Tensor k64 = k.narrow(2, 0, 64).contiguous().to(kCuda);
+  EXPECT_FALSE(frozen::gated_delta_chunks(k64, k64, v.to(kCuda), g.to(kCuda), beta.to(kCuda)).first.defined());
+  EXPECT_FALSE(frozen::gated_delta_chunks(q, k, v, g, beta).first.defined());  // the CPU
+}
+
 // gpt-oss's clamped GLU with each row's expert's bias: the engine's pass against ATen's ops, with
 // and without biases, vectorised (I = 2880, gpt-oss's width; 96) and general (I = 1001; an
 // unaligned gate_up), and a limit that clamps a good share of the values (not vacuous).

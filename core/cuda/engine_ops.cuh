@@ -112,6 +112,18 @@ void combine_experts(DType dtype, const void* rows, const void* weights, bool fl
 void dequantize_mxfp4(DType dtype, const uint8_t* blocks, const uint8_t* scales, void* out, int64_t groups,
                       void* stream);
 
+// ---- The gated delta rule in chunks of 64 (gated_delta.cu), float32 --------------------------
+// Over `sequences` independent sequences of `chunks` chunks of 64 positions: q, k [sequences, 64
+// chunks, 128] (l2-normed, q scaled), v [.., 128], g (log decays) and beta [sequences, 64 chunks],
+// contiguous; from `initial` [sequences, 128, 128] (null: zeros), out [sequences, 64 chunks, 128]
+// and, when not null, the state after the last chunk into final_state [sequences, 128, 128]. `work`:
+// gated_delta_work_floats(sequences, chunks) floats of scratch (the chunks' systems and products).
+bool gated_delta_supported(int64_t dk, int64_t dv);  // the key / value head widths the kernels take: 128, 128
+size_t gated_delta_work_floats(int64_t sequences, int64_t chunks);
+void gated_delta_chunks(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                        const float* initial, int64_t sequences, int64_t chunks, float* work, float* out,
+                        float* final_state, void* stream);
+
 // ---- The gate / up product with SwiGLU in its epilogue, on Hopper (gemm_sm90a.cu) ------------
 // out [M, I] = round(round(silu(round(x Wg^T))) * round(x Wu^T)), x [M, K], W = [Wg; Wu] [2 I, K]
 // (gate rows first; swiglu_packed(x W^T) with the product never written), bf16, float32

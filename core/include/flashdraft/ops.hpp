@@ -105,6 +105,19 @@ FLASHDRAFT_API at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tenso
 // ops a leading index at a time.
 FLASHDRAFT_API at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, c10::ScalarType dtype,
                                            bool fused = true);
+// The gated delta rule in its chunked form (Qwen3.5's / Qwen3-Next's Gated DeltaNet, chunks of 64
+// positions), on the engine's path: q, k [N, T, 128] (l2-normed, q scaled), v [N, T, 128], g (the log
+// decays) and beta [N, T], float32 contiguous on CUDA, T a multiple of 64, from `initial` [N, 128, 128]
+// (undefined: zeros): {out [N, T, 128], the state after position T - 1}, float32, in two kernels
+// (each chunk's triangular system and products at once, then the scan over the chunks), the
+// arithmetic of transformers' torch_chunk_gated_delta_rule with float32 products and the kernels'
+// own summation orders. Where it does not run (not fused, not CUDA, other widths or T) both are
+// undefined: the caller runs ATen's ops, the reference.
+FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> gated_delta_chunks(const at::Tensor& q, const at::Tensor& k,
+                                                                    const at::Tensor& v, const at::Tensor& g,
+                                                                    const at::Tensor& beta,
+                                                                    const at::Tensor& initial = at::Tensor(),
+                                                                    bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
 // adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0; "; SwiGLU in the gate / up product" on

@@ -379,6 +379,37 @@ at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w) {
   return out;
 }
 
+bool gated_delta_runs(const at::Tensor& k, const at::Tensor& v) {
+  return k.is_cuda() && k.dim() == 3 && v.dim() == 3 && cuda_ops::gated_delta_supported(k.size(2), v.size(2));
+}
+
+GatedDelta gated_delta_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                              const at::Tensor& beta, const at::Tensor& initial) {
+  const int64_t N = k.size(0), T = k.size(1);
+  const auto f32 = [&](const at::Tensor& t, std::vector<int64_t> shape) {
+    return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.device() == k.device() &&
+           t.sizes().vec() == shape;
+  };
+  require(gated_delta_runs(k, v) && T % 64 == 0 && T > 0 && f32(q, {N, T, k.size(2)}) && f32(k, {N, T, k.size(2)}) &&
+              f32(v, {N, T, v.size(2)}) && f32(g, {N, T}) && f32(beta, {N, T}) &&
+              (!initial.defined() || f32(initial, {N, k.size(2), v.size(2)})),
+          "gated_delta_chunks: q, k [N, T, 128], v [N, T, 128], g, beta [N, T] (T a multiple of 64) and initial [N, "
+          "128, 128] or none, float32 contiguous on one CUDA device expected, got q " +
+              c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + " " + c10::str(k.scalar_type()) + ", v " +
+              c10::str(v.sizes()) + ", g " + c10::str(g.sizes()) + ", beta " + c10::str(beta.sizes()));
+  const c10::cuda::CUDAGuard guard(k.device());
+  const int64_t chunks = T / 64;
+  at::Tensor work = at::empty({static_cast<int64_t>(cuda_ops::gated_delta_work_floats(N, chunks))}, k.options());
+  GatedDelta r;
+  r.out = at::empty(v.sizes(), v.options());
+  r.state = at::empty({N, k.size(2), v.size(2)}, v.options());
+  cuda_ops::gated_delta_chunks(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), g.data_ptr<float>(),
+                               beta.data_ptr<float>(), initial.defined() ? initial.data_ptr<float>() : nullptr, N,
+                               chunks, work.data_ptr<float>(), r.out.data_ptr<float>(), r.state.data_ptr<float>(),
+                               stream_of(k));
+  return r;
+}
+
 #else  // built without the engine's CUDA kernels
 
 namespace {
@@ -417,6 +448,11 @@ bool linear_swiglu_applies(const at::Tensor&, const at::Tensor&) { return false;
 bool linear_swiglu_device(const c10::Device&) { return false; }
 int compute_capability(const c10::Device&) { return 0; }
 at::Tensor linear_swiglu(const at::Tensor&, const at::Tensor&) { absent(); }
+bool gated_delta_runs(const at::Tensor&, const at::Tensor&) { return false; }
+GatedDelta gated_delta_chunks(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Tensor&, const at::Tensor&) {
+  absent();
+}
 
 #endif
 

@@ -92,6 +92,17 @@ FLASHDRAFT_API bool linear_swiglu_device(const c10::Device& device);  // a devic
 FLASHDRAFT_API int compute_capability(const c10::Device& device);
 FLASHDRAFT_API at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& w);
 
+// The gated delta rule in chunks of 64 (engine_ops.cuh's gated_delta_chunks): q, k [N, T, 128], v [N, T,
+// 128], g, beta [N, T], initial [N, 128, 128] or undefined, float32 contiguous CUDA, T % 64 == 0 -> out
+// [N, T, 128] and the final state [N, 128, 128]; gated_delta_runs says whether the widths are the
+// kernels' (and the tensors on CUDA).
+struct GatedDelta {
+  at::Tensor out, state;
+};
+FLASHDRAFT_API bool gated_delta_runs(const at::Tensor& k, const at::Tensor& v);
+FLASHDRAFT_API GatedDelta gated_delta_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& g, const at::Tensor& beta, const at::Tensor& initial);
+
 // One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
 // weights and moments (master may be param itself for float32), see engine_ops.cuh.
 // step: float32 device scalar counting this update; grad_scale, skip: float32 device

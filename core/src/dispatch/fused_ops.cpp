@@ -213,6 +213,15 @@ at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, co
   return weighted.view({-1, k, H}).sum(1, /*keepdim=*/false, at::kFloat).to(rows.scalar_type());
 }
 
+std::pair<at::Tensor, at::Tensor> gated_delta_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& g, const at::Tensor& beta,
+                                                     const at::Tensor& initial, bool fused) {
+  if (!fused || !cuda_ops::gated_delta_runs(k, v) || k.size(1) % 64 != 0 || k.size(1) == 0) return {};
+  const auto f32 = [](const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : t; };
+  const cuda_ops::GatedDelta r = cuda_ops::gated_delta_chunks(f32(q), f32(k), f32(v), f32(g), f32(beta), f32(initial));
+  return {r.out, r.state};
+}
+
 at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& expert, double alpha,
                        double limit, bool fused) {
   if (kernels_take(fused, gate_up) && gate_up.dim() == 2 && gate_up.is_contiguous())

@@ -1,5 +1,7 @@
 #include "gated_delta.hpp"
 
+#include <flashdraft/ops.hpp>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -43,9 +45,11 @@ at::Tensor state_at(const at::Tensor& S, const at::Tensor& k, const at::Tensor& 
 }
 
 // The gated delta rule in chunks of kChunk positions from `initial` ([B, Hv, Dk, Dv] float32; undefined: zeros),
-// as transformers' torch_chunk_gated_delta_rule computes it.
+// as transformers' torch_chunk_gated_delta_rule computes it. `fused`: where nothing but the output is asked for
+// (no capture, not every_chunk), the engine's two kernels where they run (frozen::gated_delta_chunks), else
+// ATen's ops below.
 RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& g_in,
-                 const at::Tensor& beta_in, const at::Tensor& initial, const at::Tensor& capture,
+                 const at::Tensor& beta_in, const at::Tensor& initial, const at::Tensor& capture, bool fused,
                  bool every_chunk = false) {
   const int64_t B = k_in.size(0), T = k_in.size(1), Hk = k_in.size(2), Dk = k_in.size(3);
   const int64_t Hv = v_in.size(2), Dv = v_in.size(3);
@@ -65,6 +69,18 @@ RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tenso
     v = at::constant_pad_nd(v, {0, 0, 0, pad});
     beta = at::constant_pad_nd(beta, {0, pad});
     g = at::constant_pad_nd(g, {0, pad});
+  }
+  if (!every_chunk && !capture.defined()) {
+    const int64_t Tp = T + pad;
+    const auto rows = [&](const at::Tensor& x) { return x.reshape({B * Hv, Tp, x.size(-1)}); };
+    const auto [o, last] =
+        frozen::gated_delta_chunks(rows(q), rows(k), rows(v), g.reshape({B * Hv, Tp}), beta.reshape({B * Hv, Tp}),
+                                   initial.defined() ? initial.reshape({B * Hv, Dk, Dv}) : at::Tensor(), fused);
+    if (o.defined()) {
+      RuleRun run;
+      run.out = o.view({B, Hv, Tp, Dv}).narrow(2, 0, T).transpose(1, 2).contiguous().to(v_in.scalar_type());
+      return run;
+    }
   }
   const auto chunks = [&](const at::Tensor& x) { return x.reshape({B, Hv, n, kChunk, x.size(-1)}); };
   const at::Tensor k_beta = chunks(k * beta.unsqueeze(-1)), v_beta = chunks(v * beta.unsqueeze(-1));
@@ -172,7 +188,7 @@ RuleRun mix_document(const GatedDeltaNet& w, const Projected& p, bool every_chun
   const int64_t T = p.x.size(1), taps = w.conv.size(1);
   const at::Tensor conv = depthwise_conv(p.x, w.conv, taps - 1).narrow(-1, 0, T);
   const RuleInputs in = rule_inputs(w, at::silu(conv).transpose(1, 2), p.b, p.a);
-  return run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor(), every_chunk);
+  return run_rule(in.q, in.k, in.v, in.g, in.beta, at::Tensor(), at::Tensor(), w.fused, every_chunk);
 }
 
 // A row's documents as (start, length), padding past them one more: the spans no state crosses.
@@ -254,8 +270,8 @@ std::pair<at::Tensor, at::Tensor> gated_delta_verify(const GatedDeltaNet& w, con
   const at::Tensor full = at::cat({history.view({B * N, taps - 1, Cc}), per_block(pb.x)}, 1);
   const RuleInputs in =
       rule_inputs(w, at::silu(depthwise_conv(full, w.conv, 0)).transpose(1, 2), per_block(pb.b), per_block(pb.a));
-  const RuleRun run =
-      run_rule(in.q, in.k, in.v, in.g, in.beta, states.view({B * N, w.v_heads, w.k_dim, w.v_dim}), at::Tensor());
+  const RuleRun run = run_rule(in.q, in.k, in.v, in.g, in.beta, states.view({B * N, w.v_heads, w.k_dim, w.v_dim}),
+                               at::Tensor(), w.fused);
   return {context, gated_norm(w, run.out, per_block(pb.z)).view({B, N * BS, vd})};
 }
 
@@ -329,7 +345,7 @@ at::Tensor GatedDeltaCache::forward(const at::Tensor& h, const std::vector<int64
     chunk[static_cast<size_t>(b)] = n > 0 ? (n - 1) / kChunk : 0;
   }
   const at::Tensor capture = at::tensor(chunk, at::TensorOptions().dtype(at::kLong)).to(h.device());
-  RuleRun run = run_rule(in.q, in.k, in.v, in.g, in.beta, state_, capture);
+  RuleRun run = run_rule(in.q, in.k, in.v, in.g, in.beta, state_, capture, w_.fused);
   chunk_state_ = run.chunk_state, keys_ = run.keys, new_values_ = run.new_values, log_decay_ = run.log_decay;
   // the convolution's inputs from each row's captured chunk's start - (K - 1) on: kChunk + K - 1 of them
   const int64_t window = kChunk + K - 1;

@@ -29,6 +29,7 @@ struct GatedDeltaNet {
   at::Tensor norm;     // [Dv], the model's dtype (the gated RMSNorm's weight, applied as w, not 1 + w)
   int64_t k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
   double eps = 1e-6;
+  bool fused = true;  // the rule on the engine's kernels where they run ([target] kernels = "engine")
   bool defined() const { return in_proj.defined(); }
 };
 

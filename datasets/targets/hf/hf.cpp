@@ -792,6 +792,7 @@ class HfTarget final : public Target {
     g.norm = load(x + "norm.weight");
     g.k_heads = cfg_.lin_k_heads, g.v_heads = cfg_.lin_v_heads, g.k_dim = cfg_.lin_k_dim, g.v_dim = cfg_.lin_v_dim;
     g.eps = cfg_.rms_eps;
+    g.fused = fused_;
     L.o_proj = load(x + "out_proj.weight");
   }
 
