@@ -19,7 +19,7 @@ namespace {
 
 using namespace detail;
 
-constexpr int kC = 64;     // positions a chunk
+constexpr int kC = 64;      // positions a chunk
 constexpr int kSlice = 32;  // value columns a scan CTA
 constexpr int kDk = 128, kDv = 128;
 
@@ -29,19 +29,17 @@ constexpr size_t kPrepSmem = (2 * kC * kKP + kC * kC + 2 * kC) * sizeof(float);
 constexpr int kScanThreads = 256;
 constexpr size_t kScanSmem = (kDk * kSlice + kC * kDk + kC * kC + kC * kSlice) * sizeof(float);
 
-__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                                                                const float* __restrict__ v,
-                                                                const float* __restrict__ g,
-                                                                const float* __restrict__ beta, float* __restrict__ W,
-                                                                float* __restrict__ U, float* __restrict__ intra,
-                                                                float* __restrict__ qd, float* __restrict__ kd,
-                                                                float* __restrict__ decay) {
+__global__ void __launch_bounds__(kPrepThreads)
+    gdn_prep_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ W,
+                    float* __restrict__ U, float* __restrict__ intra, float* __restrict__ qd, float* __restrict__ kd,
+                    float* __restrict__ decay) {
   extern __shared__ __align__(16) float sm[];
-  float* Ks = sm;              // [kC][kKP]
-  float* Qs = Ks + kC * kKP;   // [kC][kKP]
-  float* A = Qs + kC * kKP;    // [kC][kC]: L's strictly lower part (zeros elsewhere)
-  float* cs = A + kC * kC;     // [kC]: the cumulative log decay
-  float* bs = cs + kC;         // [kC]: beta
+  float* Ks = sm;             // [kC][kKP]
+  float* Qs = Ks + kC * kKP;  // [kC][kKP]
+  float* A = Qs + kC * kKP;   // [kC][kC]: L's strictly lower part (zeros elsewhere)
+  float* cs = A + kC * kC;    // [kC]: the cumulative log decay
+  float* bs = cs + kC;        // [kC]: beta
   const int64_t chunk = blockIdx.x, row0 = chunk * kC;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int e = tid; e < kC * kDk; e += kPrepThreads) {
@@ -115,15 +113,17 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const float* __r
 
 // Copies n16 16-byte pieces from global to shared memory, the CTA's threads together.
 __device__ __forceinline__ void copy16(float* dst, const float* __restrict__ src, int n16, int tid, int nt) {
-  for (int e = tid; e < n16; e += nt) reinterpret_cast<float4*>(dst)[e] = __ldg(reinterpret_cast<const float4*>(src) + e);
+  for (int e = tid; e < n16; e += nt)
+    reinterpret_cast<float4*>(dst)[e] = __ldg(reinterpret_cast<const float4*>(src) + e);
 }
 
-__global__ void __launch_bounds__(kScanThreads) gdn_scan_kernel(
-    const float* __restrict__ W, const float* __restrict__ U, const float* __restrict__ intra,
-    const float* __restrict__ qd, const float* __restrict__ kd, const float* __restrict__ decay,
-    const float* __restrict__ initial, int n, float* __restrict__ out, float* __restrict__ final_state) {
+__global__ void __launch_bounds__(kScanThreads)
+    gdn_scan_kernel(const float* __restrict__ W, const float* __restrict__ U, const float* __restrict__ intra,
+                    const float* __restrict__ qd, const float* __restrict__ kd, const float* __restrict__ decay,
+                    const float* __restrict__ initial, int n, float* __restrict__ out,
+                    float* __restrict__ final_state) {
   extern __shared__ __align__(16) float sm[];
-  float* S = sm;                 // [kDk][kSlice]: the state's columns c0 ..
+  float* S = sm;                  // [kDk][kSlice]: the state's columns c0 ..
   float* buf = S + kDk * kSlice;  // [kC][kDk]: W, then Qd, then Kd of the chunk
   float* it = buf + kC * kDk;     // [kC][kC]: intra
   float* u = it + kC * kC;        // [kC][kSlice]: U's columns, then the new values
