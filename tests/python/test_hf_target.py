@@ -349,6 +349,69 @@ def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpo
     assert max(vl_errs) <= BOUND and torch.equal(vl["hidden"], whole["hidden"])
 
 
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3_vl", "qwen3_vl_moe"])
+def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
+    """Qwen3-VL's and Qwen3-VL-MoE's language models (Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration: config.json's text_config, tensors under model.language_model., a vision
+    tower beside them; text positions: interleaved mrope is plain RoPE) equal transformers' on 70 tokens, every layer.
+    The MoE's experts stacked a layer (8 of 24, 2 a token, always renormalised; layer 2 dense): as transformers saves
+    them and as published (each product's transpose, [E, H, 2 I] and [E, I, H]), which transformers reads too; the
+    two give equal states."""
+    text = dict(SMALL, head_dim=16, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[2, 3, 3],
+                                     mrope_interleaved=True))
+    if moe:
+        text.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1,
+                    mlp_only_layers=[2])
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
+                  patch_size=4, deepstack_visual_indexes=[0])
+    name = "Qwen3VLMoe" if moe else "Qwen3VL"
+    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(23)
+    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
+    with torch.no_grad():  # norms away from 1, a router far from even (as make_model)
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+            elif n.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                p.normal_(0, 0.1)
+    folder = tmp_path / name
+    model.save_pretrained(folder, safe_serialization=True)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
+    layers = [0, 1, 2, 3]
+    p, ours = run_target(folder, tokens, torch.tensor([70]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
+    with torch.no_grad():
+        theirs = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    errs = [rel(ours["hidden"][0, :, e], theirs[layer + 1][0]) for e, layer in enumerate(layers)]
+    print(f"{name}ForConditionalGeneration: rel err {max(errs):.1e} over layers {layers}")
+    assert max(errs) <= BOUND
+    if not moe:
+        return
+    tensors = load_file(str(folder / "model.safetensors"))
+    stacked = [k for k in tensors if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
+    assert len(stacked) == 6 and tensors[stacked[0]].shape[0] == 8, stacked
+    published = tmp_path / (name + "_published")
+    published.mkdir()
+    for f in folder.iterdir():
+        if f.name != "model.safetensors":
+            (published / f.name).write_bytes(f.read_bytes())
+    save_file({k: v.transpose(1, 2).contiguous() if k in stacked else v for k, v in tensors.items()},
+              str(published / "model.safetensors"), metadata={"format": "pt"})
+    p, ours_published = run_target(published, tokens, torch.tensor([70]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    reread = getattr(transformers, name + "ForConditionalGeneration").from_pretrained(published).eval()
+    with torch.no_grad():
+        theirs_published = reread(input_ids=tokens, output_hidden_states=True).hidden_states
+    errs = [rel(ours_published["hidden"][0, :, e], theirs_published[layer + 1][0]) for e, layer in enumerate(layers)]
+    print(f"{name} experts as published ({tuple(tensors[stacked[0]].transpose(1, 2).shape)}): rel err {max(errs):.1e}; "
+          f"equal to the saved layout's states: {torch.equal(ours_published['hidden'], ours['hidden'])}")
+    assert max(errs) <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
+
+
 def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
     """DeepSeek-V3's latent attention (the family test gives its states equal to transformers'): each part is read
     and moves the states, ours following transformers through every change (layer 3 of 4, 40 positions): its

@@ -630,7 +630,13 @@ class HfTarget final : public Target {
       const int64_t I = cfg_.moe_intermediate;
       const ExpertKeys n = expert_keys();
       expected.push_back({p + n.block + "gate.weight", {cfg_.experts, H}});
-      for (int64_t e = 0; e < cfg_.experts; ++e) {
+      if (cfg_.qwen3_vl()) {  // (stacked: as published, or as transformers holds and saves them)
+        const int64_t E = cfg_.experts;
+        expected.push_back(
+            {p + "mlp.experts.gate_up_proj", stacked_layout(p + "mlp.experts.gate_up_proj", {E, 2 * I, H})});
+        expected.push_back({p + "mlp.experts.down_proj", stacked_layout(p + "mlp.experts.down_proj", {E, H, I})});
+      }
+      for (int64_t e = 0; e < (cfg_.qwen3_vl() ? 0 : cfg_.experts); ++e) {
         const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
         expected.push_back({x + n.gate, {I, H}});
         expected.push_back({x + n.up, {I, H}});
@@ -684,9 +690,18 @@ class HfTarget final : public Target {
       L.router = load(p + n.block + "gate.weight");
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
-      L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
-      L.experts_down = at::empty({E, H, I}, opts);
-      for (int64_t e = 0; e < E; ++e) {
+      if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
+        const auto stacked = [&](const std::string& name, std::vector<int64_t> held) {
+          const at::Tensor t = load(name);
+          return t.sizes().vec() == held ? t : t.transpose(1, 2).contiguous();
+        };
+        L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
+        L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
+      } else {
+        L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
+        L.experts_down = at::empty({E, H, I}, opts);
+      }
+      for (int64_t e = 0; e < (cfg_.qwen3_vl() ? 0 : E); ++e) {
         const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
         L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
         L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
@@ -1018,6 +1033,13 @@ class HfTarget final : public Target {
   ExpertKeys expert_keys() const {
     if (mixtral()) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
     return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  }
+  // Qwen3-VL-MoE's stacked experts: published as each product's transpose ([E, H, 2 I], [E, I, H]), held and
+  // saved by transformers as `held` ([E, 2 I, H], [E, H, I]; it transposes at load unless the shape is held's).
+  // The shape the checkpoint's tensor is to have: held's where it has it, else the published one.
+  std::vector<int64_t> stacked_layout(const std::string& name, const std::vector<int64_t>& held) const {
+    const safetensors::TensorInfo* info = checkpoint_->find(name);
+    return info && info->shape == held ? held : std::vector<int64_t>{held[0], held[2], held[1]};
   }
   // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,
   // Qwen2-MoE: mlp.shared_expert.).

@@ -26,6 +26,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "GptOssForCausalLM",
                                                           "Qwen3_5ForCausalLM",
                                                           "Qwen3_5ForConditionalGeneration",
+                                                          "Qwen3VLForConditionalGeneration",
+                                                          "Qwen3VLMoeForConditionalGeneration",
                                                           "Qwen3_5MoeForCausalLM",
                                                           "Qwen3_5MoeForConditionalGeneration",
                                                           "Qwen3NextForCausalLM",
@@ -329,7 +331,8 @@ void read_experts(const Reader& r, ModelConfig& c) {
     c.shared_intermediate = r.integer("shared_expert_intermediate_size", 1);
     c.shared_gate = true;
   }
-  if (c.qwen3_5()) c.norm_topk = true;  // (Qwen3_5MoeTopKRouter renormalises its top k always)
+  // (Qwen3_5MoeTopKRouter and Qwen3VLMoeTextTopKRouter renormalise their top k always)
+  if (c.qwen3_5() || c.qwen3_vl()) c.norm_topk = true;
   if (r.has("mlp_only_layers")) {
     const json& v = r.j.at("mlp_only_layers");
     if (!v.is_array()) r.fail("mlp_only_layers", "value " + v.dump() + " is not a list of layer indices");
@@ -460,7 +463,7 @@ ModelConfig read_config(const std::string& folder) {
   // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
   const bool multimodal = c.architecture == "Qwen3_5ForConditionalGeneration" ||
                           c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
-                          c.architecture == "Mistral3ForConditionalGeneration";
+                          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl();
   if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
     top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
   if (multimodal) c.prefix = "model.language_model.";
@@ -479,8 +482,9 @@ ModelConfig read_config(const std::string& folder) {
   if (c.rope.type != "default")
     c.max_position =
         std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
-  const bool qwen2 = c.architecture == "Qwen2ForCausalLM", moe = c.architecture == "Qwen3MoeForCausalLM";
-  const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe;
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool moe = c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "Qwen3VLMoeForConditionalGeneration";
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe || c.qwen3_vl();
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral || c.architecture == "Ministral3ForCausalLM" ||
                        c.architecture == "Mistral3ForConditionalGeneration";

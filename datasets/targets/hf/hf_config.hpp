@@ -41,6 +41,8 @@ struct ModelConfig {
   std::string lm_head = "lm_head.weight";  // (a multimodal checkpoint in its original layout: language_model.lm_head.)
   // Qwen3.5 (Qwen3_5ForCausalLM / ForConditionalGeneration) and Qwen3.5-MoE (Qwen3_5Moe...)
   bool qwen3_5() const { return architecture.rfind("Qwen3_5", 0) == 0; }
+  // Qwen3-VL's language model (Qwen3's layers; Qwen3-VL-MoE's experts stored as two stacked tensors a layer)
+  bool qwen3_vl() const { return architecture.rfind("Qwen3VL", 0) == 0; }
   // The hybrid families of Gated DeltaNet and gated attention layers: Qwen3.5, Qwen3.5-MoE and Qwen3-Next
   // (Qwen3NextForCausalLM: its Gated DeltaNet's projections packed per key head, in_proj_qkvz and in_proj_ba)
   bool hybrid() const { return qwen3_5() || architecture == "Qwen3NextForCausalLM"; }
