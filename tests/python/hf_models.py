@@ -109,6 +109,14 @@ FAMILIES = [
           rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0, original_max_position_embeddings=16,
                                beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)),
      {}),
+    # Gemma 3's kind (Gemma3ForCausalLM): the embedding times sqrt(hidden), four norms a layer (1 + w), GELU's tanh
+    # GLU, the softmax scale query_pre_attn_scalar^-1/2 (24, not head_dim 16), q / k norms; layers 0, 1 and 3 sliding
+    # over 6 positions with their own RoPE (base 1e4), layer 2 full with linear scaling (factor 4, base 1e6).
+    ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+          sliding_window=6, layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+          rope_parameters=dict(full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                               sliding_attention=dict(rope_type="default", rope_theta=1e4))), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

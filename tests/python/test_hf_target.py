@@ -412,6 +412,70 @@ def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     assert max(errs) <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
 
 
+def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
+    """Gemma 3 (the family test gives its states equal to transformers'): each of its own keys is read and moves the
+    states, ours following transformers through every change (40 positions, layers 1-3): query_pre_attn_scalar, the
+    sliding layers' RoPE base, the full layer's linear scaling, the sliding window, the config as published
+    (rope_theta, rope_scaling, rope_local_base_freq; no layer_types: every sixth layer full); and the same language
+    model saved as Gemma3ForConditionalGeneration (text_config, its tensors under language_model.model. as published, a
+    vision tower beside them) gives the same states."""
+    folder = tmp_path / "gemma3"
+    model = make_model(folder, "gemma3", seed=29)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(5))
+    layers = [1, 2, 3]
+    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    config = transformers.Gemma3Config(
+        text_config=model.config.to_dict(),
+        vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16),
+        mm_tokens_per_image=4)
+    composite = transformers.Gemma3ForConditionalGeneration(config).eval()
+    composite.model.language_model.load_state_dict(model.model.state_dict())
+    composite.save_pretrained(tmp_path / "gemma3_vl", safe_serialization=True)
+    names = load_file(str(tmp_path / "gemma3_vl" / "model.safetensors")).keys()
+    # (transformers writes it in the published layout: language_model.model.; the vision tower beside it)
+    assert any(k.startswith(("language_model.model.layers.0.", "model.language_model.layers.0.")) for k in names)
+    assert any("vision" in k for k in names)
+    p, vl = run_target(tmp_path / "gemma3_vl", tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Gemma3ForConditionalGeneration" in p.stdout, p.stdout
+    with torch.no_grad():
+        theirs = composite(input_ids=tokens, output_hidden_states=True).hidden_states
+    vl_err = max(rel(vl["hidden"][0, :, e], theirs[L + 1][0]) for e, L in enumerate(layers))
+    print(f"gemma3 as Gemma3ForConditionalGeneration: rel err {vl_err:.1e}; equal to the text-only checkpoint's: "
+          f"{torch.equal(vl['hidden'], base['hidden'])}")
+    assert vl_err <= BOUND and torch.equal(vl["hidden"], base["hidden"])
+    made = json.loads((folder / "config.json").read_text())
+    rope = made["rope_parameters"]
+    published = {k: v for k, v in made.items() if k not in ("rope_parameters", "layer_types")}
+    published.update(rope_theta=1e6, rope_scaling=dict(rope_type="linear", factor=4.0), rope_local_base_freq=1e4,
+                     sliding_window_pattern=3)  # (layers 0, 1, 3 sliding: as layer_types said)
+    changes = {
+        "query_pre_attn_scalar 16": dict(query_pre_attn_scalar=16),
+        "sliding layers' RoPE base 1e5": dict(rope_parameters={**rope, "sliding_attention": dict(
+            rope_type="default", rope_theta=1e5)}),
+        "full layer's RoPE unscaled": dict(rope_parameters={**rope, "full_attention": dict(
+            rope_type="default", rope_theta=1e6)}),
+        "sliding_window 64": dict(sliding_window=64),
+    }
+    for what, change in [*changes.items(), ("as published", None)]:
+        if change is None:
+            (folder / "config.json").write_text(json.dumps(published))
+        else:
+            (folder / "config.json").write_text(json.dumps({**made, **change}))
+        p, ours = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+        assert p.returncode == 0, (what, p.stderr)
+        with torch.no_grad():
+            ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+                input_ids=tokens, output_hidden_states=True).hidden_states
+        err = max(rel(ours["hidden"][0, :, e], ref[L + 1][0]) for e, L in enumerate(layers))
+        moved = rel(ours["hidden"][0, :, 2], base["hidden"][0, :, 2])
+        print(f"gemma3 with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
+        assert err <= BOUND
+        assert (moved == 0) if change is None else (moved > 10 * BOUND), (what, moved)
+
+
 def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
     """DeepSeek-V3's latent attention (the family test gives its states equal to transformers'): each part is read
     and moves the states, ours following transformers through every change (layer 3 of 4, 40 positions): its

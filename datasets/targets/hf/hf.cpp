@@ -57,6 +57,8 @@ namespace {
 // down, Qwen2-MoE's its gate [1, H].
 struct DecoderLayer {
   at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
+  // Gemma 3: post_norm normalises the attention's output before its residual add; these the MLP's input and output
+  at::Tensor pre_ff_norm, post_ff_norm;
   at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down, shared_gate;
   // gpt-oss: its router's bias [E] (a logit bias, in the model's dtype), its experts' biases [E, 2 I]
   // (gate entries, then up, as experts_gate_up's rows) and [E, H], and its sinks [heads] (float32)
@@ -152,6 +154,10 @@ class HfTarget final : public Target {
     } else {
       inv_freq_ = scaled_inv_freq(pos_freqs).to(device_);
     }
+    if (cfg_.rope_local_theta > 0)  // (Gemma 3's sliding layers: their own base, unscaled)
+      local_inv_freq_ =
+          (1.0 / at::pow(at::tensor(cfg_.rope_local_theta, at::kFloat), exponents / double(cfg_.rotary_dim)))
+              .to(device_);
   }
 
   TargetModel model() const override {
@@ -198,8 +204,9 @@ class HfTarget final : public Target {
     docs.window = cfg_.window(0);  // (a sliding layer's window; set again where a layer's differs)
     attention.set_mask(docs);
     const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
-    at::Tensor x = embed_.index_select(0, tokens.reshape({-1})).view({B, S, cfg_.hidden});
-    const auto [cos, sin] = forward_tables(batch, docs, B, S);
+    at::Tensor x = embed(tokens).view({B, S, cfg_.hidden});
+    const auto global = forward_tables(batch, docs, B, S);
+    const auto local = cfg_.rope_local_theta > 0 ? forward_tables(batch, docs, B, S, /*local=*/true) : global;
     const at::Tensor q_scale = cfg_.query_scale_beta == 0 ? at::Tensor()
                                : batch.documents.empty()
                                    ? query_scale(at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_)))
@@ -240,6 +247,7 @@ class HfTarget final : public Target {
       if (L.gdn.defined()) {
         a = hf::gated_delta_mix(L.gdn, h, rows);
       } else {
+        const auto& [cos, sin] = cfg_.local_rope(l) ? local : global;
         const QKV p = project(L, h, cos, sin, q_scale);
         if (cfg_.window(l) != docs.window) {
           docs.window = cfg_.window(l);
@@ -248,6 +256,13 @@ class HfTarget final : public Target {
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
       at::Tensor x1, h2;
+      if (cfg_.sandwich_norms) {  // (Gemma 3: each part's output normed before its residual add)
+        std::tie(x1, h2) = frozen::add_rms_norm(stream, rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm),
+                                                L.pre_ff_norm, cfg_.rms_eps, fused_);
+        pending = rms_norm(at::linear(gelu_glu(at::linear(h2, L.gate_up)), L.down_proj), L.post_ff_norm);
+        x = x1;
+        continue;
+      }
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
       if (!into.defined() && !L.o_bias.defined() && frozen::add_linear_(stream, a, L.o_proj, fused_)) {
         x1 = stream;
@@ -281,14 +296,18 @@ class HfTarget final : public Target {
   // The RoPE tables of a training forward: rows of one conversation, the tables of positions 0..S-1 (made once per
   // length); packed rows, positions counted from each document's start, as the conversation alone (longrope: the
   // factors of the batch's longest document, as transformers picks them per forward).
-  std::pair<at::Tensor, at::Tensor> forward_tables(const Batch& batch, const MaskInput& docs, int64_t B, int64_t S) {
-    if (!batch.documents.empty()) return rope_tables(document_positions(docs, B, S), /*whole_batch=*/true);
-    if (!plain_cos_.defined() || plain_cos_.size(0) != S) {
+  // local: Gemma 3's sliding layers' tables.
+  std::pair<at::Tensor, at::Tensor> forward_tables(const Batch& batch, const MaskInput& docs, int64_t B, int64_t S,
+                                                   bool local = false) {
+    if (!batch.documents.empty()) return rope_tables(document_positions(docs, B, S), /*whole_batch=*/true, local);
+    at::Tensor& cos = local ? local_cos_ : plain_cos_;
+    at::Tensor& sin = local ? local_sin_ : plain_sin_;
+    if (!cos.defined() || cos.size(0) != S) {
       const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
-      const at::Tensor freqs = pos.unsqueeze(1) * inv_freq_for(S).unsqueeze(0);  // [S, D/2], fp32
-      std::tie(plain_cos_, plain_sin_) = cos_sin(at::cat({freqs, freqs}, -1));
+      const at::Tensor freqs = pos.unsqueeze(1) * (local ? local_inv_freq_ : inv_freq_for(S)).unsqueeze(0);  // [S, D/2]
+      std::tie(cos, sin) = cos_sin(at::cat({freqs, freqs}, -1));
     }
-    return {plain_cos_, plain_sin_};
+    return {cos, sin};
   }
 
   // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row
@@ -325,15 +344,16 @@ class HfTarget final : public Target {
     const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device_);
     const at::Tensor anchor = anchors.to(device_, at::kLong);
     const at::Tensor block_tokens = blocks.to(device_, at::kLong).reshape({B, N * BS});
-    at::Tensor xc = embed_.index_select(0, batch.tokens.to(device_, at::kLong).reshape({-1})).view({B, S, cfg_.hidden});
-    at::Tensor xb = embed_.index_select(0, block_tokens.reshape({-1})).view({B, N * BS, cfg_.hidden});
+    at::Tensor xc = embed(batch.tokens.to(device_, at::kLong)).view({B, S, cfg_.hidden});
+    at::Tensor xb = embed(block_tokens).view({B, N * BS, cfg_.hidden});
     const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
     const at::Tensor context_pos = document_positions(document_mask(rows, S), B, S);  // [B, S]
-    const auto [cos_c, sin_c] = rope_tables(context_pos);
+    const bool two = cfg_.rope_local_theta > 0;  // (Gemma 3: the sliding layers' own tables too)
+    const auto tables_c = rope_tables(context_pos), local_c = two ? rope_tables(context_pos, false, true) : tables_c;
     const at::Tensor block_pos =
         (context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS});
     const at::Tensor q_scale_c = query_scale(context_pos), q_scale_b = query_scale(block_pos);
-    const auto [cos_b, sin_b] = rope_tables(block_pos);
+    const auto tables_b = rope_tables(block_pos), local_b = two ? rope_tables(block_pos, false, true) : tables_b;
     const auto full = verify_masks(batch, anchor, S, BS, 0);
     const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -346,6 +366,9 @@ class HfTarget final : public Target {
         continue;
       }
       const auto& [mask_c, mask_b] = cfg_.window(static_cast<int64_t>(l)) > 0 ? sliding : full;
+      const bool loc = cfg_.local_rope(static_cast<int64_t>(l));
+      const auto& [cos_c, sin_c] = loc ? local_c : tables_c;
+      const auto& [cos_b, sin_b] = loc ? local_b : tables_b;
       const DenseOut context = dense_layer(L, xc, cos_c, sin_c, q_scale_c, {}, {}, mask_c);
       xb = dense_layer(L, xb, cos_b, sin_b, q_scale_b, context.k, context.v, mask_b).x;
       xc = context.x;
@@ -407,10 +430,11 @@ class HfTarget final : public Target {
       mask.q_offsets = start;
       mask.window = t_.cfg_.window(0);
       attention_.set_mask(mask);
-      const auto [cos, sin] = t_.rope_tables(positions);
+      const auto global = t_.rope_tables(positions);
+      const auto local = t_.cfg_.rope_local_theta > 0 ? t_.rope_tables(positions, false, true) : global;
       const at::Tensor q_scale = t_.query_scale(positions);
       const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
-      at::Tensor x = t_.embed_.index_select(0, tokens.to(t_.device_, at::kLong).reshape({-1})).view({B, T, H});
+      at::Tensor x = t_.embed(tokens.to(t_.device_, at::kLong)).view({B, T, H});
       std::vector<at::Tensor> features(layers_.size());
       const double scale = t_.softmax_scale();
       int64_t call = 0;  // the forward's attention calls so far
@@ -420,6 +444,7 @@ class HfTarget final : public Target {
         if (gdn_[l]) {
           x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real));
         } else {
+          const auto& [cos, sin] = t_.cfg_.local_rope(static_cast<int64_t>(l)) ? local : global;
           const QKV p = t_.project(L, h, cos, sin, q_scale);
           k_[l].scatter_(2, index, p.k);
           v_[l].scatter_(2, index, p.v);
@@ -450,6 +475,14 @@ class HfTarget final : public Target {
   };
 
   at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
+
+  // The embedding's rows of token ids (int64, on the device), flat [n, H]; Gemma 3's times sqrt(hidden) rounded to
+  // the model's dtype (transformers' Gemma3TextScaledWordEmbedding).
+  at::Tensor embed(const at::Tensor& ids) const {
+    const at::Tensor x = embed_.index_select(0, ids.reshape({-1}));
+    if (!cfg_.embed_scale) return x;
+    return x * at::scalar_tensor(std::sqrt(double(cfg_.hidden)), x.options());
+  }
   // A norm's weight: in the model's dtype, or in float32 where the family applies it so (gpt-oss; Qwen3.5's
   // 1 + w, the sum in float32 as transformers' Qwen3_5RMSNorm makes it).
   at::Tensor load_norm(const std::string& name) const {
@@ -535,6 +568,10 @@ class HfTarget final : public Target {
       const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
       expected.push_back({p + "input_layernorm.weight", {H}});
       expected.push_back({p + "post_attention_layernorm.weight", {H}});
+      if (cfg_.sandwich_norms) {
+        expected.push_back({p + "pre_feedforward_layernorm.weight", {H}});
+        expected.push_back({p + "post_feedforward_layernorm.weight", {H}});
+      }
       if (cfg_.linear_attention(l)) {
         add_gated_delta_shapes(p, expected);
       } else {
@@ -667,6 +704,10 @@ class HfTarget final : public Target {
     DecoderLayer L;
     L.input_norm = load_norm(p + "input_layernorm.weight");
     L.post_norm = load_norm(p + "post_attention_layernorm.weight");
+    if (cfg_.sandwich_norms) {
+      L.pre_ff_norm = load_norm(p + "pre_feedforward_layernorm.weight");
+      L.post_ff_norm = load_norm(p + "post_feedforward_layernorm.weight");
+    }
     if (cfg_.linear_attention(l))
       load_gated_delta(p, L);
     else
@@ -930,10 +971,23 @@ class HfTarget final : public Target {
   // gate / up product and the separate SwiGLU pass: this cached path's values stay as they were; the
   // training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
+    if (cfg_.sandwich_norms) {  // (Gemma 3)
+      const auto [x1, h2] =
+          frozen::add_rms_norm(x.contiguous(), rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm), L.pre_ff_norm,
+                               cfg_.rms_eps, fused_);
+      return x1 + rms_norm(at::linear(gelu_glu(at::linear(h2, L.gate_up)), L.down_proj), L.post_ff_norm);
+    }
     const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
     if (L.sparse()) return x1 + experts(L, h2);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+  }
+
+  // Gemma 3's GLU on the packed gate / up product [..., 2 I]: GELU's tanh approximation of the gate times the up
+  // product, each op rounded to the dtype as transformers' separate ops round it.
+  static at::Tensor gelu_glu(const at::Tensor& gate_up) {
+    const int64_t I = gate_up.size(-1) / 2;
+    return at::gelu(gate_up.narrow(-1, 0, I), "tanh") * gate_up.narrow(-1, I, I);
   }
 
   // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE, Qwen2-MoE, Mixtral
@@ -1127,9 +1181,11 @@ class HfTarget final : public Target {
   // transformers' dynamic update does per forward: per row here (each row as its own served
   // decoding, as z-lab's dflash_generate runs one), or over the whole batch (whole_batch: the
   // training forward, as transformers runs a batch).
-  std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, bool whole_batch = false) const {
-    at::Tensor inv = inv_freq_;
-    if (long_inv_freq_.defined()) {
+  // local: Gemma 3's sliding layers' tables.
+  std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, bool whole_batch = false,
+                                                bool local = false) const {
+    at::Tensor inv = local ? local_inv_freq_ : inv_freq_;
+    if (!local && long_inv_freq_.defined()) {
       const at::Tensor reach = whole_batch ? positions.max().view({1, 1, 1}) : positions.amax(-1).view({-1, 1, 1});
       inv = at::where(reach + 1 > cfg_.rope.original_max_position, long_inv_freq_, inv_freq_);  // [B or 1, 1, D/2]
     }
@@ -1265,6 +1321,8 @@ class HfTarget final : public Target {
   bool tied_ = false;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   at::Tensor long_inv_freq_;          // LongRoPE's frequencies past the pretraining length (undefined otherwise)
+  at::Tensor local_inv_freq_;         // Gemma 3's sliding layers' frequencies (undefined otherwise)
+  at::Tensor local_cos_, local_sin_;  // their tables as plain_cos_ / plain_sin_
   at::Tensor plain_cos_, plain_sin_;  // hidden_states()' tables for positions 0..S-1, the last S asked
   std::vector<DecoderLayer> layers_;
 };

@@ -27,6 +27,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Qwen3_5ForCausalLM",
                                                           "Qwen3_5ForConditionalGeneration",
                                                           "Qwen3VLForConditionalGeneration",
+                                                          "Gemma3ForCausalLM",
+                                                          "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
                                                           "Qwen3_5MoeForCausalLM",
                                                           "Qwen3_5MoeForConditionalGeneration",
@@ -123,9 +125,44 @@ void read_yarn(const Reader& r, const json& scaling, RopeScaling& y) {
 
 // rope_theta and the scaling: transformers 4 writes rope_theta and rope_scaling at the
 // top level, transformers 5 a rope_parameters object holding both.
+// Gemma 3's two RoPEs: rope_parameters per layer type (as transformers 5 writes it: {"full_attention": {...},
+// "sliding_attention": {...}}) or, as published, rope_theta (the full layers') with rope_scaling, and
+// rope_local_base_freq (the sliding layers'; default 10000). Returns the full layers' parameters (null: none).
+const json* read_gemma3_rope(const Reader& r, ModelConfig& c) {
+  const json* per_type = r.has("rope_parameters") && r.j.at("rope_parameters").is_object() &&
+                                 r.j.at("rope_parameters").contains("full_attention")
+                             ? &r.j.at("rope_parameters")
+                             : nullptr;
+  if (!per_type) {
+    c.rope_theta = r.real(r.j, "rope_theta", 1e6);
+    c.rope_local_theta = r.real(r.j, "rope_local_base_freq", 10000.0);
+    if (!(c.rope_local_theta > 0)) r.fail("rope_local_base_freq", "must be positive");
+    return r.has("rope_scaling") ? &r.j.at("rope_scaling") : nullptr;
+  }
+  const json& full = per_type->at("full_attention");
+  if (!full.is_object())
+    r.fail("rope_parameters", "full_attention holds " + full.dump() + "; expected an object of RoPE parameters");
+  c.rope_theta = r.real(full, "rope_theta", 1e6);
+  c.rope_local_theta = 10000.0;
+  if (per_type->contains("sliding_attention") && !per_type->at("sliding_attention").is_null()) {
+    const json& local = per_type->at("sliding_attention");
+    const std::string type = local.is_object() && local.contains("rope_type") && local.at("rope_type").is_string()
+                                 ? local.at("rope_type").get<std::string>()
+                                 : "default";
+    if (!local.is_object() || type != "default")
+      r.fail("rope_parameters", "sliding_attention holds " + local.dump() +
+                                    "; accepted: an object of rope_type \"default\" and its rope_theta (Gemma 3's)");
+    c.rope_local_theta = r.real(local, "rope_theta", 10000.0);
+    if (!(c.rope_local_theta > 0)) r.fail("rope_parameters", "sliding_attention's rope_theta must be positive");
+  }
+  return &full;
+}
+
 void read_rope(const Reader& r, ModelConfig& c) {
   const json* scaling = nullptr;
-  if (r.has("rope_parameters") && r.j.at("rope_parameters").is_object()) {
+  if (c.gemma3()) {
+    scaling = read_gemma3_rope(r, c);
+  } else if (r.has("rope_parameters") && r.j.at("rope_parameters").is_object()) {
     const json& p = r.j.at("rope_parameters");
     c.rope_theta = r.real(p, "rope_theta", r.real(r.j, "rope_theta", 10000.0));
     scaling = &p;
@@ -244,7 +281,10 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
-  for (int64_t l = first; l < c.layers; ++l) c.sliding[static_cast<size_t>(l)] = !gpt_oss || l % 2 == 0;
+  // (Gemma3TextConfig's sliding_window_pattern, default 6: every sixth layer full)
+  const int64_t pattern = c.gemma3() ? r.integer("sliding_window_pattern", 1, 6) : 0;
+  for (int64_t l = first; l < c.layers; ++l)
+    c.sliding[static_cast<size_t>(l)] = pattern > 0 ? (l + 1) % pattern != 0 : !gpt_oss || l % 2 == 0;
 }
 
 // GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in
@@ -383,6 +423,22 @@ void read_linear_attention(const Reader& r, ModelConfig& c) {
   for (int64_t l = 0; l < c.layers; ++l) c.linear[static_cast<size_t>(l)] = (l + 1) % interval != 0;
 }
 
+// Gemma 3's own keys (Gemma3TextConfig): its activation, its softmax scale, no soft-capping.
+void read_gemma3(const Reader& r, ModelConfig& c) {
+  const char* act = r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
+  if (r.has(act) && r.j.at(act) != "gelu_pytorch_tanh")
+    r.fail(act, "value " + r.j.at(act).dump() + " is not supported for " + c.architecture +
+                    " (accepted: \"gelu_pytorch_tanh\", Gemma 3's)");
+  c.gelu_mlp = c.embed_scale = c.sandwich_norms = c.norm_plus_one = c.qk_norm = true;
+  const double scalar = r.real(r.j, "query_pre_attn_scalar", 256.0);
+  if (!(scalar > 0)) r.fail("query_pre_attn_scalar", "must be positive");
+  c.softmax_scale = 1.0 / std::sqrt(scalar);
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (r.has(cap))
+      r.fail(cap, "value " + r.j.at(cap).dump() + " soft-caps logits (Gemma 2's kind), which is not supported " +
+                      "(accepted: null, as Gemma 3 publishes)");
+}
+
 // eos_token_id: an id or a list of ids (absent or null: none).
 std::vector<int64_t> eos_ids(const json& j, const std::string& file) {
   std::vector<int64_t> ids;
@@ -463,7 +519,8 @@ ModelConfig read_config(const std::string& folder) {
   // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
   const bool multimodal = c.architecture == "Qwen3_5ForConditionalGeneration" ||
                           c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
-                          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl();
+                          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
+                          c.architecture == "Gemma3ForConditionalGeneration";
   if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
     top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
   if (multimodal) c.prefix = "model.language_model.";
@@ -479,7 +536,7 @@ ModelConfig read_config(const std::string& folder) {
   if (deepseek) read_mla_scale(c);
   if (r.has("max_position_embeddings"))
     c.max_position = static_cast<int64_t>(r.real(text, "max_position_embeddings", 0.0));
-  if (c.rope.type != "default")
+  if (c.rope.type != "default" && !c.gemma3())  // (Gemma 3's max_position_embeddings is the scaled length)
     c.max_position =
         std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
@@ -498,9 +555,13 @@ ModelConfig read_config(const std::string& folder) {
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_quantization(r, c);
   if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)
-  // every family here gates its MLP with SiLU (SwiGLU); another activation would be run as SiLU
-  if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
+  // every family here gates its MLP with SiLU (SwiGLU) but Gemma 3 (GELU's tanh approximation); another
+  // activation would be run as the wrong one
+  if (c.gemma3()) {
+    read_gemma3(r, c);
+  } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
+  }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
@@ -508,7 +569,7 @@ ModelConfig read_config(const std::string& folder) {
   else if (r.has("tie_word_embeddings"))
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   if (c.hybrid()) read_linear_attention(r, c);
-  read_sliding_layers(r, mistral || phi3 || gpt_oss, c);
+  read_sliding_layers(r, mistral || phi3 || gpt_oss || c.gemma3(), c);
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";
   if (fs::is_regular_file(generation)) {

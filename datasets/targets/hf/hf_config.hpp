@@ -129,6 +129,15 @@ struct ModelConfig {
   // original_max_position_embeddings; 1 within the pretraining length). beta 0: none.
   double query_scale_beta = 0;
   int64_t query_scale_length = 0;
+  // Gemma 3 (Gemma3ForCausalLM; Gemma3ForConditionalGeneration's language model): the embedding's rows times
+  // sqrt(hidden) rounded to the model's dtype (embed_scale); four norms a layer, each 1 + w in float32 (the
+  // attention's output and the MLP's normed before their residual adds: sandwich_norms); the MLP's gate through
+  // GELU's tanh approximation (gelu_mlp); the softmax scale query_pre_attn_scalar^-1/2; its sliding layers rotate
+  // with their own RoPE (rope_local_theta, unscaled), the full ones with rope_theta and its scaling.
+  bool gemma3() const { return architecture.rfind("Gemma3", 0) == 0; }
+  bool embed_scale = false, sandwich_norms = false, gelu_mlp = false;
+  double rope_local_theta = 0;  // 0: every layer rotates alike
+  bool local_rope(int64_t layer) const { return rope_local_theta > 0 && window(layer) > 0; }
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
