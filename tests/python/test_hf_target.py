@@ -930,8 +930,8 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
 
 
 # The published head widths of the families whose heads are wider than 128, which flash_cuda runs forward only:
-# Qwen3.5's 256, DeepSeek-V3's 128 + 64 (values 128, padded to 192), GLM-4.7-Flash's 192 + 64 (values 256).
-WIDE_HEADS = {"qwen3_5": dict(head_dim=256), "deepseek_v3": dict(qk_nope_head_dim=128, qk_rope_head_dim=64,
+# Qwen3.5's and Gemma 3's 256 (its sliding layers' windows too), DeepSeek-V3's 128 + 64 (values 128, padded to 192), GLM-4.7-Flash's 192 + 64 (values 256).
+WIDE_HEADS = {"qwen3_5": dict(head_dim=256), "gemma3": dict(head_dim=256), "deepseek_v3": dict(qk_nope_head_dim=128, qk_rope_head_dim=64,
                                                                   v_head_dim=128),
               "glm4_moe_lite": dict(qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)}
 
