@@ -28,10 +28,12 @@ from test_served_tau import check_greedy, make_target_data, train, validate
 # tokens. Qwen3-MoE's needs all 240 (from 144: tau 1.09). gpt-oss's text is the hardest for the drafter
 # (its windows of 6 positions): at 0.2, tau 1.051 over ~1400 steps with 7 responses ending at eos from
 # 96 conversations (1.057 from 144); at 0.1 or 0.05 the text never reaches eos. DeepSeek-V3's at 0.1: tau 1.31
-# over ~1200 steps, 3 responses at eos (at 0.05 none reach it; at 0.2 tau 1.01). The last number: the tau the
-# trained drafter must pass.
+# over ~1200 steps, 3 responses at eos (at 0.05 none reach it; at 0.2 tau 1.01). The third number: the tau the
+# trained drafter must pass. Gemma 3 (dense; test_served_moe_attention.py) scales its embedding by sqrt(hidden), 8
+# here: its embedding is drawn at 1/8 of the others' deviation (a fourth number), else no response reaches eos (0 of
+# 47 at initializer_range 0.05-0.4); tau 1.24 over ~1300 steps, 3 responses at eos.
 FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss": (0.2, 96, 1.03),
-            "deepseek_v3": (0.1, 144, 1.03)}
+            "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125)}
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])
@@ -42,8 +44,9 @@ def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target(famil
 def check_family(family, tmp_path_factory):
     """The greedy comparison for `family` (and gpt-oss's verification in chunks); test_served_moe_attention.py runs
     gpt-oss and DeepSeek-V3 through it, beside this file under ctest."""
-    initializer_range, count, min_tau = FAMILIES[family]
-    data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, initializer_range, count)
+    initializer_range, count, min_tau, *embedding_std = FAMILIES[family]
+    data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, initializer_range, count,
+                            *embedding_std)
     # Qwen3-MoE's greedy text is hard for the tiny drafter (tau_anchor ~1.3 against ~2.7 for the dense
     # target, with 150 or 400 steps alike), gpt-oss's harder: tau > 1.1 still compares over a hundred
     # accepted proposals one by one (gpt-oss's > 1.03 about 80), and some step must accept more than one.

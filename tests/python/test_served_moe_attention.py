@@ -1,6 +1,7 @@
-"""test_served_moe.py's served comparison against z-lab's `dflash_generate` for the mixtures of experts with
-attention of their own kind: gpt-oss (attention sinks, sliding layers; and target verification in chunks) and
-DeepSeek-V3 (multi-head latent attention). A file of its own so that ctest runs it beside test_served_moe.py."""
+"""test_served_moe.py's served comparison against z-lab's `dflash_generate` for the targets with attention of their
+own kind: gpt-oss (attention sinks, sliding layers; and target verification in chunks), DeepSeek-V3 (multi-head
+latent attention) and Gemma 3 (a dense target: sliding layers with their own RoPE, sandwich norms). A file of its own
+so that ctest runs it beside test_served_moe.py."""
 import pytest
 
 from test_served_moe import check_family
@@ -10,3 +11,9 @@ from test_served_moe import check_family
 def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target_of_another_attention(family,
                                                                                                  tmp_path_factory):
     check_family(family, tmp_path_factory)
+
+
+def test_greedy_equals_the_reference_loop_with_a_gemma3_target(tmp_path_factory):
+    """Gemma 3 (dense; sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding
+    scaled): the cached decoder's and the verification's per-layer tables and norms against transformers'."""
+    check_family("gemma3", tmp_path_factory)

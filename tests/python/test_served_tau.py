@@ -108,12 +108,12 @@ def write_shard(folder: Path, conversations, vocab):
                        source="greedy continuations of the tiny target")
 
 
-def make_target_data(tmp, family, initializer_range=0.2, count=N_CONVERSATIONS):
+def make_target_data(tmp, family, initializer_range=0.2, count=N_CONVERSATIONS, embedding_std=1.0):
     """A tiny target of `family` and greedy continuations of `count` random prompts as token shards
     (the last HELD_OUT held out)."""
     # initializer_range 0.2: at the usual 0.02 this target's greedy text repeats one token.
-    model = make_model(tmp / "target", family, seed=3, embedding_std=1.0, initializer_range=initializer_range,
-                       eos_token_id=EOS)
+    model = make_model(tmp / "target", family, seed=3, embedding_std=embedding_std,
+                       initializer_range=initializer_range, eos_token_id=EOS)
     model.generation_config.eos_token_id = EOS
     rng = np.random.default_rng(0)
     conversations = []
