@@ -445,8 +445,9 @@ TEST_F(Safetensors, RefusesCorruptHeaders) {
       {"overlapping offsets", "{" + a16 + R"(, "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", 24,
        "tensor 'b': data_offsets [8, 24] overlap those of tensor 'a' [0, 16]"},
       {"unknown dtype", header_of_a("F31", "[4]", "[0, 16]"), 16,
-       "tensor 'a': unknown dtype 'F31' (known: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)"},
-      {"F8", header_of_a("F8_E4M3", "[4]", "[0, 4]"), 4, "tensor 'a': dtype F8_E4M3 is not supported by this reader"},
+       "tensor 'a': unknown dtype 'F31' (known: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL, F8_E4M3)"},
+      {"F8_E5M2", header_of_a("F8_E5M2", "[4]", "[0, 4]"), 4,
+       "tensor 'a': dtype F8_E5M2 is not supported by this reader"},
       {"shape x element size != byte length", header_of_a("F32", "[3]", "[0, 16]"), 16,
        "tensor 'a': shape [3] of F32 is 12 bytes but data_offsets [0, 16] hold 16"},
       {"bad JSON", R"({"a": {"dtype": "F32", "shape": [4],)", 16, "the header is not valid JSON"},
@@ -500,6 +501,23 @@ TEST_F(Safetensors, RefusesBoolBytesOtherThanZeroAndOne) {
   const st::File f(file);  // the header is fine; the data is checked when loaded
   EXPECT_REFUSED(f.load("m", at::kCPU, at::kBool), file + ": tensor 'm': BOOL element 1 is the byte 2");
   EXPECT_REFUSED(f.load("n", at::kCPU, at::kBool), file + ": no tensor 'n' in the file (it holds m)");
+}
+
+// F8_E4M3 (a quantized checkpoint's weights, e.g. block-wise FP8 with their weight_scale_inv): read as the
+// values they are, never cast without their scales.
+TEST_F(Safetensors, ReadsFp8AsItIsAndNeverCastsIt) {
+  const std::string file = path("fp8.safetensors");
+  const at::Tensor values = (at::randn({6, 5}) * 30).to(at::kFloat8_e4m3fn);
+  st::write(file, {{"w", values}, {"w_scale_inv", at::rand({1, 1})}});
+  const st::File f(file);
+  ASSERT_EQ(f.find("w")->dtype, "F8_E4M3");
+  const at::Tensor read = f.load("w", c10::kCPU, at::kFloat8_e4m3fn);
+  EXPECT_TRUE(at::equal(read.view(at::kByte), values.view(at::kByte)));
+  EXPECT_GT(std::get<0>(at::_unique(read.to(at::kFloat))).numel(), 10);  // (not vacuous: many values)
+  EXPECT_REFUSED(f.load("w", c10::kCPU, at::kBFloat16),
+                 file +
+                     ": tensor 'w': dtype F8_E4M3 holds quantized values, read only as they are (Float8_e4m3fn) by "
+                     "a reader that applies their scales; asked for BFloat16");
 }
 
 TEST_F(Safetensors, RefusesBadCheckpointFolders) {

@@ -476,6 +476,111 @@ def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
         assert (moved == 0) if change is None else (moved > 10 * BOUND), (what, moved)
 
 
+def quantize_fp8(folder, block):
+    """Rewrites `folder`'s checkpoint as a block-wise FP8 release does: every 2-D projection weight (not the
+    embedding, norms or routers) as F8_E4M3 values with a float32 weight_scale_inv per block of `block` (the ragged
+    last blocks where the shape is not a multiple), and config.json's quantization_config. Returns the weights as
+    that checkpoint means them (values x scales) in float32."""
+    tensors = load_file(str(folder / "model.safetensors"))
+    out, meant = {}, {}
+    bn, bk = block
+    for k, v in tensors.items():
+        if not (k.endswith("proj.weight") and v.dim() == 2):
+            out[k] = v
+            continue
+        N, K = v.shape
+        grid = (-(-N // bn), -(-K // bk))
+        padded = torch.zeros(grid[0] * bn, grid[1] * bk)
+        padded[:N, :K] = v.float()
+        blocks = padded.view(grid[0], bn, grid[1], bk)
+        scale = blocks.abs().amax(dim=(1, 3)) / 448.0
+        q = (blocks / scale[:, None, :, None]).view(grid[0] * bn, grid[1] * bk)[:N, :K].to(torch.float8_e4m3fn)
+        out[k], out[k + "_scale_inv"] = q, scale
+        full = scale.repeat_interleave(bn, 0)[:N].repeat_interleave(bk, 1)[:, :K]
+        meant[k] = q.float() * full
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic",
+                                         weight_block_size=list(block))
+    (folder / "config.json").write_text(json.dumps(config))
+    return meant
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_fp8_checkpoint_is_dequantized_at_load_as_transformers_does(family, tmp_path):
+    """A block-wise FP8 checkpoint (quantization_config quant_method "fp8": F8_E4M3 weights and their
+    weight_scale_inv, as DeepSeek-V3, Qwen3's -FP8 releases and MiniMax-M2 publish) is dequantized at load: states
+    equal to transformers' FineGrainedFP8Config(dequantize=True) model of the same folder (blocks of 16: every shape
+    a multiple), and with ragged blocks of 40 (transformers refuses those) equal to the same model saved with the
+    weights the checkpoint means in float32. The quantization moves the states (not vacuous)."""
+    folder = tmp_path / family
+    make_model(folder, family, seed=37)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(3))
+    layers = [0, 3]
+    p, plain = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    original = load_file(str(folder / "model.safetensors"))
+    quantize_fp8(folder, (16, 16))
+    p, ours = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=transformers.FineGrainedFP8Config(dequantize=True), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = theirs(input_ids=tokens, output_hidden_states=True).hidden_states
+    err = max(rel(ours["hidden"][0, :, e], ref[L + 1][0]) for e, L in enumerate(layers))
+    moved = rel(ours["hidden"][0, :, 1], plain["hidden"][0, :, 1])
+    print(f"{family} FP8 (blocks of 16): rel err {err:.1e} against transformers' dequantized model; FP8 moves the "
+          f"states {moved:.1e}")
+    assert err <= BOUND and moved > 10 * BOUND
+    # ragged blocks: against the weights the checkpoint means, saved unquantized
+    save_file(original, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    del config["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    meant = quantize_fp8(folder, (40, 40))
+    p, ragged = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    dequantized = tmp_path / (family + "_meant")
+    dequantized.mkdir()
+    (dequantized / "config.json").write_text(json.dumps(config))
+    save_file({**original, **meant}, str(dequantized / "model.safetensors"), metadata={"format": "pt"})
+    p, reference = run_target(dequantized, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    print(f"{family} FP8 (ragged blocks of 40): equal to the meant weights' states: "
+          f"{torch.equal(ragged['hidden'], reference['hidden'])}")
+    assert torch.equal(ragged["hidden"], reference["hidden"])
+
+
+def test_fp8_checkpoint_refusals(tmp_path):
+    """An FP8 weight without its scale, a scale of the wrong grid, another fmt: a sentence naming the tensor or key,
+    what it holds and what is accepted."""
+    folder = tmp_path / "qwen3"
+    make_model(folder, "qwen3", seed=2)
+    quantize_fp8(folder, (16, 16))
+    tokens, lengths = torch.randint(0, SMALL["vocab_size"], (1, 8)), torch.tensor([8])
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = "model.layers.1.mlp.down_proj.weight"
+    cases = {
+        "no scale": ({k: v for k, v in tensors.items() if k != name + "_scale_inv"}, None,
+                     f"tensor '{name}' holds FP8 (F8_E4M3) values, which are read as block-wise FP8 weights: a 2-D "
+                     f"weight with its '{name}_scale_inv'"),
+        "wrong grid": ({**tensors, name + "_scale_inv": torch.ones(2, 2)}, None,
+                       f"tensor '{name}_scale_inv' has shape [2, 2], but '{name}' [64, 96] in blocks of "
+                       f"weight_block_size [16, 16] implies [4, 6]"),
+        "fmt": (tensors, dict(quant_method="fp8", fmt="e5m2", weight_block_size=[16, 16]),
+                "quantization_config: fmt \"e5m2\" is not read (accepted: \"e4m3\", FP8 E4M3 weights)"),
+    }
+    config = json.loads((folder / "config.json").read_text())
+    for what, (weights, quantization, expected) in cases.items():
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quantization or
+                                                        config["quantization_config"]}))
+        p, _ = run_target(folder, tokens, lengths, [1], tmp_path)
+        line = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        print(f"{what}: {line[:220]}")
+        assert p.returncode != 0 and expected in p.stderr, (what, p.stderr[-600:])
+
+
 def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
     """DeepSeek-V3's latent attention (the family test gives its states equal to transformers'): each part is read
     and moves the states, ours following transformers through every change (layer 3 of 4, 40 positions): its

@@ -61,14 +61,20 @@ struct Dtype {
   const char* name;
   c10::ScalarType type;
 };
-constexpr Dtype kDtypes[] = {{"F64", c10::ScalarType::Double}, {"F32", c10::ScalarType::Float},
-                             {"F16", c10::ScalarType::Half},   {"BF16", c10::ScalarType::BFloat16},
-                             {"I64", c10::ScalarType::Long},   {"I32", c10::ScalarType::Int},
-                             {"I16", c10::ScalarType::Short},  {"I8", c10::ScalarType::Char},
-                             {"U8", c10::ScalarType::Byte},    {"BOOL", c10::ScalarType::Bool}};
+constexpr Dtype kDtypes[] = {{"F64", c10::ScalarType::Double},
+                             {"F32", c10::ScalarType::Float},
+                             {"F16", c10::ScalarType::Half},
+                             {"BF16", c10::ScalarType::BFloat16},
+                             {"I64", c10::ScalarType::Long},
+                             {"I32", c10::ScalarType::Int},
+                             {"I16", c10::ScalarType::Short},
+                             {"I8", c10::ScalarType::Char},
+                             {"U8", c10::ScalarType::Byte},
+                             {"BOOL", c10::ScalarType::Bool},
+                             {"F8_E4M3", c10::ScalarType::Float8_e4m3fn}};
 // Dtypes of the format that this code does not read (yet): named apart from unknown ones.
-constexpr const char* kUnsupportedDtypes[] = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",
-                                              "F4",      "U64",     "U32",     "U16",     "C64"};
+constexpr const char* kUnsupportedDtypes[] = {"F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
+                                              "U64",     "U32",     "U16",     "C64"};
 
 // "F64, F32, ..." or, with_torch, "F64 (Double), F32 (Float), ...".
 std::string supported_dtypes(bool with_torch = false) {
@@ -332,6 +338,13 @@ struct File::Impl {
     // Zero elements (a 0 in the shape) are zero bytes: nothing to read, and begin may be
     // the data section's end.
     if (size == 0) return at::empty(t.shape, at::TensorOptions().device(device).dtype(dtype));
+    // FP8 values are a quantized checkpoint's: meaningful only with their scales, which the caller applies
+    // (e.g. the hf target's block-wise weight_scale_inv); never cast alone.
+    if (t.scalar_type == c10::ScalarType::Float8_e4m3fn && dtype != t.scalar_type)
+      fail(path, t.name,
+           "dtype F8_E4M3 holds quantized values, read only as they are (Float8_e4m3fn) by a reader that applies "
+           "their scales; asked for " +
+               std::string(c10::toString(dtype)));
     if (t.scalar_type == c10::ScalarType::Bool) {
       // LibTorch assumes bool bytes are 0 or 1; other values would make undefined results.
       const auto* bad = std::find_if(bytes, bytes + size, [](uint8_t b) { return b > 1; });

@@ -474,7 +474,39 @@ class HfTarget final : public Target {
     std::vector<std::unique_ptr<hf::GatedDeltaCache>> gdn_;  // per Gated DeltaNet layer (null for the others)
   };
 
-  at::Tensor load(const std::string& name) const { return checkpoint_->load(name, device_, dtype_); }
+  at::Tensor load(const std::string& name) const {
+    const safetensors::TensorInfo* info = checkpoint_->find(name);
+    if (info && info->scalar_type == at::kFloat8_e4m3fn) return load_fp8(name, *info);
+    return checkpoint_->load(name, device_, dtype_);
+  }
+
+  // A block-wise FP8 weight (ModelConfig::fp8_block) dequantized on the device: its values in float32 times their
+  // block's scale (name + "_scale_inv"), rounded once to the target's dtype.
+  at::Tensor load_fp8(const std::string& name, const safetensors::TensorInfo& info) const {
+    const std::string scale_name = name + "_scale_inv";
+    const safetensors::TensorInfo* scale = checkpoint_->find(scale_name);
+    if (cfg_.quant_method != "fp8" || info.shape.size() != 2 || !scale)
+      config_.fail("path", path_ + ": tensor '" + name +
+                               "' holds FP8 (F8_E4M3) values, which are read as block-wise "
+                               "FP8 weights: a 2-D weight with its '" +
+                               scale_name +
+                               "' under config.json's "
+                               "quantization_config quant_method \"fp8\"" +
+                               (cfg_.quant_method != "fp8" ? " (config.json has none)" : ""));
+    const int64_t N = info.shape[0], K = info.shape[1], bn = cfg_.fp8_block[0], bk = cfg_.fp8_block[1];
+    const std::vector<int64_t> grid = {(N + bn - 1) / bn, (K + bk - 1) / bk};
+    if (scale->shape != grid)
+      config_.fail("path", path_ + ": tensor '" + scale_name + "' has shape " + list_str(scale->shape) + ", but '" +
+                               name + "' " + list_str(info.shape) + " in blocks of weight_block_size [" +
+                               std::to_string(bn) + ", " + std::to_string(bk) + "] implies " + list_str(grid));
+    const at::Tensor w = checkpoint_->load(name, device_, at::kFloat8_e4m3fn).to(at::kFloat);
+    const at::Tensor s = checkpoint_->load(scale_name, device_, at::kFloat)
+                             .repeat_interleave(bn, 0)
+                             .narrow(0, 0, N)
+                             .repeat_interleave(bk, 1)
+                             .narrow(1, 0, K);
+    return (w * s).to(dtype_);
+  }
 
   // The embedding's rows of token ids (int64, on the device), flat [n, H]; Gemma 3's times sqrt(hidden) rounded to
   // the model's dtype (transformers' Gemma3TextScaledWordEmbedding).

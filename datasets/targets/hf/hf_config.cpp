@@ -397,10 +397,26 @@ void read_quantization(const Reader& r, ModelConfig& c) {
     c.quant_method = method;
     return;
   }
+  if (method == "fp8") {  // (block-wise FP8: DeepSeek-V3's, Qwen3's -FP8 releases, MiniMax-M2's, ...)
+    const std::string fmt = q.contains("fmt") && q.at("fmt").is_string() ? q.at("fmt").get<std::string>() : "e4m3";
+    if (fmt != "e4m3")
+      r.fail("quantization_config", "fmt \"" + fmt + "\" is not read (accepted: \"e4m3\", FP8 E4M3 weights)");
+    c.quant_method = method;
+    c.fp8_block = {128, 128};
+    if (q.contains("weight_block_size") && !q.at("weight_block_size").is_null()) {
+      const json& b = q.at("weight_block_size");
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+          b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1)
+        r.fail("quantization_config", "weight_block_size holds " + b.dump() +
+                                          "; accepted: [rows, columns] of positive integers (e.g. [128, 128])");
+      c.fp8_block = {b[0].get<int64_t>(), b[1].get<int64_t>()};
+    }
+    return;
+  }
   r.fail("quantization_config", "quant_method " + (method.empty() ? q.dump().substr(0, 80) : "\"" + method + "\"") +
                                     ": a quantized " + c.architecture +
-                                    " checkpoint is not read (accepted: an unquantized checkpoint, or gpt-oss's "
-                                    "\"mxfp4\" experts)");
+                                    " checkpoint is not read (accepted: an unquantized checkpoint, block-wise "
+                                    "\"fp8\" weights, or gpt-oss's \"mxfp4\" experts)");
 }
 
 // Qwen3.5's Gated DeltaNet layers (transformers' Qwen3_5TextConfig): which layers (layer_types, else

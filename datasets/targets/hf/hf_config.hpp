@@ -103,6 +103,10 @@ struct ModelConfig {
   bool sinks = false, norm_weight_fp32 = false;
   double glu_alpha = 0, glu_limit = 0;
   std::string quant_method;  // quantization_config's quant_method ("" for none)
+  // quant_method "fp8": every F8_E4M3 weight W [N, K] comes with W_scale_inv [ceil(N / rows), ceil(K / columns)]
+  // (float32), one scale per block of weight_block_size [rows, columns]: W = fp8 values x their block's scale,
+  // dequantized at load to the target's dtype (transformers' FineGrainedFP8Config(dequantize=True)).
+  std::vector<int64_t> fp8_block;
   // Qwen3.5: layer_types "linear_attention" (or every full_attention_interval-th layer full, the
   // others linear) mark Gated DeltaNet layers (transformers' Qwen3_5GatedDeltaNet): q, k, v of
   // linear_num_key_heads x linear_key_head_dim (q, k) and linear_num_value_heads x linear_value_head_dim
