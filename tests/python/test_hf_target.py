@@ -1006,6 +1006,7 @@ def test_corrupt_checkpoints_are_refused_with_a_sentence(tmp_path, how):
 
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+NOISY_FAMILIES = (*HYBRID_FAMILIES, "gemma3")
 BF16_BOUND = 3e-2  # bf16 (8 bits of mantissa) through 4 layers, relative to the fp32 reference
 # The hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: the Gated DeltaNet's recurrence and convolution over bf16
 # inputs) and the mixtures of experts (a token near a router's tie goes to another expert in any bf16 forward): their
@@ -1013,7 +1014,11 @@ BF16_BOUND = 3e-2  # bf16 (8 bits of mantissa) through 4 layers, relative to the
 # transformers' own bf16 forward against its fp32 one: Qwen3.5 3.3e-02-6.2e-02, Qwen3.5-MoE 1.2e-02-7.6e-02,
 # Qwen3-Next 9.6e-03-4.4e-02, gpt-oss 2.2e-02-2.8e-02, GLM-4.7-Flash 2.1e-02-3.1e-02 (ours: 1.6e-02-5.2e-02,
 # 1.2e-02-7.1e-02, 9.0e-03-4.1e-02, 2.7e-02-3.3e-02, 2.1e-02-3.5e-02). There BF16_BOUND gives way to transformers' own
-# error where that is near it: ours within 1.25x it (+1e-3), and 2x as everywhere.
+# error where that is near it: ours within 1.25x it (+1e-3), and 2x as everywhere. Gemma 3's kind is as noisy (its
+# embedding times sqrt(hidden), four norms a layer: transformers' own 2.8e-02-6.6e-02 at layers 0-1 on an H100,
+# 2026-12-07, ours 3.0e-02-7.1e-02). transformers' own error varies between the batch's rows by more than ours (Qwen3.5
+# at heads of 256, last layer: 9.7e-02 on row 0, 6.2e-02 on row 1; ours 9.4e-02 and 9.0e-02): the 1.25x compares each
+# layer's worst over the rows, the 2x each row.
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -1072,6 +1077,8 @@ def check_bf16_on_cuda(family, layers, tmp_path, extra):
     p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cuda", dtype="bfloat16",
                          device="cuda")
     assert p.returncode == 0, p.stderr
+    noisy = moe or family in NOISY_FAMILIES
+    worst = {}  # layer -> (ours, transformers') worst over the rows
     for b in range(B):
         n = int(lengths[b])
         with torch.no_grad():
@@ -1081,8 +1088,11 @@ def check_bf16_on_cuda(family, layers, tmp_path, extra):
             mine = error(ours["hidden"][b, :n, e], ref.hidden_states[layer + 1][0])
             hf = error(theirs.hidden_states[layer + 1][0].float().cpu(), ref.hidden_states[layer + 1][0])
             print(f"{family} row {b} layer {layer}: ours bf16 {mine:.1e}, transformers bf16 {hf:.1e}")
-            bound = max(BF16_BOUND, 1.25 * hf + 1e-3) if moe or family in HYBRID_FAMILIES else BF16_BOUND
-            assert mine <= bound and mine <= 2 * hf + 1e-3, (family, b, layer, mine, hf)
+            assert (noisy or mine <= BF16_BOUND) and mine <= 2 * hf + 1e-3, (family, b, layer, mine, hf)
+            w = worst.get(layer, (0.0, 0.0))
+            worst[layer] = (max(w[0], mine), max(w[1], hf))
+    for layer, (mine, hf) in worst.items():  # (the noisy families: against transformers' own, the batch's worst)
+        assert not noisy or mine <= max(BF16_BOUND, 1.25 * hf + 1e-3), (family, layer, mine, hf)
     if layers == [0, 2]:
         # The same with each add in the norm after it (FLASHDRAFT_GEMM_ADD=0): cuBLAS's epilogue
         # rounds as the separate add does at most shapes (equal), at some once (within bf16 noise).
