@@ -828,7 +828,7 @@ MOE_REFUSED = {
     "swiglu_limit": ("gpt_oss", dict(swiglu_limit=-1.0), "swiglu_alpha and swiglu_limit must be positive"),
     "quantization_config": ("qwen3_moe", dict(quantization_config={"quant_method": "awq", "bits": 4}),
                             'quant_method "awq": a quantized Qwen3MoeForCausalLM checkpoint is not read (accepted: an '
-                            'unquantized checkpoint, or gpt-oss\'s "mxfp4" experts)'),
+                            'unquantized checkpoint, block-wise "fp8" weights, or gpt-oss\'s "mxfp4" experts)'),
 }
 
 
