@@ -532,6 +532,12 @@ def test_fp8_checkpoint_is_dequantized_at_load_as_transformers_does(family, tmp_
     print(f"{family} FP8 (blocks of 16): rel err {err:.1e} against transformers' dequantized model; FP8 moves the "
           f"states {moved:.1e}")
     assert err <= BOUND and moved > 10 * BOUND
+    if family == "qwen3_moe":  # [target] fp8 = "keep": the routed experts kept in FP8, the same states bit for bit
+        p, kept = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path, keys={"fp8": "keep"})
+        assert p.returncode == 0, p.stderr
+        assert "fp8 kept, dequantized a layer at a time" in p.stdout, p.stdout
+        print(f"{family} FP8 experts kept: equal to dequantized at load: {torch.equal(kept['hidden'], ours['hidden'])}")
+        assert torch.equal(kept["hidden"], ours["hidden"])
     # ragged blocks: against the weights the checkpoint means, saved unquantized
     save_file(original, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
@@ -569,13 +575,16 @@ def test_fp8_checkpoint_refusals(tmp_path):
                        f"weight_block_size [16, 16] implies [4, 6]"),
         "fmt": (tensors, dict(quant_method="fp8", fmt="e5m2", weight_block_size=[16, 16]),
                 "quantization_config: fmt \"e5m2\" is not read (accepted: \"e4m3\", FP8 E4M3 weights)"),
+        "keep without experts": (tensors, None, "[target] fp8: \"keep\" keeps a block-wise FP8 checkpoint's routed "
+                                 "experts, but"),
     }
     config = json.loads((folder / "config.json").read_text())
     for what, (weights, quantization, expected) in cases.items():
         save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
         (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quantization or
                                                         config["quantization_config"]}))
-        p, _ = run_target(folder, tokens, lengths, [1], tmp_path)
+        p, _ = run_target(folder, tokens, lengths, [1], tmp_path,
+                          keys={"fp8": "keep"} if what == "keep without experts" else None)
         line = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
         print(f"{what}: {line[:220]}")
         assert p.returncode != 0 and expected in p.stderr, (what, p.stderr[-600:])

@@ -63,6 +63,11 @@ struct DecoderLayer {
   // gpt-oss: its router's bias [E] (a logit bias, in the model's dtype), its experts' biases [E, 2 I]
   // (gate entries, then up, as experts_gate_up's rows) and [E, H], and its sinks [heads] (float32)
   at::Tensor router_logit_bias, experts_gate_up_bias, experts_down_bias, sinks;
+  // routed experts kept in block-wise FP8 ([target] fp8 = "keep"; experts_gate_up / experts_down undefined): each
+  // projection's values [E, rows, cols] (Float8_e4m3fn) and its scales [E, row blocks, column blocks] (float32)
+  struct Fp8 {
+    at::Tensor values, scales;
+  } fp8_gate, fp8_up, fp8_down;
   // gpt-oss's experts kept in MXFP4 ([target] mxfp4 = "keep"; experts_gate_up / experts_down undefined):
   // blocks [E, rows, cols / 32, 16] and scales [E, rows, cols / 32], gate rows first, dequantized in each forward
   at::Tensor gate_up_blocks, gate_up_scales, down_blocks, down_scales;
@@ -104,6 +109,13 @@ class HfTarget final : public Target {
              "bf16 experts at a time, ~6.4 GiB, and their dequantization's time each forward)")
         .def(std::string("dequantize"))
         .one_of({"dequantize", "keep"});
+    s.string("fp8",
+             "a block-wise FP8 checkpoint's routed experts: \"dequantize\" = to the target's dtype at load (2x "
+             "their size on the device), \"keep\" = kept in FP8 with their scales and dequantized a layer at a time "
+             "in each forward (the same values; e.g. GLM-4.5-Air-FP8's ~110 GB instead of ~210 on one H200); the "
+             "other weights are dequantized at load either way")
+        .def(std::string("dequantize"))
+        .one_of({"dequantize", "keep"});
   }
 
   explicit HfTarget(const Config& c)
@@ -111,7 +123,8 @@ class HfTarget final : public Target {
         path_(c.string("path")),
         dtype_name_(c.string("dtype")),
         fused_(c.string("kernels") == "engine"),
-        keep_mxfp4_(c.string("mxfp4") == "keep") {}
+        keep_mxfp4_(c.string("mxfp4") == "keep"),
+        keep_fp8_(c.string("fp8") == "keep") {}
 
   void open(const RunContext& ctx) override {
     try {
@@ -135,6 +148,12 @@ class HfTarget final : public Target {
       config_.fail("mxfp4", "\"keep\" keeps a checkpoint's MXFP4 experts, but " + cfg_.path + " (" + cfg_.architecture +
                                 ") has none (no quantization_config with quant_method \"mxfp4\"); accepted here: "
                                 "\"dequantize\" (the default)");
+    if (keep_fp8_ && (cfg_.quant_method != "fp8" || cfg_.experts == 0))
+      config_.fail(
+          "fp8", "\"keep\" keeps a block-wise FP8 checkpoint's routed experts, but " + cfg_.path + " (" +
+                     cfg_.architecture + ") has " +
+                     (cfg_.quant_method != "fp8" ? "no quantization_config with quant_method \"fp8\"" : "no experts") +
+                     "; accepted here: \"dequantize\" (the default)");
     device_ = ctx.device;
     dtype_ = dtype_named(dtype_name_, device_);
     say_ = ctx.say;
@@ -480,9 +499,55 @@ class HfTarget final : public Target {
     return checkpoint_->load(name, device_, dtype_);
   }
 
+  // Every expert's FP8 projection `suffix` under `experts` (experts.E.<suffix>) stacked as it is, with its scales
+  // (each checked as load_fp8 checks it).
+  DecoderLayer::Fp8 stack_fp8(const std::string& experts, const std::string& suffix) const {
+    std::vector<at::Tensor> values, scales;
+    for (int64_t e = 0; e < cfg_.experts; ++e) {
+      const std::string name = experts + std::to_string(e) + "." + suffix;
+      const safetensors::TensorInfo* info = checkpoint_->find(name);
+      if (!info || info->scalar_type != at::kFloat8_e4m3fn)
+        config_.fail("fp8", "\"keep\" keeps FP8 experts, but '" + name + "' holds " +
+                                (info ? info->dtype : std::string("nothing")) + ", not F8_E4M3");
+      fp8_grid(name, *info);
+      values.push_back(checkpoint_->load(name, device_, at::kFloat8_e4m3fn));
+      scales.push_back(checkpoint_->load(name + "_scale_inv", device_, at::kFloat));
+    }
+    return {at::stack(values), at::stack(scales)};
+  }
+
+  // Experts kept in FP8 [E, rows, cols] to the target's dtype, as load_fp8 dequantizes each (a few experts at a
+  // time: the float32 products of all of them at once would be 4x their FP8 size).
+  at::Tensor dequantize_fp8(const DecoderLayer::Fp8& w) const {
+    const int64_t E = w.values.size(0), N = w.values.size(1), K = w.values.size(2);
+    const int64_t bn = cfg_.fp8_block[0], bk = cfg_.fp8_block[1];
+    at::Tensor out = at::empty({E, N, K}, w.values.options().dtype(dtype_));
+    for (int64_t e0 = 0; e0 < E; e0 += 8) {
+      const int64_t n = std::min<int64_t>(8, E - e0);
+      const at::Tensor s =
+          w.scales.narrow(0, e0, n).repeat_interleave(bn, 1).narrow(1, 0, N).repeat_interleave(bk, 2).narrow(2, 0, K);
+      out.narrow(0, e0, n).copy_(w.values.narrow(0, e0, n).to(at::kFloat) * s);
+    }
+    return out;
+  }
+
   // A block-wise FP8 weight (ModelConfig::fp8_block) dequantized on the device: its values in float32 times their
   // block's scale (name + "_scale_inv"), rounded once to the target's dtype.
   at::Tensor load_fp8(const std::string& name, const safetensors::TensorInfo& info) const {
+    fp8_grid(name, info);
+    const int64_t N = info.shape[0], K = info.shape[1], bn = cfg_.fp8_block[0], bk = cfg_.fp8_block[1];
+    const at::Tensor w = checkpoint_->load(name, device_, at::kFloat8_e4m3fn).to(at::kFloat);
+    const at::Tensor s = checkpoint_->load(name + "_scale_inv", device_, at::kFloat)
+                             .repeat_interleave(bn, 0)
+                             .narrow(0, 0, N)
+                             .repeat_interleave(bk, 1)
+                             .narrow(1, 0, K);
+    return (w * s).to(dtype_);
+  }
+
+  // Checks that FP8 weight `name` is a 2-D block-wise FP8 weight with its scales (name + "_scale_inv") of the grid
+  // its shape and weight_block_size imply.
+  void fp8_grid(const std::string& name, const safetensors::TensorInfo& info) const {
     const std::string scale_name = name + "_scale_inv";
     const safetensors::TensorInfo* scale = checkpoint_->find(scale_name);
     if (cfg_.quant_method != "fp8" || info.shape.size() != 2 || !scale)
@@ -499,13 +564,6 @@ class HfTarget final : public Target {
       config_.fail("path", path_ + ": tensor '" + scale_name + "' has shape " + list_str(scale->shape) + ", but '" +
                                name + "' " + list_str(info.shape) + " in blocks of weight_block_size [" +
                                std::to_string(bn) + ", " + std::to_string(bk) + "] implies " + list_str(grid));
-    const at::Tensor w = checkpoint_->load(name, device_, at::kFloat8_e4m3fn).to(at::kFloat);
-    const at::Tensor s = checkpoint_->load(scale_name, device_, at::kFloat)
-                             .repeat_interleave(bn, 0)
-                             .narrow(0, 0, N)
-                             .repeat_interleave(bk, 1)
-                             .narrow(1, 0, K);
-    return (w * s).to(dtype_);
   }
 
   // The embedding's rows of token ids (int64, on the device), flat [n, H]; Gemma 3's times sqrt(hidden) rounded to
@@ -770,11 +828,15 @@ class HfTarget final : public Target {
         };
         L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
         L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
+      } else if (keep_fp8_) {  // ([target] fp8 = "keep": the experts' FP8 values and scales, as they are)
+        L.fp8_gate = stack_fp8(p + n.block + "experts.", n.gate);
+        L.fp8_up = stack_fp8(p + n.block + "experts.", n.up);
+        L.fp8_down = stack_fp8(p + n.block + "experts.", n.down);
       } else {
         L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
         L.experts_down = at::empty({E, H, I}, opts);
       }
-      for (int64_t e = 0; e < (cfg_.qwen3_vl() ? 0 : E); ++e) {
+      for (int64_t e = 0; e < (cfg_.qwen3_vl() || keep_fp8_ ? 0 : E); ++e) {
         const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
         L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
         L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
@@ -1065,6 +1127,10 @@ class HfTarget final : public Target {
                                 cfg_.glu_alpha, cfg_.glu_limit, fused_);
       const at::Tensor down = expert_weights(L.experts_down, L.down_blocks, L.down_scales);
       out = frozen::grouped_linear(act, down, ends).add_(L.experts_down_bias.index_select(0, expert));
+    } else if (L.fp8_gate.values.defined()) {  // experts kept in FP8: dequantized here, each freed after its product
+      const at::Tensor gate_up = at::cat({dequantize_fp8(L.fp8_gate), dequantize_fp8(L.fp8_up)}, 1);
+      act = frozen::swiglu_packed(frozen::grouped_linear(rows, gate_up, ends), fused_);
+      out = frozen::grouped_linear(act, dequantize_fp8(L.fp8_down), ends);
     } else {
       act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
       out = frozen::grouped_linear(act, L.experts_down, ends);
@@ -1154,9 +1220,9 @@ class HfTarget final : public Target {
   std::string experts_str() const {
     if (cfg_.experts == 0) return "";
     return std::to_string(cfg_.experts) + " experts (" + std::to_string(cfg_.experts_per_token) + " a token" +
-           (cfg_.quant_method.empty() ? ""
-            : keep_mxfp4_             ? ", " + cfg_.quant_method + " kept, dequantized a layer at a time"
-                                      : ", " + cfg_.quant_method + " dequantized") +
+           (cfg_.quant_method.empty()  ? ""
+            : keep_mxfp4_ || keep_fp8_ ? ", " + cfg_.quant_method + " kept, dequantized a layer at a time"
+                                       : ", " + cfg_.quant_method + " dequantized") +
            "), ";
   }
 
@@ -1344,6 +1410,7 @@ class HfTarget final : public Target {
   std::string path_, dtype_name_;
   bool fused_ = true;        // [target] kernels = "engine"
   bool keep_mxfp4_ = false;  // [target] mxfp4 = "keep"
+  bool keep_fp8_ = false;    // [target] fp8 = "keep"
   bool warned_past_max_position_ = false;
   hf::ModelConfig cfg_;
   std::unique_ptr<safetensors::Checkpoint> checkpoint_;
