@@ -117,6 +117,22 @@ __device__ __forceinline__ void copy16(float* dst, const float* __restrict__ src
     reinterpret_cast<float4*>(dst)[e] = __ldg(reinterpret_cast<const float4*>(src) + e);
 }
 
+// p[a] += sum_{c < n} A[(row0 + a) A_stride + c] B[c kSlice + lane] for a < 8: eight rows of A (read four values at
+// a time, the same for the whole warp) times column `lane` of B (n a multiple of 4).
+__device__ __forceinline__ void rows_times(const float* A, int a_stride, const float* B, int n, int row0, int lane,
+                                           float (&p)[8]) {
+#pragma unroll 2
+  for (int c = 0; c < n; c += 4) {
+    const float b0 = B[c * kSlice + lane], b1 = B[(c + 1) * kSlice + lane], b2 = B[(c + 2) * kSlice + lane],
+                b3 = B[(c + 3) * kSlice + lane];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+      const float4 w = *reinterpret_cast<const float4*>(A + (row0 + a) * a_stride + c);
+      p[a] = fmaf(w.x, b0, fmaf(w.y, b1, fmaf(w.z, b2, fmaf(w.w, b3, p[a]))));
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kScanThreads)
     gdn_scan_kernel(const float* __restrict__ W, const float* __restrict__ U, const float* __restrict__ intra,
                     const float* __restrict__ qd, const float* __restrict__ kd, const float* __restrict__ decay,
@@ -145,47 +161,19 @@ __global__ void __launch_bounds__(kScanThreads)
     }
     __syncthreads();
     // u = U - W S: rows warp * 8 + a, column lane
-    float p[8];
-#pragma unroll
-    for (int a = 0; a < 8; ++a) p[a] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < kDk; c += 4) {
-      const float s0 = S[c * kSlice + lane], s1 = S[(c + 1) * kSlice + lane], s2 = S[(c + 2) * kSlice + lane],
-                  s3 = S[(c + 3) * kSlice + lane];
-#pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const float4 w = *reinterpret_cast<const float4*>(buf + (warp * 8 + a) * kDk + c);
-        p[a] = fmaf(w.x, s0, fmaf(w.y, s1, fmaf(w.z, s2, fmaf(w.w, s3, p[a]))));
-      }
-    }
+    float p[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    rows_times(buf, kDk, S, kDk, warp * 8, lane, p);
 #pragma unroll
     for (int a = 0; a < 8; ++a) u[(warp * 8 + a) * kSlice + lane] -= p[a];
     __syncthreads();  // buf free, u final
     copy16(buf, qd + ch * kC * kDk, kC * kDk / 4, tid, kScanThreads);
     __syncthreads();
-    // out = Qd S + intra u
-    float o[8];
+    // out = Qd S + intra u (intra is zero past each row's diagonal: u's first warp * 8 + 8 rows)
+    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int a = 0; a < 8; ++a) p[a] = o[a] = 0.f;
-#pragma unroll 2
-    for (int c = 0; c < kDk; c += 4) {
-      const float s0 = S[c * kSlice + lane], s1 = S[(c + 1) * kSlice + lane], s2 = S[(c + 2) * kSlice + lane],
-                  s3 = S[(c + 3) * kSlice + lane];
-#pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const float4 w = *reinterpret_cast<const float4*>(buf + (warp * 8 + a) * kDk + c);
-        p[a] = fmaf(w.x, s0, fmaf(w.y, s1, fmaf(w.z, s2, fmaf(w.w, s3, p[a]))));
-      }
-    }
-    for (int j = 0; j < warp * 8 + 8; j += 4) {  // (intra is zero past each row's diagonal)
-      const float u0 = u[j * kSlice + lane], u1 = u[(j + 1) * kSlice + lane], u2 = u[(j + 2) * kSlice + lane],
-                  u3 = u[(j + 3) * kSlice + lane];
-#pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const float4 t = *reinterpret_cast<const float4*>(it + (warp * 8 + a) * kC + j);
-        o[a] = fmaf(t.x, u0, fmaf(t.y, u1, fmaf(t.z, u2, fmaf(t.w, u3, o[a]))));
-      }
-    }
+    for (int a = 0; a < 8; ++a) p[a] = 0.f;
+    rows_times(buf, kDk, S, kDk, warp * 8, lane, p);
+    rows_times(it, kC, u, warp * 8 + 8, warp * 8, lane, o);
 #pragma unroll
     for (int a = 0; a < 8; ++a) out[(ch * kC + warp * 8 + a) * kDv + c0 + lane] = p[a] + o[a];
     __syncthreads();  // buf free
