@@ -519,30 +519,32 @@ class HfTarget final : public Target {
   // Experts kept in FP8 [E, rows, cols] to the target's dtype, as load_fp8 dequantizes each (a few experts at a
   // time: the float32 products of all of them at once would be 4x their FP8 size).
   at::Tensor dequantize_fp8(const DecoderLayer::Fp8& w) const {
-    const int64_t E = w.values.size(0), N = w.values.size(1), K = w.values.size(2);
-    const int64_t bn = cfg_.fp8_block[0], bk = cfg_.fp8_block[1];
-    at::Tensor out = at::empty({E, N, K}, w.values.options().dtype(dtype_));
+    const int64_t E = w.values.size(0);
+    at::Tensor out = at::empty(w.values.sizes(), w.values.options().dtype(dtype_));
     for (int64_t e0 = 0; e0 < E; e0 += 8) {
       const int64_t n = std::min<int64_t>(8, E - e0);
-      const at::Tensor s =
-          w.scales.narrow(0, e0, n).repeat_interleave(bn, 1).narrow(1, 0, N).repeat_interleave(bk, 2).narrow(2, 0, K);
-      out.narrow(0, e0, n).copy_(w.values.narrow(0, e0, n).to(at::kFloat) * s);
+      out.narrow(0, e0, n).copy_(w.values.narrow(0, e0, n).to(at::kFloat) *
+                                 per_value(w.scales.narrow(0, e0, n), w.values));
     }
     return out;
+  }
+
+  // Block scales [..., row blocks, column blocks] spread to each value of `values` [..., rows, cols]
+  // (weight_block_size's blocks; the last ones ragged where the shape is not a multiple).
+  at::Tensor per_value(const at::Tensor& scales, const at::Tensor& values) const {
+    const int64_t N = values.size(-2), K = values.size(-1);
+    return scales.repeat_interleave(cfg_.fp8_block[0], -2)
+        .narrow(-2, 0, N)
+        .repeat_interleave(cfg_.fp8_block[1], -1)
+        .narrow(-1, 0, K);
   }
 
   // A block-wise FP8 weight (ModelConfig::fp8_block) dequantized on the device: its values in float32 times their
   // block's scale (name + "_scale_inv"), rounded once to the target's dtype.
   at::Tensor load_fp8(const std::string& name, const safetensors::TensorInfo& info) const {
     fp8_grid(name, info);
-    const int64_t N = info.shape[0], K = info.shape[1], bn = cfg_.fp8_block[0], bk = cfg_.fp8_block[1];
-    const at::Tensor w = checkpoint_->load(name, device_, at::kFloat8_e4m3fn).to(at::kFloat);
-    const at::Tensor s = checkpoint_->load(name + "_scale_inv", device_, at::kFloat)
-                             .repeat_interleave(bn, 0)
-                             .narrow(0, 0, N)
-                             .repeat_interleave(bk, 1)
-                             .narrow(1, 0, K);
-    return (w * s).to(dtype_);
+    const at::Tensor w = checkpoint_->load(name, device_, at::kFloat8_e4m3fn);
+    return (w.to(at::kFloat) * per_value(checkpoint_->load(name + "_scale_inv", device_, at::kFloat), w)).to(dtype_);
   }
 
   // Checks that FP8 weight `name` is a 2-D block-wise FP8 weight with its scales (name + "_scale_inv") of the grid
