@@ -1,5 +1,5 @@
 """The experiment recipes of experiments/ that read a Hugging Face checkpoint (Qwen3-8B's DFlash and
-DFlash-2, gpt-oss-20b's and gpt-oss-120b's DFlash, Qwen3.5-27B's DFlash) pass `flashdraft validate` as written: every key
+DFlash-2, gpt-oss-20b's and gpt-oss-120b's DFlash, Qwen3.5-27B's and Gemma 3 27B's DFlash) pass `flashdraft validate` as written: every key
 is one the plugins take, with the checkpoint and data swapped for tiny stand-ins of the same family
 (a random transformers model with as many layers as the recipe reads, gpt-oss-120b's experts in MXFP4
 for its mxfp4 = "keep"; a tokens shard) and the GPU for the CPU. A key misspelt or dropped from a
@@ -19,7 +19,7 @@ from test_served_tau import write_shard
 # recipe -> (the family of its tiny stand-in, its experts in MXFP4)
 RECIPES = {"qwen3_8b_dflash.toml": ("qwen3", False), "qwen3_8b_dflash2.toml": ("qwen3", False),
            "gpt_oss_20b_dflash.toml": ("gpt_oss", False), "gpt_oss_120b_dflash.toml": ("gpt_oss", True),
-           "qwen3_5_27b_dflash.toml": ("qwen3_5", False)}
+           "qwen3_5_27b_dflash.toml": ("qwen3_5", False), "gemma_3_27b_dflash.toml": ("gemma3", False)}
 
 
 def test_every_hf_recipe_is_listed():
@@ -38,6 +38,8 @@ def test_recipe_validates_with_a_tiny_checkpoint_of_its_family(recipe, tmp_path)
     # recipe's 40 drafter heads divide)
     extra = dict(layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
                  hidden_size=80) if family == "qwen3_5" else {}
+    if family == "gemma3":  # (Gemma 3's layer_types for n layers: every sixth full, the others sliding)
+        extra = dict(layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)])
     make_model(folder, family, seed=1, num_hidden_layers=n, **extra)
     if mxfp4:
         weights = load_file(str(folder / "model.safetensors"))
