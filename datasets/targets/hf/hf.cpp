@@ -275,11 +275,8 @@ class HfTarget final : public Target {
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
       at::Tensor x1, h2;
-      if (cfg_.sandwich_norms) {  // (Gemma 3: each part's output normed before its residual add)
-        std::tie(x1, h2) = frozen::add_rms_norm(stream, rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm),
-                                                L.pre_ff_norm, cfg_.rms_eps, fused_);
-        pending = rms_norm(at::linear(gelu_glu(at::linear(h2, L.gate_up)), L.down_proj), L.post_ff_norm);
-        x = x1;
+      if (cfg_.sandwich_norms) {  // (Gemma 3: the MLP's normed output pending)
+        std::tie(x, pending) = sandwich_rest(L, stream, a);
         continue;
       }
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
@@ -1068,15 +1065,22 @@ class HfTarget final : public Target {
   // training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
     if (cfg_.sandwich_norms) {  // (Gemma 3)
-      const auto [x1, h2] =
-          frozen::add_rms_norm(x.contiguous(), rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm), L.pre_ff_norm,
-                               cfg_.rms_eps, fused_);
-      return x1 + rms_norm(at::linear(gelu_glu(at::linear(h2, L.gate_up)), L.down_proj), L.post_ff_norm);
+      const auto [x1, m] = sandwich_rest(L, x.contiguous(), a);
+      return x1 + m;
     }
     const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
     if (L.sparse()) return x1 + experts(L, h2);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+  }
+
+  // Gemma 3's rest of a layer after attention, each part's output normed before its residual add: {x + the
+  // attention's normed output, the MLP's normed output} (the second add the caller's).
+  std::pair<at::Tensor, at::Tensor> sandwich_rest(const DecoderLayer& L, const at::Tensor& x,
+                                                  const at::Tensor& a) const {
+    const auto [x1, h2] = frozen::add_rms_norm(x, rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm),
+                                               L.pre_ff_norm, cfg_.rms_eps, fused_);
+    return {x1, rms_norm(at::linear(gelu_glu(at::linear(h2, L.gate_up)), L.down_proj), L.post_ff_norm)};
   }
 
   // Gemma 3's GLU on the packed gate / up product [..., 2 I]: GELU's tanh approximation of the gate times the up
