@@ -349,6 +349,16 @@ def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpo
     assert max(vl_errs) <= BOUND and torch.equal(vl["hidden"], whole["hidden"])
 
 
+def states_against(model, folder, tokens, layers, tmp_path):
+    """Ours on `folder` and transformers' `model` over `tokens` (one row, every position real): (our run, our states,
+    the worst relative error over `layers`)."""
+    p, ours = run_target(folder, tokens, torch.tensor([tokens.size(1)]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    return p, ours, max(rel(ours["hidden"][0, :, e], ref[L + 1][0]) for e, L in enumerate(layers))
+
+
 @pytest.mark.parametrize("moe", [False, True], ids=["qwen3_vl", "qwen3_vl_moe"])
 def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     """Qwen3-VL's and Qwen3-VL-MoE's language models (Qwen3VLForConditionalGeneration,
@@ -381,14 +391,10 @@ def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     model.save_pretrained(folder, safe_serialization=True)
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
     layers = [0, 1, 2, 3]
-    p, ours = run_target(folder, tokens, torch.tensor([70]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
+    p, ours, err = states_against(model, folder, tokens, layers, tmp_path)
     assert name + "ForConditionalGeneration" in p.stdout, p.stdout
-    with torch.no_grad():
-        theirs = model(input_ids=tokens, output_hidden_states=True).hidden_states
-    errs = [rel(ours["hidden"][0, :, e], theirs[layer + 1][0]) for e, layer in enumerate(layers)]
-    print(f"{name}ForConditionalGeneration: rel err {max(errs):.1e} over layers {layers}")
-    assert max(errs) <= BOUND
+    print(f"{name}ForConditionalGeneration: rel err {err:.1e} over layers {layers}")
+    assert err <= BOUND
     if not moe:
         return
     tensors = load_file(str(folder / "model.safetensors"))
@@ -401,15 +407,11 @@ def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
             (published / f.name).write_bytes(f.read_bytes())
     save_file({k: v.transpose(1, 2).contiguous() if k in stacked else v for k, v in tensors.items()},
               str(published / "model.safetensors"), metadata={"format": "pt"})
-    p, ours_published = run_target(published, tokens, torch.tensor([70]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
     reread = getattr(transformers, name + "ForConditionalGeneration").from_pretrained(published).eval()
-    with torch.no_grad():
-        theirs_published = reread(input_ids=tokens, output_hidden_states=True).hidden_states
-    errs = [rel(ours_published["hidden"][0, :, e], theirs_published[layer + 1][0]) for e, layer in enumerate(layers)]
-    print(f"{name} experts as published ({tuple(tensors[stacked[0]].transpose(1, 2).shape)}): rel err {max(errs):.1e}; "
+    _, ours_published, err = states_against(reread, published, tokens, layers, tmp_path)
+    print(f"{name} experts as published ({tuple(tensors[stacked[0]].transpose(1, 2).shape)}): rel err {err:.1e}; "
           f"equal to the saved layout's states: {torch.equal(ours_published['hidden'], ours['hidden'])}")
-    assert max(errs) <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
+    assert err <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
 
 
 def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
@@ -437,12 +439,8 @@ def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
     # (transformers writes it in the published layout: language_model.model.; the vision tower beside it)
     assert any(k.startswith(("language_model.model.layers.0.", "model.language_model.layers.0.")) for k in names)
     assert any("vision" in k for k in names)
-    p, vl = run_target(tmp_path / "gemma3_vl", tokens, torch.tensor([40]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
+    p, vl, vl_err = states_against(composite, tmp_path / "gemma3_vl", tokens, layers, tmp_path)
     assert "Gemma3ForConditionalGeneration" in p.stdout, p.stdout
-    with torch.no_grad():
-        theirs = composite(input_ids=tokens, output_hidden_states=True).hidden_states
-    vl_err = max(rel(vl["hidden"][0, :, e], theirs[L + 1][0]) for e, L in enumerate(layers))
     print(f"gemma3 as Gemma3ForConditionalGeneration: rel err {vl_err:.1e}; equal to the text-only checkpoint's: "
           f"{torch.equal(vl['hidden'], base['hidden'])}")
     assert vl_err <= BOUND and torch.equal(vl["hidden"], base["hidden"])
@@ -464,12 +462,8 @@ def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
             (folder / "config.json").write_text(json.dumps(published))
         else:
             (folder / "config.json").write_text(json.dumps({**made, **change}))
-        p, ours = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
-        assert p.returncode == 0, (what, p.stderr)
-        with torch.no_grad():
-            ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
-                input_ids=tokens, output_hidden_states=True).hidden_states
-        err = max(rel(ours["hidden"][0, :, e], ref[L + 1][0]) for e, L in enumerate(layers))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
         moved = rel(ours["hidden"][0, :, 2], base["hidden"][0, :, 2])
         print(f"gemma3 with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
         assert err <= BOUND
