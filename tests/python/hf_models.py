@@ -117,6 +117,10 @@ FAMILIES = [
           sliding_window=6, layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
           rope_parameters=dict(full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1e6),
                                sliding_attention=dict(rope_type="default", rope_theta=1e4))), {}),
+    # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
+    ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
+     dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

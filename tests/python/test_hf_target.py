@@ -584,6 +584,28 @@ def test_fp8_checkpoint_refusals(tmp_path):
         assert p.returncode != 0 and expected in p.stderr, (what, p.stderr[-600:])
 
 
+def test_smollm3_nope_layers_are_read(tmp_path):
+    """SmolLM3 (the family test gives its states equal to transformers'): its NoPE layers are read and move the states,
+    ours following transformers: every layer rotating (no_rope_layers all 1), and no_rope_layer_interval 2 in place of
+    the list (layers 1 and 3 without RoPE)."""
+    folder = tmp_path / "smollm3"
+    make_model(folder, "smollm3", seed=17)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(2))
+    layers = [1, 3]
+    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = json.loads((folder / "config.json").read_text())
+    interval = {k: v for k, v in made.items() if k != "no_rope_layers"}
+    for what, config in [("every layer rotating", {**made, "no_rope_layers": [1, 1, 1, 1]}),
+                         ("no_rope_layer_interval 2", {**interval, "no_rope_layer_interval": 2})]:
+        (folder / "config.json").write_text(json.dumps(config))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
+        moved = rel(ours["hidden"], base["hidden"])
+        print(f"smollm3 with {what}: rel err {err:.1e}; the change moves the states {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
+
+
 def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
     """DeepSeek-V3's latent attention (the family test gives its states equal to transformers'): each part is read
     and moves the states, ours following transformers through every change (layer 3 of 4, 40 positions): its

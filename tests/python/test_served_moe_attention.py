@@ -1,6 +1,6 @@
 """test_served_moe.py's served comparison against z-lab's `dflash_generate` for the targets with attention of their
 own kind: gpt-oss (attention sinks, sliding layers; and target verification in chunks), DeepSeek-V3 (multi-head
-latent attention) and Gemma 3 (a dense target: sliding layers with their own RoPE, sandwich norms). A file of its own
+latent attention), and the dense Gemma 3 (sliding layers with their own RoPE, sandwich norms) and SmolLM3 (NoPE layers). A file of its own
 so that ctest runs it beside test_served_moe.py."""
 import pytest
 
@@ -13,7 +13,8 @@ def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target_of_an
     check_family(family, tmp_path_factory)
 
 
-def test_greedy_equals_the_reference_loop_with_a_gemma3_target(tmp_path_factory):
-    """Gemma 3 (dense; sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding
-    scaled): the cached decoder's and the verification's per-layer tables and norms against transformers'."""
-    check_family("gemma3", tmp_path_factory)
+@pytest.mark.parametrize("family", ["gemma3", "smollm3"])
+def test_greedy_equals_the_reference_loop_with_a_dense_target_of_its_own_rope(family, tmp_path_factory):
+    """Gemma 3 (sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding scaled)
+    and SmolLM3 (a NoPE layer): the cached decoder's and the verification's per-layer tables against transformers'."""
+    check_family(family, tmp_path_factory)

@@ -226,6 +226,7 @@ class HfTarget final : public Target {
     at::Tensor x = embed(tokens).view({B, S, cfg_.hidden});
     const auto global = forward_tables(batch, docs, B, S);
     const auto local = cfg_.rope_local_theta > 0 ? forward_tables(batch, docs, B, S, /*local=*/true) : global;
+    const auto none = cfg_.nope.empty() ? global : unrotated(global);
     const at::Tensor q_scale = cfg_.query_scale_beta == 0 ? at::Tensor()
                                : batch.documents.empty()
                                    ? query_scale(at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_)))
@@ -266,7 +267,7 @@ class HfTarget final : public Target {
       if (L.gdn.defined()) {
         a = hf::gated_delta_mix(L.gdn, h, rows);
       } else {
-        const auto& [cos, sin] = cfg_.local_rope(l) ? local : global;
+        const auto& [cos, sin] = cfg_.no_rope(l) ? none : cfg_.local_rope(l) ? local : global;
         const QKV p = project(L, h, cos, sin, q_scale);
         if (cfg_.window(l) != docs.window) {
           docs.window = cfg_.window(l);
@@ -370,6 +371,8 @@ class HfTarget final : public Target {
         (context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS});
     const at::Tensor q_scale_c = query_scale(context_pos), q_scale_b = query_scale(block_pos);
     const auto tables_b = rope_tables(block_pos), local_b = two ? rope_tables(block_pos, false, true) : tables_b;
+    const auto none_c = cfg_.nope.empty() ? tables_c : unrotated(tables_c);
+    const auto none_b = cfg_.nope.empty() ? tables_b : unrotated(tables_b);
     const auto full = verify_masks(batch, anchor, S, BS, 0);
     const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -382,9 +385,9 @@ class HfTarget final : public Target {
         continue;
       }
       const auto& [mask_c, mask_b] = cfg_.window(static_cast<int64_t>(l)) > 0 ? sliding : full;
-      const bool loc = cfg_.local_rope(static_cast<int64_t>(l));
-      const auto& [cos_c, sin_c] = loc ? local_c : tables_c;
-      const auto& [cos_b, sin_b] = loc ? local_b : tables_b;
+      const bool loc = cfg_.local_rope(static_cast<int64_t>(l)), nope = cfg_.no_rope(static_cast<int64_t>(l));
+      const auto& [cos_c, sin_c] = nope ? none_c : loc ? local_c : tables_c;
+      const auto& [cos_b, sin_b] = nope ? none_b : loc ? local_b : tables_b;
       const DenseOut context = dense_layer(L, xc, cos_c, sin_c, q_scale_c, {}, {}, mask_c);
       xb = dense_layer(L, xb, cos_b, sin_b, q_scale_b, context.k, context.v, mask_b).x;
       xc = context.x;
@@ -448,6 +451,7 @@ class HfTarget final : public Target {
       attention_.set_mask(mask);
       const auto global = t_.rope_tables(positions);
       const auto local = t_.cfg_.rope_local_theta > 0 ? t_.rope_tables(positions, false, true) : global;
+      const auto none = t_.cfg_.nope.empty() ? global : unrotated(global);
       const at::Tensor q_scale = t_.query_scale(positions);
       const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
       at::Tensor x = t_.embed(tokens.to(t_.device_, at::kLong)).view({B, T, H});
@@ -460,7 +464,8 @@ class HfTarget final : public Target {
         if (gdn_[l]) {
           x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real));
         } else {
-          const auto& [cos, sin] = t_.cfg_.local_rope(static_cast<int64_t>(l)) ? local : global;
+          const int64_t li = static_cast<int64_t>(l);
+          const auto& [cos, sin] = t_.cfg_.no_rope(li) ? none : t_.cfg_.local_rope(li) ? local : global;
           const QKV p = t_.project(L, h, cos, sin, q_scale);
           k_[l].scatter_(2, index, p.k);
           v_[l].scatter_(2, index, p.v);
@@ -983,6 +988,12 @@ class HfTarget final : public Target {
     const at::Tensor extrapolation = 1 - ramp;
     const at::Tensor inv_extrapolated = 1.0 / pos_freqs, inv_interpolated = 1.0 / (r.factor * pos_freqs);
     return inv_interpolated * (1 - extrapolation) + inv_extrapolated * extrapolation;
+  }
+
+  // Tables that rotate nothing, shaped as `tables`: cos 1, sin 0 (x 1 + rotate_half(x) 0 is x, exactly; SmolLM3's NoPE
+  // layers).
+  static std::pair<at::Tensor, at::Tensor> unrotated(const std::pair<at::Tensor, at::Tensor>& tables) {
+    return {at::ones_like(tables.first), at::zeros_like(tables.second)};
   }
 
   // cos and sin of the angles, times YaRN's or LongRoPE's attention factor (1 otherwise), in the run's dtype.

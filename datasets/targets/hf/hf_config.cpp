@@ -28,6 +28,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Qwen3_5ForConditionalGeneration",
                                                           "Qwen3VLForConditionalGeneration",
                                                           "Gemma3ForCausalLM",
+                                                          "SmolLM3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
                                                           "Qwen3_5MoeForCausalLM",
@@ -439,6 +440,27 @@ void read_linear_attention(const Reader& r, ModelConfig& c) {
   for (int64_t l = 0; l < c.layers; ++l) c.linear[static_cast<size_t>(l)] = (l + 1) % interval != 0;
 }
 
+// SmolLM3's NoPE layers (SmolLM3Config): no_rope_layers (1: the layer rotates, 0: it does not), else every
+// no_rope_layer_interval-th layer (default 4) without RoPE.
+void read_nope_layers(const Reader& r, ModelConfig& c) {
+  c.nope.assign(static_cast<size_t>(c.layers), 0);
+  if (!r.has("no_rope_layers")) {
+    const int64_t interval = r.integer("no_rope_layer_interval", 1, 4);
+    for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = (l + 1) % interval == 0;
+    return;
+  }
+  const json& v = r.j.at("no_rope_layers");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
+    r.fail("no_rope_layers", "holds " + v.dump().substr(0, 80) + "; accepted: a list of " + std::to_string(c.layers) +
+                                 " flags (num_hidden_layers), 1 for a layer that rotates, 0 for one that does not");
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const json& x = v[static_cast<size_t>(l)];
+    if (!x.is_number_integer() || (x.get<int64_t>() != 0 && x.get<int64_t>() != 1))
+      r.fail("no_rope_layers", "entry " + std::to_string(l) + " is " + x.dump() + "; accepted: 0 or 1");
+    c.nope[static_cast<size_t>(l)] = x.get<int64_t>() == 0;
+  }
+}
+
 // Gemma 3's own keys (Gemma3TextConfig): its activation, its softmax scale, no soft-capping.
 void read_gemma3(const Reader& r, ModelConfig& c) {
   const char* act = r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
@@ -586,6 +608,7 @@ ModelConfig read_config(const std::string& folder) {
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   if (c.hybrid()) read_linear_attention(r, c);
   read_sliding_layers(r, mistral || phi3 || gpt_oss || c.gemma3(), c);
+  if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";
   if (fs::is_regular_file(generation)) {

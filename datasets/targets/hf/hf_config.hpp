@@ -142,6 +142,10 @@ struct ModelConfig {
   bool embed_scale = false, sandwich_norms = false, gelu_mlp = false;
   double rope_local_theta = 0;  // 0: every layer rotates alike
   bool local_rope(int64_t layer) const { return rope_local_theta > 0 && window(layer) > 0; }
+  // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
+  // rotate nothing. Empty: every layer rotates.
+  std::vector<uint8_t> nope;
+  bool no_rope(int64_t layer) const { return !nope.empty() && nope[static_cast<size_t>(layer)]; }
   std::vector<int64_t> mlp_only_layers;
   bool sparse(int64_t layer) const;
   // Token ids that end a response: generation_config.json's eos_token_id when the folder has
