@@ -826,9 +826,9 @@ class HfTarget final : public Target {
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
       if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
-        const auto stacked = [&](const std::string& name, std::vector<int64_t> held) {
-          const at::Tensor t = load(name);
-          return t.sizes().vec() == held ? t : t.transpose(1, 2).contiguous();
+        const auto stacked = [&](const std::string& name, const std::vector<int64_t>& held) {
+          const at::Tensor t = load(name);  // (as held, or as published: stacked_layout decides, as for the shapes)
+          return stacked_layout(name, held) == held ? t : t.transpose(1, 2).contiguous();
         };
         L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
         L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
