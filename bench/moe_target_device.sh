@@ -35,6 +35,8 @@
 # QUICK=1 leaves out the "aten" run and the second engine run (a call with little device time left); TESTS=0 leaves
 # out steps 1's test_cuda_ops and 2; PEER_COMPILE=0 leaves out transformers' torch.compile (its first call takes
 # minutes at some shapes).
+# ADDS_APART=1 adds a third states comparison: the engine's path with each residual add in the norm after it
+# (FLASHDRAFT_GEMM_ADD=0), against transformers, the engine's path and the aten one.
 set -uo pipefail
 QUICK=${QUICK:-0}
 MOE=${MOE:-qwen3-30b-a3b}
@@ -102,9 +104,13 @@ torch.manual_seed(0)
 tokens = torch.randint(0, int(vocab), (1, 3072))
 save_file({"tokens": tokens, "lengths": torch.tensor([3072])}, "/tmp/states_in.safetensors")
 ours = {}
-for k in ("engine", "aten"):
+import os
+# (ADDS_APART=1: the engine's path once more with each residual add in the norm after it, FLASHDRAFT_GEMM_ADD=0)
+variants = ("engine", "aten", *(("engine_adds_apart",) if os.environ.get("ADDS_APART") == "1" else ()))
+for k in variants:
+    env = {**os.environ, "FLASHDRAFT_GEMM_ADD": "0"} if k == "engine_adds_apart" else None
     p = subprocess.run([f"{build}/bin/target_states", "hf", ckpt, "/tmp/states_in.safetensors", f"/tmp/states_{k}.safetensors",
-                        layer_list, kernel, "bfloat16", "cuda", k], capture_output=True, text=True)
+                        layer_list, kernel, "bfloat16", "cuda", k.split("_")[0]], capture_output=True, text=True, env=env)
     print(k, "rc", p.returncode, p.stdout.strip().splitlines()[-2:] if p.returncode == 0 else p.stderr.strip()[-300:])
     ours[k] = load_file(f"/tmp/states_{k}.safetensors")["hidden"]
 from bench.device_common import rel, transformers_states
@@ -123,6 +129,11 @@ for i, L in enumerate(layers):
         continue
     print(f"layer {L}: ours engine {rel(ours['engine'][0, :, i], ref)}; ours aten {rel(ours['aten'][0, :, i], ref)}; "
           f"transformers eager attention {rel(states['eager'][i], ref)}")
+for i, L in enumerate(layers):
+    if "engine_adds_apart" in ours:
+        print(f"layer {L}: ours engine, adds apart {rel(ours['engine_adds_apart'][0, :, i], states[peer_attn][i])}; "
+              f"against ours engine {rel(ours['engine_adds_apart'][0, :, i], ours['engine'][0, :, i])}, "
+              f"against ours aten {rel(ours['engine_adds_apart'][0, :, i], ours['aten'][0, :, i])}")
 PY
 
 # One training run of ours: engine (the engine's kernels; steps 10-12 under --profile: the GPU time
