@@ -771,6 +771,37 @@ def test_glm_router_biases_choose_the_experts(tmp_path):
     assert rel(unbiased, ref) <= BOUND and moved > 10 * BOUND
 
 
+def test_minimax_m2_as_published_its_router_biases_and_norms_over_all_heads(tmp_path):
+    """MiniMax-M2 (the family test gives its states equal to transformers'): config.json as published (rotary_dim and
+    a top-level rope_theta, no rope_parameters; use_qk_norm, qk_norm_type "per_layer", scoring_func "sigmoid",
+    use_routing_bias, shared_intermediate_size 0) gives the same states; its router's correction biases
+    (block_sparse_moe.e_score_correction_bias) are read and used (zeroed, ours still follows transformers and the
+    states move); rotary_dim is read (16, every dimension rotated: ours follows transformers and the states move). Its q
+    / k norms over all heads ([heads D] weights) are in the family test."""
+    biases, ours, unbiased, ref = zeroed_against_transformers("minimax_m2", "e_score_correction_bias", tmp_path)
+    assert len(biases) == 4 and all(k.endswith("block_sparse_moe.e_score_correction_bias") for k in biases), biases
+    moved = rel(ours, ref)
+    print(f"minimax_m2 without its router biases: rel err {rel(unbiased, ref):.1e}; with them {moved:.1e}")
+    assert rel(unbiased, ref) <= BOUND and moved > 10 * BOUND
+    folder = tmp_path / "published"
+    model = make_model(folder, "minimax_m2", seed=23)
+    made = json.loads((folder / "config.json").read_text())
+    published = {k: v for k, v in made.items() if k != "rope_parameters"}
+    published.update(rope_theta=made["rope_parameters"]["rope_theta"], rotary_dim=8, use_qk_norm=True,
+                     qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True, shared_intermediate_size=0)
+    (folder / "config.json").write_text(json.dumps(published))
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(3))
+    _, mine, err = states_against(model, folder, tokens, [1, 3], tmp_path)
+    print(f"minimax_m2 with config.json as published: rel err {err:.1e}")
+    assert err <= BOUND
+    # rotary_dim read: every dimension rotated instead moves the states, ours following transformers
+    (folder / "config.json").write_text(json.dumps({**published, "rotary_dim": 16}))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    _, whole, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
+    print(f"minimax_m2 with rotary_dim 16: rel err {err:.1e}; the change moves the states {rel(whole['hidden'], mine['hidden']):.1e}")
+    assert err <= BOUND and rel(whole["hidden"], mine["hidden"]) > 10 * BOUND
+
+
 def test_qwen2_moe_shared_expert_gate_is_read_and_used(tmp_path):
     """Qwen2-MoE's shared expert runs on every token times sigmoid(h mlp.shared_expert_gate^T): the
     family test gives transformers' states with a random gate; with the gates set to zero (sigmoid
@@ -851,6 +882,16 @@ MOE_REFUSED = {
     "n_shared_experts": ("glm4_moe", dict(n_shared_experts=2),
                          "mlp.shared_experts.gate_proj.weight' has shape [32, 64], but"),
     "swiglu_limit": ("gpt_oss", dict(swiglu_limit=-1.0), "swiglu_alpha and swiglu_limit must be positive"),
+    "scoring_func": ("minimax_m2", dict(scoring_func="softmax"),
+                     'value "softmax" is not supported (MiniMax-M2\'s router: "sigmoid", as transformers runs it)'),
+    "use_routing_bias": ("minimax_m2", dict(use_routing_bias=False), "false is not supported (MiniMax-M2's router "
+                                                                     "chooses by e_score_correction_bias"),
+    "shared_intermediate_size": ("minimax_m2", dict(shared_intermediate_size=64),
+                                 "value 64 asks for a shared expert, which MiniMax-M2 does not have (accepted: 0)"),
+    "qk_norm_type": ("minimax_m2", dict(qk_norm_type="per_head"),
+                     'value "per_head" is not supported (accepted: "per_layer", one norm over all heads'),
+    "use_qk_norm": ("minimax_m2", dict(use_qk_norm=False), "false is not supported (transformers' MiniMaxM2Attention "
+                                                           "norms q and k always"),
     "quantization_config": ("qwen3_moe", dict(quantization_config={"quant_method": "awq", "bits": 4}),
                             'quant_method "awq": a quantized Qwen3MoeForCausalLM checkpoint is not read (accepted: an '
                             'unquantized checkpoint, block-wise "fp8" weights, or gpt-oss\'s "mxfp4" experts)'),

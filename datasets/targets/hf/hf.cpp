@@ -14,6 +14,8 @@
 //               experts e of p_e down_e(silu(gate_e(h)) * up_e(h)), h = RMSNorm(x), p = the router's top k;
 //               Qwen2-MoE: plus sigmoid(h g) x its shared expert's MLP of h; GLM-4.5: a sigmoid router,
 //               plus its shared experts' MLP of h; q, k rotated in their first rotary_dim dimensions only;
+//               MiniMax-M2: GLM-4.5's kind of router without groups or shared experts, q and k normed over
+//               all their heads at once;
 //               gpt-oss: the router's top k logits softmaxed, each expert (W_gu h + b_gu) through the clamped
 //               GLU (up + 1) gate sigmoid(alpha gate), then W_d . + b_d; every attention softmax also over a
 //               learned sink logit per head; its norms' weights applied in float32;
@@ -709,9 +711,9 @@ class HfTarget final : public Target {
                {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
         expected.push_back({p + e.first, e.second});
     if (cfg_.o_bias) expected.push_back({p + "self_attn.o_proj.bias", {H}});
-    if (cfg_.qk_norm) {
-      expected.push_back({p + "self_attn.q_norm.weight", {D}});
-      expected.push_back({p + "self_attn.k_norm.weight", {D}});
+    if (cfg_.qk_norm || cfg_.qk_norm_full) {  // (MiniMax-M2: one norm over all heads)
+      expected.push_back({p + "self_attn.q_norm.weight", {cfg_.qk_norm_full ? q : D}});
+      expected.push_back({p + "self_attn.k_norm.weight", {cfg_.qk_norm_full ? kv : D}});
     }
   }
 
@@ -773,7 +775,7 @@ class HfTarget final : public Target {
         expected.push_back({x + n.up, {I, H}});
         expected.push_back({x + n.down, {H, I}});
       }
-      if (cfg_.sigmoid_router) expected.push_back({p + "mlp.gate.e_score_correction_bias", {cfg_.experts}});
+      if (cfg_.sigmoid_router) expected.push_back({router_bias_key(p), {cfg_.experts}});
       if (cfg_.shared_intermediate > 0) {
         const int64_t Is = cfg_.shared_intermediate;
         const std::string s = p + shared_block();
@@ -847,8 +849,9 @@ class HfTarget final : public Target {
         L.experts_down[e].copy_(load(x + n.down));
       }
       if (cfg_.sigmoid_router) {
-        L.router = L.router.to(at::kFloat);  // transformers runs GLM-4.5's router in float32
-        L.router_bias = checkpoint_->load(p + "mlp.gate.e_score_correction_bias", device_, at::kFloat);
+        // transformers runs GLM-4.5's router in float32 (MiniMax-M2's product in the model's dtype)
+        if (!cfg_.router_logits_in_dtype) L.router = L.router.to(at::kFloat);
+        L.router_bias = checkpoint_->load(router_bias_key(p), device_, at::kFloat);
       }
       if (cfg_.shared_intermediate > 0) {
         const std::string s = p + shared_block();
@@ -882,7 +885,7 @@ class HfTarget final : public Target {
       L.qkv_bias = at::cat(
           {load(p + "self_attn.q_proj.bias"), load(p + "self_attn.k_proj.bias"), load(p + "self_attn.v_proj.bias")});
     if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
-    if (cfg_.qk_norm) {
+    if (cfg_.qk_norm || cfg_.qk_norm_full) {
       L.q_norm = load_norm(p + "self_attn.q_norm.weight");
       L.k_norm = load_norm(p + "self_attn.k_norm.weight");
     }
@@ -1015,6 +1018,15 @@ class HfTarget final : public Target {
               const at::Tensor& q_scale = at::Tensor()) const {
     if (cfg_.mla()) return latent_project(L, h, cos, sin);
     const at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
+    if (cfg_.qk_norm_full) {  // (MiniMax-M2: q and k normed over all their heads, then rotated)
+      const int64_t q = cfg_.heads * cfg_.head_dim, kv = cfg_.kv_heads * cfg_.head_dim;
+      const at::Tensor normed = at::cat({rms_norm(qkv.narrow(-1, 0, q), L.q_norm),
+                                         rms_norm(qkv.narrow(-1, q, kv), L.k_norm), qkv.narrow(-1, q + kv, kv)},
+                                        -1);
+      QKV p = frozen::qkv_rope(normed, cfg_.heads, cfg_.kv_heads, {}, {}, cfg_.rms_eps, cos, sin, fused_);
+      if (q_scale.defined()) p.q = p.q * q_scale;
+      return p;
+    }
     QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
     if (q_scale.defined()) p.q = p.q * q_scale;
     return p;
@@ -1173,7 +1185,8 @@ class HfTarget final : public Target {
   // times routed_scale as the weights, float32 [T, k], with the experts' ids [T, k].
   std::pair<at::Tensor, at::Tensor> sigmoid_routing(const DecoderLayer& L, const at::Tensor& x) const {
     const int64_t E = cfg_.experts, G = cfg_.groups;
-    const at::Tensor scores = at::linear(x.to(at::kFloat), L.router).sigmoid();
+    const at::Tensor scores = cfg_.router_logits_in_dtype ? at::linear(x, L.router).to(at::kFloat).sigmoid()
+                                                          : at::linear(x.to(at::kFloat), L.router).sigmoid();
     at::Tensor choice = scores + L.router_bias;
     if (cfg_.topk_groups < G) {
       const at::Tensor group_scores = std::get<0>(choice.view({-1, G, E / G}).topk(2, -1)).sum(-1);  // [T, G]
@@ -1200,7 +1213,7 @@ class HfTarget final : public Target {
     std::string block, gate, up, down;
   };
   ExpertKeys expert_keys() const {
-    if (mixtral()) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
+    if (mixtral() || cfg_.minimax_m2()) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
     return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   }
   // Qwen3-VL-MoE's stacked experts: published as each product's transpose ([E, H, 2 I], [E, I, H]), held and
@@ -1210,6 +1223,11 @@ class HfTarget final : public Target {
     const safetensors::TensorInfo* info = checkpoint_->find(name);
     return info && info->shape == held ? held : std::vector<int64_t>{held[0], held[2], held[1]};
   }
+  // Where a sigmoid router's correction biases sit under model.layers.N. (GLM-4.5, DeepSeek-V3: mlp.gate.; MiniMax-M2:
+  // block_sparse_moe., beside its router).
+  std::string router_bias_key(const std::string& p) const {
+    return p + (cfg_.minimax_m2() ? "block_sparse_moe." : "mlp.gate.") + "e_score_correction_bias";
+  }
   // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,
   // Qwen2-MoE: mlp.shared_expert.).
   std::string shared_block() const { return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts."; }
@@ -1218,7 +1236,8 @@ class HfTarget final : public Target {
   std::string experts_sizes() const {
     if (cfg_.experts == 0) return "";
     std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
-    if (!mixtral() && !gpt_oss()) s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
+    if (!mixtral() && !gpt_oss() && !cfg_.minimax_m2())
+      s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
     if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
     if (cfg_.shared_gate) s += ", shared_expert_intermediate_size " + std::to_string(cfg_.shared_intermediate);
     return s;
@@ -1447,6 +1466,7 @@ class HfTarget final : public Target {
 }  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2, Qwen3, Phi-3, Qwen2-MoE, Qwen3-MoE, "
-                  "Mixtral, GLM-4.5, gpt-oss) run online as the target",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+                  "SmolLM3, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2) "
+                  "run online as the target",
                   flashdraft::HfTarget)

@@ -22,6 +22,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Qwen2MoeForCausalLM",
                                                           "MixtralForCausalLM",
                                                           "Glm4MoeForCausalLM",
+                                                          "MiniMaxM2ForCausalLM",
                                                           "Phi3ForCausalLM",
                                                           "GptOssForCausalLM",
                                                           "Qwen3_5ForCausalLM",
@@ -177,10 +178,17 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // it (transformers' Llama / Qwen / Mistral code has no part).
   const bool glm = c.architecture == "Glm4MoeForCausalLM", phi3 = c.architecture == "Phi3ForCausalLM";
   const bool qwen3_5 = c.hybrid();  // (Qwen3_5TextConfig's and Qwen3NextConfig's default: 0.25)
-  const double top_partial = r.real(r.j, "partial_rotary_factor", glm ? 0.5 : qwen3_5 ? 0.25 : 1.0);
+  // (MiniMax-M2 as published: rotary_dim, which transformers reads as partial_rotary_factor rotary_dim / head_dim
+  // where rope_parameters does not say it)
+  const double minimax = c.minimax_m2() ? double(r.integer("rotary_dim", 2, c.head_dim)) / double(c.head_dim) : 0;
+  const double top_partial = r.real(r.j, "partial_rotary_factor",
+                                    glm           ? 0.5
+                                    : qwen3_5     ? 0.25
+                                    : minimax > 0 ? minimax
+                                                  : 1.0);
   const double partial =
       scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
-  if (partial != 1.0 && !glm && !phi3 && !qwen3_5)
+  if (partial != 1.0 && !glm && !phi3 && !qwen3_5 && minimax == 0)
     r.fail("partial_rotary_factor", "value " + std::to_string(partial) + " rotates part of each head, which " +
                                         c.architecture + " does not (accepted: 1 or absent)");
   c.rotary_dim = static_cast<int64_t>(double(c.head_dim) * partial);
@@ -316,6 +324,26 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
                                       " experts of the topk_group groups chosen");
 }
 
+// MiniMax-M2's experts (transformers' MiniMaxM2SparseMoeBlock): every layer sparse, num_local_experts of
+// intermediate_size stored as Mixtral's; the router's logits in the model's dtype, their sigmoid in float32, the top k
+// of sigmoid + a per-expert correction bias (block_sparse_moe.e_score_correction_bias) chosen among all the experts (no
+// groups), weighted by their sigmoids renormalised over the k, kept in float32. The published config.json's keys that
+// say so are checked where present: another value would be run as the wrong model.
+void read_minimax_m2_routing(const Reader& r, ModelConfig& c) {
+  c.moe_intermediate = c.intermediate;
+  c.norm_topk = c.float_router_weights = c.sigmoid_router = c.router_logits_in_dtype = true;
+  if (r.has("scoring_func") && r.j.at("scoring_func") != "sigmoid")
+    r.fail("scoring_func", "value " + r.j.at("scoring_func").dump() +
+                               " is not supported (MiniMax-M2's router: \"sigmoid\", as transformers runs it)");
+  if (!r.boolean("use_routing_bias", true))
+    r.fail("use_routing_bias",
+           "false is not supported (MiniMax-M2's router chooses by e_score_correction_bias, as "
+           "transformers runs it: accepted true or absent)");
+  if (r.integer("shared_intermediate_size", 0, 0) != 0)
+    r.fail("shared_intermediate_size", "value " + r.j.at("shared_intermediate_size").dump() +
+                                           " asks for a shared expert, which MiniMax-M2 does not have (accepted: 0)");
+}
+
 // The experts of Qwen3MoeForCausalLM (transformers' Qwen3MoeConfig; its version 5 writes the
 // count as num_local_experts, the published checkpoints as num_experts), of Qwen2MoeForCausalLM
 // (the same routing, norm_topk_prob false by default, plus a gated shared expert of
@@ -324,7 +352,7 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
 // always renormalised and kept in float32), of Glm4MoeForCausalLM (read_glm_routing) and of Qwen3.5-MoE
 // (Qwen2-MoE's, its top k always renormalised).
 void read_experts(const Reader& r, ModelConfig& c) {
-  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2();
   const char* count = !mixtral && r.has("num_experts")        ? "num_experts"
                       : !mixtral && r.has("n_routed_experts") ? "n_routed_experts"
                                                               : "num_local_experts";
@@ -335,6 +363,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
     r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
                                       std::to_string(c.experts) + " experts of " + count + " (accepted: 1.." +
                                       std::to_string(c.experts) + ")");
+  if (c.minimax_m2()) return read_minimax_m2_routing(r, c);
   if (mixtral) {
     c.moe_intermediate = c.intermediate;
     c.norm_topk = c.float_router_weights = true;
@@ -518,6 +547,19 @@ std::string read_architecture(const Reader& top) {
   return a;
 }
 
+// MiniMax-M2's q / k norms: over all of q's heads and all of k's at once (use_qk_norm, qk_norm_type "per_layer"; what
+// transformers' MiniMaxM2Attention always runs).
+void read_minimax_m2_norms(const Reader& r, ModelConfig& c) {
+  if (!r.boolean("use_qk_norm", true))
+    r.fail("use_qk_norm",
+           "false is not supported (transformers' MiniMaxM2Attention norms q and k always: accepted "
+           "true or absent)");
+  if (r.has("qk_norm_type") && r.j.at("qk_norm_type") != "per_layer")
+    r.fail("qk_norm_type", "value " + r.j.at("qk_norm_type").dump() +
+                               " is not supported (accepted: \"per_layer\", one norm over all heads, as published)");
+  c.qk_norm_full = true;
+}
+
 // The decoder's sizes: vocabulary, hidden, layers, heads, head_dim, MLP width, the norms' epsilon.
 void read_sizes(const Reader& r, ModelConfig& c) {
   c.vocab = r.integer("vocab_size", 1);
@@ -586,10 +628,12 @@ ModelConfig read_config(const std::string& folder) {
   const bool glm = c.architecture == "Glm4MoeForCausalLM";         // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || c.hybrid() || (glm && r.boolean("use_qk_norm", false));
+  if (c.minimax_m2()) read_minimax_m2_norms(r, c);
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
   const bool phi3 = c.architecture == "Phi3ForCausalLM";       // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
-  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && r.boolean("attention_bias", gpt_oss);
+  c.o_bias =
+      !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && r.boolean("attention_bias", gpt_oss);
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_quantization(r, c);
   if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)
@@ -601,7 +645,7 @@ ModelConfig read_config(const std::string& folder) {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek) read_experts(r, c);
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2()) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
   else if (r.has("tie_word_embeddings"))

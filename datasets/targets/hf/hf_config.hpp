@@ -1,7 +1,8 @@
 // config.json of a Hugging Face decoder checkpoint, as the hf target reads it: the
 // dense decoder families LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 // Qwen3ForCausalLM and Phi3ForCausalLM (Phi-3, Phi-4: q|k|v and gate|up stored packed), and the mixtures of experts
-// Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM and GptOssForCausalLM (gpt-oss:
+// Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM, MiniMaxM2ForCausalLM (Mixtral's
+// expert layout, GLM-4.5's sigmoid router without groups, q / k norms over all heads) and GptOssForCausalLM (gpt-oss:
 // attention sinks, a clamped GLU, biases on the router and the experts, its experts in bf16 or MXFP4), and the hybrid
 // Qwen3.5 (Qwen3_5ForCausalLM, or the language model of Qwen3_5ForConditionalGeneration: Gated DeltaNet layers
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
@@ -49,8 +50,12 @@ struct ModelConfig {
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   RopeScaling rope;
-  int64_t rotary_dim = 0;   // the first rotary_dim of each head's head_dim rotate (partial_rotary_factor)
-  bool qk_norm = false;     // Qwen3: RMSNorm of q and k per head, before RoPE
+  int64_t rotary_dim = 0;  // the first rotary_dim of each head's head_dim rotate (partial_rotary_factor)
+  bool qk_norm = false;    // Qwen3: RMSNorm of q and k per head, before RoPE
+  // MiniMax-M2 (MiniMaxM2ForCausalLM: MiniMax-M2, M2.1, M2.5): q and k normed over all their heads at once (q_norm
+  // [heads D], k_norm [kv_heads D], its qk_norm_type "per_layer"), before RoPE.
+  bool minimax_m2() const { return architecture == "MiniMaxM2ForCausalLM"; }
+  bool qk_norm_full = false;
   bool qkv_bias = false;    // Qwen2: biases on q, k, v
   bool o_bias = false;      // attention_bias (Llama, Qwen3): biases on q, k, v and o
   int tie_embeddings = -1;  // 1 / 0 as config.json says; -1: not said (the weights decide)
@@ -86,6 +91,9 @@ struct ModelConfig {
   // norm_topk) times routed_scale; shared_experts x moe_intermediate of width every token runs
   // (mlp.shared_experts), added to the routed sum; layers below first_dense dense.
   bool sigmoid_router = false;
+  // MiniMax-M2's router: its logits in the model's dtype (router weight as stored), the sigmoid in float32
+  // (transformers' MiniMaxM2TopKRouter); GLM-4.5's and DeepSeek-V3's: the product in float32 too.
+  bool router_logits_in_dtype = false;
   int64_t groups = 1, topk_groups = 1, shared_experts = 0, first_dense = 0;
   double routed_scale = 1.0;
   // The shared expert every token of a sparse layer runs, added to the routed sum: its width (0:
