@@ -5,7 +5,8 @@ every step's acceptance length and their mean (tau_served, the same float) must 
 
 Tiny random targets, 8 experts, 2 a token (tests/python/hf_models.py): Qwen3-MoE (layer 2 dense) and
 GLM-4.5 (sigmoid router with correction biases and groups, a shared expert, q / k / v biases, half of
-each head rotated by RoPE: the family furthest from the dense ones) and gpt-oss (attention sinks in
+each head rotated by RoPE: the family furthest from the dense ones), MiniMax-M2 (q / k normed over all heads, a
+sigmoid router with correction biases and no groups, Mixtral's expert layout) and gpt-oss (attention sinks in
 the cached decoder's and the verification's softmax, layers 0 and 2 sliding over 6 positions, biases on
 the router and the experts, the clamped GLU) and DeepSeek-V3 (multi-head latent attention: the cached decoder's
 keys and values per head from the latent, the values padded to the keys' width; GLM-4.5's kind of router); the last
@@ -32,12 +33,14 @@ from test_served_tau import check_greedy, make_target_data, train, validate
 # trained drafter must pass. Gemma 3 (dense; test_served_moe_attention.py) scales its embedding by sqrt(hidden), 8
 # here: its embedding is drawn at 1/8 of the others' deviation (a fourth number), else no response reaches eos (0 of
 # 47 at initializer_range 0.05-0.4); tau 1.24 over ~1300 steps, 3 responses at eos. SmolLM3 (a NoPE layer) at 0.15:
-# tau 1.43 over ~1100 steps, 1 response at eos (at 0.2: tau 1.05; at 0.1 none reach eos).
+# tau 1.43 over ~1100 steps, 1 response at eos (at 0.2: tau 1.05; at 0.1 none reach eos). MiniMax-M2 at 0.05: tau 1.94
+# over ~750 steps, 15 responses at eos (at 0.2: 1.04; at 0.1: 1.03 over ~1500 steps).
 FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss": (0.2, 96, 1.03),
-            "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125), "smollm3": (0.15, 144, 1.1)}
+            "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125), "smollm3": (0.15, 144, 1.1),
+            "minimax_m2": (0.05, 144, 1.1)}
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "minimax_m2"])
 def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target(family, tmp_path_factory):
     check_family(family, tmp_path_factory)
 
