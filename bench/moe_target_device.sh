@@ -14,7 +14,8 @@
 # Gated DeltaNet layers 0-2, attention layer 3 of heads of 256 (flash_cuda's forward-only variant); layers 1 and 3
 # read, 4 run; transformers' Gated DeltaNet is its torch path there,
 # flash-linear-attention not being installed), or with MOE=gemma-3-27b at Gemma 3 27B's (bench/gemma_3_27b_hf_target.toml:
-# 6 of its 62 layers, sliding layers 0-4 and full layer 5; layers 1 and 5 read, 6 run).
+# 6 of its 62 layers, sliding layers 0-4 and full layer 5; layers 1 and 5 read, 6 run), or with MOE=minimax-m2 at
+# MiniMax-M2's (bench/minimax_m2_hf_target.toml: 3 of its 62 layers, ~24 GiB; layers 1 and 2 read, 3 run).
 #   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
 #   [".deps", "build-device"] after
 #   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
@@ -51,8 +52,9 @@ case $MOE in
                PEER_ATTN=eager ;;
   qwen3.5-27b) CKPT_LAYERS=4 LAYERS=1,3 RUN=4 VOCAB=248320 FAMILY=qwen3_5 TOML=bench/qwen3_5_27b_hf_target.toml ;;
   gemma-3-27b) CKPT_LAYERS=6 LAYERS=1,5 RUN=6 VOCAB=262208 FAMILY=gemma3 TOML=bench/gemma_3_27b_hf_target.toml ;;
-  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, gpt-oss-20b, qwen3.5-27b or" \
-       "gemma-3-27b" >&2
+  minimax-m2) CKPT_LAYERS=3 LAYERS=1,2 RUN=3 VOCAB=200064 FAMILY=minimax_m2 TOML=bench/minimax_m2_hf_target.toml ;;
+  *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, gpt-oss-20b, qwen3.5-27b," \
+       "gemma-3-27b or minimax-m2" >&2
      exit 2 ;;
 esac
 PEER_ATTN=${PEER_ATTN:-sdpa}  # transformers' attention for the reference states and the peer's timing

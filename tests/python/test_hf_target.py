@@ -961,7 +961,8 @@ def test_make_random_checkpoint_presets_read_as_transformers_reads_them(preset, 
     small = dict(hidden_size=128, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=300)
     for key, value in [("moe_intermediate_size", 32), ("num_experts", 16), ("n_routed_experts", 16),
-                       ("num_local_experts", 8), ("num_experts_per_tok", 2), ("shared_expert_intermediate_size", 48)]:
+                       ("num_local_experts", 8), ("num_experts_per_tok", 2), ("shared_expert_intermediate_size", 48),
+                       ("rotary_dim", 16)]:
         if key in cfg:
             small[key] = value
     if "linear_num_key_heads" in cfg:  # (Qwen3.5: 4 layers, the last attention; transformers runs no all-linear one)
