@@ -127,6 +127,19 @@ FAMILIES = [
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # OLMo 2's kind (Olmo2ForCausalLM): no norm before attention or the MLP, their outputs normed before the residual
+    # adds, q / k normed over all heads, every norm's weight applied in float32; q / k / v / o biases (attention_bias).
+    ("olmo2", "Olmo2Config", "Olmo2ForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=5e5, attention_bias=True, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
+    # OLMo 3's kind (Olmo3ForCausalLM): OLMo 2's layers, layers 0, 1 and 3 sliding over 6 positions with their own
+    # unscaled RoPE, layer 2 full with YaRN (factor 4 over a pretraining length of 16).
+    ("olmo3", "Olmo3Config", "Olmo3ForCausalLM",
+     dict(tie_word_embeddings=False, sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+          layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+          rope_parameters=dict(full_attention=dict(rope_type="yarn", rope_theta=5e5, factor=4.0,
+                                                   original_max_position_embeddings=16),
+                               sliding_attention=dict(rope_type="default", rope_theta=1e4))), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

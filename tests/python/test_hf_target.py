@@ -606,6 +606,34 @@ def test_smollm3_nope_layers_are_read(tmp_path):
         assert err <= BOUND and moved > 10 * BOUND
 
 
+def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
+    """OLMo 3 (the family test gives its states equal to transformers': sliding layers with their own unscaled RoPE,
+    the full one with YaRN): config.json as published (rope_theta and rope_scaling at the top, which transformers
+    gives the full layers, the sliding ones its default_theta 500000), without layer_types (three of every four
+    layers sliding), and with another sliding window: ours follows transformers through each, and each moves the
+    states (layers 1 and 3 of 4, 40 positions)."""
+    folder = tmp_path / "olmo3"
+    make_model(folder, "olmo3", seed=29)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(4))
+    layers = [1, 3]
+    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = json.loads((folder / "config.json").read_text())
+    published = {k: v for k, v in made.items() if k != "rope_parameters"}
+    published.update(rope_theta=2e5, rope_scaling=dict(made["rope_parameters"]["full_attention"], rope_theta=None))
+    del published["rope_scaling"]["rope_theta"]
+    changes = [("config.json as published", published),
+               ("no layer_types", {k: v for k, v in made.items() if k != "layer_types"}),
+               ("sliding_window 3", {**made, "sliding_window": 3})]
+    for what, config in changes:
+        (folder / "config.json").write_text(json.dumps(config))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
+        moved = rel(ours["hidden"], base["hidden"])
+        print(f"olmo3 with {what}: rel err {err:.1e}; the change moves the states {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
+
+
 def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
     """DeepSeek-V3's latent attention (the family test gives its states equal to transformers'): each part is read
     and moves the states, ours following transformers through every change (layer 3 of 4, 40 positions): its

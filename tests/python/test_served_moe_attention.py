@@ -1,7 +1,8 @@
 """test_served_moe.py's served comparison against z-lab's `dflash_generate` for the targets with attention of their
 own kind: gpt-oss (attention sinks, sliding layers; and target verification in chunks), DeepSeek-V3 (multi-head
-latent attention), and the dense Gemma 3 (sliding layers with their own RoPE, sandwich norms) and SmolLM3 (NoPE layers). A file of its own
-so that ctest runs it beside test_served_moe.py."""
+latent attention), and the dense Gemma 3 (sliding layers with their own RoPE, sandwich norms), SmolLM3 (NoPE layers)
+and OLMo 3 (sliding layers with their own RoPE, the full ones' YaRN; no norm before attention or the MLP, q / k normed
+over all heads). A file of its own so that ctest runs it beside test_served_moe.py."""
 import pytest
 
 from test_served_moe import check_family
@@ -13,8 +14,9 @@ def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target_of_an
     check_family(family, tmp_path_factory)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "smollm3"])
+@pytest.mark.parametrize("family", ["gemma3", "smollm3", "olmo3"])
 def test_greedy_equals_the_reference_loop_with_a_dense_target_of_its_own_rope(family, tmp_path_factory):
-    """Gemma 3 (sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding scaled)
-    and SmolLM3 (a NoPE layer): the cached decoder's and the verification's per-layer tables against transformers'."""
+    """Gemma 3 (sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding scaled),
+    SmolLM3 (a NoPE layer) and OLMo 3 (its norms after attention and the MLP only): the cached decoder's and the
+    verification's per-layer tables and norms against transformers'."""
     check_family(family, tmp_path_factory)

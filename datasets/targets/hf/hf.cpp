@@ -263,7 +263,9 @@ class HfTarget final : public Target {
       const DecoderLayer& L = layers_[static_cast<size_t>(l)];
       // (l - 1 < deepest <= the last layer: never the final-norm case)
       const at::Tensor into = l > 0 && pending.defined() ? slot_of(l - 1) : at::Tensor();
-      const auto [stream, h] = frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into);
+      const auto [stream, h] = L.input_norm.defined()
+                                   ? frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into)
+                                   : add_pending(x, pending, into);
       if (l > 0) record(l - 1, stream);
       at::Tensor a;
       if (L.gdn.defined()) {
@@ -324,7 +326,7 @@ class HfTarget final : public Target {
     if (!cos.defined() || cos.size(0) != S) {
       const at::Tensor pos = at::arange(S, at::TensorOptions().dtype(at::kFloat).device(device_));
       const at::Tensor freqs = pos.unsqueeze(1) * (local ? local_inv_freq_ : inv_freq_for(S)).unsqueeze(0);  // [S, D/2]
-      std::tie(cos, sin) = cos_sin(at::cat({freqs, freqs}, -1));
+      std::tie(cos, sin) = cos_sin(at::cat({freqs, freqs}, -1), local);
     }
     return {cos, sin};
   }
@@ -662,12 +664,10 @@ class HfTarget final : public Target {
       expected.push_back({cfg_.lm_head, {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
-      expected.push_back({p + "input_layernorm.weight", {H}});
+      if (!cfg_.post_norms) expected.push_back({p + "input_layernorm.weight", {H}});
       expected.push_back({p + "post_attention_layernorm.weight", {H}});
-      if (cfg_.sandwich_norms) {
-        expected.push_back({p + "pre_feedforward_layernorm.weight", {H}});
-        expected.push_back({p + "post_feedforward_layernorm.weight", {H}});
-      }
+      if (cfg_.sandwich_norms && !cfg_.post_norms) expected.push_back({p + "pre_feedforward_layernorm.weight", {H}});
+      if (cfg_.sandwich_norms) expected.push_back({p + "post_feedforward_layernorm.weight", {H}});
       if (cfg_.linear_attention(l)) {
         add_gated_delta_shapes(p, expected);
       } else {
@@ -798,10 +798,10 @@ class HfTarget final : public Target {
   DecoderLayer load_layer(int64_t l) const {
     const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
     DecoderLayer L;
-    L.input_norm = load_norm(p + "input_layernorm.weight");
+    if (!cfg_.post_norms) L.input_norm = load_norm(p + "input_layernorm.weight");  // (OLMo: none, nor pre_ff_norm)
     L.post_norm = load_norm(p + "post_attention_layernorm.weight");
     if (cfg_.sandwich_norms) {
-      L.pre_ff_norm = load_norm(p + "pre_feedforward_layernorm.weight");
+      if (!cfg_.post_norms) L.pre_ff_norm = load_norm(p + "pre_feedforward_layernorm.weight");
       L.post_ff_norm = load_norm(p + "post_feedforward_layernorm.weight");
     }
     if (cfg_.linear_attention(l))
@@ -999,15 +999,19 @@ class HfTarget final : public Target {
     return {at::ones_like(tables.first), at::zeros_like(tables.second)};
   }
 
-  // cos and sin of the angles, times YaRN's or LongRoPE's attention factor (1 otherwise), in the run's dtype.
-  std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& angles) const {
-    const double f = cfg_.rope.type == "yarn" || cfg_.rope.type == "longrope" ? cfg_.rope.attention_factor : 1.0;
+  // cos and sin of the angles, times YaRN's or LongRoPE's attention factor (1 otherwise, and for the sliding layers'
+  // own unscaled tables: local), in the run's dtype.
+  std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& angles, bool local = false) const {
+    const bool scaled = !local && (cfg_.rope.type == "yarn" || cfg_.rope.type == "longrope");
+    const double f = scaled ? cfg_.rope.attention_factor : 1.0;
     if (f == 1.0) return {angles.cos().to(dtype_), angles.sin().to(dtype_)};
     return {(angles.cos() * f).to(dtype_), (angles.sin() * f).to(dtype_)};
   }
 
-  // x / sqrt(mean(x^2) + eps) in fp32, back to the input dtype, times the weight.
+  // x / sqrt(mean(x^2) + eps) in fp32, back to the input dtype, times the weight; x itself where the weight is
+  // undefined (OLMo's layers have no norm before attention or the MLP).
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const {
+    if (!w.defined()) return x;
     return frozen::add_rms_norm(x.contiguous(), at::Tensor(), w, cfg_.rms_eps, fused_).second;
   }
 
@@ -1097,13 +1101,31 @@ class HfTarget final : public Target {
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
-  // Gemma 3's rest of a layer after attention, each part's output normed before its residual add: {x + the
-  // attention's normed output, the MLP's normed output} (the second add the caller's).
+  // Gemma 3's and OLMo's rest of a layer after attention, each part's output normed before its residual add: {x + the
+  // attention's normed output, the MLP's normed output} (the second add the caller's). The MLP's input: that sum normed
+  // (Gemma 3's pre_ff_norm), or the sum itself (OLMo); its gate: GELU's tanh approximation (Gemma 3) or SiLU.
   std::pair<at::Tensor, at::Tensor> sandwich_rest(const DecoderLayer& L, const at::Tensor& x,
                                                   const at::Tensor& a) const {
-    const auto [x1, h2] = frozen::add_rms_norm(x, rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm),
-                                               L.pre_ff_norm, cfg_.rms_eps, fused_);
-    return {x1, rms_norm(at::linear(gelu_glu(at::linear(h2, L.gate_up)), L.down_proj), L.post_ff_norm)};
+    const at::Tensor o = rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm);
+    const auto [x1, h2] = L.pre_ff_norm.defined() ? frozen::add_rms_norm(x, o, L.pre_ff_norm, cfg_.rms_eps, fused_)
+                                                  : add_pending(x, o, at::Tensor());
+    const at::Tensor gate_up = at::linear(h2, L.gate_up);
+    const at::Tensor act = cfg_.gelu_mlp ? gelu_glu(gate_up) : frozen::swiglu_packed(gate_up, fused_);
+    return {x1, rms_norm(at::linear(act, L.down_proj), L.post_ff_norm)};
+  }
+
+  // x + pending (pending undefined: x), into `into` where defined, twice: the residual stream and, with no norm
+  // before what reads it (OLMo), its input.
+  static std::pair<at::Tensor, at::Tensor> add_pending(const at::Tensor& x, const at::Tensor& pending,
+                                                       const at::Tensor& into) {
+    if (!pending.defined()) return {x, x};
+    if (!into.defined()) {
+      const at::Tensor sum = x + pending;
+      return {sum, sum};
+    }
+    at::Tensor sum = into;
+    at::add_out(sum, x, pending);
+    return {sum, sum};
   }
 
   // Gemma 3's GLU on the packed gate / up product [..., 2 I]: GELU's tanh approximation of the gate times the up
@@ -1315,7 +1337,7 @@ class HfTarget final : public Target {
   // transformers' dynamic update does per forward: per row here (each row as its own served
   // decoding, as z-lab's dflash_generate runs one), or over the whole batch (whole_batch: the
   // training forward, as transformers runs a batch).
-  // local: Gemma 3's sliding layers' tables.
+  // local: Gemma 3's and OLMo 3's sliding layers' tables.
   std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, bool whole_batch = false,
                                                 bool local = false) const {
     at::Tensor inv = local ? local_inv_freq_ : inv_freq_;
@@ -1324,7 +1346,7 @@ class HfTarget final : public Target {
       inv = at::where(reach + 1 > cfg_.rope.original_max_position, long_inv_freq_, inv_freq_);  // [B or 1, 1, D/2]
     }
     const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv;
-    return cos_sin(at::cat({freqs, freqs}, -1).unsqueeze(1));
+    return cos_sin(at::cat({freqs, freqs}, -1).unsqueeze(1), local);
   }
   // The frequencies of a forward over positions 0..seq_len-1 (LongRoPE: short or long, as above).
   const at::Tensor& inv_freq_for(int64_t seq_len) const {
@@ -1465,8 +1487,9 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-                  "SmolLM3, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2) "
-                  "run online as the target",
-                  flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(
+    target, "hf", "0.1.0",
+    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+    "SmolLM3, OLMo 2 / 3, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2) "
+    "run online as the target",
+    flashdraft::HfTarget)

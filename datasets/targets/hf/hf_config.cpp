@@ -30,6 +30,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Qwen3VLForConditionalGeneration",
                                                           "Gemma3ForCausalLM",
                                                           "SmolLM3ForCausalLM",
+                                                          "Olmo2ForCausalLM",
+                                                          "Olmo3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
                                                           "Qwen3_5MoeForCausalLM",
@@ -130,22 +132,27 @@ void read_yarn(const Reader& r, const json& scaling, RopeScaling& y) {
 // Gemma 3's two RoPEs: rope_parameters per layer type (as transformers 5 writes it: {"full_attention": {...},
 // "sliding_attention": {...}}) or, as published, rope_theta (the full layers') with rope_scaling, and
 // rope_local_base_freq (the sliding layers'; default 10000). Returns the full layers' parameters (null: none).
+// OLMo 3's: the same per layer type, or as published rope_theta and rope_scaling for the full layers, the sliding ones
+// unscaled at Olmo3Config's default_theta 500000 (transformers' conversion has used rope_theta for the full layers by
+// then). Its defaults: 500000 for both.
 const json* read_gemma3_rope(const Reader& r, ModelConfig& c) {
   const json* per_type = r.has("rope_parameters") && r.j.at("rope_parameters").is_object() &&
                                  r.j.at("rope_parameters").contains("full_attention")
                              ? &r.j.at("rope_parameters")
                              : nullptr;
+  const bool olmo3 = c.architecture == "Olmo3ForCausalLM";
+  const double full_default = olmo3 ? 500000.0 : 1e6;
   if (!per_type) {
-    c.rope_theta = r.real(r.j, "rope_theta", 1e6);
-    c.rope_local_theta = r.real(r.j, "rope_local_base_freq", 10000.0);
+    c.rope_theta = r.real(r.j, "rope_theta", full_default);
+    c.rope_local_theta = olmo3 ? 500000.0 : r.real(r.j, "rope_local_base_freq", 10000.0);
     if (!(c.rope_local_theta > 0)) r.fail("rope_local_base_freq", "must be positive");
     return r.has("rope_scaling") ? &r.j.at("rope_scaling") : nullptr;
   }
   const json& full = per_type->at("full_attention");
   if (!full.is_object())
     r.fail("rope_parameters", "full_attention holds " + full.dump() + "; expected an object of RoPE parameters");
-  c.rope_theta = r.real(full, "rope_theta", 1e6);
-  c.rope_local_theta = 10000.0;
+  c.rope_theta = r.real(full, "rope_theta", olmo3 ? r.real(r.j, "rope_theta", full_default) : full_default);
+  c.rope_local_theta = olmo3 ? r.real(r.j, "rope_theta", 500000.0) : 10000.0;
   if (per_type->contains("sliding_attention") && !per_type->at("sliding_attention").is_null()) {
     const json& local = per_type->at("sliding_attention");
     const std::string type = local.is_object() && local.contains("rope_type") && local.at("rope_type").is_string()
@@ -153,7 +160,8 @@ const json* read_gemma3_rope(const Reader& r, ModelConfig& c) {
                                  : "default";
     if (!local.is_object() || type != "default")
       r.fail("rope_parameters", "sliding_attention holds " + local.dump() +
-                                    "; accepted: an object of rope_type \"default\" and its rope_theta (Gemma 3's)");
+                                    "; accepted: an object of rope_type \"default\" and its rope_theta (" +
+                                    c.architecture + "'s sliding layers rotate unscaled)");
     c.rope_local_theta = r.real(local, "rope_theta", 10000.0);
     if (!(c.rope_local_theta > 0)) r.fail("rope_parameters", "sliding_attention's rope_theta must be positive");
   }
@@ -162,7 +170,7 @@ const json* read_gemma3_rope(const Reader& r, ModelConfig& c) {
 
 void read_rope(const Reader& r, ModelConfig& c) {
   const json* scaling = nullptr;
-  if (c.gemma3()) {
+  if (c.gemma3() || c.architecture == "Olmo3ForCausalLM") {
     scaling = read_gemma3_rope(r, c);
   } else if (r.has("rope_parameters") && r.j.at("rope_parameters").is_object()) {
     const json& p = r.j.at("rope_parameters");
@@ -290,8 +298,11 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
-  // (Gemma3TextConfig's sliding_window_pattern, default 6: every sixth layer full)
-  const int64_t pattern = c.gemma3() ? r.integer("sliding_window_pattern", 1, 6) : 0;
+  // (Gemma3TextConfig's sliding_window_pattern, default 6: every sixth layer full; Olmo3Config's layer_types: every
+  // fourth)
+  const int64_t pattern = c.gemma3()                             ? r.integer("sliding_window_pattern", 1, 6)
+                          : c.architecture == "Olmo3ForCausalLM" ? 4
+                                                                 : 0;
   for (int64_t l = first; l < c.layers; ++l)
     c.sliding[static_cast<size_t>(l)] = pattern > 0 ? (l + 1) % pattern != 0 : !gpt_oss || l % 2 == 0;
 }
@@ -644,6 +655,7 @@ ModelConfig read_config(const std::string& folder) {
   } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
+  if (c.olmo()) c.qk_norm_full = c.norm_weight_fp32 = c.post_norms = c.sandwich_norms = true;
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2()) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
@@ -651,7 +663,7 @@ ModelConfig read_config(const std::string& folder) {
   else if (r.has("tie_word_embeddings"))
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   if (c.hybrid()) read_linear_attention(r, c);
-  read_sliding_layers(r, mistral || phi3 || gpt_oss || c.gemma3(), c);
+  read_sliding_layers(r, mistral || phi3 || gpt_oss || c.gemma3() || c.architecture == "Olmo3ForCausalLM", c);
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";

@@ -7,8 +7,9 @@
 // Qwen3.5 (Qwen3_5ForCausalLM, or the language model of Qwen3_5ForConditionalGeneration: Gated DeltaNet layers
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
-// same kind, its Gated DeltaNet's projections packed per key head). Anything else is refused with the architecture
-// found and the list.
+// same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
+// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3: see their members below). Anything else is
+// refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -150,6 +151,13 @@ struct ModelConfig {
   bool embed_scale = false, sandwich_norms = false, gelu_mlp = false;
   double rope_local_theta = 0;  // 0: every layer rotates alike
   bool local_rope(int64_t layer) const { return rope_local_theta > 0 && window(layer) > 0; }
+  // OLMo 2 / OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM): no norm before attention or the MLP; their outputs normed
+  // before the residual adds (post_attention_layernorm, post_feedforward_layernorm: post_norms, with sandwich_norms'
+  // code); q / k normed over all heads (qk_norm_full); every norm's weight applied in float32 (norm_weight_fp32).
+  // OLMo 3's sliding layers (layer_types, else three of every four) rotate with their own unscaled RoPE
+  // (rope_local_theta), its full layers with rope_theta and its scaling (YaRN as published).
+  bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
+  bool post_norms = false;
   // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
   // rotate nothing. Empty: every layer rotates.
   std::vector<uint8_t> nope;
