@@ -127,6 +127,11 @@ FAMILIES = [
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # GLM-4's kind (Glm4ForCausalLM: GLM-4-9B / 32B-0414): four norms a layer (after attention, before and after the
+    # MLP), gate | up packed, q / k / v biases, half of each head rotated with its pairs interleaved.
+    ("glm4", "Glm4Config", "Glm4ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, rope_theta=1e4,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # OLMo 2's kind (Olmo2ForCausalLM): no norm before attention or the MLP, their outputs normed before the residual
     # adds, q / k normed over all heads, every norm's weight applied in float32; q / k / v / o biases (attention_bias).
     ("olmo2", "Olmo2Config", "Olmo2ForCausalLM",

@@ -606,6 +606,29 @@ def test_smollm3_nope_layers_are_read(tmp_path):
         assert err <= BOUND and moved > 10 * BOUND
 
 
+def test_glm4_rotates_the_part_of_each_head_its_config_says(tmp_path):
+    """GLM-4 (the family test gives its states equal to transformers': half of each head rotated, its pairs
+    interleaved): every dimension rotated instead (partial_rotary_factor 1) and a quarter (0.25) move the states, ours
+    following transformers through each, so the factor is read, not assumed."""
+    folder = tmp_path / "glm4"
+    make_model(folder, "glm4", seed=31)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(5))
+    layers = [1, 3]
+    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = json.loads((folder / "config.json").read_text())
+    for factor in (1.0, 0.25):
+        config = {**made, "partial_rotary_factor": factor}
+        if isinstance(made.get("rope_parameters"), dict):
+            config["rope_parameters"] = {**made["rope_parameters"], "partial_rotary_factor": factor}
+        (folder / "config.json").write_text(json.dumps(config))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
+        moved = rel(ours["hidden"], base["hidden"])
+        print(f"glm4 with partial_rotary_factor {factor}: rel err {err:.1e}; the change moves the states {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
+
+
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
     """OLMo 3 (the family test gives its states equal to transformers': sliding layers with their own unscaled RoPE,
     the full one with YaRN): config.json as published (rope_theta and rope_scaling at the top, which transformers

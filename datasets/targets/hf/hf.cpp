@@ -664,10 +664,9 @@ class HfTarget final : public Target {
       expected.push_back({cfg_.lm_head, {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
       const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
-      if (!cfg_.post_norms) expected.push_back({p + "input_layernorm.weight", {H}});
-      expected.push_back({p + "post_attention_layernorm.weight", {H}});
-      if (cfg_.sandwich_norms && !cfg_.post_norms) expected.push_back({p + "pre_feedforward_layernorm.weight", {H}});
-      if (cfg_.sandwich_norms) expected.push_back({p + "post_feedforward_layernorm.weight", {H}});
+      const NormNames n = norm_names();
+      for (const std::string* name : {&n.input, &n.post, &n.pre_ff, &n.post_ff})
+        if (!name->empty()) expected.push_back({p + *name + ".weight", {H}});
       if (cfg_.linear_attention(l)) {
         add_gated_delta_shapes(p, expected);
       } else {
@@ -785,7 +784,7 @@ class HfTarget final : public Target {
         if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
       }
     } else {
-      if (packed()) {
+      if (mlp_packed()) {
         expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
       } else {
         expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
@@ -798,12 +797,12 @@ class HfTarget final : public Target {
   DecoderLayer load_layer(int64_t l) const {
     const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
     DecoderLayer L;
-    if (!cfg_.post_norms) L.input_norm = load_norm(p + "input_layernorm.weight");  // (OLMo: none, nor pre_ff_norm)
-    L.post_norm = load_norm(p + "post_attention_layernorm.weight");
-    if (cfg_.sandwich_norms) {
-      if (!cfg_.post_norms) L.pre_ff_norm = load_norm(p + "pre_feedforward_layernorm.weight");
-      L.post_ff_norm = load_norm(p + "post_feedforward_layernorm.weight");
-    }
+    const NormNames n = norm_names();
+    const auto norm = [&](const std::string& name) {
+      return name.empty() ? at::Tensor() : load_norm(p + name + ".weight");
+    };
+    L.input_norm = norm(n.input), L.post_norm = norm(n.post), L.pre_ff_norm = norm(n.pre_ff);
+    L.post_ff_norm = norm(n.post_ff);
     if (cfg_.linear_attention(l))
       load_gated_delta(p, L);
     else
@@ -861,8 +860,8 @@ class HfTarget final : public Target {
       }
       return L;
     }
-    L.gate_up = packed() ? load(p + "mlp.gate_up_proj.weight")
-                         : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
+    L.gate_up = mlp_packed() ? load(p + "mlp.gate_up_proj.weight")
+                             : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
     L.down_proj = load(p + "mlp.down_proj.weight");
     return L;
   }
@@ -878,18 +877,35 @@ class HfTarget final : public Target {
       L.attn_gate = halves.select(1, 1).reshape({-1, cfg_.hidden}).contiguous();
       q = halves.select(1, 0).reshape({-1, cfg_.hidden});
     }
+    // (GLM-4: each head's rotated pairs stored interleaved, de-interleaved here; biases alike)
+    const auto qk = [&](const at::Tensor& w, int64_t heads) { return pairs_apart(w, heads); };
     L.qkv = packed() ? load(p + "self_attn.qkv_proj.weight")
-                     : at::cat({q, load(p + "self_attn.k_proj.weight"), load(p + "self_attn.v_proj.weight")});
+                     : at::cat({qk(q, cfg_.heads), qk(load(p + "self_attn.k_proj.weight"), cfg_.kv_heads),
+                                load(p + "self_attn.v_proj.weight")});
     L.o_proj = load(p + "self_attn.o_proj.weight");
     if (cfg_.qkv_bias || cfg_.o_bias)
-      L.qkv_bias = at::cat(
-          {load(p + "self_attn.q_proj.bias"), load(p + "self_attn.k_proj.bias"), load(p + "self_attn.v_proj.bias")});
+      L.qkv_bias = at::cat({qk(load(p + "self_attn.q_proj.bias"), cfg_.heads),
+                            qk(load(p + "self_attn.k_proj.bias"), cfg_.kv_heads), load(p + "self_attn.v_proj.bias")});
     if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
     if (cfg_.qk_norm || cfg_.qk_norm_full) {
       L.q_norm = load_norm(p + "self_attn.q_norm.weight");
       L.k_norm = load_norm(p + "self_attn.k_norm.weight");
     }
     if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
+  }
+
+  // GLM-4's q or k rows (or bias) w [heads D, ...] with each head's first rotary_dim rows' pairs (x0, x1), (x2, x3),
+  // ... stored interleaved: those rows reordered evens first, then odds (rotate-half RoPE then gives transformers'
+  // interleaved rotation's values, a permutation of each head's dimensions that q . k does not see); w itself
+  // without rope_interleave.
+  at::Tensor pairs_apart(const at::Tensor& w, int64_t heads) const {
+    if (!cfg_.rope_interleave) return w;
+    const int64_t D = cfg_.head_dim, R = cfg_.rotary_dim;
+    const at::Tensor b = w.reshape({heads, D, -1});
+    const at::Tensor r = b.narrow(1, 0, R);
+    return at::cat({r.slice(1, 0, R, 2), r.slice(1, 1, R, 2), b.narrow(1, R, D - R)}, 1)
+        .reshape(w.sizes())
+        .contiguous();
   }
 
   // DeepSeek-V3's latent attention under prefix p. With rope_interleave the rotated dimensions' pairs (x0, x1), (x2,
@@ -1223,12 +1239,27 @@ class HfTarget final : public Target {
     return {top * cfg_.routed_scale, chosen};
   }
 
+  // A layer's norms under model.layers.N.: before attention, after it (with sandwich norms: the attention's output's;
+  // else the MLP's input's), before the MLP and after it (sandwich norms only); empty: none.
+  struct NormNames {
+    std::string input, post, pre_ff, post_ff;
+  };
+  NormNames norm_names() const {
+    if (cfg_.glm4())
+      return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"};
+    if (cfg_.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};  // (OLMo)
+    if (cfg_.sandwich_norms)                                                                         // (Gemma 3)
+      return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
+    return {"input_layernorm", "post_attention_layernorm", "", ""};
+  }
   bool mixtral() const { return cfg_.architecture == "MixtralForCausalLM"; }
   bool gpt_oss() const { return cfg_.architecture == "GptOssForCausalLM"; }
   bool qwen3_next() const { return cfg_.architecture == "Qwen3NextForCausalLM"; }
   // Phi-3 / Phi-4 store the projections packed as the engine runs them: self_attn.qkv_proj [q; k; v]
   // and mlp.gate_up_proj [gate; up] (transformers' Phi3Attention / Phi3MLP split them in that order).
   bool packed() const { return cfg_.architecture == "Phi3ForCausalLM"; }
+  // gate | up stored packed as mlp.gate_up_proj [gate; up]: Phi-3 / Phi-4's and GLM-4's
+  bool mlp_packed() const { return packed() || cfg_.glm4(); }
   // Where a sparse layer's tensors sit under model.layers.N.: the router at <block>gate.weight,
   // expert e's projections at <block>experts.e.<gate | up | down>.
   struct ExpertKeys {
@@ -1487,9 +1518,9 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(
-    target, "hf", "0.1.0",
-    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-    "SmolLM3, OLMo 2 / 3, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2) "
-    "run online as the target",
-    flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+                  "SmolLM3, OLMo 2 / 3, GLM-4, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V3, "
+                  "gpt-oss, MiniMax-M2) "
+                  "run online as the target",
+                  flashdraft::HfTarget)

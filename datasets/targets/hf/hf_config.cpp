@@ -31,6 +31,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Gemma3ForCausalLM",
                                                           "SmolLM3ForCausalLM",
                                                           "Olmo2ForCausalLM",
+                                                          "Glm4ForCausalLM",
                                                           "Olmo3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
@@ -184,7 +185,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5),
   // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
   // it (transformers' Llama / Qwen / Mistral code has no part).
-  const bool glm = c.architecture == "Glm4MoeForCausalLM", phi3 = c.architecture == "Phi3ForCausalLM";
+  const bool glm = c.architecture == "Glm4MoeForCausalLM" || c.glm4(), phi3 = c.architecture == "Phi3ForCausalLM";
   const bool qwen3_5 = c.hybrid();  // (Qwen3_5TextConfig's and Qwen3NextConfig's default: 0.25)
   // (MiniMax-M2 as published: rotary_dim, which transformers reads as partial_rotary_factor rotary_dim / head_dim
   // where rope_parameters does not say it)
@@ -640,11 +641,12 @@ ModelConfig read_config(const std::string& folder) {
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || c.hybrid() || (glm && r.boolean("use_qk_norm", false));
   if (c.minimax_m2()) read_minimax_m2_norms(r, c);
-  c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true));
-  const bool phi3 = c.architecture == "Phi3ForCausalLM";       // no biases
-  const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
-  c.o_bias =
-      !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && r.boolean("attention_bias", gpt_oss);
+  c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true)) ||
+               (c.glm4() && r.boolean("attention_bias", true));  // (Glm4Config's default: biases on q, k, v)
+  const bool phi3 = c.architecture == "Phi3ForCausalLM";         // no biases
+  const bool gpt_oss = c.architecture == "GptOssForCausalLM";    // biases on q, k, v, o unless attention_bias false
+  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() &&
+             r.boolean("attention_bias", gpt_oss);
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_quantization(r, c);
   if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)
@@ -656,6 +658,7 @@ ModelConfig read_config(const std::string& folder) {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
   if (c.olmo()) c.qk_norm_full = c.norm_weight_fp32 = c.post_norms = c.sandwich_norms = true;
+  if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2()) read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)

@@ -8,8 +8,8 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3: see their members below). Anything else is
-// refused with the architecture found and the list.
+// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4: see their members below). Anything
+// else is refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -156,6 +156,11 @@ struct ModelConfig {
   // code); q / k normed over all heads (qk_norm_full); every norm's weight applied in float32 (norm_weight_fp32).
   // OLMo 3's sliding layers (layer_types, else three of every four) rotate with their own unscaled RoPE
   // (rope_local_theta), its full layers with rope_theta and its scaling (YaRN as published).
+  // GLM-4 (Glm4ForCausalLM: GLM-4-9B / 32B-0414, GLM-Z1): Gemma 3's four norms a layer under other names
+  // (post_self_attn_layernorm after attention, post_attention_layernorm before the MLP, post_mlp_layernorm after it),
+  // gate | up stored packed (mlp.gate_up_proj), biases on q / k / v, the first rotary_dim of each head rotated with
+  // their pairs interleaved (rope_interleave: de-interleaved at load, as for DeepSeek-V3's latent attention).
+  bool glm4() const { return architecture == "Glm4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
   bool post_norms = false;
   // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
