@@ -584,49 +584,49 @@ def test_fp8_checkpoint_refusals(tmp_path):
         assert p.returncode != 0 and expected in p.stderr, (what, p.stderr[-600:])
 
 
-def test_smollm3_nope_layers_are_read(tmp_path):
-    """SmolLM3 (the family test gives its states equal to transformers'): its NoPE layers are read and move the states,
-    ours following transformers: every layer rotating (no_rope_layers all 1), and no_rope_layer_interval 2 in place of
-    the list (layers 1 and 3 without RoPE)."""
-    folder = tmp_path / "smollm3"
-    make_model(folder, "smollm3", seed=17)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(2))
+def changed_configs_follow_transformers(family, seed, token_seed, changes, tmp_path):
+    """`family`'s tiny checkpoint; ours on layers 1 and 3 over 40 positions, then for each (what, change) of `changes`
+    (change: the config.json as made -> the one to write) ours against transformers' model of the changed config,
+    which must agree, and against ours before, which the change must move."""
+    folder = tmp_path / family
+    make_model(folder, family, seed=seed)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(token_seed))
     layers = [1, 3]
     p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
     assert p.returncode == 0, p.stderr
     made = json.loads((folder / "config.json").read_text())
-    interval = {k: v for k, v in made.items() if k != "no_rope_layers"}
-    for what, config in [("every layer rotating", {**made, "no_rope_layers": [1, 1, 1, 1]}),
-                         ("no_rope_layer_interval 2", {**interval, "no_rope_layer_interval": 2})]:
-        (folder / "config.json").write_text(json.dumps(config))
+    for what, change in changes:
+        (folder / "config.json").write_text(json.dumps(change(made)))
         theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
         moved = rel(ours["hidden"], base["hidden"])
-        print(f"smollm3 with {what}: rel err {err:.1e}; the change moves the states {moved:.1e}")
+        print(f"{family} with {what}: rel err {err:.1e}; the change moves the states {moved:.1e}")
         assert err <= BOUND and moved > 10 * BOUND
+
+
+def without(config, *keys):
+    return {k: v for k, v in config.items() if k not in keys}
+
+
+def test_smollm3_nope_layers_are_read(tmp_path):
+    """SmolLM3 (the family test gives its states equal to transformers'): its NoPE layers are read and move the states,
+    ours following transformers: every layer rotating (no_rope_layers all 1), and no_rope_layer_interval 2 in place of
+    the list (layers 1 and 3 without RoPE)."""
+    changed_configs_follow_transformers("smollm3", 17, 2, [
+        ("every layer rotating", lambda made: {**made, "no_rope_layers": [1, 1, 1, 1]}),
+        ("no_rope_layer_interval 2", lambda made: {**without(made, "no_rope_layers"), "no_rope_layer_interval": 2})],
+        tmp_path)
 
 
 def test_glm4_rotates_the_part_of_each_head_its_config_says(tmp_path):
     """GLM-4 (the family test gives its states equal to transformers': half of each head rotated, its pairs
     interleaved): every dimension rotated instead (partial_rotary_factor 1) and a quarter (0.25) move the states, ours
     following transformers through each, so the factor is read, not assumed."""
-    folder = tmp_path / "glm4"
-    make_model(folder, "glm4", seed=31)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(5))
-    layers = [1, 3]
-    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
-    made = json.loads((folder / "config.json").read_text())
-    for factor in (1.0, 0.25):
-        config = {**made, "partial_rotary_factor": factor}
-        if isinstance(made.get("rope_parameters"), dict):
-            config["rope_parameters"] = {**made["rope_parameters"], "partial_rotary_factor": factor}
-        (folder / "config.json").write_text(json.dumps(config))
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
-        moved = rel(ours["hidden"], base["hidden"])
-        print(f"glm4 with partial_rotary_factor {factor}: rel err {err:.1e}; the change moves the states {moved:.1e}")
-        assert err <= BOUND and moved > 10 * BOUND
+    def factor(f):
+        return lambda made: {**made, "partial_rotary_factor": f,
+                             "rope_parameters": {**made["rope_parameters"], "partial_rotary_factor": f}}
+    changed_configs_follow_transformers("glm4", 31, 5, [(f"partial_rotary_factor {f}", factor(f)) for f in (1.0, 0.25)],
+                                        tmp_path)
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
@@ -635,26 +635,12 @@ def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
     gives the full layers, the sliding ones its default_theta 500000), without layer_types (three of every four
     layers sliding), and with another sliding window: ours follows transformers through each, and each moves the
     states (layers 1 and 3 of 4, 40 positions)."""
-    folder = tmp_path / "olmo3"
-    make_model(folder, "olmo3", seed=29)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(4))
-    layers = [1, 3]
-    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
-    made = json.loads((folder / "config.json").read_text())
-    published = {k: v for k, v in made.items() if k != "rope_parameters"}
-    published.update(rope_theta=2e5, rope_scaling=dict(made["rope_parameters"]["full_attention"], rope_theta=None))
-    del published["rope_scaling"]["rope_theta"]
-    changes = [("config.json as published", published),
-               ("no layer_types", {k: v for k, v in made.items() if k != "layer_types"}),
-               ("sliding_window 3", {**made, "sliding_window": 3})]
-    for what, config in changes:
-        (folder / "config.json").write_text(json.dumps(config))
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        _, ours, err = states_against(theirs, folder, tokens, layers, tmp_path)
-        moved = rel(ours["hidden"], base["hidden"])
-        print(f"olmo3 with {what}: rel err {err:.1e}; the change moves the states {moved:.1e}")
-        assert err <= BOUND and moved > 10 * BOUND
+    def published(made):
+        full = without(made["rope_parameters"]["full_attention"], "rope_theta")
+        return {**without(made, "rope_parameters"), "rope_theta": 2e5, "rope_scaling": full}
+    changed_configs_follow_transformers("olmo3", 29, 4, [
+        ("config.json as published", published), ("no layer_types", lambda made: without(made, "layer_types")),
+        ("sliding_window 3", lambda made: {**made, "sliding_window": 3})], tmp_path)
 
 
 def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projection(tmp_path):
