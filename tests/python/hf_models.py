@@ -132,6 +132,11 @@ FAMILIES = [
     ("glm4", "Glm4Config", "Glm4ForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, rope_theta=1e4,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # EXAONE 4.0's kind (Exaone4ForCausalLM): OLMo's norms after attention and the MLP only, Qwen3's per-head q / k
+    # norms; layers 0-2 sliding over 6 positions and rotating, layer 3 full without RoPE (sliding_window_pattern 4).
+    ("exaone4", "Exaone4Config", "Exaone4ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, sliding_window=6, sliding_window_pattern=4, rope_theta=1e6,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # OLMo 2's kind (Olmo2ForCausalLM): no norm before attention or the MLP, their outputs normed before the residual
     # adds, q / k normed over all heads, every norm's weight applied in float32; q / k / v / o biases (attention_bias).
     ("olmo2", "Olmo2Config", "Olmo2ForCausalLM",

@@ -629,6 +629,28 @@ def test_glm4_rotates_the_part_of_each_head_its_config_says(tmp_path):
                                         tmp_path)
 
 
+def test_exaone4_layer_pattern_and_its_full_layers_without_rope(tmp_path):
+    """EXAONE 4.0 (the family test gives its states equal to transformers': layers 0-2 sliding and rotating, layer 3
+    full without RoPE): sliding_window_pattern 2 in place of layer_types, and no sliding_window (every layer full and
+    rotating) move the states, ours following transformers; the pattern as a string ("LLLG", which transformers reads
+    only through layer_types) gives the states of its integer form 4."""
+    changed_configs_follow_transformers("exaone4", 37, 6, [
+        ("sliding_window_pattern 2", lambda made: {**without(made, "layer_types"), "sliding_window_pattern": 2}),
+        ("no sliding_window", lambda made: {**made, "sliding_window": None, "layer_types": ["full_attention"] * 4})],
+        tmp_path)
+    folder = tmp_path / "exaone4"
+    made = json.loads((folder / "config.json").read_text())
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    states = {}
+    for pattern in (4, "LLLG"):
+        config = {**without(made, "layer_types"), "sliding_window": 6, "sliding_window_pattern": pattern}
+        (folder / "config.json").write_text(json.dumps(config))
+        p, states[pattern] = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+        assert p.returncode == 0, p.stderr
+    print(f"exaone4, sliding_window_pattern \"LLLG\" against 4: {rel(states['LLLG']['hidden'], states[4]['hidden']):.1e}")
+    assert torch.equal(states["LLLG"]["hidden"], states[4]["hidden"])
+
+
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
     """OLMo 3 (the family test gives its states equal to transformers': sliding layers with their own unscaled RoPE,
     the full one with YaRN): config.json as published (rope_theta and rope_scaling at the top, which transformers
@@ -929,6 +951,9 @@ MOE_REFUSED = {
                      'value "per_head" is not supported (accepted: "per_layer", one norm over all heads'),
     "use_qk_norm": ("minimax_m2", dict(use_qk_norm=False), "false is not supported (transformers' MiniMaxM2Attention "
                                                            "norms q and k always"),
+    "mlp_bias": ("qwen3_moe", dict(mlp_bias=True), "true is not supported (the MLP's biases would not be read"),
+    "sliding_window_pattern": ("exaone4", dict(layer_types=None, sliding_window_pattern="LLXG"),
+                               'value "LLXG"; accepted: an integer >= 1 (every n-th layer full) or a string of L and G'),
     "quantization_config": ("qwen3_moe", dict(quantization_config={"quant_method": "awq", "bits": 4}),
                             'quant_method "awq": a quantized Qwen3MoeForCausalLM checkpoint is not read (accepted: an '
                             'unquantized checkpoint, block-wise "fp8" weights, or gpt-oss\'s "mxfp4" experts)'),

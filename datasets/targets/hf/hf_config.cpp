@@ -32,6 +32,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "SmolLM3ForCausalLM",
                                                           "Olmo2ForCausalLM",
                                                           "Glm4ForCausalLM",
+                                                          "Exaone4ForCausalLM",
                                                           "Olmo3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
@@ -285,6 +286,22 @@ void read_layer_types(const Reader& r, int64_t layers, const std::string& key,
   }
 }
 
+// EXAONE 4.0's sliding_window_pattern where layer_types does not list the layers: an integer n (every n-th layer full,
+// the others sliding; Exaone4Config's default 4) or a string of L (sliding) and G (full) repeated from layer 0.
+void read_exaone4_pattern(const Reader& r, ModelConfig& c) {
+  const json pattern = r.has("sliding_window_pattern") ? r.j.at("sliding_window_pattern") : json(4);
+  const std::string accepted = "; accepted: an integer >= 1 (every n-th layer full) or a string of L and G";
+  if (pattern.is_number_integer() && pattern.get<int64_t>() >= 1) {
+    for (int64_t l = 0; l < c.layers; ++l) c.sliding[static_cast<size_t>(l)] = (l + 1) % pattern.get<int64_t>() != 0;
+    return;
+  }
+  const std::string s = pattern.is_string() ? pattern.get<std::string>() : "";
+  if (s.empty() || s.find_first_not_of("LG") != std::string::npos)
+    r.fail("sliding_window_pattern", "value " + pattern.dump() + accepted);
+  for (int64_t l = 0; l < c.layers; ++l)
+    c.sliding[static_cast<size_t>(l)] = s[static_cast<size_t>(l) % s.size()] == 'L';
+}
+
 // Which layers attend through a sliding window (ModelConfig::sliding): Mistral's and Phi-3's every
 // layer when sliding_window is set (`all`); a family with use_sliding_window (Qwen2) the layers from
 // max_window_layers on; layer_types, where config.json lists them, says it per layer.
@@ -296,6 +313,7 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding_window = r.integer("sliding_window", 1);
   if (r.has("layer_types"))
     return read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
+  if (c.exaone4()) return read_exaone4_pattern(r, c);
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
@@ -645,7 +663,7 @@ ModelConfig read_config(const std::string& folder) {
                (c.glm4() && r.boolean("attention_bias", true));  // (Glm4Config's default: biases on q, k, v)
   const bool phi3 = c.architecture == "Phi3ForCausalLM";         // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";    // biases on q, k, v, o unless attention_bias false
-  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() &&
+  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() && !c.exaone4() &&
              r.boolean("attention_bias", gpt_oss);
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_quantization(r, c);
@@ -658,6 +676,10 @@ ModelConfig read_config(const std::string& folder) {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
   if (c.olmo()) c.qk_norm_full = c.norm_weight_fp32 = c.post_norms = c.sandwich_norms = true;
+  if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
+  // (no family here has biases on its MLP: a checkpoint with them would be run without them)
+  if (r.boolean("mlp_bias", false))
+    r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
   if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2()) read_experts(r, c);
@@ -666,7 +688,12 @@ ModelConfig read_config(const std::string& folder) {
   else if (r.has("tie_word_embeddings"))
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   if (c.hybrid()) read_linear_attention(r, c);
-  read_sliding_layers(r, mistral || phi3 || gpt_oss || c.gemma3() || c.architecture == "Olmo3ForCausalLM", c);
+  read_sliding_layers(
+      r, mistral || phi3 || gpt_oss || c.gemma3() || c.architecture == "Olmo3ForCausalLM" || c.exaone4(), c);
+  if (c.exaone4() && c.sliding_window > 0) {  // (its full layers rotate nothing)
+    c.nope.assign(static_cast<size_t>(c.layers), 0);
+    for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];
+  }
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
   const fs::path generation = fs::path(folder) / "generation_config.json";

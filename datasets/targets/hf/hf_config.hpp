@@ -8,8 +8,8 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4: see their members below). Anything
-// else is refused with the architecture found and the list.
+// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0: see their members
+// below). Anything else is refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -161,6 +161,11 @@ struct ModelConfig {
   // gate | up stored packed (mlp.gate_up_proj), biases on q / k / v, the first rotary_dim of each head rotated with
   // their pairs interleaved (rope_interleave: de-interleaved at load, as for DeepSeek-V3's latent attention).
   bool glm4() const { return architecture == "Glm4ForCausalLM"; }
+  // EXAONE 4.0 (Exaone4ForCausalLM: 32B, 1.2B): OLMo's norms after attention and the MLP only (post_norms), but
+  // Qwen3's per-head q / k norms, weights in the model's dtype; with sliding_window set its sliding layers
+  // (layer_types, else sliding_window_pattern: every n-th full, or a string such as "LLLG" repeated from layer 0)
+  // rotate and its full ones do not (nope); without it every layer is full and rotates.
+  bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
   bool post_norms = false;
   // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
