@@ -132,6 +132,13 @@ FAMILIES = [
     ("glm4", "Glm4Config", "Glm4ForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, rope_theta=1e4,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # ERNIE 4.5's kind (Ernie4_5ForCausalLM): Llama's layers, every dimension rotated with its pairs interleaved.
+    ("ernie4_5", "Ernie4_5Config", "Ernie4_5ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Seed-OSS's kind (SeedOssForCausalLM): Llama's layers, biases on q / k / v (attention_bias) but not on o.
+    ("seed_oss", "SeedOssConfig", "SeedOssForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e7, attention_bias=True, attention_out_bias=False,
+          attention_dropout=0.0, residual_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # EXAONE 4.0's kind (Exaone4ForCausalLM): OLMo's norms after attention and the MLP only, Qwen3's per-head q / k
     # norms; layers 0-2 sliding over 6 positions and rotating, layer 3 full without RoPE (sliding_window_pattern 4).
     ("exaone4", "Exaone4Config", "Exaone4ForCausalLM",

@@ -651,6 +651,18 @@ def test_exaone4_layer_pattern_and_its_full_layers_without_rope(tmp_path):
     assert torch.equal(states["LLLG"]["hidden"], states[4]["hidden"])
 
 
+def test_seed_oss_biases_of_q_k_v_and_of_o_are_read_apart(tmp_path):
+    """Seed-OSS (the family test: biases on q / k / v, none on o): with attention_out_bias (o's bias too) and without
+    attention_bias (o's alone) ours equals transformers, each checkpoint's own biases read."""
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(7))
+    for qkv, out in ((True, True), (False, True)):
+        folder = tmp_path / f"seed_oss_{qkv}_{out}"
+        model = make_model(folder, "seed_oss", seed=41, attention_bias=qkv, attention_out_bias=out)
+        _, _, err = states_against(model, folder, tokens, [1, 3], tmp_path)
+        print(f"seed_oss with attention_bias {qkv}, attention_out_bias {out}: rel err {err:.2e}")
+        assert err <= BOUND
+
+
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
     """OLMo 3 (the family test gives its states equal to transformers': sliding layers with their own unscaled RoPE,
     the full one with YaRN): config.json as published (rope_theta and rope_scaling at the top, which transformers
@@ -951,6 +963,8 @@ MOE_REFUSED = {
                      'value "per_head" is not supported (accepted: "per_layer", one norm over all heads'),
     "use_qk_norm": ("minimax_m2", dict(use_qk_norm=False), "false is not supported (transformers' MiniMaxM2Attention "
                                                            "norms q and k always"),
+    "use_bias": ("ernie4_5", dict(use_bias=True), "true is not supported (ERNIE 4.5's linear layers' biases would not "
+                                                  "be read"),
     "mlp_bias": ("qwen3_moe", dict(mlp_bias=True), "true is not supported (the MLP's biases would not be read"),
     "sliding_window_pattern": ("exaone4", dict(layer_types=None, sliding_window_pattern="LLXG"),
                                'value "LLXG"; accepted: an integer >= 1 (every n-th layer full) or a string of L and G'),

@@ -705,7 +705,7 @@ class HfTarget final : public Target {
       expected.push_back({p + "self_attn.v_proj.weight", {kv, H}});
     }
     if (cfg_.sinks) expected.push_back({p + "self_attn.sinks", {cfg_.heads}});
-    if (cfg_.qkv_bias || cfg_.o_bias)
+    if (cfg_.qkv_bias)
       for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
                {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
         expected.push_back({p + e.first, e.second});
@@ -883,7 +883,7 @@ class HfTarget final : public Target {
                      : at::cat({qk(q, cfg_.heads), qk(load(p + "self_attn.k_proj.weight"), cfg_.kv_heads),
                                 load(p + "self_attn.v_proj.weight")});
     L.o_proj = load(p + "self_attn.o_proj.weight");
-    if (cfg_.qkv_bias || cfg_.o_bias)
+    if (cfg_.qkv_bias)
       L.qkv_bias = at::cat({qk(load(p + "self_attn.q_proj.bias"), cfg_.heads),
                             qk(load(p + "self_attn.k_proj.bias"), cfg_.kv_heads), load(p + "self_attn.v_proj.bias")});
     if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
@@ -1518,10 +1518,10 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(
-    target, "hf", "0.1.0",
-    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-    "SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V3, "
-    "gpt-oss, MiniMax-M2) "
-    "run online as the target",
-    flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+                  "SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4, ERNIE 4.5, Seed-OSS, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 "
+                  "/ 4.7-Flash, DeepSeek-V3, "
+                  "gpt-oss, MiniMax-M2) "
+                  "run online as the target",
+                  flashdraft::HfTarget)

@@ -33,6 +33,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Olmo2ForCausalLM",
                                                           "Glm4ForCausalLM",
                                                           "Exaone4ForCausalLM",
+                                                          "Ernie4_5ForCausalLM",
+                                                          "SeedOssForCausalLM",
                                                           "Olmo3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
@@ -664,7 +666,19 @@ ModelConfig read_config(const std::string& folder) {
   const bool phi3 = c.architecture == "Phi3ForCausalLM";         // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";    // biases on q, k, v, o unless attention_bias false
   c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() && !c.exaone4() &&
-             r.boolean("attention_bias", gpt_oss);
+             !c.ernie4_5() && r.boolean("attention_bias", gpt_oss);
+  if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
+  if (c.seed_oss()) {
+    c.qkv_bias = r.boolean("attention_bias", true);
+    c.o_bias = r.boolean("attention_out_bias", false);
+  }
+  if (c.ernie4_5()) {
+    c.rope_interleave = true;
+    if (r.boolean("use_bias", false))
+      r.fail("use_bias",
+             "true is not supported (ERNIE 4.5's linear layers' biases would not be read; accepted: false "
+             "or absent, as published)");
+  }
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_quantization(r, c);
   if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)

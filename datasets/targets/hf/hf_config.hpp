@@ -57,8 +57,8 @@ struct ModelConfig {
   // [heads D], k_norm [kv_heads D], its qk_norm_type "per_layer"), before RoPE.
   bool minimax_m2() const { return architecture == "MiniMaxM2ForCausalLM"; }
   bool qk_norm_full = false;
-  bool qkv_bias = false;    // Qwen2: biases on q, k, v
-  bool o_bias = false;      // attention_bias (Llama, Qwen3): biases on q, k, v and o
+  bool qkv_bias = false;    // Qwen2: biases on q, k, v (and Llama's, Qwen3's attention_bias)
+  bool o_bias = false;      // attention_bias (Llama, Qwen3): a bias on o too (Seed-OSS: attention_out_bias alone)
   int tie_embeddings = -1;  // 1 / 0 as config.json says; -1: not said (the weights decide)
   // Sliding-window attention: a sliding layer's query sees only the sliding_window positions ending
   // at its own (0: every layer full). Which layers slide: config.json's layer_types where it lists
@@ -165,6 +165,11 @@ struct ModelConfig {
   // Qwen3's per-head q / k norms, weights in the model's dtype; with sliding_window set its sliding layers
   // (layer_types, else sliding_window_pattern: every n-th full, or a string such as "LLLG" repeated from layer 0)
   // rotate and its full ones do not (nope); without it every layer is full and rotates.
+  // ERNIE 4.5 (Ernie4_5ForCausalLM: 0.3B): Llama's layers, every dimension of each head rotated with its pairs
+  // interleaved (rope_interleave, as GLM-4's). Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B): Llama's layers, the biases
+  // of q / k / v (attention_bias) and of o (attention_out_bias) set apart.
+  bool ernie4_5() const { return architecture == "Ernie4_5ForCausalLM"; }
+  bool seed_oss() const { return architecture == "SeedOssForCausalLM"; }
   bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
   bool post_norms = false;
