@@ -255,6 +255,13 @@ def zeroed_against_transformers(family, suffix, tmp_path):
     return saved, before["hidden"][:, :, 0], after["hidden"][:, :, 0], ref
 
 
+def minimax_rotary_dim_is_read():
+    """Whether this transformers' MiniMax-M2 reads rotary_dim as its partial rotary factor, as the released checkpoints
+    mean it (5.23 does; 5.17 rotates every dimension whatever rotary_dim says)."""
+    config = transformers.MiniMaxM2Config(**{**SMALL, "head_dim": 16, "rotary_dim": 8})
+    return (config.rope_parameters or {}).get("partial_rotary_factor") == 0.5
+
+
 def gpt_oss_limit_is_read():
     """Whether this transformers' gpt-oss reads swiglu_limit from its config (5.23 does; 5.17 fixes it at 7.0)."""
     config = transformers.GptOssConfig(**{**SMALL, "swiglu_limit": 0.5})
@@ -1176,16 +1183,23 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     layer 0's state alone)."""
     # head_dim 64: a size flash_cuda runs forward and backward. gpt-oss under a transformers that fixes its GLU's
     # limit at 7.0 whatever config.json says (5.17 does): the published 7.0, so that both read the same.
+    # MiniMax-M2 under a transformers that rotates every dimension whatever rotary_dim says (5.17): rotary_dim = head_dim,
+    # so that both rotate all of it (the partial rotation is the CPU test's, against 5.23).
     extra = dict(head_dim=64, swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else dict(head_dim=64)
+    if family == "minimax_m2" and hasattr(transformers, "MiniMaxM2Config") and not minimax_rotary_dim_is_read():
+        extra = dict(head_dim=64, rotary_dim=64)
     if family in ("deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
     check_bf16_on_cuda(family, layers, tmp_path, extra)
 
 
 # The published head widths of the families whose heads are wider than 128, which flash_cuda runs forward only:
-# Qwen3.5's and Gemma 3's 256 (its sliding layers' windows too), DeepSeek-V3's 128 + 64 (values 128, padded to 192), GLM-4.7-Flash's 192 + 64 (values 256).
-WIDE_HEADS = {"qwen3_5": dict(head_dim=256), "gemma3": dict(head_dim=256), "deepseek_v3": dict(qk_nope_head_dim=128, qk_rope_head_dim=64,
-                                                                  v_head_dim=128),
+# Qwen3.5's and Gemma 3's 256 (its sliding layers' windows too), DeepSeek-V3's 128 + 64 (values 128, padded to 192),
+# GLM-4.7-Flash's 192 + 64 (values 256). Gemma 3 at 256 with its published query_pre_attn_scalar 256 (1B-12B): with the
+# family's 24 (a softmax 3.3x sharper than a head of 256 has) the random model's bf16 forward was chaos, transformers'
+# own error 2.9e-01-3.7e-01 from its fp32 (H100, 2026-12-07), and ours 3.9e-01 against it on one row's last layer.
+WIDE_HEADS = {"qwen3_5": dict(head_dim=256), "gemma3": dict(head_dim=256, query_pre_attn_scalar=256),
+              "deepseek_v3": dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
               "glm4_moe_lite": dict(qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)}
 
 
