@@ -135,6 +135,12 @@ FAMILIES = [
     # ERNIE 4.5's kind (Ernie4_5ForCausalLM): Llama's layers, every dimension rotated with its pairs interleaved.
     ("ernie4_5", "Ernie4_5Config", "Ernie4_5ForCausalLM",
      dict(tie_word_embeddings=True, head_dim=16, rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # ERNIE 4.5's mixture of experts (Ernie4_5_MoeForCausalLM): its attention, layer 0 dense, layers 1-2 8 experts of 32,
+    # 2 a token, chosen by softmax + correction biases, and a shared expert; layer 3 dense (moe_layer_end_index 2).
+    ("ernie4_5_moe", "Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, rope_theta=5e5, moe_num_experts=8, moe_k=2, moe_intermediate_size=32,
+          moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=2, moe_layer_interval=1,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # Seed-OSS's kind (SeedOssForCausalLM): Llama's layers, biases on q / k / v (attention_bias) but not on o.
     ("seed_oss", "SeedOssConfig", "SeedOssForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e7, attention_bias=True, attention_out_bias=False,

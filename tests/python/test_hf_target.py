@@ -880,6 +880,25 @@ def test_minimax_m2_as_published_its_router_biases_and_norms_over_all_heads(tmp_
     assert err <= BOUND and rel(whole["hidden"], mine["hidden"]) > 10 * BOUND
 
 
+def test_ernie4_5_moe_router_biases_and_its_sparse_layers(tmp_path):
+    """ERNIE 4.5's mixture of experts (the family test: layers 1-2 sparse, a softmax router whose choice adds correction
+    biases): the biases (mlp.moe_statics.e_score_correction_bias, [1, E]) zeroed move the states, ours following
+    transformers; checkpoints made with moe_layer_end_index -1 (every layer from the start sparse) and with
+    moe_layer_interval 2 (layers 1 and 3) read as transformers reads them (a layer misread as sparse or dense is refused
+    for its tensors' names)."""
+    biases, ours, unbiased, ref = zeroed_against_transformers("ernie4_5_moe", "e_score_correction_bias", tmp_path)
+    assert len(biases) == 2 and all(b.shape == (1, 8) for b in biases.values()), biases
+    print(f"ernie4_5_moe without its router biases: rel err {rel(unbiased, ref):.1e}; with them {rel(ours, ref):.1e}")
+    assert rel(unbiased, ref) <= BOUND and rel(ours, ref) > 10 * BOUND
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(9))
+    for keys in (dict(moe_layer_end_index=-1), dict(moe_layer_end_index=3, moe_layer_interval=2)):
+        folder = tmp_path / "_".join(f"{k}{v}" for k, v in keys.items())
+        model = make_model(folder, "ernie4_5_moe", seed=43, **keys)
+        _, _, err = states_against(model, folder, tokens, [1, 3], tmp_path)
+        print(f"ernie4_5_moe with {keys}: rel err {err:.1e}")
+        assert err <= BOUND
+
+
 def test_qwen2_moe_shared_expert_gate_is_read_and_used(tmp_path):
     """Qwen2-MoE's shared expert runs on every token times sigmoid(h mlp.shared_expert_gate^T): the
     family test gives transformers' states with a random gate; with the gates set to zero (sigmoid

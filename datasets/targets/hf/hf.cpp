@@ -775,6 +775,7 @@ class HfTarget final : public Target {
         expected.push_back({x + n.down, {H, I}});
       }
       if (cfg_.sigmoid_router) expected.push_back({router_bias_key(p), {cfg_.experts}});
+      if (cfg_.softmax_choice_bias) expected.push_back({router_bias_key(p), {1, cfg_.experts}});  // (ERNIE 4.5)
       if (cfg_.shared_intermediate > 0) {
         const int64_t Is = cfg_.shared_intermediate;
         const std::string s = p + shared_block();
@@ -847,10 +848,10 @@ class HfTarget final : public Target {
         L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
         L.experts_down[e].copy_(load(x + n.down));
       }
-      if (cfg_.sigmoid_router) {
-        // transformers runs GLM-4.5's router in float32 (MiniMax-M2's product in the model's dtype)
+      if (cfg_.sigmoid_router || cfg_.softmax_choice_bias) {
+        // transformers runs GLM-4.5's and ERNIE 4.5's routers in float32 (MiniMax-M2's product in the model's dtype)
         if (!cfg_.router_logits_in_dtype) L.router = L.router.to(at::kFloat);
-        L.router_bias = checkpoint_->load(router_bias_key(p), device_, at::kFloat);
+        L.router_bias = checkpoint_->load(router_bias_key(p), device_, at::kFloat).reshape({-1});
       }
       if (cfg_.shared_intermediate > 0) {
         const std::string s = p + shared_block();
@@ -1166,6 +1167,12 @@ class HfTarget final : public Target {
     at::Tensor top, chosen;
     if (cfg_.sigmoid_router) {
       std::tie(top, chosen) = sigmoid_routing(L, x);
+    } else if (cfg_.softmax_choice_bias) {
+      // ERNIE 4.5: softmax in float32, the top k of softmax + bias, their softmax values renormalised (the sum clamped)
+      const at::Tensor probs = at::softmax(at::linear(x.to(at::kFloat), L.router), -1);
+      chosen = std::get<1>((probs + L.router_bias).topk(k, -1));
+      top = probs.gather(1, chosen);
+      top = top / top.sum(-1, /*keepdim=*/true).clamp_min(cfg_.norm_min);
     } else if (L.router_logit_bias.defined()) {
       // gpt-oss: the top k logits (with the router's bias), softmaxed in the model's dtype
       std::tie(top, chosen) = at::topk(at::linear(x, L.router, L.router_logit_bias), k, -1);
@@ -1279,6 +1286,7 @@ class HfTarget final : public Target {
   // Where a sigmoid router's correction biases sit under model.layers.N. (GLM-4.5, DeepSeek-V3: mlp.gate.; MiniMax-M2:
   // block_sparse_moe., beside its router).
   std::string router_bias_key(const std::string& p) const {
+    if (cfg_.ernie4_5_moe()) return p + "mlp.moe_statics.e_score_correction_bias";
     return p + (cfg_.minimax_m2() ? "block_sparse_moe." : "mlp.gate.") + "e_score_correction_bias";
   }
   // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,
@@ -1518,10 +1526,11 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-                  "SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4, ERNIE 4.5, Seed-OSS, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 "
-                  "/ 4.7-Flash, DeepSeek-V3, "
-                  "gpt-oss, MiniMax-M2) "
-                  "run online as the target",
-                  flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(
+    target, "hf", "0.1.0",
+    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+    "SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4, ERNIE 4.5 (and its MoE), Seed-OSS, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 "
+    "/ 4.7-Flash, DeepSeek-V3, "
+    "gpt-oss, MiniMax-M2) "
+    "run online as the target",
+    flashdraft::HfTarget)

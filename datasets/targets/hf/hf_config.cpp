@@ -34,6 +34,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Glm4ForCausalLM",
                                                           "Exaone4ForCausalLM",
                                                           "Ernie4_5ForCausalLM",
+                                                          "Ernie4_5_MoeForCausalLM",
                                                           "SeedOssForCausalLM",
                                                           "Olmo3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
@@ -376,6 +377,22 @@ void read_minimax_m2_routing(const Reader& r, ModelConfig& c) {
                                            " asks for a shared expert, which MiniMax-M2 does not have (accepted: 0)");
 }
 
+// ERNIE 4.5's experts (ModelConfig::ernie4_5_moe): its own keys for the sizes and the sparse layers.
+void read_ernie4_5_routing(const Reader& r, ModelConfig& c) {
+  c.moe_intermediate = r.integer("moe_intermediate_size", 1);
+  c.softmax_choice_bias = true;
+  c.norm_min = r.real(r.j, "moe_norm_min", 1e-12);
+  if (!(c.norm_min > 0)) r.fail("moe_norm_min", "must be positive");
+  c.shared_experts = r.integer("moe_num_shared_experts", 0, 0);
+  c.shared_intermediate = c.shared_experts * c.moe_intermediate;
+  c.first_dense = r.integer("moe_layer_start_index", 0, 1);
+  c.sparse_step = r.integer("moe_layer_interval", 1, 1);
+  const int64_t end = r.has("moe_layer_end_index") && r.j.at("moe_layer_end_index") == -1
+                          ? c.layers - 1
+                          : r.integer("moe_layer_end_index", 0, c.layers - 1);
+  for (int64_t l = end + 1; l < c.layers; ++l) c.mlp_only_layers.push_back(l);
+}
+
 // The experts of Qwen3MoeForCausalLM (transformers' Qwen3MoeConfig; its version 5 writes the
 // count as num_local_experts, the published checkpoints as num_experts), of Qwen2MoeForCausalLM
 // (the same routing, norm_topk_prob false by default, plus a gated shared expert of
@@ -385,17 +402,20 @@ void read_minimax_m2_routing(const Reader& r, ModelConfig& c) {
 // (Qwen2-MoE's, its top k always renormalised).
 void read_experts(const Reader& r, ModelConfig& c) {
   const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2();
-  const char* count = !mixtral && r.has("num_experts")        ? "num_experts"
+  const bool ernie = c.ernie4_5_moe();
+  const char* count = ernie                                   ? "moe_num_experts"
+                      : !mixtral && r.has("num_experts")      ? "num_experts"
                       : !mixtral && r.has("n_routed_experts") ? "n_routed_experts"
                                                               : "num_local_experts";
   c.experts = r.integer(count, 1);
   c.experts_key = count;
-  c.experts_per_token = r.integer("num_experts_per_tok", 1);
+  const char* per_token = ernie ? "moe_k" : "num_experts_per_tok";
+  c.experts_per_token = r.integer(per_token, 1);
   if (c.experts_per_token > c.experts)
-    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
-                                      std::to_string(c.experts) + " experts of " + count + " (accepted: 1.." +
-                                      std::to_string(c.experts) + ")");
+    r.fail(per_token, std::to_string(c.experts_per_token) + " is more than the " + std::to_string(c.experts) +
+                          " experts of " + count + " (accepted: 1.." + std::to_string(c.experts) + ")");
   if (c.minimax_m2()) return read_minimax_m2_routing(r, c);
+  if (c.ernie4_5_moe()) return read_ernie4_5_routing(r, c);
   if (mixtral) {
     c.moe_intermediate = c.intermediate;
     c.norm_topk = c.float_router_weights = true;
@@ -696,7 +716,8 @@ ModelConfig read_config(const std::string& folder) {
     r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
   if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2()) read_experts(r, c);
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe())
+    read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
   else if (r.has("tie_word_embeddings"))

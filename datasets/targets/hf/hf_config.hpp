@@ -168,7 +168,16 @@ struct ModelConfig {
   // ERNIE 4.5 (Ernie4_5ForCausalLM: 0.3B): Llama's layers, every dimension of each head rotated with its pairs
   // interleaved (rope_interleave, as GLM-4's). Seed-OSS (SeedOssForCausalLM: Seed-OSS-36B): Llama's layers, the biases
   // of q / k / v (attention_bias) and of o (attention_out_bias) set apart.
-  bool ernie4_5() const { return architecture == "Ernie4_5ForCausalLM"; }
+  bool ernie4_5() const { return architecture == "Ernie4_5ForCausalLM" || ernie4_5_moe(); }
+  // ERNIE 4.5's mixture of experts (Ernie4_5_MoeForCausalLM: ERNIE-4.5-21B-A3B): layers moe_layer_start_index ..
+  // moe_layer_end_index (every moe_layer_interval-th) sparse, moe_num_experts of moe_intermediate_size, moe_k a token;
+  // the router's softmax in float32 (its weight in float32), the top k of softmax + a per-expert correction bias
+  // (mlp.moe_statics.e_score_correction_bias, [1, E]) chosen, their softmax values renormalised (the sum clamped at
+  // moe_norm_min: softmax_choice_bias) and cast to the model's dtype; moe_num_shared_experts x moe_intermediate_size of
+  // shared experts (mlp.shared_experts, no gate) every token runs.
+  bool ernie4_5_moe() const { return architecture == "Ernie4_5_MoeForCausalLM"; }
+  bool softmax_choice_bias = false;
+  double norm_min = 0;
   bool seed_oss() const { return architecture == "SeedOssForCausalLM"; }
   bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
