@@ -670,6 +670,10 @@ TEST(CudaOps, FrozenDecoderOpsEqualTransformersOps) {
       const at::Tensor sw_f = frozen::swiglu_packed(gate_up, true), sw_p = frozen::swiglu_packed(gate_up, false);
       ASSERT_EQ(sw_f.sizes(), sw_p.sizes());
       expect_agree(sw_f, sw_p.contiguous(), name + " swiglu_packed");
+      // Gemma 3's GLU: GELU's tanh approximation of the gate (ATen's gelu(gate, "tanh") * up)
+      const at::Tensor ge_f = frozen::gelu_tanh_packed(gate_up, true), ge_p = frozen::gelu_tanh_packed(gate_up, false);
+      expect_agree(ge_f, ge_p.contiguous(), name + " gelu_tanh_packed");
+      EXPECT_FALSE(at::equal(ge_f, sw_f)) << name << " gelu_tanh_packed is not SiLU's";
       {
         // A mixture of experts' rows back to their tokens (8 experts a token, rows in a random
         // order as the sort by expert leaves them; weights summing to 1 per token, as renormalised);

@@ -294,8 +294,22 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
 
 constexpr int kSwigluThreads = 256;
 
+// The gate's activation of a packed GLU, in float32 (rounded to the dtype by the caller, as ATen's op rounds it):
+// SiLU x / (1 + e^-x), or GELU's tanh approximation 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in ATen's order
+// of operations (Gemma 3's gelu_pytorch_tanh).
+struct Silu {
+  static __device__ __forceinline__ float apply(float x) { return x / (1.f + expf(-x)); }
+};
+struct GeluTanh {
+  static __device__ __forceinline__ float apply(float x) {
+    constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // (sqrt(2) * 2 / sqrt(pi) * 0.5)
+    const float cube = x * x * x;
+    return 0.5f * x * (1.f + tanhf(kBeta * (x + kKappa * cube)));
+  }
+};
+
 // Rows in blockIdx.y (grid-stride), 16-byte vectors of a row in x: no division per value.
-template <typename T>
+template <typename T, typename Act = Silu>
 __global__ void swiglu_packed_vec_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t I) {
   constexpr int E = Vec16<T>::E;
   pdl_wait();
@@ -307,14 +321,13 @@ __global__ void swiglu_packed_vec_kernel(const T* __restrict__ gate_up, T* __res
       Vec16<T> o;
 #pragma unroll
       for (int k = 0; k < E; ++k) {
-        const float x = to_float(g.v[k]);
-        o.v[k] = from_float<T>(mul(round_to<T>(x / (1.f + expf(-x))), to_float(u.v[k])));
+        o.v[k] = from_float<T>(mul(round_to<T>(Act::apply(to_float(g.v[k]))), to_float(u.v[k])));
       }
       store16(out + r * I + vi * E, o);
     }
 }
 
-template <typename T>
+template <typename T, typename Act = Silu>
 __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t I) {
   pdl_wait();
   pdl_trigger();
@@ -322,7 +335,7 @@ __global__ void swiglu_packed_kernel(const T* __restrict__ gate_up, T* __restric
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t r = i / I, j = i % I;
     const float g = to_float(gate_up[r * 2 * I + j]), u = to_float(gate_up[r * 2 * I + I + j]);
-    out[i] = from_float<T>(mul(round_to<T>(g / (1.f + expf(-g))), u));
+    out[i] = from_float<T>(mul(round_to<T>(Act::apply(g)), u));
   }
 }
 
@@ -500,7 +513,9 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
   check_launch("qkv_rope");
 }
 
-void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream) {
+namespace {
+template <typename Act>
+void glu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream) {
   if (rows <= 0 || I <= 0) return;
   const bool aligned = aligned16(gate_up) && aligned16(out);
   with_type(dtype, [&](auto* tag) {
@@ -513,13 +528,23 @@ void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, in
       const int64_t nv = I / E;
       const dim3 grid(static_cast<unsigned>(std::min<int64_t>((nv + kSwigluThreads - 1) / kSwigluThreads, 64)),
                       static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-      launch_dependent(swiglu_packed_vec_kernel<T>, grid, dim3(kSwigluThreads), 0, s, in, o, rows, I);
+      launch_dependent(swiglu_packed_vec_kernel<T, Act>, grid, dim3(kSwigluThreads), 0, s, in, o, rows, I);
     } else {
-      launch_dependent(swiglu_packed_kernel<T>, dim3(grid_for(rows * I, kSwigluThreads)), dim3(kSwigluThreads), 0, s,
-                       in, o, rows, I);
+      launch_dependent(swiglu_packed_kernel<T, Act>, dim3(grid_for(rows * I, kSwigluThreads)), dim3(kSwigluThreads), 0,
+                       s, in, o, rows, I);
     }
   });
+}
+}  // namespace
+
+void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream) {
+  glu_packed<Silu>(dtype, gate_up, out, rows, I, stream);
   check_launch("swiglu_packed");
+}
+
+void gelu_tanh_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream) {
+  glu_packed<GeluTanh>(dtype, gate_up, out, rows, I, stream);
+  check_launch("gelu_tanh_packed");
 }
 
 void clamped_glu(DType dtype, const void* gate_up, const void* bias, const int64_t* expert, void* out, int64_t rows,

@@ -95,6 +95,8 @@ void qkv_rope(DType dtype, const void* qkv, const void* q_norm, const void* k_no
               int64_t Hkv, int64_t D, int64_t R, void* stream);
 // The packed projection gate_up [rows, 2 I] (gate, then up) into round(round(silu(g)) * u) [rows, I].
 void swiglu_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
+// The same GLU with GELU's tanh approximation of the gate (Gemma 3), ATen's gelu(gate, "tanh") * up roundings.
+void gelu_tanh_packed(DType dtype, const void* gate_up, void* out, int64_t rows, int64_t I, void* stream);
 // gpt-oss's clamped GLU: gate_up [rows, 2 I] (gate, then up), plus, where bias is not null, row r's
 // expert's bias (bias [E, 2 I], expert [rows] int64) rounded in; g clamped above at limit, u within
 // +-limit; out [rows, I] = round(round(u + 1) * round(g * round(sigmoid(round(g * alpha))))).

@@ -70,6 +70,8 @@ FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_hea
 FLASHDRAFT_API bool add_linear_(const at::Tensor& x, const at::Tensor& a, const at::Tensor& w, bool fused = true);
 // The packed projection gate_up [..., 2 I] (gate first): silu(gate) * up, [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused = true);
+// The same with GELU's tanh approximation of the gate (Gemma 3's gelu_pytorch_tanh): gelu(gate, "tanh") * up.
+FLASHDRAFT_API at::Tensor gelu_tanh_packed(const at::Tensor& gate_up, bool fused = true);
 // swiglu_packed(linear(x, gate_up)) with gate_up [2 I, K] (gate rows first): cuBLAS's product and
 // the separate pass. With FLASHDRAFT_GEMM_SWIGLU=1, on the engine's path on a compute capability
 // 9.0 device (bf16, K % 64 == 0, I % 128 == 0), one kernel of the engine's runs the product with

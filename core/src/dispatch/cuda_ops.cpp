@@ -273,17 +273,29 @@ Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads, const at::T
   return out;
 }
 
-at::Tensor swiglu_packed(const at::Tensor& gate_up) {
-  require(runs_on(gate_up) && gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
-          "swiglu_packed: gate_up must be a contiguous CUDA tensor [..., 2 I], got " + c10::str(gate_up.sizes()));
+namespace {
+using GluKernel = void (*)(DType, const void*, void*, int64_t, int64_t, void*);
+at::Tensor glu_packed(const at::Tensor& gate_up, GluKernel kernel, const char* name) {
+  require(
+      runs_on(gate_up) && gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0,
+      std::string(name) + ": gate_up must be a contiguous CUDA tensor [..., 2 I], got " + c10::str(gate_up.sizes()));
   const int64_t I = gate_up.size(-1) / 2;
   std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
   shape.back() = I;
   const c10::cuda::CUDAGuard guard(gate_up.device());
   at::Tensor out = at::empty(shape, gate_up.options());
-  cuda_ops::swiglu_packed(dtype_of(gate_up, "gate_up"), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I),
-                          I, stream_of(gate_up));
+  kernel(dtype_of(gate_up, "gate_up"), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * I), I,
+         stream_of(gate_up));
   return out;
+}
+}  // namespace
+
+at::Tensor swiglu_packed(const at::Tensor& gate_up) {
+  return glu_packed(gate_up, &cuda_ops::swiglu_packed, "swiglu_packed");
+}
+
+at::Tensor gelu_tanh_packed(const at::Tensor& gate_up) {
+  return glu_packed(gate_up, &cuda_ops::gelu_tanh_packed, "gelu_tanh_packed");
 }
 
 at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot) {
@@ -441,6 +453,7 @@ Qkv qkv_rope(const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::T
   absent();
 }
 at::Tensor swiglu_packed(const at::Tensor&) { absent(); }
+at::Tensor gelu_tanh_packed(const at::Tensor&) { absent(); }
 at::Tensor combine_experts(const at::Tensor&, const at::Tensor&, const at::Tensor&) { absent(); }
 at::Tensor dequantize_mxfp4(const at::Tensor&, const at::Tensor&, c10::ScalarType) { absent(); }
 at::Tensor clamped_glu(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double) { absent(); }

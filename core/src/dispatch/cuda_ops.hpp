@@ -73,6 +73,7 @@ FLASHDRAFT_API Qkv qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_hea
                             const at::Tensor& k_norm, double eps, const at::Tensor& cos, const at::Tensor& sin);
 // gate_up [..., 2 I] -> [..., I].
 FLASHDRAFT_API at::Tensor swiglu_packed(const at::Tensor& gate_up);
+FLASHDRAFT_API at::Tensor gelu_tanh_packed(const at::Tensor& gate_up);
 // rows [T k, H] contiguous, weights [T, k] in rows' dtype or float32, slot [T, k] int64 -> [T, H]
 // (engine_ops.cuh's combine_experts).
 FLASHDRAFT_API at::Tensor combine_experts(const at::Tensor& rows, const at::Tensor& weights, const at::Tensor& slot);

@@ -199,6 +199,12 @@ at::Tensor swiglu_packed(const at::Tensor& gate_up, bool fused) {
   return at::silu(gate_up.narrow(-1, 0, I)) * gate_up.narrow(-1, I, I);
 }
 
+at::Tensor gelu_tanh_packed(const at::Tensor& gate_up, bool fused) {
+  if (kernels_take(fused, gate_up) && gate_up.is_contiguous()) return cuda_ops::gelu_tanh_packed(gate_up);
+  const int64_t I = gate_up.size(-1) / 2;
+  return at::gelu(gate_up.narrow(-1, 0, I), "tanh") * gate_up.narrow(-1, I, I);
+}
+
 at::Tensor linear_swiglu(const at::Tensor& x, const at::Tensor& gate_up, bool fused) {
   if (swiglu_in_product() && kernels_take(fused, x) && cuda_ops::linear_swiglu_applies(x, gate_up))
     return cuda_ops::linear_swiglu(x, gate_up);

@@ -1127,7 +1127,9 @@ class HfTarget final : public Target {
     const auto [x1, h2] = L.pre_ff_norm.defined() ? frozen::add_rms_norm(x, o, L.pre_ff_norm, cfg_.rms_eps, fused_)
                                                   : add_pending(x, o, at::Tensor());
     const at::Tensor gate_up = at::linear(h2, L.gate_up);
-    const at::Tensor act = cfg_.gelu_mlp ? gelu_glu(gate_up) : frozen::swiglu_packed(gate_up, fused_);
+    // (Gemma 3: GELU's tanh approximation of the gate, as transformers' separate ops round it; else SiLU)
+    const at::Tensor act =
+        cfg_.gelu_mlp ? frozen::gelu_tanh_packed(gate_up, fused_) : frozen::swiglu_packed(gate_up, fused_);
     return {x1, rms_norm(at::linear(act, L.down_proj), L.post_ff_norm)};
   }
 
@@ -1143,13 +1145,6 @@ class HfTarget final : public Target {
     at::Tensor sum = into;
     at::add_out(sum, x, pending);
     return {sum, sum};
-  }
-
-  // Gemma 3's GLU on the packed gate / up product [..., 2 I]: GELU's tanh approximation of the gate times the up
-  // product, each op rounded to the dtype as transformers' separate ops round it.
-  static at::Tensor gelu_glu(const at::Tensor& gate_up) {
-    const int64_t I = gate_up.size(-1) / 2;
-    return at::gelu(gate_up.narrow(-1, 0, I), "tanh") * gate_up.narrow(-1, I, I);
   }
 
   // A sparse layer's feed-forward part on h [..., H], as transformers' Qwen3-MoE, Qwen2-MoE, Mixtral
