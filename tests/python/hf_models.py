@@ -145,6 +145,12 @@ FAMILIES = [
     ("seed_oss", "SeedOssConfig", "SeedOssForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e7, attention_bias=True, attention_out_bias=False,
           attention_dropout=0.0, residual_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Hunyuan's dense kind (HunYuanDenseV1ForCausalLM): q / k normed per head after RoPE, q / k / v / o biases, its
+    # base stretched by a fixed NTK alpha (rope_scaling "dynamic" with alpha, as published).
+    ("hunyuan", "HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, attention_bias=True,
+          rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, alpha=50.0, factor=1.0),
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # EXAONE 4.0's kind (Exaone4ForCausalLM): OLMo's norms after attention and the MLP only, Qwen3's per-head q / k
     # norms; layers 0-2 sliding over 6 positions and rotating, layer 3 full without RoPE (sliding_window_pattern 4).
     ("exaone4", "Exaone4Config", "Exaone4ForCausalLM",

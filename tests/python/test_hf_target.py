@@ -670,6 +670,21 @@ def test_seed_oss_biases_of_q_k_v_and_of_o_are_read_apart(tmp_path):
         assert err <= BOUND
 
 
+def test_hunyuan_reads_its_ntk_alpha(tmp_path):
+    """Hunyuan (the family test: q / k normed after RoPE, the base stretched by alpha 50): alpha 1000, and config.json
+    as published (rope_theta and rope_scaling {type "dynamic", alpha 200} at the top) move the states, ours following
+    transformers through each."""
+    def alpha(a):
+        return lambda made: {**made, "rope_parameters": {**made["rope_parameters"], "alpha": a}}
+
+    def published(made):
+        scaling = dict(type="dynamic", alpha=200.0, factor=1.0, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0)
+        return {**without(made, "rope_parameters"), "rope_theta": 1e4, "rope_scaling": scaling}
+    changed_configs_follow_transformers("hunyuan", 47, 10, [("alpha 1000", alpha(1000.0)),
+                                                            ("config.json as published, alpha 200", published)],
+                                        tmp_path)
+
+
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
     """OLMo 3 (the family test gives its states equal to transformers': sliding layers with their own unscaled RoPE,
     the full one with YaRN): config.json as published (rope_theta and rope_scaling at the top, which transformers

@@ -714,6 +714,10 @@ class HfTarget final : public Target {
       expected.push_back({p + "self_attn.q_norm.weight", {cfg_.qk_norm_full ? q : D}});
       expected.push_back({p + "self_attn.k_norm.weight", {cfg_.qk_norm_full ? kv : D}});
     }
+    if (cfg_.qk_norm_after_rope) {  // (Hunyuan)
+      expected.push_back({p + "self_attn.query_layernorm.weight", {D}});
+      expected.push_back({p + "self_attn.key_layernorm.weight", {D}});
+    }
   }
 
   // DeepSeek-V3's latent attention's projections under prefix p (o_proj aside).
@@ -892,6 +896,10 @@ class HfTarget final : public Target {
       L.q_norm = load_norm(p + "self_attn.q_norm.weight");
       L.k_norm = load_norm(p + "self_attn.k_norm.weight");
     }
+    if (cfg_.qk_norm_after_rope) {
+      L.q_norm = load_norm(p + "self_attn.query_layernorm.weight");
+      L.k_norm = load_norm(p + "self_attn.key_layernorm.weight");
+    }
     if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
   }
 
@@ -1045,6 +1053,12 @@ class HfTarget final : public Target {
                                          rms_norm(qkv.narrow(-1, q, kv), L.k_norm), qkv.narrow(-1, q + kv, kv)},
                                         -1);
       QKV p = frozen::qkv_rope(normed, cfg_.heads, cfg_.kv_heads, {}, {}, cfg_.rms_eps, cos, sin, fused_);
+      if (q_scale.defined()) p.q = p.q * q_scale;
+      return p;
+    }
+    if (cfg_.qk_norm_after_rope) {  // (Hunyuan: rotated, then normed per head)
+      QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, {}, {}, cfg_.rms_eps, cos, sin, fused_);
+      p.q = rms_norm(p.q, L.q_norm), p.k = rms_norm(p.k, L.k_norm);
       if (q_scale.defined()) p.q = p.q * q_scale;
       return p;
     }
@@ -1521,11 +1535,11 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(
-    target, "hf", "0.1.0",
-    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-    "SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4, ERNIE 4.5 (and its MoE), Seed-OSS, Ministral 3, Qwen-MoE, Mixtral, GLM-4.5 "
-    "/ 4.7-Flash, DeepSeek-V3, "
-    "gpt-oss, MiniMax-M2) "
-    "run online as the target",
-    flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+                  "SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4, ERNIE 4.5 (and its MoE), Seed-OSS, Hunyuan, Ministral 3, "
+                  "Qwen-MoE, Mixtral, GLM-4.5 "
+                  "/ 4.7-Flash, DeepSeek-V3, "
+                  "gpt-oss, MiniMax-M2) "
+                  "run online as the target",
+                  flashdraft::HfTarget)

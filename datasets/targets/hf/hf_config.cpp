@@ -36,6 +36,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Ernie4_5ForCausalLM",
                                                           "Ernie4_5_MoeForCausalLM",
                                                           "SeedOssForCausalLM",
+                                                          "HunYuanDenseV1ForCausalLM",
                                                           "Olmo3ForCausalLM",
                                                           "Gemma3ForConditionalGeneration",
                                                           "Qwen3VLMoeForConditionalGeneration",
@@ -214,6 +215,12 @@ void read_rope(const Reader& r, ModelConfig& c) {
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})
     if (scaling->contains(key) && scaling->at(key).is_string()) type = scaling->at(key).get<std::string>();
+  if (type == "dynamic" && c.hunyuan() && r.real(*scaling, "alpha", 0.0) > 0) {
+    // (Hunyuan's fixed alpha: a stretched base at every length, transformers' ntk_alpha)
+    const double D = double(c.head_dim);
+    c.rope_theta *= std::pow(r.real(*scaling, "alpha", 0.0), D / (D - 2));
+    type = "default";
+  }
   if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
     r.fail("rope_scaling",
            "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn, longrope)");
@@ -711,6 +718,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   if (c.olmo()) c.qk_norm_full = c.norm_weight_fp32 = c.post_norms = c.sandwich_norms = true;
   if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
+  if (c.hunyuan()) c.qk_norm_after_rope = true;
   // (no family here has biases on its MLP: a checkpoint with them would be run without them)
   if (r.boolean("mlp_bias", false))
     r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");

@@ -179,6 +179,11 @@ struct ModelConfig {
   bool softmax_choice_bias = false;
   double norm_min = 0;
   bool seed_oss() const { return architecture == "SeedOssForCausalLM"; }
+  // Hunyuan's dense models (HunYuanDenseV1ForCausalLM: Hunyuan-7B / 4B / 1.8B / 0.5B): q and k normed per head after
+  // RoPE (self_attn.query_layernorm / key_layernorm: qk_norm_after_rope); its rope_scaling "dynamic" with alpha
+  // stretches the base, theta alpha^(D / (D - 2)), for every length (transformers' ntk_alpha).
+  bool hunyuan() const { return architecture == "HunYuanDenseV1ForCausalLM"; }
+  bool qk_norm_after_rope = false;
   bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
   bool post_norms = false;
