@@ -421,6 +421,46 @@ def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     assert err <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
 
 
+@pytest.mark.parametrize("moe", [False, True], ids=["glm4v", "glm4v_moe"])
+def test_glm4v_language_model_matches_transformers(moe, tmp_path):
+    """GLM-4.1V's and GLM-4.5V / 4.6V's language models (Glm4vForConditionalGeneration: GLM-4's layers, its rotated
+    pairs interleaved; Glm4vMoeForConditionalGeneration: GLM-4.5's, half of each head rotated, experts with a sigmoid
+    router and a shared one; config.json's text_config, tensors under model.language_model., a vision tower beside
+    them; text positions: their mrope is plain RoPE) equal transformers' on 70 tokens, every layer."""
+    text = dict(SMALL, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1e4, mrope_section=[1, 1, 2] if moe else [2, 3, 3],
+                                     partial_rotary_factor=0.5 if moe else 1.0))
+    if moe:
+        text.update(head_dim=16, attention_bias=True, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
+                    n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=1.5,
+                    norm_topk_prob=True)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
+                  patch_size=4)
+    name = "Glm4vMoe" if moe else "Glm4v"
+    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(29)
+    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
+    with torch.no_grad():  # norms away from 1, a router far from even, biases that show (as make_model)
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+            elif n.endswith("bias") and "language_model" in n:
+                p.normal_(0, 0.1)
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.05)
+    folder = tmp_path / name
+    model.save_pretrained(folder, safe_serialization=True)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
+    layers = [0, 1, 2, 3]
+    p, ours, err = states_against(model, folder, tokens, layers, tmp_path)
+    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
+    print(f"{name}ForConditionalGeneration: rel err {err:.1e} over layers {layers}")
+    assert err <= BOUND
+
+
 def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
     """Gemma 3 (the family test gives its states equal to transformers'): each of its own keys is read and moves the
     states, ours following transformers through every change (40 positions, layers 1-3): query_pre_attn_scalar, the

@@ -32,6 +32,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "SmolLM3ForCausalLM",
                                                           "Olmo2ForCausalLM",
                                                           "Glm4ForCausalLM",
+                                                          "Glm4vForConditionalGeneration",
+                                                          "Glm4vMoeForConditionalGeneration",
                                                           "Exaone4ForCausalLM",
                                                           "Ernie4_5ForCausalLM",
                                                           "Ernie4_5_MoeForCausalLM",
@@ -190,16 +192,17 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5),
   // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
   // it (transformers' Llama / Qwen / Mistral code has no part).
-  const bool glm = c.architecture == "Glm4MoeForCausalLM" || c.glm4(), phi3 = c.architecture == "Phi3ForCausalLM";
+  const bool glm = c.glm4_moe() || c.glm4(), phi3 = c.architecture == "Phi3ForCausalLM";
   const bool qwen3_5 = c.hybrid();  // (Qwen3_5TextConfig's and Qwen3NextConfig's default: 0.25)
   // (MiniMax-M2 as published: rotary_dim, which transformers reads as partial_rotary_factor rotary_dim / head_dim
   // where rope_parameters does not say it)
   const double minimax = c.minimax_m2() ? double(r.integer("rotary_dim", 2, c.head_dim)) / double(c.head_dim) : 0;
+  // (GLM-4.1V's text config has no default of its own: transformers' rotary takes 1)
   const double top_partial = r.real(r.j, "partial_rotary_factor",
-                                    glm           ? 0.5
-                                    : qwen3_5     ? 0.25
-                                    : minimax > 0 ? minimax
-                                                  : 1.0);
+                                    glm && c.architecture != "Glm4vForConditionalGeneration" ? 0.5
+                                    : qwen3_5                                                ? 0.25
+                                    : minimax > 0                                            ? minimax
+                                                                                             : 1.0);
   const double partial =
       scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
   if (partial != 1.0 && !glm && !phi3 && !qwen3_5 && minimax == 0)
@@ -451,8 +454,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
     }
     return;
   }
-  if (c.architecture == "Glm4MoeForCausalLM" || c.architecture == "DeepseekV3ForCausalLM")
-    return read_glm_routing(r, c);
+  if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return read_glm_routing(r, c);
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", c.hybrid());  // (Qwen3NextConfig's default: true)
@@ -656,10 +658,11 @@ ModelConfig read_config(const std::string& folder) {
   const Reader top{j, file};
   c.architecture = read_architecture(top);
   // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
-  const bool multimodal = c.architecture == "Qwen3_5ForConditionalGeneration" ||
-                          c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
-                          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
-                          c.architecture == "Gemma3ForConditionalGeneration";
+  const bool multimodal =
+      c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
+      c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
+      c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
+      c.architecture == "Glm4vMoeForConditionalGeneration";
   if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
     top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
   if (multimodal) c.prefix = "model.language_model.";
@@ -684,7 +687,7 @@ ModelConfig read_config(const std::string& folder) {
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral || c.architecture == "Ministral3ForCausalLM" ||
                        c.architecture == "Mistral3ForConditionalGeneration";
-  const bool glm = c.architecture == "Glm4MoeForCausalLM";         // biases on q, k, v only; optional q / k norms
+  const bool glm = c.glm4_moe();                                   // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || c.hybrid() || (glm && r.boolean("use_qk_norm", false));
   if (c.minimax_m2()) read_minimax_m2_norms(r, c);

@@ -160,7 +160,13 @@ struct ModelConfig {
   // (post_self_attn_layernorm after attention, post_attention_layernorm before the MLP, post_mlp_layernorm after it),
   // gate | up stored packed (mlp.gate_up_proj), biases on q / k / v, the first rotary_dim of each head rotated with
   // their pairs interleaved (rope_interleave: de-interleaved at load, as for DeepSeek-V3's latent attention).
-  bool glm4() const { return architecture == "Glm4ForCausalLM"; }
+  // GLM-4.1V's language model (Glm4vForConditionalGeneration) is GLM-4's; GLM-4.5V's and GLM-4.6V's
+  // (Glm4vMoeForConditionalGeneration) GLM-4.5's (glm4_moe); both under model.language_model., their text positions'
+  // mrope plain RoPE.
+  bool glm4() const { return architecture == "Glm4ForCausalLM" || architecture == "Glm4vForConditionalGeneration"; }
+  bool glm4_moe() const {
+    return architecture == "Glm4MoeForCausalLM" || architecture == "Glm4vMoeForConditionalGeneration";
+  }
   // EXAONE 4.0 (Exaone4ForCausalLM: 32B, 1.2B): OLMo's norms after attention and the MLP only (post_norms), but
   // Qwen3's per-head q / k norms, weights in the model's dtype; with sliding_window set its sliding layers
   // (layer_types, else sliding_window_pattern: every n-th full, or a string such as "LLLG" repeated from layer 0)
