@@ -421,6 +421,52 @@ def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     assert err <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
 
 
+@pytest.mark.parametrize("name", ["Qwen2VL", "Qwen2_5_VL"])
+def test_qwen2_vl_language_model_as_saved_and_as_published(name, tmp_path):
+    """Qwen2-VL's and Qwen2.5-VL's language models (Qwen2's layers, q / k / v biases): as transformers 5 saves them
+    (text_config, model.language_model.) and as published (the text keys at the top beside vision_config,
+    rope_scaling {type "mrope", mrope_section}, tensors under model. and visual.), which transformers reads too: ours
+    equals transformers' composite model both ways, the two giving equal states."""
+    text = dict(SMALL, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3]))
+    vision = dict(depth=1, embed_dim=32, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
+                  patch_size=4)
+    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(31)
+    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
+    with torch.no_grad():  # norms away from 1, biases that show (as make_model)
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("bias") and "language_model" in n:
+                p.normal_(0, 0.1)
+    folder = tmp_path / name
+    model.save_pretrained(folder, safe_serialization=True)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
+    layers = [0, 1, 2, 3]
+    p, ours, err = states_against(model, folder, tokens, layers, tmp_path)
+    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
+    print(f"{name}ForConditionalGeneration as saved: rel err {err:.1e}")
+    assert err <= BOUND
+    published = tmp_path / (name + "_published")
+    published.mkdir()
+    saved = json.loads((folder / "config.json").read_text())
+    flat = {**{k: v for k, v in saved.items() if k != "text_config"}, **without(saved["text_config"], "rope_parameters")}
+    flat.update(rope_theta=1e6, rope_scaling=dict(type="mrope", mrope_section=[2, 3, 3]), architectures=saved["architectures"],
+                model_type=saved["model_type"])
+    (published / "config.json").write_text(json.dumps(flat))
+    tensors = load_file(str(folder / "model.safetensors"))
+    renamed = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): v
+               for k, v in tensors.items()}
+    assert any(k.startswith("visual.") for k in renamed) and "model.embed_tokens.weight" in renamed
+    save_file(renamed, str(published / "model.safetensors"), metadata={"format": "pt"})
+    reread = getattr(transformers, name + "ForConditionalGeneration").from_pretrained(published).eval()
+    _, ours_published, err = states_against(reread, published, tokens, layers, tmp_path)
+    print(f"{name} as published: rel err {err:.1e}; equal to the saved layout's states: "
+          f"{torch.equal(ours_published['hidden'], ours['hidden'])}")
+    assert err <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
+
+
 @pytest.mark.parametrize("moe", [False, True], ids=["glm4v", "glm4v_moe"])
 def test_glm4v_language_model_matches_transformers(moe, tmp_path):
     """GLM-4.1V's and GLM-4.5V / 4.6V's language models (Glm4vForConditionalGeneration: GLM-4's layers, its rotated

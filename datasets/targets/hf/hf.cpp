@@ -1535,12 +1535,12 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(
-    target, "hf", "0.1.0",
-    "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-    "SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, EXAONE 4, ERNIE 4.5 (and its MoE), Seed-OSS, Hunyuan, Ministral 3, "
-    "Qwen-MoE, Mixtral, GLM-4.5 "
-    "/ 4.7-Flash, DeepSeek-V3, "
-    "gpt-oss, MiniMax-M2) "
-    "run online as the target",
-    flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
+                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
+                  "SmolLM3, OLMo 2 / 3, Qwen2-VL / 2.5-VL, GLM-4 / 4.1V / 4.5V, EXAONE 4, ERNIE 4.5 (and its MoE), "
+                  "Seed-OSS, Hunyuan, Ministral 3, "
+                  "Qwen-MoE, Mixtral, GLM-4.5 "
+                  "/ 4.7-Flash, DeepSeek-V3, "
+                  "gpt-oss, MiniMax-M2) "
+                  "run online as the target",
+                  flashdraft::HfTarget)

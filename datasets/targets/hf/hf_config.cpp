@@ -28,6 +28,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Qwen3_5ForCausalLM",
                                                           "Qwen3_5ForConditionalGeneration",
                                                           "Qwen3VLForConditionalGeneration",
+                                                          "Qwen2VLForConditionalGeneration",
+                                                          "Qwen2_5_VLForConditionalGeneration",
                                                           "Gemma3ForCausalLM",
                                                           "SmolLM3ForCausalLM",
                                                           "Olmo2ForCausalLM",
@@ -224,6 +226,8 @@ void read_rope(const Reader& r, ModelConfig& c) {
     c.rope_theta *= std::pow(r.real(*scaling, "alpha", 0.0), D / (D - 2));
     type = "default";
   }
+  // (Qwen2-VL / Qwen2.5-VL as published: "mrope" with its sections, which a text's positions make plain RoPE)
+  if (type == "mrope" && c.qwen2_vl()) type = "default";
   if (type != "default" && type != "linear" && type != "llama3" && type != "yarn" && type != "longrope")
     r.fail("rope_scaling",
            "rope type \"" + type + "\" is not supported (supported: default, linear, llama3, yarn, longrope)");
@@ -662,12 +666,15 @@ ModelConfig read_config(const std::string& folder) {
       c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
       c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
       c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
-      c.architecture == "Glm4vMoeForConditionalGeneration";
-  if (multimodal && !(j.contains("text_config") && j.at("text_config").is_object()))
+      c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl();
+  // (Qwen2-VL and Qwen2.5-VL as published hold them at the top, beside vision_config; transformers 5 saves a
+  // text_config)
+  const bool flat = c.qwen2_vl() && !(j.contains("text_config") && j.at("text_config").is_object());
+  if (multimodal && !flat && !(j.contains("text_config") && j.at("text_config").is_object()))
     top.fail("text_config", "missing (" + c.architecture + " holds its language model's keys there)");
   if (multimodal) c.prefix = "model.language_model.";
-  const json& text = multimodal ? j.at("text_config") : j;
-  const Reader r{text, multimodal ? file + ": text_config" : file};
+  const json& text = multimodal && !flat ? j.at("text_config") : j;
+  const Reader r{text, multimodal && !flat ? file + ": text_config" : file};
   read_sizes(r, c);
   const bool deepseek = c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM";
   if (deepseek) {
@@ -681,7 +688,7 @@ ModelConfig read_config(const std::string& folder) {
   if (c.rope.type != "default" && !c.gemma3())  // (Gemma 3's max_position_embeddings is the scaled length)
     c.max_position =
         std::max(c.max_position, static_cast<int64_t>(c.rope.factor * double(c.rope.original_max_position)));
-  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM" || c.qwen2_vl();
   const bool moe = c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "Qwen3VLMoeForConditionalGeneration";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe || c.qwen3_vl();
   const bool mixtral = c.architecture == "MixtralForCausalLM";

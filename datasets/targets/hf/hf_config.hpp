@@ -45,6 +45,11 @@ struct ModelConfig {
   bool qwen3_5() const { return architecture.rfind("Qwen3_5", 0) == 0; }
   // Qwen3-VL's language model (Qwen3's layers; Qwen3-VL-MoE's experts stored as two stacked tensors a layer)
   bool qwen3_vl() const { return architecture.rfind("Qwen3VL", 0) == 0; }
+  // Qwen2-VL's and Qwen2.5-VL's language models (Qwen2's layers; text_config, or as published the keys at the top with
+  // rope_scaling "mrope", which a text's positions make plain RoPE; tensors under model.language_model. or model.)
+  bool qwen2_vl() const {
+    return architecture == "Qwen2VLForConditionalGeneration" || architecture == "Qwen2_5_VLForConditionalGeneration";
+  }
   // The hybrid families of Gated DeltaNet and gated attention layers: Qwen3.5, Qwen3.5-MoE and Qwen3-Next
   // (Qwen3NextForCausalLM: its Gated DeltaNet's projections packed per key head, in_proj_qkvz and in_proj_ba)
   bool hybrid() const { return qwen3_5() || architecture == "Qwen3NextForCausalLM"; }
