@@ -1046,23 +1046,18 @@ class HfTarget final : public Target {
   QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
               const at::Tensor& q_scale = at::Tensor()) const {
     if (cfg_.mla()) return latent_project(L, h, cos, sin);
-    const at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
-    if (cfg_.qk_norm_full) {  // (MiniMax-M2: q and k normed over all their heads, then rotated)
+    at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
+    if (cfg_.qk_norm_full) {  // (MiniMax-M2, OLMo: q and k normed over all their heads, then rotated)
       const int64_t q = cfg_.heads * cfg_.head_dim, kv = cfg_.kv_heads * cfg_.head_dim;
-      const at::Tensor normed = at::cat({rms_norm(qkv.narrow(-1, 0, q), L.q_norm),
-                                         rms_norm(qkv.narrow(-1, q, kv), L.k_norm), qkv.narrow(-1, q + kv, kv)},
-                                        -1);
-      QKV p = frozen::qkv_rope(normed, cfg_.heads, cfg_.kv_heads, {}, {}, cfg_.rms_eps, cos, sin, fused_);
-      if (q_scale.defined()) p.q = p.q * q_scale;
-      return p;
+      qkv = at::cat({rms_norm(qkv.narrow(-1, 0, q), L.q_norm), rms_norm(qkv.narrow(-1, q, kv), L.k_norm),
+                     qkv.narrow(-1, q + kv, kv)},
+                    -1);
     }
-    if (cfg_.qk_norm_after_rope) {  // (Hunyuan: rotated, then normed per head)
-      QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, {}, {}, cfg_.rms_eps, cos, sin, fused_);
-      p.q = rms_norm(p.q, L.q_norm), p.k = rms_norm(p.k, L.k_norm);
-      if (q_scale.defined()) p.q = p.q * q_scale;
-      return p;
-    }
-    QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, L.q_norm, L.k_norm, cfg_.rms_eps, cos, sin, fused_);
+    // (per-head q / k norms before RoPE in the one pass: Qwen3's kind)
+    const bool per_head_first = !cfg_.qk_norm_full && !cfg_.qk_norm_after_rope;
+    QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, per_head_first ? L.q_norm : at::Tensor(),
+                             per_head_first ? L.k_norm : at::Tensor(), cfg_.rms_eps, cos, sin, fused_);
+    if (cfg_.qk_norm_after_rope) p.q = rms_norm(p.q, L.q_norm), p.k = rms_norm(p.k, L.k_norm);  // (Hunyuan)
     if (q_scale.defined()) p.q = p.q * q_scale;
     return p;
   }
@@ -1292,8 +1287,8 @@ class HfTarget final : public Target {
     const safetensors::TensorInfo* info = checkpoint_->find(name);
     return info && info->shape == held ? held : std::vector<int64_t>{held[0], held[2], held[1]};
   }
-  // Where a sigmoid router's correction biases sit under model.layers.N. (GLM-4.5, DeepSeek-V3: mlp.gate.; MiniMax-M2:
-  // block_sparse_moe., beside its router).
+  // Where a router's correction biases sit under model.layers.N. (GLM-4.5, DeepSeek-V3: mlp.gate.; MiniMax-M2:
+  // block_sparse_moe., beside its router; ERNIE 4.5: mlp.moe_statics.).
   std::string router_bias_key(const std::string& p) const {
     if (cfg_.ernie4_5_moe()) return p + "mlp.moe_statics.e_score_correction_bias";
     return p + (cfg_.minimax_m2() ? "block_sparse_moe." : "mlp.gate.") + "e_score_correction_bias";
@@ -1536,11 +1531,8 @@ class HfTarget final : public Target {
 }  // namespace flashdraft
 
 FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint (Llama, Mistral, Qwen2 / 3 / 3.5 / 3-Next / 3-VL, Phi-3, Gemma 3, "
-                  "SmolLM3, OLMo 2 / 3, Qwen2-VL / 2.5-VL, GLM-4 / 4.1V / 4.5V, EXAONE 4, ERNIE 4.5 (and its MoE), "
-                  "Seed-OSS, Hunyuan, Ministral 3, "
-                  "Qwen-MoE, Mixtral, GLM-4.5 "
-                  "/ 4.7-Flash, DeepSeek-V3, "
-                  "gpt-oss, MiniMax-M2) "
-                  "run online as the target",
+                  "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
+                  "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
+                  "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
+                  "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE",
                   flashdraft::HfTarget)
