@@ -644,6 +644,38 @@ void read_sizes(const Reader& r, ModelConfig& c) {
   c.rms_eps = r.real(r.j, "rms_norm_eps", 1e-6);
 }
 
+// A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
+bool composite(const ModelConfig& c) {
+  return c.architecture == "Qwen3_5ForConditionalGeneration" ||
+         c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
+         c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
+         c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
+         c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl();
+}
+
+// The layouts of the families whose layers differ from Llama's in their norms, RoPE pairs or biases (hf_config.hpp:
+// Seed-OSS, ERNIE 4.5, OLMo, EXAONE 4.0, Hunyuan, GLM-4), and the MLP biases no family here reads.
+void read_family_layout(const Reader& r, ModelConfig& c) {
+  if (c.seed_oss()) {
+    c.qkv_bias = r.boolean("attention_bias", true);
+    c.o_bias = r.boolean("attention_out_bias", false);
+  }
+  if (c.ernie4_5()) {
+    c.rope_interleave = true;
+    if (r.boolean("use_bias", false))
+      r.fail("use_bias",
+             "true is not supported (ERNIE 4.5's linear layers' biases would not be read; accepted: false "
+             "or absent, as published)");
+  }
+  if (c.olmo()) c.qk_norm_full = c.post_norms = c.sandwich_norms = c.norm_weight_fp32 = true;
+  if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
+  if (c.hunyuan()) c.qk_norm_after_rope = true;
+  if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
+  // (a checkpoint with MLP biases would be run without them)
+  if (r.boolean("mlp_bias", false))
+    r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
+}
+
 }  // namespace
 
 ModelConfig read_config(const std::string& folder) {
@@ -661,12 +693,7 @@ ModelConfig read_config(const std::string& folder) {
   c.path = file;
   const Reader top{j, file};
   c.architecture = read_architecture(top);
-  // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
-  const bool multimodal =
-      c.architecture == "Qwen3_5ForConditionalGeneration" || c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
-      c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
-      c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
-      c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl();
+  const bool multimodal = composite(c);
   // (Qwen2-VL and Qwen2.5-VL as published hold them at the top, beside vision_config; transformers 5 saves a
   // text_config)
   const bool flat = c.qwen2_vl() && !(j.contains("text_config") && j.at("text_config").is_object());
@@ -705,18 +732,8 @@ ModelConfig read_config(const std::string& folder) {
   c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() && !c.exaone4() &&
              !c.ernie4_5() && r.boolean("attention_bias", gpt_oss);
   if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
-  if (c.seed_oss()) {
-    c.qkv_bias = r.boolean("attention_bias", true);
-    c.o_bias = r.boolean("attention_out_bias", false);
-  }
-  if (c.ernie4_5()) {
-    c.rope_interleave = true;
-    if (r.boolean("use_bias", false))
-      r.fail("use_bias",
-             "true is not supported (ERNIE 4.5's linear layers' biases would not be read; accepted: false "
-             "or absent, as published)");
-  }
   c.sinks = c.norm_weight_fp32 = gpt_oss;
+  read_family_layout(r, c);
   read_quantization(r, c);
   if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)
   // every family here gates its MLP with SiLU (SwiGLU) but Gemma 3 (GELU's tanh approximation); another
@@ -726,13 +743,6 @@ ModelConfig read_config(const std::string& folder) {
   } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
-  if (c.olmo()) c.qk_norm_full = c.norm_weight_fp32 = c.post_norms = c.sandwich_norms = true;
-  if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
-  if (c.hunyuan()) c.qk_norm_after_rope = true;
-  // (no family here has biases on its MLP: a checkpoint with them would be run without them)
-  if (r.boolean("mlp_bias", false))
-    r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
-  if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe())
     read_experts(r, c);
@@ -749,7 +759,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
   c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
-  const fs::path generation = fs::path(folder) / "generation_config.json";
+  const fs::path generation = fs::path(folder) / "generation_config.json";  // (what generate stops at, where present)
   if (fs::is_regular_file(generation)) {
     const json gj = read_json(generation.string());
     if (gj.is_object() && gj.contains("eos_token_id") && !gj.at("eos_token_id").is_null())
