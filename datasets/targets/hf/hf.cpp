@@ -38,6 +38,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -215,8 +216,7 @@ class HfTarget final : public Target {
   at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
                            AttentionContext& attention) override {
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
-    int64_t deepest = -1;
-    for (int64_t l : layers) deepest = std::max(deepest, l);
+    const int64_t deepest = layers.empty() ? -1 : *std::max_element(layers.begin(), layers.end());
     if (deepest >= static_cast<int64_t>(layers_.size()))
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
     const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
