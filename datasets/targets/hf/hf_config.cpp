@@ -735,7 +735,7 @@ ModelConfig read_config(const std::string& folder) {
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_family_layout(r, c);
   read_quantization(r, c);
-  if (multimodal) read_quantization(top, c);  // (a composite checkpoint's quantization_config sits at the top)
+  if (multimodal && !flat) read_quantization(top, c);  // (a composite checkpoint's quantization_config: the top)
   // every family here gates its MLP with SiLU (SwiGLU) but Gemma 3 (GELU's tanh approximation); another
   // activation would be run as the wrong one
   if (c.gemma3()) {
