@@ -366,6 +366,42 @@ def states_against(model, folder, tokens, layers, tmp_path):
     return p, ours, max(rel(ours["hidden"][0, :, e], ref[L + 1][0]) for e, L in enumerate(layers))
 
 
+def composite_checkpoint(name, text, vision, seed, tmp_path):
+    """transformers' <name>ForConditionalGeneration of these text and vision configs with random weights (norms away
+    from 1, routers far from even, the language model's biases and router correction biases that show, as make_model),
+    saved to tmp_path / name: (the model, its folder)."""
+    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+            elif n.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+            elif n.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                p.normal_(0, 0.1)
+            elif n.endswith("bias") and "language_model" in n:
+                p.normal_(0, 0.1)
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.05)
+    folder = tmp_path / name
+    model.save_pretrained(folder, safe_serialization=True)
+    return model, folder
+
+
+def composite_states(model, folder, name, tmp_path, what="ForConditionalGeneration"):
+    """Ours on a composite checkpoint's language model against transformers' model, 70 tokens, every layer (the bound
+    asserted; the run names the architecture): (the tokens, our states)."""
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
+    p, ours, err = states_against(model, folder, tokens, [0, 1, 2, 3], tmp_path)
+    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
+    print(f"{name}{what}: rel err {err:.1e} over layers [0, 1, 2, 3]")
+    assert err <= BOUND
+    return tokens, ours
+
+
 @pytest.mark.parametrize("moe", [False, True], ids=["qwen3_vl", "qwen3_vl_moe"])
 def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     """Qwen3-VL's and Qwen3-VL-MoE's language models (Qwen3VLForConditionalGeneration,
@@ -383,25 +419,9 @@ def test_qwen3_vl_language_model_matches_transformers(moe, tmp_path):
     vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
                   patch_size=4, deepstack_visual_indexes=[0])
     name = "Qwen3VLMoe" if moe else "Qwen3VL"
-    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    torch.manual_seed(23)
-    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
-    with torch.no_grad():  # norms away from 1, a router far from even (as make_model)
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.uniform_(0.5, 1.5)
-            elif n.endswith("mlp.gate.weight"):
-                p.normal_(0, 0.5)
-            elif n.endswith(("experts.gate_up_proj", "experts.down_proj")):
-                p.normal_(0, 0.1)
-    folder = tmp_path / name
-    model.save_pretrained(folder, safe_serialization=True)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
+    model, folder = composite_checkpoint(name, text, vision, 23, tmp_path)
+    tokens, ours = composite_states(model, folder, name, tmp_path)
     layers = [0, 1, 2, 3]
-    p, ours, err = states_against(model, folder, tokens, layers, tmp_path)
-    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
-    print(f"{name}ForConditionalGeneration: rel err {err:.1e} over layers {layers}")
-    assert err <= BOUND
     if not moe:
         return
     tensors = load_file(str(folder / "model.safetensors"))
@@ -431,23 +451,9 @@ def test_qwen2_vl_language_model_as_saved_and_as_published(name, tmp_path):
                 rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 3, 3]))
     vision = dict(depth=1, embed_dim=32, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
                   patch_size=4)
-    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    torch.manual_seed(31)
-    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
-    with torch.no_grad():  # norms away from 1, biases that show (as make_model)
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.uniform_(0.5, 1.5)
-            elif n.endswith("bias") and "language_model" in n:
-                p.normal_(0, 0.1)
-    folder = tmp_path / name
-    model.save_pretrained(folder, safe_serialization=True)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
+    model, folder = composite_checkpoint(name, text, vision, 31, tmp_path)
+    tokens, ours = composite_states(model, folder, name, tmp_path, "ForConditionalGeneration as saved")
     layers = [0, 1, 2, 3]
-    p, ours, err = states_against(model, folder, tokens, layers, tmp_path)
-    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
-    print(f"{name}ForConditionalGeneration as saved: rel err {err:.1e}")
-    assert err <= BOUND
     published = tmp_path / (name + "_published")
     published.mkdir()
     saved = json.loads((folder / "config.json").read_text())
@@ -483,28 +489,8 @@ def test_glm4v_language_model_matches_transformers(moe, tmp_path):
     vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
                   patch_size=4)
     name = "Glm4vMoe" if moe else "Glm4v"
-    config = getattr(transformers, name + "Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
-    torch.manual_seed(29)
-    model = getattr(transformers, name + "ForConditionalGeneration")(config).eval()
-    with torch.no_grad():  # norms away from 1, a router far from even, biases that show (as make_model)
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.uniform_(0.5, 1.5)
-            elif n.endswith("mlp.gate.weight"):
-                p.normal_(0, 0.5)
-            elif n.endswith("bias") and "language_model" in n:
-                p.normal_(0, 0.1)
-        for n, b in model.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.05)
-    folder = tmp_path / name
-    model.save_pretrained(folder, safe_serialization=True)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 70), generator=torch.Generator().manual_seed(4))
-    layers = [0, 1, 2, 3]
-    p, ours, err = states_against(model, folder, tokens, layers, tmp_path)
-    assert name + "ForConditionalGeneration" in p.stdout, p.stdout
-    print(f"{name}ForConditionalGeneration: rel err {err:.1e} over layers {layers}")
-    assert err <= BOUND
+    model, folder = composite_checkpoint(name, text, vision, 29, tmp_path)
+    composite_states(model, folder, name, tmp_path)
 
 
 def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
