@@ -169,6 +169,24 @@ FAMILIES = [
           rope_parameters=dict(full_attention=dict(rope_type="yarn", rope_theta=5e5, factor=4.0,
                                                    original_max_position_embeddings=16),
                                sliding_attention=dict(rope_type="default", rope_theta=1e4))), {}),
+    # Granite's kind (GraniteForCausalLM: Granite 3.x dense): Llama's layers, q / k / v / o biases, the embedding times
+    # 6, each attention / MLP output times 0.22 before its residual add, the softmax scale 0.09 (not 16^-1/2), the
+    # logits divided by 2.5 (Granite-3.3-8B's kind of multipliers: 12, 0.22, 1/128, 16).
+    ("granite", "GraniteConfig", "GraniteForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e7, attention_bias=True, embedding_multiplier=6.0,
+          residual_multiplier=0.22, attention_multiplier=0.09, logits_scaling=2.5, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
+    # Granite 3.x's mixtures of experts (GraniteMoeForCausalLM; GraniteMoeSharedForCausalLM with a shared MLP of 48):
+    # Granite's multipliers, every layer 8 experts of intermediate_size stored stacked, 2 a token (the softmax of the
+    # top 2 logits).
+    ("granitemoe", "GraniteMoeConfig", "GraniteMoeForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e4, num_local_experts=8, num_experts_per_tok=2,
+          embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09, logits_scaling=2.5,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    ("granitemoe_shared", "GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM",
+     dict(tie_word_embeddings=True, rope_theta=1e4, num_local_experts=8, num_experts_per_tok=2,
+          shared_intermediate_size=48, embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09,
+          logits_scaling=2.5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -200,7 +218,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.uniform_(0.5, 1.5)
             elif n.endswith("self_attn.sinks"):  # gpt-oss: sinks that take a real share of each softmax
                 p.uniform_(0.5, 2.5)
-            elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight")):  # a router whose choices and
+            elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight",
+                             "block_sparse_moe.router.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)

@@ -7,7 +7,8 @@ engine's dispatcher with the eagle3_ttt mask on dense_ref and on flash_cpu, and 
 weights, the batch, the vocabulary maps, the losses and every gradient. This file rebuilds the
 step from plugins/eagle3's definition -- its own draft-vocabulary count, fc of the three target
 states, the 3-step unroll with the attention pattern written out densely here, soft
-cross-entropy against the target's distribution over the draft vocabulary with EAGLE-3's
+cross-entropy against the target's distribution (its logits times its logit scale, 0.625 here,
+as Granite's 1 / logits_scaling) over the draft vocabulary with EAGLE-3's
 position mask, step_decay^i weights -- and requires the same loss and every parameter gradient
 within 1e-5 relative (fp32, CPU) for both kernels. It also replays validation's chain drafting
 and requires the same proposals.
@@ -77,6 +78,7 @@ class Problem:
         self.lengths = torch.tensor(data["batch/lengths"])
         self.emb = torch.tensor(data["target/embedding"])
         self.head = torch.tensor(data["target/lm_head"])
+        self.logit_scale = float(data["target/logit_scale"])  # (the target's logits: states head^T times it)
         self.B, self.S = self.tokens.shape
         self.V, self.H = self.emb.shape
         # Documents: row 0 one document of its length; row 1 the packed documents; padding after.
@@ -114,7 +116,7 @@ class Problem:
         P = params
         ids = self.draft_vocabulary()
         feats = self.hidden[:, :, :3].reshape(B, S, 3 * H)
-        target_logits = self.hidden[:, :, 3] @ self.head.T               # [B, S, V]
+        target_logits = (self.hidden[:, :, 3] @ self.head.T) * self.logit_scale  # [B, S, V]
         full_argmax = target_logits.argmax(-1)
         in_draft = torch.isin(full_argmax, ids)
         probs = torch.softmax(target_logits[..., ids], -1)

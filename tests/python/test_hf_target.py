@@ -191,6 +191,8 @@ MOE_FAMILIES = {
     "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", dict(num_experts_per_tok=1)),
     "qwen3_next": ("Qwen3NextForCausalLM", dict(norm_topk_prob=True)),
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", dict(num_experts_per_tok=1)),
+    "granitemoe": ("GraniteMoeForCausalLM", dict(num_experts_per_tok=1)),
+    "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
 
@@ -202,7 +204,7 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
-    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash: one expert a token)."""
+    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's: one expert a token)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
@@ -212,7 +214,9 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "8 experts (2 a token)" in p.stdout and architecture in p.stdout, p.stdout
     chosen = []  # layer 1's router: the experts of every token
-    hook = model.model.layers[1].mlp.gate.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
+    layer = model.model.layers[1]
+    router = layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe") else layer.mlp.gate  # (Granite's)
+    hook = router.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True)
     hook.remove()
@@ -757,6 +761,32 @@ def test_hunyuan_reads_its_ntk_alpha(tmp_path):
     changed_configs_follow_transformers("hunyuan", 47, 10, [("alpha 1000", alpha(1000.0)),
                                                             ("config.json as published, alpha 200", published)],
                                         tmp_path)
+
+
+def test_granite_reads_each_of_its_multipliers(tmp_path):
+    """Granite (the family test: states and logits equal to transformers' with every multiplier set): each multiplier
+    changed alone moves the states, ours following transformers through each, so none is assumed; and each absent is
+    GraniteConfig's 1 (absent attention_multiplier: a softmax scale of 1, not head_dim^-1/2)."""
+    def changed(key, value):
+        return lambda made: {**made, key: value}
+
+    changed_configs_follow_transformers("granite", 53, 12, [
+        ("embedding_multiplier 12", changed("embedding_multiplier", 12.0)),
+        ("residual_multiplier 0.5", changed("residual_multiplier", 0.5)),
+        ("attention_multiplier 0.25", changed("attention_multiplier", 0.25)),
+        ("no multipliers", lambda made: without(made, "embedding_multiplier", "residual_multiplier",
+                                                "attention_multiplier"))], tmp_path)
+
+
+@pytest.mark.parametrize("value", [0, -2.5, "16"])
+def test_granite_multiplier_that_is_not_a_positive_number_is_refused(value, tmp_path):
+    folder = tmp_path / "granite"
+    make_model(folder, "granite", seed=5)
+    edit_config(folder, logits_scaling=value)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
+    assert p.returncode != 0
+    assert "logits_scaling" in p.stderr and ("positive number" in p.stderr or "not a number" in p.stderr), p.stderr
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

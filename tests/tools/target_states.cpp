@@ -9,8 +9,8 @@
 // IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
 //     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
-//     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head.
-//     Errors: one line on stderr, exit status 1.
+//     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head (times the target's logit
+//     scale). Errors: one line on stderr, exit status 1.
 #include "../built_plugins.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/ledger.hpp"
@@ -103,8 +103,9 @@ int run(int argc, char** argv) {
   std::vector<std::pair<std::string, at::Tensor>> out = {{"hidden", hidden.contiguous()}};
   for (size_t i = 0; i < layers.size(); ++i)
     if (layers[i] == model.layers - 1)
-      out.push_back(
-          {"logits", at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)).contiguous()});
+      out.push_back({"logits", (at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)) *
+                                model.logit_scale)
+                                   .contiguous()});
   fd::safetensors::write(argv[4], out, {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
   std::cout << model.source << "\nkernels " << ledger.summary(fd::Phase::forward) << "\n";
   return 0;

@@ -1,7 +1,7 @@
 // What a drafter keeps of Drafter::bind(): the run's device and dtype, the batch shape, the
 // target's vocabulary, and detached copies of the target's frozen embedding and LM head on
-// that device and dtype (no gradient can reach the target's tensors). A drafter derives from
-// it (protected) and calls bind_run() in its bind(), once its own sizes are checked.
+// that device and dtype (no gradient can reach the target's tensors), and the scale of its logits. A drafter derives
+// from it (protected) and calls bind_run() in its bind(), once its own sizes are checked.
 #pragma once
 
 #include <flashdraft/model.hpp>
@@ -22,12 +22,14 @@ class BoundRun {
     vocab_ = target.vocab;
     embedding_ = target.embedding.detach().to(device_, dtype_);
     target_head_ = target.lm_head.detach().to(device_, dtype_);
+    target_logit_scale_ = target.logit_scale;
   }
 
   c10::Device device_ = c10::kCPU;
   c10::ScalarType dtype_ = c10::kFloat;
   int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;
   at::Tensor embedding_, target_head_;  // [vocab, hidden] each
+  double target_logit_scale_ = 1.0;     // the target's logits: states target_head_^T times this (TargetModel)
 };
 
 }  // namespace flashdraft

@@ -32,6 +32,10 @@ struct TargetModel {
   // An online target (a Target plugin) computes any layer: the engine asks the drafter
   // which ones (Drafter::target_layers) and sets this list to them before bind().
   std::vector<int64_t> exported_layers;
+  // The target's logits are (final state) lm_head^T times logit_scale (Granite: 1 / logits_scaling); what its
+  // distributions (EAGLE-3's soft labels) are made of. A drafter borrowing the LM head uses it as stored, as the
+  // reference drafters call the target's lm_head module.
+  double logit_scale = 1.0;
   bool online = false;  // hidden states computed by a Target plugin each step
   std::string source;   // what the target is (checkpoint path, architecture), for the log
 

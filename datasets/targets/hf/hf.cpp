@@ -183,12 +183,14 @@ class HfTarget final : public Target {
   }
 
   TargetModel model() const override {
-    return TargetModel::online_model(embed_, lm_head_, cfg_.layers,
-                                     cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" +
-                                         std::to_string(cfg_.layers) + " layers, hidden " +
-                                         std::to_string(cfg_.hidden) + ", vocab " + std::to_string(cfg_.vocab) + ", " +
-                                         experts_str() + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
-                                         "; norms, RoPE, SwiGLU: " + frozen::kernels_on(device_, fused_) + ")");
+    TargetModel t = TargetModel::online_model(
+        embed_, lm_head_, cfg_.layers,
+        cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" + std::to_string(cfg_.layers) +
+            " layers, hidden " + std::to_string(cfg_.hidden) + ", vocab " + std::to_string(cfg_.vocab) + ", " +
+            experts_str() + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
+            "; norms, RoPE, SwiGLU: " + frozen::kernels_on(device_, fused_) + ")");
+    t.logit_scale = cfg_.logit_scale;
+    return t;
   }
 
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {
@@ -578,6 +580,7 @@ class HfTarget final : public Target {
   // the model's dtype (transformers' Gemma3TextScaledWordEmbedding).
   at::Tensor embed(const at::Tensor& ids) const {
     const at::Tensor x = embed_.index_select(0, ids.reshape({-1}));
+    if (cfg_.embed_multiplier != 1.0) return x * cfg_.embed_multiplier;  // (Granite: the product rounded once)
     if (!cfg_.embed_scale) return x;
     return x * at::scalar_tensor(std::sqrt(double(cfg_.hidden)), x.options());
   }
@@ -765,14 +768,18 @@ class HfTarget final : public Target {
     } else if (cfg_.sparse(l)) {
       const int64_t I = cfg_.moe_intermediate;
       const ExpertKeys n = expert_keys();
-      expected.push_back({p + n.block + "gate.weight", {cfg_.experts, H}});
+      expected.push_back({router_key(p), {cfg_.experts, H}});
+      if (cfg_.granite_moe()) {  // (stacked as held)
+        expected.push_back({p + "block_sparse_moe.input_linear.weight", {cfg_.experts, 2 * I, H}});
+        expected.push_back({p + "block_sparse_moe.output_linear.weight", {cfg_.experts, H, I}});
+      }
       if (cfg_.qwen3_vl()) {  // (stacked: as published, or as transformers holds and saves them)
         const int64_t E = cfg_.experts;
         expected.push_back(
             {p + "mlp.experts.gate_up_proj", stacked_layout(p + "mlp.experts.gate_up_proj", {E, 2 * I, H})});
         expected.push_back({p + "mlp.experts.down_proj", stacked_layout(p + "mlp.experts.down_proj", {E, H, I})});
       }
-      for (int64_t e = 0; e < (cfg_.qwen3_vl() ? 0 : cfg_.experts); ++e) {
+      for (int64_t e = 0; e < (stacked_experts() ? 0 : cfg_.experts); ++e) {
         const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
         expected.push_back({x + n.gate, {I, H}});
         expected.push_back({x + n.up, {I, H}});
@@ -783,9 +790,14 @@ class HfTarget final : public Target {
       if (cfg_.shared_intermediate > 0) {
         const int64_t Is = cfg_.shared_intermediate;
         const std::string s = p + shared_block();
-        expected.push_back({s + "gate_proj.weight", {Is, H}});
-        expected.push_back({s + "up_proj.weight", {Is, H}});
-        expected.push_back({s + "down_proj.weight", {H, Is}});
+        if (cfg_.granite_moe()) {  // (gate | up packed)
+          expected.push_back({s + "input_linear.weight", {2 * Is, H}});
+          expected.push_back({s + "output_linear.weight", {H, Is}});
+        } else {
+          expected.push_back({s + "gate_proj.weight", {Is, H}});
+          expected.push_back({s + "up_proj.weight", {Is, H}});
+          expected.push_back({s + "down_proj.weight", {H, Is}});
+        }
         if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
       }
     } else {
@@ -799,7 +811,17 @@ class HfTarget final : public Target {
     }
   }
 
+  // Layer l's tensors; Granite's residual_multiplier folded into the products whose outputs join the residual stream
+  // (rounded once to the model's dtype: o_proj and its bias, down_proj, the experts' and the shared expert's down).
   DecoderLayer load_layer(int64_t l) const {
+    DecoderLayer L = load_layer_tensors(l);
+    if (cfg_.residual_multiplier != 1.0)
+      for (at::Tensor* w : {&L.o_proj, &L.o_bias, &L.down_proj, &L.experts_down, &L.shared_down})
+        if (w->defined()) *w = (w->to(at::kFloat) * cfg_.residual_multiplier).to(w->scalar_type());
+    return L;
+  }
+
+  DecoderLayer load_layer_tensors(int64_t l) const {
     const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
     DecoderLayer L;
     const NormNames n = norm_names();
@@ -828,7 +850,7 @@ class HfTarget final : public Target {
     }
     if (cfg_.sparse(l)) {
       const ExpertKeys n = expert_keys();
-      L.router = load(p + n.block + "gate.weight");
+      L.router = load(router_key(p));
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
       if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
@@ -838,6 +860,9 @@ class HfTarget final : public Target {
         };
         L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
         L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
+      } else if (cfg_.granite_moe()) {  // (stacked as held: gate rows, then up rows)
+        L.experts_gate_up = load(p + "block_sparse_moe.input_linear.weight");
+        L.experts_down = load(p + "block_sparse_moe.output_linear.weight");
       } else if (keep_fp8_) {  // ([target] fp8 = "keep": the experts' FP8 values and scales, as they are)
         L.fp8_gate = stack_fp8(p + n.block + "experts.", n.gate);
         L.fp8_up = stack_fp8(p + n.block + "experts.", n.up);
@@ -846,7 +871,7 @@ class HfTarget final : public Target {
         L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
         L.experts_down = at::empty({E, H, I}, opts);
       }
-      for (int64_t e = 0; e < (cfg_.qwen3_vl() || keep_fp8_ ? 0 : E); ++e) {
+      for (int64_t e = 0; e < (stacked_experts() || keep_fp8_ ? 0 : E); ++e) {
         const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
         L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
         L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
@@ -859,8 +884,9 @@ class HfTarget final : public Target {
       }
       if (cfg_.shared_intermediate > 0) {
         const std::string s = p + shared_block();
-        L.shared_gate_up = at::cat({load(s + "gate_proj.weight"), load(s + "up_proj.weight")});
-        L.shared_down = load(s + "down_proj.weight");
+        L.shared_gate_up = cfg_.granite_moe() ? load(s + "input_linear.weight")
+                                              : at::cat({load(s + "gate_proj.weight"), load(s + "up_proj.weight")});
+        L.shared_down = load(s + (cfg_.granite_moe() ? "output_linear.weight" : "down_proj.weight"));
         if (cfg_.shared_gate) L.shared_gate = load(p + "mlp.shared_expert_gate.weight");
       }
       return L;
@@ -1294,17 +1320,29 @@ class HfTarget final : public Target {
     return p + (cfg_.minimax_m2() ? "block_sparse_moe." : "mlp.gate.") + "e_score_correction_bias";
   }
   // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,
-  // Qwen2-MoE: mlp.shared_expert.).
-  std::string shared_block() const { return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts."; }
+  // Qwen2-MoE: mlp.shared_expert., Granite: shared_mlp.).
+  std::string shared_block() const {
+    if (cfg_.granite_moe()) return "shared_mlp.";
+    return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts.";
+  }
+  // A sparse layer's router under model.layers.N. (Granite's: block_sparse_moe.router.layer.; else <block>gate.)
+  std::string router_key(const std::string& p) const {
+    return p + (cfg_.granite_moe() ? "block_sparse_moe.router.layer.weight" : expert_keys().block + "gate.weight");
+  }
+  // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
+  bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe(); }
 
   // The config.json keys that size a mixture of experts' tensors, as ", key value ..." for a message.
   std::string experts_sizes() const {
     if (cfg_.experts == 0) return "";
     std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
-    if (!mixtral() && !gpt_oss() && !cfg_.minimax_m2())
+    if (!mixtral() && !gpt_oss() && !cfg_.minimax_m2() && !cfg_.granite_moe())
       s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
+    if (cfg_.granite_moe()) s += ", intermediate_size " + std::to_string(cfg_.moe_intermediate);
     if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
     if (cfg_.shared_gate) s += ", shared_expert_intermediate_size " + std::to_string(cfg_.shared_intermediate);
+    if (cfg_.granite_moe() && cfg_.shared_intermediate > 0)
+      s += ", shared_intermediate_size " + std::to_string(cfg_.shared_intermediate);
     return s;
   }
 
@@ -1530,9 +1568,10 @@ class HfTarget final : public Target {
 }  // namespace
 }  // namespace flashdraft
 
-FLASHDRAFT_PLUGIN(target, "hf", "0.1.0",
-                  "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
-                  "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
-                  "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
-                  "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE",
-                  flashdraft::HfTarget)
+FLASHDRAFT_PLUGIN(
+    target, "hf", "0.1.0",
+    "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
+    "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
+    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
+    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE",
+    flashdraft::HfTarget)

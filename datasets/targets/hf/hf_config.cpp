@@ -50,7 +50,10 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "DeepseekV3ForCausalLM",
                                                           "Glm4MoeLiteForCausalLM",
                                                           "Ministral3ForCausalLM",
-                                                          "Mistral3ForConditionalGeneration"};
+                                                          "Mistral3ForConditionalGeneration",
+                                                          "GraniteForCausalLM",
+                                                          "GraniteMoeForCausalLM",
+                                                          "GraniteMoeSharedForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -415,7 +418,7 @@ void read_ernie4_5_routing(const Reader& r, ModelConfig& c) {
 // always renormalised and kept in float32), of Glm4MoeForCausalLM (read_glm_routing) and of Qwen3.5-MoE
 // (Qwen2-MoE's, its top k always renormalised).
 void read_experts(const Reader& r, ModelConfig& c) {
-  const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2();
+  const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2() || c.granite_moe();
   const bool ernie = c.ernie4_5_moe();
   const char* count = ernie                                   ? "moe_num_experts"
                       : !mixtral && r.has("num_experts")      ? "num_experts"
@@ -430,6 +433,14 @@ void read_experts(const Reader& r, ModelConfig& c) {
                           " experts of " + count + " (accepted: 1.." + std::to_string(c.experts) + ")");
   if (c.minimax_m2()) return read_minimax_m2_routing(r, c);
   if (c.ernie4_5_moe()) return read_ernie4_5_routing(r, c);
+  if (c.granite_moe()) {  // (the softmax of the top k logits: the top k of the softmax, renormalised; cast back)
+    c.moe_intermediate = c.intermediate;
+    c.norm_topk = true;
+    // (GraniteMoeForCausalLM has no shared MLP, whatever its config.json says)
+    if (c.architecture == "GraniteMoeSharedForCausalLM")
+      c.shared_intermediate = r.integer("shared_intermediate_size", 0, 0);
+    return;
+  }
   if (mixtral) {
     c.moe_intermediate = c.intermediate;
     c.norm_topk = c.float_router_weights = true;
@@ -569,6 +580,20 @@ void read_gemma3(const Reader& r, ModelConfig& c) {
     if (r.has(cap))
       r.fail(cap, "value " + r.j.at(cap).dump() + " soft-caps logits (Gemma 2's kind), which is not supported " +
                       "(accepted: null, as Gemma 3 publishes)");
+}
+
+// Granite's multipliers (GraniteConfig: each 1 where absent, as transformers takes them), each a positive number.
+void read_granite(const Reader& r, ModelConfig& c) {
+  const auto positive = [&](const char* key) {
+    const double v = r.real(r.j, key, 1.0);
+    if (!(v > 0) || !std::isfinite(v))
+      r.fail(key, "value " + r.j.at(key).dump() + " is not a positive number (accepted: > 0; absent: 1)");
+    return v;
+  };
+  c.embed_multiplier = positive("embedding_multiplier");
+  c.residual_multiplier = positive("residual_multiplier");
+  c.softmax_scale = positive("attention_multiplier");  // (the softmax scale itself: absent, 1, as transformers')
+  c.logit_scale = 1.0 / positive("logits_scaling");
 }
 
 // eos_token_id: an id or a list of ids (absent or null: none).
@@ -738,13 +763,15 @@ ModelConfig read_config(const std::string& folder) {
   if (multimodal && !flat) read_quantization(top, c);  // (a composite checkpoint's quantization_config: the top)
   // every family here gates its MLP with SiLU (SwiGLU) but Gemma 3 (GELU's tanh approximation); another
   // activation would be run as the wrong one
+  if (c.granite()) read_granite(r, c);
   if (c.gemma3()) {
     read_gemma3(r, c);
   } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe())
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
+      c.granite_moe())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;

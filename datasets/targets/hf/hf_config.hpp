@@ -8,8 +8,8 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0: see their members
-// below). Anything else is refused with the architecture found and the list.
+// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
+// mixtures of experts: see their members below). Anything else is refused with the architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -198,6 +198,21 @@ struct ModelConfig {
   bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
   bool post_norms = false;
+  // Granite (GraniteForCausalLM: Granite 3.x dense): Llama's layers and four multipliers. The embedding's rows times
+  // embedding_multiplier (embed_multiplier, rounded once to the model's dtype), each attention and MLP output times
+  // residual_multiplier before its residual add (folded into o_proj and down_proj at load), the softmax scale
+  // attention_multiplier (not head_dim^-1/2), and the logits divided by logits_scaling (logit_scale = its inverse:
+  // TargetModel::logit_scale, which the target's distributions use; the LM head a drafter borrows stays as stored).
+  // Granite 3.x's mixtures of experts (GraniteMoeForCausalLM; GraniteMoeSharedForCausalLM with a shared MLP): the same
+  // multipliers, every layer num_local_experts of intermediate_size, num_experts_per_tok a token, their weights the
+  // softmax of the top k logits (the logits in the model's dtype, the softmax in float32, cast back); the experts
+  // stored stacked (block_sparse_moe.input_linear [E, gate | up, H], output_linear [E, H, I], router.layer [E, H]),
+  // the shared MLP of shared_intermediate_size packed alike (shared_mlp.input_linear, output_linear), ungated.
+  bool granite() const { return architecture == "GraniteForCausalLM" || granite_moe(); }
+  bool granite_moe() const {
+    return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM";
+  }
+  double embed_multiplier = 1.0, residual_multiplier = 1.0, logit_scale = 1.0;
   // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
   // rotate nothing. Empty: every layer rotates.
   std::vector<uint8_t> nope;
