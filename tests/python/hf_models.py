@@ -187,6 +187,13 @@ FAMILIES = [
      dict(tie_word_embeddings=True, rope_theta=1e4, num_local_experts=8, num_experts_per_tok=2,
           shared_intermediate_size=48, embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09,
           logits_scaling=2.5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # dots.llm1's kind (Dots1ForCausalLM): Qwen3's attention with GLM-4.5's experts (layer 0 dense, the others 8 experts
+    # of 32 in 4 groups, 2 a token from the best 2 groups by a sigmoid router with correction biases, times 2.5, plus one
+    # shared expert).
+    ("dots1", "Dots1Config", "Dots1ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e6, n_routed_experts=8, num_experts_per_tok=2,
+          n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2,
+          routed_scaling_factor=2.5, norm_topk_prob=True, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

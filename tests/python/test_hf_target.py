@@ -192,6 +192,7 @@ MOE_FAMILIES = {
     "qwen3_next": ("Qwen3NextForCausalLM", dict(norm_topk_prob=True)),
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", dict(num_experts_per_tok=1)),
     "granitemoe": ("GraniteMoeForCausalLM", dict(num_experts_per_tok=1)),
+    "dots1": ("Dots1ForCausalLM", dict(topk_group=4)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
@@ -204,7 +205,8 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
-    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's: one expert a token)."""
+    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's: one expert a token; dots.llm1: its
+    experts chosen from all 4 groups, as GLM-4.5's)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
@@ -787,6 +789,16 @@ def test_granite_multiplier_that_is_not_a_positive_number_is_refused(value, tmp_
     p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
     assert p.returncode != 0
     assert "logits_scaling" in p.stderr and ("positive number" in p.stderr or "not a number" in p.stderr), p.stderr
+
+
+def test_dots1_sliding_layers_without_layer_types_and_its_routing_default(tmp_path):
+    """dots.llm1 (the family test: Qwen3's attention, GLM-4.5's experts): without layer_types, sliding_window 6 and
+    max_window_layers 2 make layers 2 and 3 slide (Dots1Config's rule: no use_sliding_window key), and norm_topk_prob
+    absent is Dots1Config's false, not GLM-4.5's true; each moves the states, ours following transformers."""
+    changed_configs_follow_transformers("dots1", 59, 13, [
+        ("sliding_window 6 from max_window_layers 2, no layer_types",
+         lambda made: {**without(made, "layer_types"), "sliding_window": 6, "max_window_layers": 2}),
+        ("norm_topk_prob absent", lambda made: without(made, "norm_topk_prob"))], tmp_path)
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

@@ -1573,5 +1573,5 @@ FLASHDRAFT_PLUGIN(
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
-    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE",
+    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1",
     flashdraft::HfTarget)

@@ -53,7 +53,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Mistral3ForConditionalGeneration",
                                                           "GraniteForCausalLM",
                                                           "GraniteMoeForCausalLM",
-                                                          "GraniteMoeSharedForCausalLM"};
+                                                          "GraniteMoeSharedForCausalLM",
+                                                          "Dots1ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -328,7 +329,7 @@ void read_exaone4_pattern(const Reader& r, ModelConfig& c) {
 void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding.assign(static_cast<size_t>(c.layers), 0);
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";
-  const bool qwen2_rule = !all && r.boolean("use_sliding_window", false);
+  const bool qwen2_rule = !all && (c.dots1() || r.boolean("use_sliding_window", false));
   if (!(all || qwen2_rule) || !r.has("sliding_window")) return;
   c.sliding_window = r.integer("sliding_window", 1);
   if (r.has("layer_types"))
@@ -336,7 +337,7 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   if (c.exaone4()) return read_exaone4_pattern(r, c);
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
-  const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, 28) : 0;
+  const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, c.dots1() ? 62 : 28) : 0;
   // (Gemma3TextConfig's sliding_window_pattern, default 6: every sixth layer full; Olmo3Config's layer_types: every
   // fourth)
   const int64_t pattern = c.gemma3()                             ? r.integer("sliding_window_pattern", 1, 6)
@@ -470,6 +471,12 @@ void read_experts(const Reader& r, ModelConfig& c) {
     return;
   }
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return read_glm_routing(r, c);
+  if (c.dots1()) {  // (GLM-4.5's routing, Dots1Config's defaults)
+    read_glm_routing(r, c);
+    if (!r.has("norm_topk_prob")) c.norm_topk = false;
+    if (!r.has("first_k_dense_replace")) c.first_dense = 0;
+    return;
+  }
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
   c.sparse_step = r.integer("decoder_sparse_step", 1, 1);
   c.norm_topk = r.boolean("norm_topk_prob", c.hybrid());  // (Qwen3NextConfig's default: true)
@@ -748,7 +755,7 @@ ModelConfig read_config(const std::string& folder) {
                        c.architecture == "Mistral3ForConditionalGeneration";
   const bool glm = c.glm4_moe();                                   // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
-  c.qk_norm = qwen3 || c.hybrid() || (glm && r.boolean("use_qk_norm", false));
+  c.qk_norm = qwen3 || c.hybrid() || c.dots1() || (glm && r.boolean("use_qk_norm", false));
   if (c.minimax_m2()) read_minimax_m2_norms(r, c);
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true)) ||
                (c.glm4() && r.boolean("attention_bias", true));  // (Glm4Config's default: biases on q, k, v)
@@ -771,7 +778,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe())
+      c.granite_moe() || c.dots1())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;

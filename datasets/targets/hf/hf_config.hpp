@@ -9,7 +9,8 @@
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
-// mixtures of experts: see their members below). Anything else is refused with the architecture found and the list.
+// mixtures of experts, dots.llm1: see their members below). Anything else is refused with the architecture found and
+// the list.
 #pragma once
 
 #include <cstdint>
@@ -208,6 +209,11 @@ struct ModelConfig {
   // softmax of the top k logits (the logits in the model's dtype, the softmax in float32, cast back); the experts
   // stored stacked (block_sparse_moe.input_linear [E, gate | up, H], output_linear [E, H, I], router.layer [E, H]),
   // the shared MLP of shared_intermediate_size packed alike (shared_mlp.input_linear, output_linear), ungated.
+  // dots.llm1 (Dots1ForCausalLM: dots.llm1.base / .inst): Qwen3's attention (per-head q / k norms) with GLM-4.5's
+  // experts (its sigmoid router with correction biases and groups, shared experts, the first first_k_dense_replace
+  // layers dense; norm_topk_prob and first_k_dense_replace default to false and 0, as Dots1Config's); without
+  // layer_types, its layers from max_window_layers on slide when sliding_window is set (no use_sliding_window key).
+  bool dots1() const { return architecture == "Dots1ForCausalLM"; }
   bool granite() const { return architecture == "GraniteForCausalLM" || granite_moe(); }
   bool granite_moe() const {
     return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM";
