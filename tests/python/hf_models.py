@@ -194,6 +194,13 @@ FAMILIES = [
      dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e6, n_routed_experts=8, num_experts_per_tok=2,
           n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1, n_group=4, topk_group=2,
           routed_scaling_factor=2.5, norm_topk_prob=True, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Hunyuan's mixture of experts (HunYuanMoEV1ForCausalLM: Hunyuan-A13B): Hunyuan's attention (q / k normed after
+    # RoPE, q / k / v / o biases, NTK alpha), every layer 8 experts of intermediate_size, 2 a token by a float32 softmax
+    # router, renormalised, and an ungated shared MLP.
+    ("hunyuan_moe", "HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, attention_bias=True, num_experts=8, moe_topk=2,
+          rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, alpha=50.0, factor=1.0),
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -226,7 +233,7 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
             elif n.endswith("self_attn.sinks"):  # gpt-oss: sinks that take a real share of each softmax
                 p.uniform_(0.5, 2.5)
             elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight",
-                             "block_sparse_moe.router.weight")):  # a router whose choices and
+                             "block_sparse_moe.router.weight", "mlp.gate.wg.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)

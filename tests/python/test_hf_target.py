@@ -193,6 +193,7 @@ MOE_FAMILIES = {
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", dict(num_experts_per_tok=1)),
     "granitemoe": ("GraniteMoeForCausalLM", dict(num_experts_per_tok=1)),
     "dots1": ("Dots1ForCausalLM", dict(topk_group=4)),
+    "hunyuan_moe": ("HunYuanMoEV1ForCausalLM", dict(moe_topk=1)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
@@ -205,7 +206,7 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
-    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's: one expert a token; dots.llm1: its
+    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's, Hunyuan's: one expert a token; dots.llm1: its
     experts chosen from all 4 groups, as GLM-4.5's)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
@@ -799,6 +800,20 @@ def test_dots1_sliding_layers_without_layer_types_and_its_routing_default(tmp_pa
         ("sliding_window 6 from max_window_layers 2, no layer_types",
          lambda made: {**without(made, "layer_types"), "sliding_window": 6, "max_window_layers": 2}),
         ("norm_topk_prob absent", lambda made: without(made, "norm_topk_prob"))], tmp_path)
+
+
+def test_hunyuan_moe_counts_listed_per_layer(tmp_path):
+    """Hunyuan-A13B's config.json lists moe_topk per layer: an equal list is read as the integer (ours following
+    transformers with moe_topk [1, 1, 1, 1], which moves the states from 2 a token); a count that changes between
+    layers is refused with a sentence naming the key and the value."""
+    layers = SMALL["num_hidden_layers"]
+    changed_configs_follow_transformers("hunyuan_moe", 61, 14, [
+        ("moe_topk listed per layer, 1 each", lambda made: {**made, "moe_topk": [1] * layers})], tmp_path)
+    folder = tmp_path / "hunyuan_moe"
+    edit_config(folder, moe_topk=[2, 1, 2, 2])
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
+    assert p.returncode != 0 and "moe_topk" in p.stderr and "[2,1,2,2]" in p.stderr, p.stderr
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

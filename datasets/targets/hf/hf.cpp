@@ -851,6 +851,7 @@ class HfTarget final : public Target {
     if (cfg_.sparse(l)) {
       const ExpertKeys n = expert_keys();
       L.router = load(router_key(p));
+      if (cfg_.hunyuan_moe()) L.router = L.router.to(at::kFloat);  // (transformers runs Hunyuan's router in float32)
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
       if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
@@ -1208,7 +1209,9 @@ class HfTarget final : public Target {
       std::tie(top, chosen) = at::topk(at::linear(x, L.router, L.router_logit_bias), k, -1);
       top = at::softmax(top, -1, top.scalar_type());
     } else {
-      const at::Tensor probs = at::softmax(at::linear(x, L.router), -1, at::kFloat);
+      // (a router held in float32, Hunyuan's: its logits from the rows in float32)
+      const at::Tensor logits = at::linear(L.router.scalar_type() == at::kFloat ? x.to(at::kFloat) : x, L.router);
+      const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
       std::tie(top, chosen) = at::topk(probs, k, -1);
       if (cfg_.norm_topk) top = top / top.sum(-1, /*keepdim=*/true);
     }
@@ -1323,11 +1326,14 @@ class HfTarget final : public Target {
   // Qwen2-MoE: mlp.shared_expert., Granite: shared_mlp.).
   std::string shared_block() const {
     if (cfg_.granite_moe()) return "shared_mlp.";
+    if (cfg_.hunyuan_moe()) return "mlp.shared_mlp.";
     return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts.";
   }
-  // A sparse layer's router under model.layers.N. (Granite's: block_sparse_moe.router.layer.; else <block>gate.)
+  // A sparse layer's router under model.layers.N. (Granite's: block_sparse_moe.router.layer.; Hunyuan's: mlp.gate.wg.;
+  // else <block>gate.)
   std::string router_key(const std::string& p) const {
-    return p + (cfg_.granite_moe() ? "block_sparse_moe.router.layer.weight" : expert_keys().block + "gate.weight");
+    if (cfg_.granite_moe()) return p + "block_sparse_moe.router.layer.weight";
+    return p + (cfg_.hunyuan_moe() ? "mlp.gate.wg.weight" : expert_keys().block + "gate.weight");
   }
   // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
   bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe(); }
@@ -1336,9 +1342,9 @@ class HfTarget final : public Target {
   std::string experts_sizes() const {
     if (cfg_.experts == 0) return "";
     std::string s = ", " + cfg_.experts_key + " " + std::to_string(cfg_.experts);
-    if (!mixtral() && !gpt_oss() && !cfg_.minimax_m2() && !cfg_.granite_moe())
+    if (!mixtral() && !gpt_oss() && !cfg_.minimax_m2() && !cfg_.granite_moe() && !cfg_.hunyuan_moe())
       s += ", moe_intermediate_size " + std::to_string(cfg_.moe_intermediate);
-    if (cfg_.granite_moe()) s += ", intermediate_size " + std::to_string(cfg_.moe_intermediate);
+    if (cfg_.granite_moe() || cfg_.hunyuan_moe()) s += ", intermediate_size " + std::to_string(cfg_.moe_intermediate);
     if (cfg_.shared_experts > 0) s += ", n_shared_experts " + std::to_string(cfg_.shared_experts);
     if (cfg_.shared_gate) s += ", shared_expert_intermediate_size " + std::to_string(cfg_.shared_intermediate);
     if (cfg_.granite_moe() && cfg_.shared_intermediate > 0)
@@ -1573,5 +1579,5 @@ FLASHDRAFT_PLUGIN(
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
-    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1",
+    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B",
     flashdraft::HfTarget)

@@ -54,7 +54,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "GraniteForCausalLM",
                                                           "GraniteMoeForCausalLM",
                                                           "GraniteMoeSharedForCausalLM",
-                                                          "Dots1ForCausalLM"};
+                                                          "Dots1ForCausalLM",
+                                                          "HunYuanMoEV1ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -418,7 +419,32 @@ void read_ernie4_5_routing(const Reader& r, ModelConfig& c) {
 // (MixtralConfig: num_local_experts experts of intermediate_size, every layer sparse, the top k
 // always renormalised and kept in float32), of Glm4MoeForCausalLM (read_glm_routing) and of Qwen3.5-MoE
 // (Qwen2-MoE's, its top k always renormalised).
+// Hunyuan's experts (transformers' HunYuanMoEV1Moe): num_experts and moe_topk an integer or one a layer (the published
+// configs list them per layer, all equal; a count that changes from layer to layer is refused).
+void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
+  const auto uniform = [&](const char* key) -> int64_t {
+    if (!r.has(key) || !r.j.at(key).is_array()) return r.integer(key, 1);
+    const json& v = r.j.at(key);
+    bool ok = static_cast<int64_t>(v.size()) == c.layers;
+    for (const json& n : v) ok = ok && n.is_number_integer() && n.get<int64_t>() >= 1 && n == v[0];
+    if (!ok)
+      r.fail(key, "holds " + v.dump() + "; accepted: an integer >= 1, or a list of num_hidden_layers (" +
+                      std::to_string(c.layers) +
+                      ") equal integers (a count that changes between layers is not supported)");
+    return v[0].get<int64_t>();
+  };
+  c.experts = uniform("num_experts");
+  c.experts_key = "num_experts";
+  c.experts_per_token = uniform("moe_topk");
+  if (c.experts_per_token > c.experts)
+    r.fail("moe_topk", std::to_string(c.experts_per_token) + " is more than the " + std::to_string(c.experts) +
+                           " experts of num_experts (accepted: 1.." + std::to_string(c.experts) + ")");
+  c.moe_intermediate = c.shared_intermediate = c.intermediate;
+  c.norm_topk = c.float_router_weights = true;
+}
+
 void read_experts(const Reader& r, ModelConfig& c) {
+  if (c.hunyuan_moe()) return read_hunyuan_experts(r, c);
   const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2() || c.granite_moe();
   const bool ernie = c.ernie4_5_moe();
   const char* count = ernie                                   ? "moe_num_experts"
@@ -778,7 +804,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe() || c.dots1())
+      c.granite_moe() || c.dots1() || c.hunyuan_moe())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;

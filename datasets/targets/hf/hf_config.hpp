@@ -194,7 +194,12 @@ struct ModelConfig {
   // Hunyuan's dense models (HunYuanDenseV1ForCausalLM: Hunyuan-7B / 4B / 1.8B / 0.5B): q and k normed per head after
   // RoPE (self_attn.query_layernorm / key_layernorm: qk_norm_after_rope); its rope_scaling "dynamic" with alpha
   // stretches the base, theta alpha^(D / (D - 2)), for every length (transformers' ntk_alpha).
-  bool hunyuan() const { return architecture == "HunYuanDenseV1ForCausalLM"; }
+  bool hunyuan() const { return architecture == "HunYuanDenseV1ForCausalLM" || hunyuan_moe(); }
+  // Hunyuan's mixture of experts (HunYuanMoEV1ForCausalLM: Hunyuan-A13B): Hunyuan's attention; every layer num_experts
+  // of intermediate_size, moe_topk a token (each an integer, or one a layer, all equal), chosen by the float32 softmax
+  // of its router (mlp.gate.wg, run in float32), renormalised and kept in float32; and one shared MLP of
+  // intermediate_size every token runs, ungated (mlp.shared_mlp).
+  bool hunyuan_moe() const { return architecture == "HunYuanMoEV1ForCausalLM"; }
   bool qk_norm_after_rope = false;
   bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
   bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
