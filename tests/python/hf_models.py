@@ -101,6 +101,17 @@ FAMILIES = [
           norm_topk_prob=True, rope_interleave=True,
           rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
                                mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0)), {}),
+    # DeepSeek-V2's kind (DeepSeek-V2 / V2.5, Coder-V2): V3's latent attention (q from a rank-24 latent; YaRN with
+    # mscale_all_dim) with a float32 softmax router: 2 of 8 experts a token from the best of 4 groups (each rated by its
+    # best score: group_limited_greedy; with 2 groups kept, the top 2 are always among them), times 2.5, not
+    # renormalised, plus one shared expert; layer 0 dense.
+    ("deepseek_v2", "DeepseekV2Config", "DeepseekV2ForCausalLM",
+     dict(tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+          v_head_dim=12, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+          first_k_dense_replace=1, moe_intermediate_size=32, topk_method="group_limited_greedy", n_group=4,
+          topk_group=1, routed_scaling_factor=2.5,
+          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64,
+                               mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0)), {}),
     # GLM-4.7-Flash's kind (Glm4MoeLiteForCausalLM): DeepSeek-V3's latent attention (values as wide as the keys,
     # rotary pairs interleaved, plain RoPE) and GLM-4.5's router; mlp_layer_types says layers 0 and 2 are dense.
     ("glm4_moe_lite", "Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",

@@ -194,6 +194,7 @@ MOE_FAMILIES = {
     "granitemoe": ("GraniteMoeForCausalLM", dict(num_experts_per_tok=1)),
     "dots1": ("Dots1ForCausalLM", dict(topk_group=4)),
     "hunyuan_moe": ("HunYuanMoEV1ForCausalLM", dict(moe_topk=1)),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", dict(topk_method="greedy")),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
@@ -207,7 +208,7 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
     sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's, Hunyuan's: one expert a token; dots.llm1: its
-    experts chosen from all 4 groups, as GLM-4.5's)."""
+    experts chosen from all 4 groups, as GLM-4.5's; DeepSeek-V2: greedy over every expert, not the best 2 groups)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
@@ -814,6 +815,24 @@ def test_hunyuan_moe_counts_listed_per_layer(tmp_path):
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
     p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
     assert p.returncode != 0 and "moe_topk" in p.stderr and "[2,1,2,2]" in p.stderr, p.stderr
+
+
+def test_deepseek_v2_greedy_routing_q_projection_and_refusals(tmp_path):
+    """DeepSeek-V2 (the family test: latent attention with q from a latent, group_limited_greedy): topk_method "greedy"
+    (V2-Lite's; the default when absent) follows transformers and moves the states; a q_proj checkpoint (q_lora_rank
+    null, V2-Lite's) equals transformers'; V3's "noaux_tc" is refused with a sentence."""
+    changed_configs_follow_transformers("deepseek_v2", 67, 15, [
+        ("topk_method greedy", lambda made: {**made, "topk_method": "greedy"}),
+        ("topk_method absent", lambda made: without(made, "topk_method"))], tmp_path)
+    lite = tmp_path / "lite"
+    model = make_model(lite, "deepseek_v2", seed=3, q_lora_rank=None, topk_method="greedy")
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    _, _, err = states_against(model, lite, tokens, [1, 3], tmp_path)
+    print(f"deepseek_v2 with q_proj (q_lora_rank null), greedy: rel err {err:.1e}")
+    assert err <= BOUND
+    edit_config(lite, topk_method="noaux_tc")
+    p, _ = run_target(lite, tokens, torch.tensor([40]), [1], tmp_path)
+    assert p.returncode != 0 and "topk_method" in p.stderr and "noaux_tc" in p.stderr, p.stderr
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

@@ -851,7 +851,8 @@ class HfTarget final : public Target {
     if (cfg_.sparse(l)) {
       const ExpertKeys n = expert_keys();
       L.router = load(router_key(p));
-      if (cfg_.hunyuan_moe()) L.router = L.router.to(at::kFloat);  // (transformers runs Hunyuan's router in float32)
+      // (transformers runs Hunyuan's and DeepSeek-V2's routers in float32)
+      if (cfg_.hunyuan_moe() || cfg_.deepseek_v2()) L.router = L.router.to(at::kFloat);
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
       if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
@@ -1204,6 +1205,8 @@ class HfTarget final : public Target {
       chosen = std::get<1>((probs + L.router_bias).topk(k, -1));
       top = probs.gather(1, chosen);
       top = top / top.sum(-1, /*keepdim=*/true).clamp_min(cfg_.norm_min);
+    } else if (cfg_.deepseek_v2()) {
+      std::tie(top, chosen) = softmax_group_routing(L, x);
     } else if (L.router_logit_bias.defined()) {
       // gpt-oss: the top k logits (with the router's bias), softmaxed in the model's dtype
       std::tie(top, chosen) = at::topk(at::linear(x, L.router, L.router_logit_bias), k, -1);
@@ -1254,6 +1257,21 @@ class HfTarget final : public Target {
   // A layer's experts' weights: as loaded, or dequantized now from the MXFP4 blocks kept.
   at::Tensor expert_weights(const at::Tensor& loaded, const at::Tensor& blocks, const at::Tensor& scales) const {
     return loaded.defined() ? loaded : frozen::dequantize_mxfp4(blocks, scales, dtype_, fused_);
+  }
+
+  // DeepSeek-V2's choice of experts for rows x [T, H] (transformers' DeepseekV2TopkRouter): the softmax of x W^T in
+  // float32; with groups (group_limited_greedy), the experts outside the topk_groups groups of the best single scores
+  // zeroed; the top k, weighted by their softmax values times routed_scale (float32 [T, k]), with their ids [T, k].
+  std::pair<at::Tensor, at::Tensor> softmax_group_routing(const DecoderLayer& L, const at::Tensor& x) const {
+    const int64_t E = cfg_.experts, G = cfg_.groups;
+    at::Tensor probs = at::softmax(at::linear(x.to(at::kFloat), L.router), -1);
+    if (G > 1) {
+      const at::Tensor best = probs.view({-1, G, E / G}).amax(-1);  // [T, G]
+      const at::Tensor kept = at::zeros_like(best).scatter_(1, std::get<1>(best.topk(cfg_.topk_groups, -1)), 1.0);
+      probs = probs.masked_fill(kept.unsqueeze(-1).expand({-1, G, E / G}).reshape({-1, E}) == 0, 0.0);
+    }
+    auto [top, chosen] = probs.topk(cfg_.experts_per_token, -1);
+    return {top * cfg_.routed_scale, chosen};
   }
 
   // GLM-4.5's choice of experts for rows x [T, H] (transformers' Glm4MoeTopkRouter): scores =
@@ -1579,5 +1597,5 @@ FLASHDRAFT_PLUGIN(
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
-    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B",
+    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, DeepSeek-V2",
     flashdraft::HfTarget)

@@ -55,7 +55,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "GraniteMoeForCausalLM",
                                                           "GraniteMoeSharedForCausalLM",
                                                           "Dots1ForCausalLM",
-                                                          "HunYuanMoEV1ForCausalLM"};
+                                                          "HunYuanMoEV1ForCausalLM",
+                                                          "DeepseekV2ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -376,6 +377,34 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
                                       " experts of the topk_group groups chosen");
 }
 
+// DeepSeek-V2's experts (transformers' DeepseekV2TopkRouter; DeepseekV2Config's defaults): topk_method "greedy" (the
+// default) or "group_limited_greedy" over n_group groups; anything else (V3's "noaux_tc") is refused.
+void read_deepseek_v2_routing(const Reader& r, ModelConfig& c) {
+  c.moe_intermediate = r.integer("moe_intermediate_size", 1);
+  c.float_router_weights = true;
+  c.shared_experts = r.integer("n_shared_experts", 0, 2);
+  c.shared_intermediate = c.shared_experts * c.moe_intermediate;
+  c.first_dense = r.integer("first_k_dense_replace", 0, 0);
+  c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
+  if (!(c.routed_scale > 0)) r.fail("routed_scaling_factor", "must be positive");
+  const json method = r.has("topk_method") ? r.j.at("topk_method") : json("greedy");
+  if (method == "greedy") return;
+  if (method != "group_limited_greedy")
+    r.fail("topk_method", "value " + method.dump() +
+                              " is not DeepSeek-V2's (accepted: \"greedy\", \"group_limited_greedy\", or absent)");
+  c.groups = r.integer("n_group", 1);
+  c.topk_groups = r.integer("topk_group", 1);
+  if (c.experts % c.groups != 0)
+    r.fail("n_group", std::to_string(c.groups) + " groups of " + std::to_string(c.experts) +
+                          " experts (accepted: a divisor of the experts)");
+  if (c.topk_groups > c.groups)
+    r.fail("topk_group", std::to_string(c.topk_groups) + " is more than n_group " + std::to_string(c.groups));
+  if (c.experts_per_token > c.topk_groups * (c.experts / c.groups))
+    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.topk_groups * (c.experts / c.groups)) +
+                                      " experts of the topk_group groups chosen");
+}
+
 // MiniMax-M2's experts (transformers' MiniMaxM2SparseMoeBlock): every layer sparse, num_local_experts of
 // intermediate_size stored as Mixtral's; the router's logits in the model's dtype, their sigmoid in float32, the top k
 // of sigmoid + a per-expert correction bias (block_sparse_moe.e_score_correction_bias) chosen among all the experts (no
@@ -497,6 +526,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
     return;
   }
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return read_glm_routing(r, c);
+  if (c.deepseek_v2()) return read_deepseek_v2_routing(r, c);
   if (c.dots1()) {  // (GLM-4.5's routing, Dots1Config's defaults)
     read_glm_routing(r, c);
     if (!r.has("norm_topk_prob")) c.norm_topk = false;
@@ -761,10 +791,12 @@ ModelConfig read_config(const std::string& folder) {
   const json& text = multimodal && !flat ? j.at("text_config") : j;
   const Reader r{text, multimodal && !flat ? file + ": text_config" : file};
   read_sizes(r, c);
-  const bool deepseek = c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM";
+  const bool deepseek =
+      c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM" || c.deepseek_v2();
   if (deepseek) {
     read_mla(r, c);
-    c.kv_heads = c.heads;  // (every head's keys and values from the latent)
+    if (c.deepseek_v2()) c.rope_interleave = true;  // (its rotary's complex products: pairs interleaved, no key)
+    c.kv_heads = c.heads;                           // (every head's keys and values from the latent)
   }
   read_rope(r, c);
   if (deepseek) read_mla_scale(c);

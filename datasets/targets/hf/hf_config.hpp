@@ -143,6 +143,12 @@ struct ModelConfig {
   bool rope_interleave = false;
   double softmax_scale = 0;  // 0: 1 / sqrt(head_dim)
   bool mla() const { return kv_lora > 0; }
+  // DeepSeek-V2 (DeepseekV2ForCausalLM: DeepSeek-V2 / V2.5, V2-Lite, DeepSeek-Coder-V2): V3's latent attention (its
+  // rotated pairs always interleaved) with a softmax router (its product and softmax in float32) that takes the top k
+  // of all experts (topk_method "greedy") or of the topk_group of n_group groups with the best single scores
+  // ("group_limited_greedy"), weighted by their softmax values, not renormalised, times routed_scaling_factor (kept in
+  // float32); n_shared_experts shared experts; the first first_k_dense_replace layers dense.
+  bool deepseek_v2() const { return architecture == "DeepseekV2ForCausalLM"; }
   // Ministral 3 (Ministral3ForCausalLM; Mistral3ForConditionalGeneration's language model): each query times
   // 1 + beta ln(1 + floor(position / length)) after RoPE (rope_parameters' llama_4_scaling_beta and
   // original_max_position_embeddings; 1 within the pretraining length). beta 0: none.
