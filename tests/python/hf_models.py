@@ -212,6 +212,16 @@ FAMILIES = [
      dict(tie_word_embeddings=False, head_dim=16, attention_bias=True, num_experts=8, moe_topk=2,
           rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, alpha=50.0, factor=1.0),
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Cohere 2's kind (Cohere2ForCausalLM: Command R7B, Command A): one LayerNorm a layer feeding the attention and the
+    # MLP in parallel, q / k / v / o biases, rotated pairs interleaved, layers 0-2 sliding over 6 positions and
+    # rotating, layer 3 full without RoPE (sliding_window_pattern 4, saved as layer_types); the logits times 0.4.
+    ("cohere2", "Cohere2Config", "Cohere2ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, attention_bias=True, sliding_window=6, logit_scale=0.4,
+          rope_theta=5e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Cohere's kind (CohereForCausalLM: Command R, Aya Expanse): the same parallel layers, every layer rotating, the
+    # logits times CohereConfig's 0.0625.
+    ("cohere", "CohereConfig", "CohereForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

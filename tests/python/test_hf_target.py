@@ -835,6 +835,24 @@ def test_deepseek_v2_greedy_routing_q_projection_and_refusals(tmp_path):
     assert p.returncode != 0 and "topk_method" in p.stderr and "noaux_tc" in p.stderr, p.stderr
 
 
+def test_cohere2_layer_pattern_and_its_layers_without_rope(tmp_path):
+    """Cohere 2 (the family test: parallel layers, layers 0-2 sliding and rotating, layer 3 full without RoPE, logits
+    times 0.4): sliding_window_pattern 2 in place of layer_types (layers 1 and 3 full, unrotated), and every layer
+    sliding (each rotating) move the states, ours following transformers; Cohere's use_qk_norm is refused with a
+    sentence."""
+    changed_configs_follow_transformers("cohere2", 71, 16, [
+        ("sliding_window_pattern 2, no layer_types",
+         lambda made: {**without(made, "layer_types"), "sliding_window_pattern": 2}),
+        ("every layer sliding and rotating", lambda made: {**made, "layer_types": ["sliding_attention"] * 4})],
+        tmp_path)
+    folder = tmp_path / "cohere"
+    make_model(folder, "cohere", seed=9)
+    edit_config(folder, use_qk_norm=True)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
+    assert p.returncode != 0 and "use_qk_norm" in p.stderr, p.stderr
+
+
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
     """OLMo 3 (the family test gives its states equal to transformers': sliding layers with their own unscaled RoPE,
     the full one with YaRN): config.json as published (rope_theta and rope_scaling at the top, which transformers

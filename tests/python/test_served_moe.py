@@ -47,13 +47,15 @@ from test_served_tau import check_greedy, make_target_data, train, validate
 # mixture of experts (its four multipliers, stacked experts) at 0.3: tau 1.18 over ~1350 steps, 1 response at eos (0.2,
 # 0.25: tau 1.62-1.66, none reach eos; 0.35, 0.4: 6-8 at eos, tau 1.01-1.02; the shared-MLP kind at 0.05-0.2 with the
 # embedding drawn at 0.17 or 1: none reach eos). Hunyuan's mixture of experts (a float32 router, an ungated shared MLP)
-# at 0.05: tau 1.88 over ~780 steps, 10 responses at eos (0.1: 1.0999; 0.2: 1.02).
+# at 0.05: tau 1.88 over ~780 steps, 10 responses at eos (0.1: 1.0999; 0.2: 1.02). Cohere 2 (parallel layers,
+# LayerNorms; test_served_moe_attention.py) at 0.2: tau 1.12 over ~1450 steps, 2 responses at eos (0.1: none reach eos;
+# 0.3: 1.04).
 FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss": (0.2, 96, 1.03),
             "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125), "smollm3": (0.15, 144, 1.1),
             "minimax_m2": (0.05, 144, 1.1), "olmo3": (0.2, 144, 1.05), "glm4": (0.05, 144, 1.1),
             "exaone4": (0.1, 144, 1.05), "ernie4_5_moe": (0.1, 144, 1.1),
             "hunyuan": (0.2, 144, 1.1), "granitemoe": (0.3, 144, 1.1),
-            "hunyuan_moe": (0.05, 144, 1.1)}
+            "hunyuan_moe": (0.05, 144, 1.1), "cohere2": (0.2, 144, 1.1)}
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "minimax_m2", "ernie4_5_moe", "granitemoe",

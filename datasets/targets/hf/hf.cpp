@@ -265,9 +265,8 @@ class HfTarget final : public Target {
       const DecoderLayer& L = layers_[static_cast<size_t>(l)];
       // (l - 1 < deepest <= the last layer: never the final-norm case)
       const at::Tensor into = l > 0 && pending.defined() ? slot_of(l - 1) : at::Tensor();
-      const auto [stream, h] = L.input_norm.defined()
-                                   ? frozen::add_rms_norm(x, pending, L.input_norm, cfg_.rms_eps, fused_, into)
-                                   : add_pending(x, pending, into);
+      const auto [stream, h] =
+          L.input_norm.defined() ? add_norm(x, pending, L.input_norm, into) : add_pending(x, pending, into);
       if (l > 0) record(l - 1, stream);
       at::Tensor a;
       if (L.gdn.defined()) {
@@ -282,8 +281,9 @@ class HfTarget final : public Target {
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
       at::Tensor x1, h2;
-      if (cfg_.sandwich_norms) {  // (Gemma 3: the MLP's normed output pending)
-        std::tie(x, pending) = sandwich_rest(L, stream, a);
+      if (cfg_.sandwich_norms ||
+          cfg_.parallel) {  // (Gemma 3, OLMo: the MLP's normed output pending; Cohere: its MLP's)
+        std::tie(x, pending) = cfg_.parallel ? parallel_rest(L, stream, a, h) : sandwich_rest(L, stream, a);
         continue;
       }
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
@@ -384,10 +384,10 @@ class HfTarget final : public Target {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayer& L = layers_[l];
       if (L.gdn.defined()) {  // (Qwen3.5: each block from the Gated DeltaNet's state at its anchor)
-        const auto [oc, ob] =
-            hf::gated_delta_verify(L.gdn, rms_norm(xc, L.input_norm), rows, anchors, rms_norm(xb, L.input_norm), BS);
-        xc = finish_layer(L, xc, oc);
-        xb = finish_layer(L, xb, ob);
+        const at::Tensor hc = rms_norm(xc, L.input_norm), hb = rms_norm(xb, L.input_norm);
+        const auto [oc, ob] = hf::gated_delta_verify(L.gdn, hc, rows, anchors, hb, BS);
+        xc = finish_layer(L, xc, oc, hc);
+        xb = finish_layer(L, xb, ob, hb);
         continue;
       }
       const auto& [mask_c, mask_b] = cfg_.window(static_cast<int64_t>(l)) > 0 ? sliding : full;
@@ -468,7 +468,7 @@ class HfTarget final : public Target {
         const DecoderLayer& L = t_.layers_[l];
         const at::Tensor h = t_.rms_norm(x, L.input_norm);
         if (gdn_[l]) {
-          x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real));
+          x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real), h);
         } else {
           const int64_t li = static_cast<int64_t>(l);
           const auto& [cos, sin] = t_.cfg_.no_rope(li) ? none : t_.cfg_.local_rope(li) ? local : global;
@@ -480,7 +480,7 @@ class HfTarget final : public Target {
             attention_.set_mask(mask);
           }
           const at::Tensor a = t_.attend(attention_, call++, L, p.q.contiguous(), k_[l], v_[l], scale);
-          x = t_.finish_layer(L, x, t_.attention_out(L, a, h));
+          x = t_.finish_layer(L, x, t_.attention_out(L, a, h), h);
         }
         for (size_t i = 0; i < layers_.size(); ++i)
           if (layers_[i] == static_cast<int64_t>(l))
@@ -1063,9 +1063,23 @@ class HfTarget final : public Target {
 
   // x / sqrt(mean(x^2) + eps) in fp32, back to the input dtype, times the weight; x itself where the weight is
   // undefined (OLMo's layers have no norm before attention or the MLP).
+  // A norm of x with weight w (undefined: none): RMSNorm, or Cohere's LayerNorm.
   at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w) const {
     if (!w.defined()) return x;
+    if (cfg_.layer_norm) return layer_norm(x, w);
     return frozen::add_rms_norm(x.contiguous(), at::Tensor(), w, cfg_.rms_eps, fused_).second;
+  }
+  // Cohere's LayerNorm (transformers' CohereLayerNorm): in float32, the mean taken out, times w (float32), no bias,
+  // rounded once to x's dtype.
+  at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w) const {
+    return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w, {}, cfg_.rms_eps).to(x.scalar_type());
+  }
+  // {x + pending (into `into` where defined), its norm}: the engine's fused RMSNorm, or Cohere's LayerNorm of the sum.
+  std::pair<at::Tensor, at::Tensor> add_norm(const at::Tensor& x, const at::Tensor& pending, const at::Tensor& w,
+                                             const at::Tensor& into) const {
+    if (!cfg_.layer_norm) return frozen::add_rms_norm(x, pending, w, cfg_.rms_eps, fused_, into);
+    const at::Tensor sum = add_pending(x, pending, into).first;
+    return {sum, layer_norm(sum, w)};
   }
 
   using QKV = frozen::Qkv;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
@@ -1144,7 +1158,12 @@ class HfTarget final : public Target {
   // output projection, residual, MLP, residual. (cuBLAS's
   // gate / up product and the separate SwiGLU pass: this cached path's values stay as they were; the
   // training forward above takes frozen::linear_swiglu.)
-  at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a) const {
+  // The rest of a layer after its attention's (or Gated DeltaNet's) output a; h: the layer's normed input.
+  at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h) const {
+    if (cfg_.parallel) {  // (Cohere: x + attention + MLP of h)
+      const auto [x1, m] = parallel_rest(L, x, a, h);
+      return x1 + m;
+    }
     if (cfg_.sandwich_norms) {  // (Gemma 3)
       const auto [x1, m] = sandwich_rest(L, x.contiguous(), a);
       return x1 + m;
@@ -1168,6 +1187,14 @@ class HfTarget final : public Target {
     const at::Tensor act =
         cfg_.gelu_mlp ? frozen::gelu_tanh_packed(gate_up, fused_) : frozen::swiglu_packed(gate_up, fused_);
     return {x1, rms_norm(at::linear(act, L.down_proj), L.post_ff_norm)};
+  }
+
+  // Cohere's rest of a layer: {x + the attention's output, the MLP's output of the same normed input h} (the second add
+  // the caller's, as transformers adds them: x + attention, then + MLP).
+  std::pair<at::Tensor, at::Tensor> parallel_rest(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a,
+                                                  const at::Tensor& h) const {
+    return {x + at::linear(a, L.o_proj, L.o_bias),
+            at::linear(frozen::linear_swiglu(h, L.gate_up, fused_), L.down_proj)};
   }
 
   // x + pending (pending undefined: x), into `into` where defined, twice: the residual stream and, with no norm
@@ -1305,6 +1332,7 @@ class HfTarget final : public Target {
   NormNames norm_names() const {
     if (cfg_.glm4())
       return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"};
+    if (cfg_.parallel) return {"input_layernorm", "", "", ""};  // (Cohere: one norm a layer)
     if (cfg_.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};  // (OLMo)
     if (cfg_.sandwich_norms)                                                                         // (Gemma 3)
       return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
@@ -1434,7 +1462,7 @@ class HfTarget final : public Target {
     } else {
       a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
     }
-    return {finish_layer(L, x, attention_out(L, a, h)), p.k, p.v};
+    return {finish_layer(L, x, attention_out(L, a, h), h), p.k, p.v};
   }
 
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them. LongRoPE: a
@@ -1597,5 +1625,6 @@ FLASHDRAFT_PLUGIN(
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
-    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, DeepSeek-V2",
+    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, DeepSeek-V2; "
+    "Cohere / Cohere 2",
     flashdraft::HfTarget)

@@ -56,7 +56,9 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "GraniteMoeSharedForCausalLM",
                                                           "Dots1ForCausalLM",
                                                           "HunYuanMoEV1ForCausalLM",
-                                                          "DeepseekV2ForCausalLM"};
+                                                          "DeepseekV2ForCausalLM",
+                                                          "CohereForCausalLM",
+                                                          "Cohere2ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -342,7 +344,9 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, c.dots1() ? 62 : 28) : 0;
   // (Gemma3TextConfig's sliding_window_pattern, default 6: every sixth layer full; Olmo3Config's layer_types: every
   // fourth)
+  // (Cohere2Config's sliding_window_pattern, default 4)
   const int64_t pattern = c.gemma3()                             ? r.integer("sliding_window_pattern", 1, 6)
+                          : c.cohere2()                          ? r.integer("sliding_window_pattern", 1, 4)
                           : c.architecture == "Olmo3ForCausalLM" ? 4
                                                                  : 0;
   for (int64_t l = first; l < c.layers; ++l)
@@ -645,6 +649,20 @@ void read_gemma3(const Reader& r, ModelConfig& c) {
                       "(accepted: null, as Gemma 3 publishes)");
 }
 
+// Cohere's and Cohere 2's own keys (CohereConfig, Cohere2Config): their LayerNorms' layer_norm_eps, logit_scale.
+void read_cohere(const Reader& r, ModelConfig& c) {
+  c.layer_norm = c.parallel = c.rope_interleave = c.norm_weight_fp32 = true;
+  c.rms_eps = r.real(r.j, "layer_norm_eps", 1e-5);
+  if (!(c.rms_eps > 0)) r.fail("layer_norm_eps", "must be positive");
+  c.logit_scale = r.real(r.j, "logit_scale", 0.0625);
+  if (!(c.logit_scale > 0) || !std::isfinite(c.logit_scale))
+    r.fail("logit_scale", "value " + r.j.at("logit_scale").dump() + " is not a positive number (absent: 0.0625)");
+  if (r.boolean("use_qk_norm", false))
+    r.fail("use_qk_norm",
+           "true is not supported (Cohere's LayerNorms of q and k per head are not read; accepted: "
+           "false or absent)");
+}
+
 // Granite's multipliers (GraniteConfig: each 1 where absent, as transformers takes them), each a positive number.
 void read_granite(const Reader& r, ModelConfig& c) {
   const auto positive = [&](const char* key) {
@@ -829,6 +847,7 @@ ModelConfig read_config(const std::string& folder) {
   // every family here gates its MLP with SiLU (SwiGLU) but Gemma 3 (GELU's tanh approximation); another
   // activation would be run as the wrong one
   if (c.granite()) read_granite(r, c);
+  if (c.cohere()) read_cohere(r, c);
   if (c.gemma3()) {
     read_gemma3(r, c);
   } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
@@ -844,8 +863,9 @@ ModelConfig read_config(const std::string& folder) {
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   if (c.hybrid()) read_linear_attention(r, c);
   read_sliding_layers(
-      r, mistral || phi3 || gpt_oss || c.gemma3() || c.architecture == "Olmo3ForCausalLM" || c.exaone4(), c);
-  if (c.exaone4() && c.sliding_window > 0) {  // (its full layers rotate nothing)
+      r, mistral || phi3 || gpt_oss || c.gemma3() || c.architecture == "Olmo3ForCausalLM" || c.exaone4() || c.cohere2(),
+      c);
+  if ((c.exaone4() && c.sliding_window > 0) || c.cohere2()) {  // (their full layers rotate nothing)
     c.nope.assign(static_cast<size_t>(c.layers), 0);
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];
   }

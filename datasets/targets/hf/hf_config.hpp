@@ -9,7 +9,8 @@
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
-// mixtures of experts, dots.llm1: see their members below). Anything else is refused with the architecture found and
+// mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2: see their members
+// below). Anything else is refused with the architecture found and
 // the list.
 #pragma once
 
@@ -220,6 +221,15 @@ struct ModelConfig {
   // softmax of the top k logits (the logits in the model's dtype, the softmax in float32, cast back); the experts
   // stored stacked (block_sparse_moe.input_linear [E, gate | up, H], output_linear [E, H, I], router.layer [E, H]),
   // the shared MLP of shared_intermediate_size packed alike (shared_mlp.input_linear, output_linear), ungated.
+  // Cohere (CohereForCausalLM: Command R, Aya Expanse) and Cohere 2 (Cohere2ForCausalLM: Command R7B, Command A):
+  // every norm a LayerNorm without bias (its mean taken out, in float32, its weight in float32; eps layer_norm_eps:
+  // layer_norm), one a layer, whose output feeds the attention and the MLP alike, both added to the residual stream
+  // (parallel); each head's rotated pairs interleaved; the logits times logit_scale. Cohere 2's sliding layers
+  // (layer_types, else every sliding_window_pattern-th layer full) rotate and its full ones rotate nothing; every
+  // Cohere layer rotates (its use_qk_norm refused).
+  bool cohere() const { return architecture == "CohereForCausalLM" || cohere2(); }
+  bool cohere2() const { return architecture == "Cohere2ForCausalLM"; }
+  bool layer_norm = false, parallel = false;
   // dots.llm1 (Dots1ForCausalLM: dots.llm1.base / .inst): Qwen3's attention (per-head q / k norms) with GLM-4.5's
   // experts (its sigmoid router with correction biases and groups, shared experts, the first first_k_dense_replace
   // layers dense; norm_topk_prob and first_k_dense_replace default to false and 0, as Dots1Config's); without
