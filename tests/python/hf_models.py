@@ -222,6 +222,17 @@ FAMILIES = [
     # logits times CohereConfig's 0.0625.
     ("cohere", "CohereConfig", "CohereForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # OLMoE's kind (OlmoeForCausalLM: OLMoE-1B-7B): Llama's norms, q / k normed over all heads and clamped to +-0.5
+    # (clip_qkv, which this random model's q / k / v reach), every layer 8 experts of intermediate_size, 2 a token by a
+    # softmax router, not renormalised.
+    ("olmoe", "OlmoeConfig", "OlmoeForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=1e4, num_experts=8, num_experts_per_tok=2, clip_qkv=0.5,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # FlexOlmo's kind (FlexOlmoForCausalLM): OLMo 2's layers (norms after attention and the MLP only, q / k normed over
+    # all heads, weights applied in float32) with OLMoE's experts, renormalised here.
+    ("flex_olmo", "FlexOlmoConfig", "FlexOlmoForCausalLM",
+     dict(tie_word_embeddings=False, rope_theta=5e5, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

@@ -195,6 +195,8 @@ MOE_FAMILIES = {
     "dots1": ("Dots1ForCausalLM", dict(topk_group=4)),
     "hunyuan_moe": ("HunYuanMoEV1ForCausalLM", dict(moe_topk=1)),
     "deepseek_v2": ("DeepseekV2ForCausalLM", dict(topk_method="greedy")),
+    "olmoe": ("OlmoeForCausalLM", dict(norm_topk_prob=True)),
+    "flex_olmo": ("FlexOlmoForCausalLM", dict(norm_topk_prob=False)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
@@ -208,7 +210,7 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
     sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's, Hunyuan's: one expert a token; dots.llm1: its
-    experts chosen from all 4 groups, as GLM-4.5's; DeepSeek-V2: greedy over every expert, not the best 2 groups)."""
+    experts chosen from all 4 groups, as GLM-4.5's; DeepSeek-V2: greedy over every expert, not the best 2 groups; OLMoE: renormalised, FlexOlmo: not)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
     model = make_model(folder, family, seed=21)
@@ -851,6 +853,13 @@ def test_cohere2_layer_pattern_and_its_layers_without_rope(tmp_path):
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
     p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
     assert p.returncode != 0 and "use_qk_norm" in p.stderr, p.stderr
+
+
+def test_olmoe_clip_qkv_is_read(tmp_path):
+    """OLMoE (the family test: q / k / v clamped to +-0.5): without clip_qkv (null, as OLMoE-1B-7B publishes it) the
+    states move, ours following transformers."""
+    changed_configs_follow_transformers("olmoe", 73, 17, [("clip_qkv null", lambda made: {**made, "clip_qkv": None})],
+                                        tmp_path)
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

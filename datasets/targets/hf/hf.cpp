@@ -1095,6 +1095,7 @@ class HfTarget final : public Target {
                      qkv.narrow(-1, q + kv, kv)},
                     -1);
     }
+    if (cfg_.clip_qkv > 0) qkv = qkv.clamp(-cfg_.clip_qkv, cfg_.clip_qkv);  // (OLMoE: after the norms, before RoPE)
     // (per-head q / k norms before RoPE in the one pass: Qwen3's kind)
     const bool per_head_first = !cfg_.qk_norm_full && !cfg_.qk_norm_after_rope;
     QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, per_head_first ? L.q_norm : at::Tensor(),
@@ -1182,6 +1183,7 @@ class HfTarget final : public Target {
     const at::Tensor o = rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm);
     const auto [x1, h2] = L.pre_ff_norm.defined() ? frozen::add_rms_norm(x, o, L.pre_ff_norm, cfg_.rms_eps, fused_)
                                                   : add_pending(x, o, at::Tensor());
+    if (L.sparse()) return {x1, rms_norm(experts(L, h2), L.post_ff_norm)};  // (FlexOlmo)
     const at::Tensor gate_up = at::linear(h2, L.gate_up);
     // (Gemma 3: GELU's tanh approximation of the gate, as transformers' separate ops round it; else SiLU)
     const at::Tensor act =
@@ -1624,7 +1626,7 @@ FLASHDRAFT_PLUGIN(
     target, "hf", "0.1.0",
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
-    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / "
-    "4.7-Flash, DeepSeek-V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, DeepSeek-V2; "
-    "Cohere / Cohere 2",
+    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, Cohere / Cohere 2, and the mixtures of experts Qwen-MoE, "
+    "Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, "
+    "Hunyuan-A13B, OLMoE, FlexOlmo",
     flashdraft::HfTarget)

@@ -58,7 +58,9 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "HunYuanMoEV1ForCausalLM",
                                                           "DeepseekV2ForCausalLM",
                                                           "CohereForCausalLM",
-                                                          "Cohere2ForCausalLM"};
+                                                          "Cohere2ForCausalLM",
+                                                          "OlmoeForCausalLM",
+                                                          "FlexOlmoForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -478,6 +480,17 @@ void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
 
 void read_experts(const Reader& r, ModelConfig& c) {
   if (c.hunyuan_moe()) return read_hunyuan_experts(r, c);
+  if (c.olmoe()) {  // (OLMoE's experts: intermediate_size wide, every layer sparse; norm_topk_prob false by default)
+    c.experts = r.integer("num_experts", 1);
+    c.experts_key = "num_experts";
+    c.experts_per_token = r.integer("num_experts_per_tok", 1);
+    if (c.experts_per_token > c.experts)
+      r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                        std::to_string(c.experts) + " experts of num_experts");
+    c.moe_intermediate = c.intermediate;
+    c.norm_topk = r.boolean("norm_topk_prob", false);
+    return;
+  }
   const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2() || c.granite_moe();
   const bool ernie = c.ernie4_5_moe();
   const char* count = ernie                                   ? "moe_num_experts"
@@ -774,6 +787,12 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
              "or absent, as published)");
   }
   if (c.olmo()) c.qk_norm_full = c.post_norms = c.sandwich_norms = c.norm_weight_fp32 = true;
+  if (c.olmoe()) {
+    c.qk_norm_full = true;
+    c.clip_qkv = r.real(r.j, "clip_qkv", 0.0);  // (null: none)
+    if (c.clip_qkv < 0 || !std::isfinite(c.clip_qkv))
+      r.fail("clip_qkv", "value " + r.j.at("clip_qkv").dump() + " is not a positive number (accepted: > 0 or null)");
+  }
   if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
   if (c.hunyuan()) c.qk_norm_after_rope = true;
   if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
@@ -855,7 +874,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe() || c.dots1() || c.hunyuan_moe())
+      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;

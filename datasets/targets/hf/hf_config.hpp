@@ -9,8 +9,8 @@
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
-// mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2: see their members
-// below). Anything else is refused with the architecture found and
+// mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo: see
+// their members below). Anything else is refused with the architecture found and
 // the list.
 #pragma once
 
@@ -209,7 +209,16 @@ struct ModelConfig {
   bool hunyuan_moe() const { return architecture == "HunYuanMoEV1ForCausalLM"; }
   bool qk_norm_after_rope = false;
   bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
-  bool olmo() const { return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM"; }
+  bool olmo() const {
+    return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM" ||
+           architecture == "FlexOlmoForCausalLM";
+  }
+  // OLMoE (OlmoeForCausalLM: OLMoE-1B-7B): Llama's norms, q / k normed over all heads (qk_norm_full), q / k / v clamped
+  // to +-clip_qkv where set; every layer num_experts of intermediate_size, num_experts_per_tok a token by a softmax
+  // router (Qwen3-MoE's: renormalised when norm_topk_prob, default false). FlexOlmo (FlexOlmoForCausalLM): OLMo 2's
+  // layers (olmo()) with OLMoE's experts.
+  bool olmoe() const { return architecture == "OlmoeForCausalLM" || architecture == "FlexOlmoForCausalLM"; }
+  double clip_qkv = 0;  // 0: none
   bool post_norms = false;
   // Granite (GraniteForCausalLM: Granite 3.x dense): Llama's layers and four multipliers. The embedding's rows times
   // embedding_multiplier (embed_multiplier, rounded once to the model's dtype), each attention and MLP output times
