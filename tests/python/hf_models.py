@@ -233,6 +233,9 @@ FAMILIES = [
     ("flex_olmo", "FlexOlmoConfig", "FlexOlmoForCausalLM",
      dict(tie_word_embeddings=False, rope_theta=5e5, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Arcee's kind (ArceeForCausalLM: AFM-4.5B): Llama's layers with an ungated MLP, down(relu(up h)^2).
+    ("arcee", "ArceeConfig", "ArceeForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

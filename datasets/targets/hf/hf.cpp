@@ -297,7 +297,7 @@ class HfTarget final : public Target {
       if (L.sparse()) {
         pending = experts(L, h2);
       } else {
-        const at::Tensor g = frozen::linear_swiglu(h2, L.gate_up, fused_);
+        const at::Tensor g = mlp_act(L, h2);
         if (!slot_of(l).defined() && frozen::add_linear_(x1, g, L.down_proj, fused_))
           pending = at::Tensor();
         else
@@ -803,6 +803,8 @@ class HfTarget final : public Target {
     } else {
       if (mlp_packed()) {
         expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
+      } else if (cfg_.relu2_mlp) {  // (Arcee: up only)
+        expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
       } else {
         expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
         expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
@@ -893,8 +895,9 @@ class HfTarget final : public Target {
       }
       return L;
     }
-    L.gate_up = mlp_packed() ? load(p + "mlp.gate_up_proj.weight")
-                             : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
+    L.gate_up = mlp_packed()     ? load(p + "mlp.gate_up_proj.weight")
+                : cfg_.relu2_mlp ? load(p + "mlp.up_proj.weight")  // (Arcee: up only)
+                                 : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
     L.down_proj = load(p + "mlp.down_proj.weight");
     return L;
   }
@@ -1155,11 +1158,9 @@ class HfTarget final : public Target {
     return L.attn_gate.defined() ? merged * at::sigmoid(at::linear(h, L.attn_gate)) : merged;
   }
 
-  // The rest of a layer after attention (a: its merged output [..., heads D], or a Gated DeltaNet's mixer's):
-  // output projection, residual, MLP, residual. (cuBLAS's
-  // gate / up product and the separate SwiGLU pass: this cached path's values stay as they were; the
-  // training forward above takes frozen::linear_swiglu.)
-  // The rest of a layer after its attention's (or Gated DeltaNet's) output a; h: the layer's normed input.
+  // The rest of a layer after attention (a: its merged output [..., heads D], or a Gated DeltaNet's mixer's; h: the
+  // layer's normed input): output projection, residual, MLP, residual. (cuBLAS's gate / up product and the separate
+  // SwiGLU pass: this cached path's values stay as they were; the training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h) const {
     if (cfg_.parallel) {  // (Cohere: x + attention + MLP of h)
       const auto [x1, m] = parallel_rest(L, x, a, h);
@@ -1172,7 +1173,15 @@ class HfTarget final : public Target {
     const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
     if (L.sparse()) return x1 + experts(L, h2);
+    if (cfg_.relu2_mlp) return x1 + at::linear(mlp_act(L, h2), L.down_proj);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+  }
+
+  // A dense MLP's activations from its normed input h: SwiGLU of the gate / up product, or Arcee's relu(up h)^2.
+  at::Tensor mlp_act(const DecoderLayer& L, const at::Tensor& h) const {
+    if (!cfg_.relu2_mlp) return frozen::linear_swiglu(h, L.gate_up, fused_);
+    const at::Tensor u = at::relu(at::linear(h, L.gate_up));
+    return u * u;
   }
 
   // Gemma 3's and OLMo's rest of a layer after attention, each part's output normed before its residual add: {x + the
@@ -1626,7 +1635,7 @@ FLASHDRAFT_PLUGIN(
     target, "hf", "0.1.0",
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
-    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, Cohere / Cohere 2, and the mixtures of experts Qwen-MoE, "
+    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, Cohere / Cohere 2, Arcee, and the mixtures of experts Qwen-MoE, "
     "Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, "
     "Hunyuan-A13B, OLMoE, FlexOlmo",
     flashdraft::HfTarget)

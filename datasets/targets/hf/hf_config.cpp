@@ -60,7 +60,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "CohereForCausalLM",
                                                           "Cohere2ForCausalLM",
                                                           "OlmoeForCausalLM",
-                                                          "FlexOlmoForCausalLM"};
+                                                          "FlexOlmoForCausalLM",
+                                                          "ArceeForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -869,6 +870,11 @@ ModelConfig read_config(const std::string& folder) {
   if (c.cohere()) read_cohere(r, c);
   if (c.gemma3()) {
     read_gemma3(r, c);
+  } else if (c.arcee()) {  // (ArceeConfig's default: "relu2")
+    c.relu2_mlp = true;
+    if (r.has("hidden_act") && r.j.at("hidden_act") != "relu2")
+      r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported for " + c.architecture +
+                               " (accepted: \"relu2\", its ungated MLP's)");
   } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }

@@ -9,8 +9,8 @@
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
-// mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo: see
-// their members below). Anything else is refused with the architecture found and
+// mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo,
+// Arcee: see their members below). Anything else is refused with the architecture found and
 // the list.
 #pragma once
 
@@ -239,6 +239,10 @@ struct ModelConfig {
   bool cohere() const { return architecture == "CohereForCausalLM" || cohere2(); }
   bool cohere2() const { return architecture == "Cohere2ForCausalLM"; }
   bool layer_norm = false, parallel = false;
+  // Arcee (ArceeForCausalLM: AFM-4.5B): Llama's layers with an ungated MLP, down(relu(up(h))^2) (relu2_mlp; its
+  // hidden_act "relu2").
+  bool arcee() const { return architecture == "ArceeForCausalLM"; }
+  bool relu2_mlp = false;
   // dots.llm1 (Dots1ForCausalLM: dots.llm1.base / .inst): Qwen3's attention (per-head q / k norms) with GLM-4.5's
   // experts (its sigmoid router with correction biases and groups, shared experts, the first first_k_dense_replace
   // layers dense; norm_topk_prob and first_k_dense_replace default to false and 0, as Dots1Config's); without
