@@ -236,6 +236,21 @@ FAMILIES = [
     # Arcee's kind (ArceeForCausalLM: AFM-4.5B): Llama's layers with an ungated MLP, down(relu(up h)^2).
     ("arcee", "ArceeConfig", "ArceeForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, rope_theta=1e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Llama 4's kind (Llama4ForCausalLM; Scout's and Maverick's language models): layers 0-2 rotate (pairs interleaved),
+    # their q / k L2-normed after RoPE, their attention in chunks of 16 positions; layer 3 without RoPE, its queries
+    # scaled by 1 + 0.3 ln(1 + floor((position + 1) / 8)); layers 1 and 3 8 experts of 32, 2 a token (Scout and
+    # Maverick route 1), each one's input times the sigmoid of its logit, plus a shared expert; layers 0 and 2 a dense
+    # MLP of 96.
+    ("llama4", "Llama4TextConfig", "Llama4ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=8,
+          num_experts_per_tok=2, interleave_moe_layer_step=2, attention_chunk_size=16, floor_scale=8, attn_scale=0.3,
+          rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # The same with chunks of 128 positions, which served decoding's sequences (< 64 positions) never leave: served
+    # decoding and target verification run without chunks and refuse a sequence that reaches past one.
+    ("llama4_chunk128", "Llama4TextConfig", "Llama4ForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=8,
+          num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=128, floor_scale=8, attn_scale=0.3,
+          rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -268,7 +283,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
             elif n.endswith("self_attn.sinks"):  # gpt-oss: sinks that take a real share of each softmax
                 p.uniform_(0.5, 2.5)
             elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight",
-                             "block_sparse_moe.router.weight", "mlp.gate.wg.weight")):  # a router whose choices and
+                             "block_sparse_moe.router.weight", "mlp.gate.wg.weight",
+                             "feed_forward.router.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)

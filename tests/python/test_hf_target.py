@@ -197,6 +197,7 @@ MOE_FAMILIES = {
     "deepseek_v2": ("DeepseekV2ForCausalLM", dict(topk_method="greedy")),
     "olmoe": ("OlmoeForCausalLM", dict(norm_topk_prob=True)),
     "flex_olmo": ("FlexOlmoForCausalLM", dict(norm_topk_prob=False)),
+    "llama4": ("Llama4ForCausalLM", dict(num_experts_per_tok=1)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
@@ -209,7 +210,7 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     false; Qwen2-MoE: with it; Mixtral and Qwen3.5-MoE, which always renormalise: one expert a token; GLM-4.5: its
     experts chosen from all 4 groups, not the best 2) gives other states from the first sparse layer on. Layer 1 is
     sparse in each (Qwen3-MoE: 2 dense; Qwen2-MoE, GLM-4.5 and Qwen3-Next: 0 dense; Qwen3.5-MoE: every layer
-    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's, Hunyuan's: one expert a token; dots.llm1: its
+    sparse; Qwen3-Next, not renormalised here: with it; GLM-4.7-Flash, Granite's, Hunyuan's, Llama 4's: one expert a token; dots.llm1: its
     experts chosen from all 4 groups, as GLM-4.5's; DeepSeek-V2: greedy over every expert, not the best 2 groups; OLMoE: renormalised, FlexOlmo: not)."""
     architecture, other_routing = MOE_FAMILIES[family]
     folder = tmp_path / family
@@ -221,8 +222,11 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     assert "8 experts (2 a token)" in p.stdout and architecture in p.stdout, p.stdout
     chosen = []  # layer 1's router: the experts of every token
     layer = model.model.layers[1]
-    router = layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe") else layer.mlp.gate  # (Granite's)
-    hook = router.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
+    if hasattr(layer, "feed_forward"):  # (Llama 4's router returns its scores and logits: the top 2 logits chosen)
+        hook = layer.feed_forward.router.register_forward_hook(lambda m, i, out: chosen.append(out[1].topk(2).indices))
+    else:
+        router = layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe") else layer.mlp.gate  # (Granite's)
+        hook = router.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True)
     hook.remove()
@@ -860,6 +864,30 @@ def test_olmoe_clip_qkv_is_read(tmp_path):
     states move, ours following transformers."""
     changed_configs_follow_transformers("olmoe", 73, 17, [("clip_qkv null", lambda made: {**made, "clip_qkv": None})],
                                         tmp_path)
+
+
+def test_llama4_chunks_temperature_and_l2_norms_are_read(tmp_path):
+    """Llama 4 (the family test: chunks of 16, NoPE layer 3 with its query temperature, L2 q / k norms, experts whose
+    inputs are scaled): chunks of 8, no temperature tuning, no L2 norms and every layer rotating each move the states
+    over 40 positions, ours following transformers through each."""
+    changed_configs_follow_transformers("llama4", 79, 18, [
+        ("attention_chunk_size 8", lambda made: {**made, "attention_chunk_size": 8}),
+        ("attn_temperature_tuning false", lambda made: {**made, "attn_temperature_tuning": False}),
+        ("use_qk_norm false", lambda made: {**made, "use_qk_norm": False}),
+        ("every layer rotating", lambda made: {**made, "no_rope_layers": [1, 1, 1, 1]})], tmp_path)
+
+
+def test_llama4_multimodal_checkpoint_language_model(tmp_path):
+    """Llama 4 as Scout and Maverick are published (Llama4ForConditionalGeneration: config.json's text_config, the
+    language model's tensors beside a vision tower) equals transformers' composite model on 70 tokens (chunks of 16),
+    every layer."""
+    text = dict(SMALL, head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=8,
+                num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=16, floor_scale=8,
+                attn_scale=0.3, rope_theta=5e5, tie_word_embeddings=False, pad_token_id=0)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28,
+                  patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
+    model, folder = composite_checkpoint("Llama4", text, vision, 31, tmp_path)
+    composite_states(model, folder, "Llama4", tmp_path)
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

@@ -9,7 +9,8 @@ each head rotated by RoPE: the family furthest from the dense ones), MiniMax-M2 
 sigmoid router with correction biases and no groups, Mixtral's expert layout), ERNIE 4.5's (a softmax router whose
 choice adds correction biases, shared experts, interleaved RoPE), Granite's (the embedding, residual and softmax
 multipliers in the cached decoder, experts stored stacked, the softmax of the top k logits), Hunyuan's (its router in
-float32, an ungated shared MLP) and gpt-oss (attention sinks in
+float32, an ungated shared MLP), Llama 4's (experts whose inputs are scaled by the router, a shared expert, NoPE
+layers' query temperature, L2 q / k norms) and gpt-oss (attention sinks in
 the cached decoder's and the verification's softmax, layers 0 and 2 sliding over 6 positions, biases on
 the router and the experts, the clamped GLU) and DeepSeek-V3 (multi-head latent attention: the cached decoder's
 keys and values per head from the latent, the values padded to the keys' width; GLM-4.5's kind of router); the last
@@ -49,18 +50,20 @@ from test_served_tau import check_greedy, make_target_data, train, validate
 # embedding drawn at 0.17 or 1: none reach eos). Hunyuan's mixture of experts (a float32 router, an ungated shared MLP)
 # at 0.05: tau 1.88 over ~780 steps, 10 responses at eos (0.1: 1.0999; 0.2: 1.02). Cohere 2 (parallel layers,
 # LayerNorms; test_served_moe_attention.py) at 0.2: tau 1.12 over ~1450 steps, 2 responses at eos (0.1: none reach eos;
-# 0.3: 1.04). Arcee (dense, an ungated ReLU² MLP) at 0.2: tau 1.14 over ~1400 steps, 4 responses at eos.
+# 0.3: 1.04). Arcee (dense, an ungated ReLU² MLP) at 0.2: tau 1.14 over ~1400 steps, 4 responses at eos. Llama 4 (its
+# NoPE layer's query temperature, L2 q / k norms, experts whose inputs are scaled; chunks of 128, which these sequences
+# never leave) at 0.05: tau 1.93 over ~670 steps, 14 responses at eos (0.1: 1.085; 0.2: 1.02).
 FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss": (0.2, 96, 1.03),
             "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125), "smollm3": (0.15, 144, 1.1),
             "minimax_m2": (0.05, 144, 1.1), "olmo3": (0.2, 144, 1.05), "glm4": (0.05, 144, 1.1),
             "exaone4": (0.1, 144, 1.05), "ernie4_5_moe": (0.1, 144, 1.1),
             "hunyuan": (0.2, 144, 1.1), "granitemoe": (0.3, 144, 1.1),
             "hunyuan_moe": (0.05, 144, 1.1), "cohere2": (0.2, 144, 1.1),
-            "arcee": (0.2, 144, 1.1)}
+            "arcee": (0.2, 144, 1.1), "llama4_chunk128": (0.05, 144, 1.1)}
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "minimax_m2", "ernie4_5_moe", "granitemoe",
-                                    "hunyuan_moe"])
+                                    "hunyuan_moe", "llama4_chunk128"])
 def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target(family, tmp_path_factory):
     check_family(family, tmp_path_factory)
 

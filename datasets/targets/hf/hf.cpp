@@ -223,9 +223,9 @@ class HfTarget final : public Target {
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
     const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
     warn_past_max_position(rows);
-    MaskInput docs = document_mask(rows, S);
-    docs.window = cfg_.window(0);  // (a sliding layer's window; set again where a layer's differs)
-    attention.set_mask(docs);
+    const MaskInput docs = document_mask(rows, S);
+    MaskInput current = layer_mask(docs, 0);  // (a sliding or chunked layer's; set again where a layer's differs)
+    attention.set_mask(current);
     const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
     at::Tensor x = embed(tokens).view({B, S, cfg_.hidden});
     const auto global = forward_tables(batch, docs, B, S);
@@ -273,11 +273,8 @@ class HfTarget final : public Target {
         a = hf::gated_delta_mix(L.gdn, h, rows);
       } else {
         const auto& [cos, sin] = cfg_.no_rope(l) ? none : cfg_.local_rope(l) ? local : global;
-        const QKV p = project(L, h, cos, sin, q_scale);
-        if (cfg_.window(l) != docs.window) {
-          docs.window = cfg_.window(l);
-          attention.set_mask(docs);
-        }
+        const QKV p = project(L, h, cos, sin, layer_query_scale(l, q_scale));
+        set_layer_mask(attention, docs, l, current);
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
       at::Tensor x1, h2;
@@ -314,6 +311,42 @@ class HfTarget final : public Target {
       last = x + pending;
     record(deepest, last);
     return out;
+  }
+
+  // Layer l's mask in a training forward: docs (causal within each document) with the layer's window, or on Llama 4's
+  // chunked layers each document cut into chunks of attention_chunk_size positions from its start.
+  MaskInput layer_mask(const MaskInput& docs, int64_t l) const {
+    MaskInput m = docs;
+    m.window = cfg_.window(l);
+    if (!cfg_.chunked_layer(l)) return m;
+    for (std::vector<int64_t>& row : m.doc_lengths) {
+      std::vector<int64_t> cut;
+      for (int64_t d : row)
+        for (int64_t from = 0; from < d; from += cfg_.chunk) cut.push_back(std::min(cfg_.chunk, d - from));
+      row = cut;
+    }
+    return m;
+  }
+  // Sets layer l's mask on `attention` where it differs from `current`, the last one set.
+  void set_layer_mask(AttentionContext& attention, const MaskInput& docs, int64_t l, MaskInput& current) const {
+    if (current.window == cfg_.window(l) && cfg_.chunk == 0) return;
+    MaskInput next = layer_mask(docs, l);
+    if (next.window == current.window && next.doc_lengths == current.doc_lengths) return;
+    current = std::move(next);
+    attention.set_mask(current);
+  }
+  // Served decoding and target verification attend without chunks: a forward reaching past Llama 4's
+  // attention_chunk_size (`positions` positions) is refused.
+  void check_unchunked(int64_t positions, const std::string& what) const {
+    if (cfg_.chunk == 0 || positions <= cfg_.chunk) return;
+    for (int64_t l = 0; l < cfg_.layers; ++l)
+      if (cfg_.chunked_layer(l))
+        throw std::invalid_argument("hf target: " + what + " reaches position " + std::to_string(positions - 1) +
+                                    ", past " + cfg_.architecture + "'s attention_chunk_size " +
+                                    std::to_string(cfg_.chunk) + " (" + cfg_.path +
+                                    "): its chunked attention runs in training forwards only; "
+                                    "served decoding and target verification take sequences of at most " +
+                                    std::to_string(cfg_.chunk) + " positions");
   }
 
   // The RoPE tables of a training forward: rows of one conversation, the tables of positions 0..S-1 (made once per
@@ -375,6 +408,7 @@ class HfTarget final : public Target {
     const auto tables_c = rope_tables(context_pos), local_c = two ? rope_tables(context_pos, false, true) : tables_c;
     const at::Tensor block_pos =
         (context_pos.gather(1, anchor).unsqueeze(-1) + at::arange(BS, long_opts)).view({B, N * BS});
+    if (cfg_.chunk > 0) check_unchunked(std::max(S, block_pos.max().item<int64_t>() + 1), "target verification");
     const at::Tensor q_scale_c = query_scale(context_pos), q_scale_b = query_scale(block_pos);
     const auto tables_b = rope_tables(block_pos), local_b = two ? rope_tables(block_pos, false, true) : tables_b;
     const auto none_c = cfg_.nope.empty() ? tables_c : unrotated(tables_c);
@@ -394,8 +428,9 @@ class HfTarget final : public Target {
       const bool loc = cfg_.local_rope(static_cast<int64_t>(l)), nope = cfg_.no_rope(static_cast<int64_t>(l));
       const auto& [cos_c, sin_c] = nope ? none_c : loc ? local_c : tables_c;
       const auto& [cos_b, sin_b] = nope ? none_b : loc ? local_b : tables_b;
-      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, q_scale_c, {}, {}, mask_c);
-      xb = dense_layer(L, xb, cos_b, sin_b, q_scale_b, context.k, context.v, mask_b).x;
+      const int64_t li = static_cast<int64_t>(l);
+      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, layer_query_scale(li, q_scale_c), {}, {}, mask_c);
+      xb = dense_layer(L, xb, cos_b, sin_b, layer_query_scale(li, q_scale_b), context.k, context.v, mask_b).x;
       xc = context.x;
     }
     const at::Tensor greedy = at::linear(rms_norm(xb, final_norm_), lm_head_).argmax(-1).view({B, N, BS});
@@ -445,6 +480,7 @@ class HfTarget final : public Target {
                                       std::to_string(start[static_cast<size_t>(b)]) + ".." +
                                       std::to_string(start[static_cast<size_t>(b)] + T - 1) +
                                       ", outside its cache of " + std::to_string(capacity_) + " positions");
+      t_.check_unchunked(*std::max_element(start.begin(), start.end()) + T, "served decoding");
       const auto long_opts = at::TensorOptions().dtype(at::kLong).device(t_.device_);
       const at::Tensor first = at::tensor(start, at::TensorOptions().dtype(at::kLong)).to(t_.device_);
       const at::Tensor positions = first.unsqueeze(1) + at::arange(T, long_opts);  // [B, T]
@@ -472,7 +508,7 @@ class HfTarget final : public Target {
         } else {
           const int64_t li = static_cast<int64_t>(l);
           const auto& [cos, sin] = t_.cfg_.no_rope(li) ? none : t_.cfg_.local_rope(li) ? local : global;
-          const QKV p = t_.project(L, h, cos, sin, q_scale);
+          const QKV p = t_.project(L, h, cos, sin, t_.layer_query_scale(li, q_scale));
           k_[l].scatter_(2, index, p.k);
           v_[l].scatter_(2, index, p.v);
           if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
@@ -717,7 +753,7 @@ class HfTarget final : public Target {
       expected.push_back({p + "self_attn.q_norm.weight", {cfg_.qk_norm_full ? q : D}});
       expected.push_back({p + "self_attn.k_norm.weight", {cfg_.qk_norm_full ? kv : D}});
     }
-    if (cfg_.qk_norm_after_rope) {  // (Hunyuan)
+    if (cfg_.qk_norm_after_rope && cfg_.hunyuan()) {  // (Hunyuan; Llama 4's L2 norms have no weights)
       expected.push_back({p + "self_attn.query_layernorm.weight", {D}});
       expected.push_back({p + "self_attn.key_layernorm.weight", {D}});
     }
@@ -773,6 +809,10 @@ class HfTarget final : public Target {
         expected.push_back({p + "block_sparse_moe.input_linear.weight", {cfg_.experts, 2 * I, H}});
         expected.push_back({p + "block_sparse_moe.output_linear.weight", {cfg_.experts, H, I}});
       }
+      if (cfg_.llama4()) {  // (stacked as each product's transpose)
+        expected.push_back({p + "feed_forward.experts.gate_up_proj", {cfg_.experts, H, 2 * I}});
+        expected.push_back({p + "feed_forward.experts.down_proj", {cfg_.experts, I, H}});
+      }
       if (cfg_.qwen3_vl()) {  // (stacked: as published, or as transformers holds and saves them)
         const int64_t E = cfg_.experts;
         expected.push_back(
@@ -806,10 +846,10 @@ class HfTarget final : public Target {
       } else if (cfg_.relu2_mlp) {  // (Arcee: up only)
         expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
       } else {
-        expected.push_back({p + "mlp.gate_proj.weight", {cfg_.intermediate, H}});
-        expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + ff() + "gate_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + ff() + "up_proj.weight", {cfg_.intermediate, H}});
       }
-      expected.push_back({p + "mlp.down_proj.weight", {H, cfg_.intermediate}});
+      expected.push_back({p + ff() + "down_proj.weight", {H, cfg_.intermediate}});
     }
   }
 
@@ -836,6 +876,8 @@ class HfTarget final : public Target {
       load_gated_delta(p, L);
     else
       load_attention(p, L);
+    if (cfg_.llama4() && cfg_.qk_norm_after_rope && !cfg_.no_rope(l))  // (its L2 norms: RMSNorms of weight 1)
+      L.q_norm = L.k_norm = at::ones({cfg_.head_dim}, at::TensorOptions().dtype(dtype_).device(device_));
     if (cfg_.sparse(l) && gpt_oss()) {
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate;
       L.router = load(p + "mlp.router.weight");
@@ -864,6 +906,9 @@ class HfTarget final : public Target {
         };
         L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
         L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
+      } else if (cfg_.llama4()) {  // (each product's transpose: [E, H, gate | up], [E, I, H])
+        L.experts_gate_up = load(p + "feed_forward.experts.gate_up_proj").transpose(1, 2).contiguous();
+        L.experts_down = load(p + "feed_forward.experts.down_proj").transpose(1, 2).contiguous();
       } else if (cfg_.granite_moe()) {  // (stacked as held: gate rows, then up rows)
         L.experts_gate_up = load(p + "block_sparse_moe.input_linear.weight");
         L.experts_down = load(p + "block_sparse_moe.output_linear.weight");
@@ -897,8 +942,8 @@ class HfTarget final : public Target {
     }
     L.gate_up = mlp_packed()     ? load(p + "mlp.gate_up_proj.weight")
                 : cfg_.relu2_mlp ? load(p + "mlp.up_proj.weight")  // (Arcee: up only)
-                                 : at::cat({load(p + "mlp.gate_proj.weight"), load(p + "mlp.up_proj.weight")});
-    L.down_proj = load(p + "mlp.down_proj.weight");
+                                 : at::cat({load(p + ff() + "gate_proj.weight"), load(p + ff() + "up_proj.weight")});
+    L.down_proj = load(p + ff() + "down_proj.weight");
     return L;
   }
 
@@ -927,7 +972,7 @@ class HfTarget final : public Target {
       L.q_norm = load_norm(p + "self_attn.q_norm.weight");
       L.k_norm = load_norm(p + "self_attn.k_norm.weight");
     }
-    if (cfg_.qk_norm_after_rope) {
+    if (cfg_.qk_norm_after_rope && cfg_.hunyuan()) {
       L.q_norm = load_norm(p + "self_attn.query_layernorm.weight");
       L.k_norm = load_norm(p + "self_attn.key_layernorm.weight");
     }
@@ -1111,11 +1156,16 @@ class HfTarget final : public Target {
   // Ministral 3's query factor per position (positions [T] or [B, T], int64): 1 + beta ln(1 + floor(position /
   // length)) in float32, rounded to the model's dtype, [1 or B, 1, T, 1] (transformers' get_llama_4_attn_scale);
   // undefined for the other families.
+  // Layer l's query scale: s, or none on Llama 4's layers that rotate (its temperature is its NoPE layers').
+  at::Tensor layer_query_scale(int64_t l, const at::Tensor& s) const {
+    return cfg_.query_scale_nope_only && !cfg_.no_rope(l) ? at::Tensor() : s;
+  }
   at::Tensor query_scale(const at::Tensor& positions) const {
     if (cfg_.query_scale_beta == 0) return {};
     const at::Tensor pos = positions.dim() == 1 ? positions.unsqueeze(0) : positions;
     const at::Tensor f =
-        1 + cfg_.query_scale_beta * at::log(1 + at::floor(pos.to(at::kFloat) / double(cfg_.query_scale_length)));
+        1 + cfg_.query_scale_beta * at::log(1 + at::floor((pos.to(at::kFloat) + cfg_.query_scale_offset) /
+                                                          double(cfg_.query_scale_length)));
     return f.to(dtype_).unsqueeze(1).unsqueeze(-1);
   }
 
@@ -1245,6 +1295,9 @@ class HfTarget final : public Target {
       top = top / top.sum(-1, /*keepdim=*/true).clamp_min(cfg_.norm_min);
     } else if (cfg_.deepseek_v2()) {
       std::tie(top, chosen) = softmax_group_routing(L, x);
+    } else if (cfg_.router_scales_input) {  // (Llama 4: the top k logits' sigmoids, in the model's dtype)
+      std::tie(top, chosen) = at::topk(at::linear(x, L.router), k, -1);
+      top = at::sigmoid(top.to(at::kFloat)).to(x.scalar_type());
     } else if (L.router_logit_bias.defined()) {
       // gpt-oss: the top k logits (with the router's bias), softmaxed in the model's dtype
       std::tie(top, chosen) = at::topk(at::linear(x, L.router, L.router_logit_bias), k, -1);
@@ -1260,7 +1313,9 @@ class HfTarget final : public Target {
     // the pairs in the experts' order (keys of 16 bits: two passes of the radix sort, not eight)
     const at::Tensor order =
         std::get<1>(at::sort(ids.to(cfg_.experts <= 32767 ? at::kShort : at::kInt), /*stable=*/true, 0, false));
-    const at::Tensor rows = x.index_select(0, order.div(k, "floor"));
+    at::Tensor rows = x.index_select(0, order.div(k, "floor"));
+    // (Llama 4: each expert's input times its weight, its output summed as it is)
+    if (cfg_.router_scales_input) rows = rows * top.reshape({-1}).index_select(0, order).unsqueeze(1);
     // rows per expert, counted on the device (bincount would read the largest id on the host)
     const at::Tensor ends =
         at::zeros({cfg_.experts}, ids.options()).scatter_add_(0, ids, at::ones_like(ids)).cumsum(0).to(at::kInt);
@@ -1284,7 +1339,9 @@ class HfTarget final : public Target {
       out = frozen::grouped_linear(act, L.experts_down, ends);
     }
     const at::Tensor slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
-    const at::Tensor weights = cfg_.float_router_weights ? top : top.to(h.scalar_type());
+    const at::Tensor weights = cfg_.router_scales_input    ? at::ones_like(top)
+                               : cfg_.float_router_weights ? top
+                                                           : top.to(h.scalar_type());
     const at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
     if (!L.shared_gate_up.defined()) return routed;
     const at::Tensor shared = at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
@@ -1384,16 +1441,20 @@ class HfTarget final : public Target {
   std::string shared_block() const {
     if (cfg_.granite_moe()) return "shared_mlp.";
     if (cfg_.hunyuan_moe()) return "mlp.shared_mlp.";
+    if (cfg_.llama4()) return "feed_forward.shared_expert.";
     return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts.";
   }
   // A sparse layer's router under model.layers.N. (Granite's: block_sparse_moe.router.layer.; Hunyuan's: mlp.gate.wg.;
   // else <block>gate.)
   std::string router_key(const std::string& p) const {
     if (cfg_.granite_moe()) return p + "block_sparse_moe.router.layer.weight";
+    if (cfg_.llama4()) return p + "feed_forward.router.weight";
     return p + (cfg_.hunyuan_moe() ? "mlp.gate.wg.weight" : expert_keys().block + "gate.weight");
   }
   // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
-  bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe(); }
+  bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe() || cfg_.llama4(); }
+  // Where a layer's MLP sits under model.layers.N. (Llama 4: feed_forward.)
+  std::string ff() const { return cfg_.llama4() ? "feed_forward." : "mlp."; }
 
   // The config.json keys that size a mixture of experts' tensors, as ", key value ..." for a message.
   std::string experts_sizes() const {
@@ -1637,5 +1698,5 @@ FLASHDRAFT_PLUGIN(
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, Cohere / Cohere 2, Arcee, and the mixtures of experts Qwen-MoE, "
     "Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, "
-    "Hunyuan-A13B, OLMoE, FlexOlmo",
+    "Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4",
     flashdraft::HfTarget)

@@ -61,7 +61,9 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Cohere2ForCausalLM",
                                                           "OlmoeForCausalLM",
                                                           "FlexOlmoForCausalLM",
-                                                          "ArceeForCausalLM"};
+                                                          "ArceeForCausalLM",
+                                                          "Llama4ForCausalLM",
+                                                          "Llama4ForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -455,6 +457,33 @@ void read_ernie4_5_routing(const Reader& r, ModelConfig& c) {
 // (MixtralConfig: num_local_experts experts of intermediate_size, every layer sparse, the top k
 // always renormalised and kept in float32), of Glm4MoeForCausalLM (read_glm_routing) and of Qwen3.5-MoE
 // (Qwen2-MoE's, its top k always renormalised).
+// Llama 4's experts (transformers' Llama4TextMoe): num_local_experts of intermediate_size, the MoE layers moe_layers
+// (else every interleave_moe_layer_step-th), a shared expert of the same width.
+void read_llama4_experts(const Reader& r, ModelConfig& c) {
+  c.experts = r.integer("num_local_experts", 1);
+  c.experts_key = "num_local_experts";
+  c.experts_per_token = r.integer("num_experts_per_tok", 1, 1);
+  if (c.experts_per_token > c.experts)
+    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.experts) + " experts of num_local_experts");
+  c.moe_intermediate = c.shared_intermediate = r.integer("intermediate_size", 1);
+  c.router_scales_input = true;
+  if (!r.has("moe_layers")) {
+    c.sparse_step = r.integer("interleave_moe_layer_step", 1, 1);
+    return;
+  }
+  const json& v = r.j.at("moe_layers");
+  std::vector<uint8_t> moe(static_cast<size_t>(c.layers), 0);
+  if (!v.is_array()) r.fail("moe_layers", "value " + v.dump() + " is not a list of layer indices");
+  for (const json& l : v) {
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.layers)
+      r.fail("moe_layers", "holds " + l.dump() + "; accepted: layer indices 0.." + std::to_string(c.layers - 1));
+    moe[static_cast<size_t>(l.get<int64_t>())] = 1;
+  }
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (!moe[static_cast<size_t>(l)]) c.mlp_only_layers.push_back(l);
+}
+
 // Hunyuan's experts (transformers' HunYuanMoEV1Moe): num_experts and moe_topk an integer or one a layer (the published
 // configs list them per layer, all equal; a count that changes from layer to layer is refused).
 void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
@@ -481,6 +510,7 @@ void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
 
 void read_experts(const Reader& r, ModelConfig& c) {
   if (c.hunyuan_moe()) return read_hunyuan_experts(r, c);
+  if (c.llama4()) return read_llama4_experts(r, c);
   if (c.olmoe()) {  // (OLMoE's experts: intermediate_size wide, every layer sparse; norm_topk_prob false by default)
     c.experts = r.integer("num_experts", 1);
     c.experts_key = "num_experts";
@@ -647,6 +677,29 @@ void read_nope_layers(const Reader& r, ModelConfig& c) {
   }
 }
 
+// Llama 4's own keys (Llama4TextConfig; its defaults where absent): NoPE layers and their query temperature, the L2
+// q / k norms, chunked layers, the dense layers' width.
+void read_llama4(const Reader& r, ModelConfig& c) {
+  c.rope_interleave = true;  // (its rotary's complex products: pairs interleaved)
+  read_nope_layers(r, c);
+  c.qk_norm_after_rope = r.boolean("use_qk_norm", true);
+  if (r.boolean("attn_temperature_tuning", true)) {
+    c.query_scale_beta = r.real(r.j, "attn_scale", 0.1);
+    c.query_scale_length = r.integer("floor_scale", 1, 8192);
+    c.query_scale_offset = 1;
+    c.query_scale_nope_only = true;
+  }
+  c.intermediate = r.integer("intermediate_size_mlp", 1, 16384);
+  if (r.has("attention_chunk_size")) c.chunk = r.integer("attention_chunk_size", 1);
+  if (c.chunk == 0) return;
+  if (r.has("layer_types")) {
+    read_layer_types(r, c.layers, "layer_types", {"full_attention", "chunked_attention"}, c.chunked);
+  } else {  // (Llama4TextConfig's: the layers that rotate are chunked)
+    c.chunked.assign(static_cast<size_t>(c.layers), 0);
+    for (int64_t l = 0; l < c.layers; ++l) c.chunked[static_cast<size_t>(l)] = !c.no_rope(l);
+  }
+}
+
 // Gemma 3's own keys (Gemma3TextConfig): its activation, its softmax scale, no soft-capping.
 void read_gemma3(const Reader& r, ModelConfig& c) {
   const char* act = r.has("hidden_activation") ? "hidden_activation" : "hidden_act";
@@ -770,11 +823,13 @@ bool composite(const ModelConfig& c) {
          c.architecture == "Qwen3_5MoeForConditionalGeneration" ||
          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
          c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
-         c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl();
+         c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl() ||
+         c.architecture == "Llama4ForConditionalGeneration";
 }
 
-// The layouts of the families whose layers differ from Llama's in their norms, RoPE pairs or biases (hf_config.hpp:
-// Seed-OSS, ERNIE 4.5, OLMo, EXAONE 4.0, Hunyuan, GLM-4), and the MLP biases no family here reads.
+// The layouts of the families whose layers differ from Llama's in their norms, RoPE pairs, biases or multipliers
+// (hf_config.hpp: Seed-OSS, ERNIE 4.5, OLMo, EXAONE 4.0, Hunyuan, GLM-4, OLMoE, Granite, Cohere, Llama 4), and the MLP
+// biases no family here reads.
 void read_family_layout(const Reader& r, ModelConfig& c) {
   if (c.seed_oss()) {
     c.qkv_bias = r.boolean("attention_bias", true);
@@ -797,6 +852,9 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
   if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
   if (c.hunyuan()) c.qk_norm_after_rope = true;
   if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
+  if (c.granite()) read_granite(r, c);
+  if (c.cohere()) read_cohere(r, c);
+  if (c.llama4()) read_llama4(r, c);
   // (a checkpoint with MLP biases would be run without them)
   if (r.boolean("mlp_bias", false))
     r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
@@ -866,8 +924,6 @@ ModelConfig read_config(const std::string& folder) {
   if (multimodal && !flat) read_quantization(top, c);  // (a composite checkpoint's quantization_config: the top)
   // every family here gates its MLP with SiLU (SwiGLU) but Gemma 3 (GELU's tanh approximation); another
   // activation would be run as the wrong one
-  if (c.granite()) read_granite(r, c);
-  if (c.cohere()) read_cohere(r, c);
   if (c.gemma3()) {
     read_gemma3(r, c);
   } else if (c.arcee()) {  // (ArceeConfig's default: "relu2")
@@ -880,7 +936,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe())
+      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;

@@ -10,7 +10,7 @@
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
 // mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo,
-// Arcee: see their members below). Anything else is refused with the architecture found and
+// Arcee, Llama 4: see their members below). Anything else is refused with the architecture found and
 // the list.
 #pragma once
 
@@ -239,6 +239,25 @@ struct ModelConfig {
   bool cohere() const { return architecture == "CohereForCausalLM" || cohere2(); }
   bool cohere2() const { return architecture == "Cohere2ForCausalLM"; }
   bool layer_norm = false, parallel = false;
+  // Llama 4 (Llama4ForCausalLM; Llama4ForConditionalGeneration's language model: Llama-4-Scout / Maverick): each head's
+  // rotated pairs interleaved; its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th) rotate
+  // nothing, their queries times 1 + attn_scale ln(1 + floor((position + 1) / floor_scale)) (attn_temperature_tuning:
+  // query_scale_beta / length / offset, on the NoPE layers only); the other layers' q and k L2-normed after RoPE
+  // (use_qk_norm: a weightless RMSNorm) and their attention chunked (a query sees the keys of its own chunk of
+  // attention_chunk_size positions of its document: layer_types "chunked_attention"); MoE layers (moe_layers, else
+  // every interleave_moe_layer_step-th) route each token to its top num_experts_per_tok experts by logit, each expert's
+  // input times the sigmoid of its logit (router_scales_input), plus a shared expert, all of intermediate_size
+  // (feed_forward.experts.gate_up_proj [E, H, gate | up], down_proj [E, I, H]); dense layers intermediate_size_mlp.
+  bool llama4() const {
+    return architecture == "Llama4ForCausalLM" || architecture == "Llama4ForConditionalGeneration";
+  }
+  int64_t chunk = 0;             // attention_chunk_size (0: no chunked layers)
+  std::vector<uint8_t> chunked;  // per layer (empty: none)
+  bool chunked_layer(int64_t layer) const {
+    return chunk > 0 && !chunked.empty() && chunked[static_cast<size_t>(layer)];
+  }
+  bool router_scales_input = false, query_scale_nope_only = false;
+  double query_scale_offset = 0;
   // Arcee (ArceeForCausalLM: AFM-4.5B): Llama's layers with an ungated MLP, down(relu(up(h))^2) (relu2_mlp; its
   // hidden_act "relu2").
   bool arcee() const { return architecture == "ArceeForCausalLM"; }
