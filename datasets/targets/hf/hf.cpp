@@ -1132,7 +1132,8 @@ class HfTarget final : public Target {
 
   using QKV = frozen::Qkv;  // [B, heads, T, D], [B, kv_heads, T, D] x 2; q and k normed (Qwen3) and rotated
   // q, k, v of an attention layer from its normed input h.
-  // q_scale (query_scale(): Ministral 3's per-position factor) multiplies the rotated queries where defined.
+  // q_scale (query_scale(): Ministral 3's or Llama 4's per-position factor) multiplies the rotated queries where
+  // defined.
   QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
               const at::Tensor& q_scale = at::Tensor()) const {
     if (cfg_.mla()) return latent_project(L, h, cos, sin);
@@ -1149,7 +1150,7 @@ class HfTarget final : public Target {
     QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, per_head_first ? L.q_norm : at::Tensor(),
                              per_head_first ? L.k_norm : at::Tensor(), cfg_.rms_eps, cos, sin, fused_);
     if (cfg_.qk_norm_after_rope) p.q = rms_norm(p.q, L.q_norm), p.k = rms_norm(p.k, L.k_norm);  // (Hunyuan)
-    if (q_scale.defined()) p.q = p.q * q_scale;
+    if (q_scale.defined()) p.q = (p.q * q_scale).to(p.q.scalar_type());
     return p;
   }
 
@@ -1166,7 +1167,9 @@ class HfTarget final : public Target {
     const at::Tensor f =
         1 + cfg_.query_scale_beta * at::log(1 + at::floor((pos.to(at::kFloat) + cfg_.query_scale_offset) /
                                                           double(cfg_.query_scale_length)));
-    return f.to(dtype_).unsqueeze(1).unsqueeze(-1);
+    // (Ministral 3: the factor rounded to the model's dtype, then the product; Llama 4: the product in float32, rounded
+    // once, as transformers' ops round them)
+    return (cfg_.query_scale_nope_only ? f : f.to(dtype_)).unsqueeze(1).unsqueeze(-1);
   }
 
   // DeepSeek-V3's multi-head latent attention (transformers' DeepseekV3Attention): q = q_b(norm(q_a h)) (or q_proj
