@@ -358,26 +358,28 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
     c.sliding[static_cast<size_t>(l)] = pattern > 0 ? (l + 1) % pattern != 0 : !gpt_oss || l % 2 == 0;
 }
 
-// GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in
-// float32 with a per-expert correction bias that only chooses; the top k of the best topk_group of
-// n_group groups (a group scored by its best two), renormalised when norm_topk_prob, times
-// routed_scaling_factor; n_shared_experts experts' worth of width every token runs; the first
-// first_k_dense_replace layers dense.
-void read_glm_routing(const Reader& r, ModelConfig& c) {
+// The sizes GLM-4.5's and the DeepSeek routers share: moe_intermediate_size, n_shared_experts (default `shared`) of
+// that width every token runs, the first first_k_dense_replace (default `dense`) layers dense, routed_scaling_factor;
+// their weights kept in float32.
+void read_deepseek_kind_experts(const Reader& r, ModelConfig& c, int64_t shared, int64_t dense) {
   c.moe_intermediate = r.integer("moe_intermediate_size", 1);
-  c.norm_topk = r.boolean("norm_topk_prob", true);
   c.float_router_weights = true;
-  c.sigmoid_router = true;
-  c.shared_experts = r.integer("n_shared_experts", 0, 1);
+  c.shared_experts = r.integer("n_shared_experts", 0, shared);
   c.shared_intermediate = c.shared_experts * c.moe_intermediate;
-  c.first_dense = r.integer("first_k_dense_replace", 0, 1);
+  c.first_dense = r.integer("first_k_dense_replace", 0, dense);
   c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
   if (!(c.routed_scale > 0)) r.fail("routed_scaling_factor", "must be positive");
-  c.groups = r.integer("n_group", 1, 1);
-  c.topk_groups = r.integer("topk_group", 1, 1);
-  if (c.experts % c.groups != 0 || c.experts / c.groups < 2)
+}
+
+// n_group groups of the experts and topk_group, how many of them a token's experts are chosen from (GLM-4.5's and the
+// DeepSeek routers'), each group holding at least `least` experts; fallback: both keys' value where absent (0: needed).
+void read_groups(const Reader& r, ModelConfig& c, int64_t least, int64_t fallback) {
+  c.groups = fallback > 0 ? r.integer("n_group", 1, fallback) : r.integer("n_group", 1);
+  c.topk_groups = fallback > 0 ? r.integer("topk_group", 1, fallback) : r.integer("topk_group", 1);
+  if (c.experts % c.groups != 0 || c.experts / c.groups < least)
     r.fail("n_group", std::to_string(c.groups) + " groups of " + std::to_string(c.experts) +
-                          " experts (accepted: a divisor of the experts leaving at least 2 in each group)");
+                          " experts (accepted: a divisor of the experts leaving at least " + std::to_string(least) +
+                          " in each group)");
   if (c.topk_groups > c.groups)
     r.fail("topk_group", std::to_string(c.topk_groups) + " is more than n_group " + std::to_string(c.groups));
   if (c.experts_per_token > c.topk_groups * (c.experts / c.groups))
@@ -386,32 +388,28 @@ void read_glm_routing(const Reader& r, ModelConfig& c) {
                                       " experts of the topk_group groups chosen");
 }
 
+// GLM-4.5's experts (transformers' Glm4MoeConfig; DeepSeek-V3's routing): a sigmoid router in
+// float32 with a per-expert correction bias that only chooses; the top k of the best topk_group of
+// n_group groups (a group scored by its best two), renormalised when norm_topk_prob, times
+// routed_scaling_factor; n_shared_experts experts' worth of width every token runs; the first
+// first_k_dense_replace layers dense.
+void read_glm_routing(const Reader& r, ModelConfig& c) {
+  read_deepseek_kind_experts(r, c, /*shared=*/1, /*dense=*/1);
+  c.norm_topk = r.boolean("norm_topk_prob", true);
+  c.sigmoid_router = true;
+  read_groups(r, c, /*least=*/2, /*fallback=*/1);
+}
+
 // DeepSeek-V2's experts (transformers' DeepseekV2TopkRouter; DeepseekV2Config's defaults): topk_method "greedy" (the
 // default) or "group_limited_greedy" over n_group groups; anything else (V3's "noaux_tc") is refused.
 void read_deepseek_v2_routing(const Reader& r, ModelConfig& c) {
-  c.moe_intermediate = r.integer("moe_intermediate_size", 1);
-  c.float_router_weights = true;
-  c.shared_experts = r.integer("n_shared_experts", 0, 2);
-  c.shared_intermediate = c.shared_experts * c.moe_intermediate;
-  c.first_dense = r.integer("first_k_dense_replace", 0, 0);
-  c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
-  if (!(c.routed_scale > 0)) r.fail("routed_scaling_factor", "must be positive");
+  read_deepseek_kind_experts(r, c, /*shared=*/2, /*dense=*/0);
   const json method = r.has("topk_method") ? r.j.at("topk_method") : json("greedy");
   if (method == "greedy") return;
   if (method != "group_limited_greedy")
     r.fail("topk_method", "value " + method.dump() +
                               " is not DeepSeek-V2's (accepted: \"greedy\", \"group_limited_greedy\", or absent)");
-  c.groups = r.integer("n_group", 1);
-  c.topk_groups = r.integer("topk_group", 1);
-  if (c.experts % c.groups != 0)
-    r.fail("n_group", std::to_string(c.groups) + " groups of " + std::to_string(c.experts) +
-                          " experts (accepted: a divisor of the experts)");
-  if (c.topk_groups > c.groups)
-    r.fail("topk_group", std::to_string(c.topk_groups) + " is more than n_group " + std::to_string(c.groups));
-  if (c.experts_per_token > c.topk_groups * (c.experts / c.groups))
-    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
-                                      std::to_string(c.topk_groups * (c.experts / c.groups)) +
-                                      " experts of the topk_group groups chosen");
+  read_groups(r, c, /*least=*/1, /*fallback=*/0);
 }
 
 // MiniMax-M2's experts (transformers' MiniMaxM2SparseMoeBlock): every layer sparse, num_local_experts of
