@@ -278,8 +278,8 @@ class HfTarget final : public Target {
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
       at::Tensor x1, h2;
-      if (cfg_.sandwich_norms ||
-          cfg_.parallel) {  // (Gemma 3, OLMo: the MLP's normed output pending; Cohere: its MLP's)
+      // (Gemma 3, OLMo: the MLP's normed output pending; Cohere: its MLP's)
+      if (cfg_.sandwich_norms || cfg_.parallel) {
         std::tie(x, pending) = cfg_.parallel ? parallel_rest(L, stream, a, h) : sandwich_rest(L, stream, a);
         continue;
       }
