@@ -24,7 +24,10 @@ import pytest
 
 import torch
 
-from test_served_tau import check_greedy, make_target_data, train, validate
+import json
+import subprocess
+
+from test_served_tau import EXPERIMENT, TOOL, check_greedy, make_target_data, train, validate
 
 # Each target's initializer_range and conversations (the last 48 held out): at test_served_tau.py's
 # 0.2 the greedy text of GLM-4.5's tiny target is out of the tiny drafter's reach after 150 steps
@@ -86,6 +89,8 @@ def check_family(family, tmp_path_factory):
     # accepted proposals one by one (gpt-oss's > 1.03 about 80), and some step must accept more than one.
     trained = train("bidirectional", data, tmp_path_factory.mktemp(f"served_{family}"))
     check_greedy(trained, min_tau=min_tau)
+    if family == "llama4_chunk128":
+        refuses_past_a_chunk(trained)
     if family == "gpt_oss":
         # target verification's dense attention with sinks in chunks of 4096 scores, a few queries (1 GiB's worth
         # at real shapes): the same greedy choices, block by block
@@ -96,3 +101,21 @@ def check_family(family, tmp_path_factory):
         assert float(chunked["tau_anchor"]) == float(whole["tau_anchor"])
         for key in [k for k in whole if "anchor" in k or "accept" in k]:
             assert torch.equal(chunked[key], whole[key]), key
+
+
+def refuses_past_a_chunk(trained):
+    """The same Llama 4 target with chunks of 16 positions, which these sequences leave: served decoding and target
+    verification attend without chunks, so its validation is refused with a sentence naming the chunk size, not run as
+    another model."""
+    config = trained["env"]["target"] / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "attention_chunk_size": 16}))
+    tmp = trained["tmp"]
+    exp = tmp / "chunked.toml"
+    exp.write_text(EXPERIMENT.format(name="chunked", steps=1, out=tmp / "chunked", init=trained["folder"],
+                                     **trained["env"]))
+    p = subprocess.run([str(TOOL), str(exp), str(tmp / "chunked.safetensors")], capture_output=True, text=True,
+                       timeout=600)
+    said = p.stdout + p.stderr
+    print(said.strip().splitlines()[-1])
+    assert p.returncode != 0 and "attention_chunk_size 16" in said, said
+    assert "served decoding" in said or "target verification" in said, said
