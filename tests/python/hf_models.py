@@ -251,6 +251,18 @@ FAMILIES = [
      dict(tie_word_embeddings=False, head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=8,
           num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=128, floor_scale=8, attn_scale=0.3,
           rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Granite 4.0's kind with attention layers only (GraniteMoeHybridForCausalLM: Granite-4.0-micro): Granite's
+    # multipliers, each layer's MLP the shared one (96 wide) alone, RoPE; and with 8 experts of 32 (2 a token) beside a
+    # shared MLP of 48, without RoPE (position_embedding_type null: Granite 4.0's NoPE).
+    ("granite4", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+     dict(tie_word_embeddings=False, layer_types=["attention"] * 4, num_local_experts=0, shared_intermediate_size=96,
+          position_embedding_type="rope", rope_theta=1e4, embedding_multiplier=6.0, residual_multiplier=0.22,
+          attention_multiplier=0.09, logits_scaling=2.5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    ("granite4_moe", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+     dict(tie_word_embeddings=False, layer_types=["attention"] * 4, num_local_experts=8, num_experts_per_tok=2,
+          intermediate_size=32, shared_intermediate_size=48, position_embedding_type=None, embedding_multiplier=6.0,
+          residual_multiplier=0.22, attention_multiplier=0.09, logits_scaling=2.5, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100

@@ -198,6 +198,7 @@ MOE_FAMILIES = {
     "olmoe": ("OlmoeForCausalLM", dict(norm_topk_prob=True)),
     "flex_olmo": ("FlexOlmoForCausalLM", dict(norm_topk_prob=False)),
     "llama4": ("Llama4ForCausalLM", dict(num_experts_per_tok=1)),
+    "granite4_moe": ("GraniteMoeHybridForCausalLM", dict(num_experts_per_tok=1)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
 }
 
@@ -888,6 +889,21 @@ def test_llama4_multimodal_checkpoint_language_model(tmp_path):
                   patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
     model, folder = composite_checkpoint("Llama4", text, vision, 31, tmp_path)
     composite_states(model, folder, "Llama4", tmp_path)
+
+
+@pytest.mark.parametrize("layer_types", [["mamba", "attention", "attention", "attention"], None],
+                         ids=["a_mamba_layer", "absent"])
+def test_granite4_mamba_layers_are_refused(layer_types, tmp_path):
+    """Granite 4.0's Mamba-2 layers (Granite-4.0-H) are not read: a "mamba" layer, or layer_types absent (which
+    GraniteMoeHybridConfig makes all Mamba-2), is refused with a sentence naming the key."""
+    folder = tmp_path / "granite4"
+    make_model(folder, "granite4", seed=5)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(
+        {**cfg, "layer_types": layer_types} if layer_types else without(cfg, "layer_types")))
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
+    assert p.returncode != 0 and "layer_types" in p.stderr and "Mamba-2" in p.stderr, p.stderr
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):

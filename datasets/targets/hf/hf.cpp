@@ -841,7 +841,11 @@ class HfTarget final : public Target {
         if (cfg_.shared_gate) expected.push_back({p + "mlp.shared_expert_gate.weight", {1, H}});
       }
     } else {
-      if (mlp_packed()) {
+      if (cfg_.granite_hybrid()) {  // (Granite-4.0-micro: the shared MLP alone, gate | up packed)
+        expected.push_back({p + "shared_mlp.input_linear.weight", {2 * cfg_.intermediate, H}});
+        expected.push_back({p + "shared_mlp.output_linear.weight", {H, cfg_.intermediate}});
+        return;
+      } else if (mlp_packed()) {
         expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
       } else if (cfg_.relu2_mlp) {  // (Arcee: up only)
         expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
@@ -938,6 +942,11 @@ class HfTarget final : public Target {
         L.shared_down = load(s + (cfg_.granite_moe() ? "output_linear.weight" : "down_proj.weight"));
         if (cfg_.shared_gate) L.shared_gate = load(p + "mlp.shared_expert_gate.weight");
       }
+      return L;
+    }
+    if (cfg_.granite_hybrid()) {  // (Granite-4.0-micro: the shared MLP alone)
+      L.gate_up = load(p + "shared_mlp.input_linear.weight");
+      L.down_proj = load(p + "shared_mlp.output_linear.weight");
       return L;
     }
     L.gate_up = mlp_packed()     ? load(p + "mlp.gate_up_proj.weight")
@@ -1701,5 +1710,5 @@ FLASHDRAFT_PLUGIN(
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, Cohere / Cohere 2, Arcee, and the mixtures of experts Qwen-MoE, "
     "Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, "
-    "Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4",
+    "Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4, Granite 4.0 (attention layers)",
     flashdraft::HfTarget)

@@ -63,7 +63,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "FlexOlmoForCausalLM",
                                                           "ArceeForCausalLM",
                                                           "Llama4ForCausalLM",
-                                                          "Llama4ForConditionalGeneration"};
+                                                          "Llama4ForConditionalGeneration",
+                                                          "GraniteMoeHybridForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -507,6 +508,7 @@ void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
 }
 
 void read_experts(const Reader& r, ModelConfig& c) {
+  if (c.granite_hybrid() && r.integer("num_local_experts", 0, 8) == 0) return;  // (Granite-4.0-micro: no experts)
   if (c.hunyuan_moe()) return read_hunyuan_experts(r, c);
   if (c.llama4()) return read_llama4_experts(r, c);
   if (c.olmoe()) {  // (OLMoE's experts: intermediate_size wide, every layer sparse; norm_topk_prob false by default)
@@ -538,9 +540,9 @@ void read_experts(const Reader& r, ModelConfig& c) {
   if (c.granite_moe()) {  // (the softmax of the top k logits: the top k of the softmax, renormalised; cast back)
     c.moe_intermediate = c.intermediate;
     c.norm_topk = true;
-    // (GraniteMoeForCausalLM has no shared MLP, whatever its config.json says)
-    if (c.architecture == "GraniteMoeSharedForCausalLM")
-      c.shared_intermediate = r.integer("shared_intermediate_size", 0, 0);
+    // (GraniteMoeForCausalLM has no shared MLP, whatever its config.json says; Granite 4.0's default 1024)
+    if (c.architecture == "GraniteMoeSharedForCausalLM" || c.granite_hybrid())
+      c.shared_intermediate = r.integer("shared_intermediate_size", 0, c.granite_hybrid() ? 1024 : 0);
     return;
   }
   if (mixtral) {
@@ -728,6 +730,25 @@ void read_cohere(const Reader& r, ModelConfig& c) {
            "false or absent)");
 }
 
+// Granite 4.0's hybrid kind with attention layers only: its layer_types (GraniteMoeHybridConfig's default: every layer
+// Mamba-2), its position embedding, its MLP (the shared one of shared_intermediate_size where there are no experts).
+void read_granite_hybrid(const Reader& r, ModelConfig& c) {
+  const std::string refused =
+      " (Granite 4.0's Mamba-2 layers, Granite-4.0-H's, are not supported; accepted: every "
+      "layer \"attention\", as Granite-4.0-micro)";
+  if (!r.has("layer_types"))
+    r.fail("layer_types", "missing: GraniteMoeHybridConfig then makes every layer a Mamba-2 layer" + refused);
+  const json& v = r.j.at("layer_types");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
+    r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
+                              " layer types (num_hidden_layers)");
+  for (const json& t : v)
+    if (t != "attention" && t != "full_attention") r.fail("layer_types", "holds " + t.dump() + refused);
+  if (!r.has("position_embedding_type") || r.j.at("position_embedding_type") != "rope")
+    c.nope.assign(static_cast<size_t>(c.layers), 1);  // (no RoPE in any layer)
+  if (r.integer("num_local_experts", 0, 8) == 0) c.intermediate = r.integer("shared_intermediate_size", 1, 1024);
+}
+
 // Granite's multipliers (GraniteConfig: each 1 where absent, as transformers takes them), each a positive number.
 void read_granite(const Reader& r, ModelConfig& c) {
   const auto positive = [&](const char* key) {
@@ -740,6 +761,7 @@ void read_granite(const Reader& r, ModelConfig& c) {
   c.residual_multiplier = positive("residual_multiplier");
   c.softmax_scale = positive("attention_multiplier");  // (the softmax scale itself: absent, 1, as transformers')
   c.logit_scale = 1.0 / positive("logits_scaling");
+  if (c.granite_hybrid()) read_granite_hybrid(r, c);
 }
 
 // eos_token_id: an id or a list of ids (absent or null: none).

@@ -269,8 +269,13 @@ struct ModelConfig {
   bool dots1() const { return architecture == "Dots1ForCausalLM"; }
   bool granite() const { return architecture == "GraniteForCausalLM" || granite_moe(); }
   bool granite_moe() const {
-    return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM";
+    return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM" || granite_hybrid();
   }
+  // Granite 4.0's hybrid kind (GraniteMoeHybridForCausalLM) where every layer is an attention layer (Granite-4.0-micro;
+  // the Mamba-2 layers of Granite-4.0-H are refused): Granite's multipliers, each layer's shared MLP
+  // (shared_mlp.input_linear [gate | up], output_linear; shared_intermediate_size), beside GraniteMoe's experts where
+  // num_local_experts > 0, alone where it is 0; position_embedding_type "rope" rotates, anything else rotates nothing.
+  bool granite_hybrid() const { return architecture == "GraniteMoeHybridForCausalLM"; }
   double embed_multiplier = 1.0, residual_multiplier = 1.0, logit_scale = 1.0;
   // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
   // rotate nothing. Empty: every layer rotates.
