@@ -263,6 +263,12 @@ FAMILIES = [
           intermediate_size=32, shared_intermediate_size=48, position_embedding_type=None, embedding_multiplier=6.0,
           residual_multiplier=0.22, attention_multiplier=0.09, logits_scaling=2.5, pad_token_id=0, bos_token_id=1,
           eos_token_id=2), {}),
+    # Apertus's kind (ApertusForCausalLM: Apertus-8B / 70B): per-head q / k norms, its norms' own names, an ungated MLP
+    # through xIELU with learned alpha_p / alpha_n (drawn away from their initial values here), llama3 RoPE.
+    ("apertus", "ApertusConfig", "ApertusForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+          rope_parameters=dict(rope_type="llama3", rope_theta=1.2e7, factor=8.0, low_freq_factor=1.0,
+                               high_freq_factor=4.0, original_max_position_embeddings=64)), {}),
     # YaRN (Qwen3 and Llama 3.1 serve 128K with it): the defaults (attention factor from the
     # factor, bounds 32 / 1 truncated), and every key set (mscale over mscale_all_dim, other
     # bounds, no truncation). Pretraining lengths of 64 and 32 positions: the YaRN test's 100
@@ -300,6 +306,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
+            elif n.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU: each layer's own slopes
+                p.uniform_(-1.0, 1.0)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):
                 p.normal_(0, embedding_std)
         for n, b in model.named_buffers():  # GLM-4.5's router biases: choices unlike the scores' alone

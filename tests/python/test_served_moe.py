@@ -55,14 +55,16 @@ from test_served_tau import EXPERIMENT, TOOL, check_greedy, make_target_data, tr
 # LayerNorms; test_served_moe_attention.py) at 0.2: tau 1.12 over ~1450 steps, 2 responses at eos (0.1: none reach eos;
 # 0.3: 1.04). Arcee (dense, an ungated ReLU² MLP) at 0.2: tau 1.14 over ~1400 steps, 4 responses at eos. Llama 4 (its
 # NoPE layer's query temperature, L2 q / k norms, experts whose inputs are scaled; chunks of 128, which these sequences
-# never leave) at 0.05: tau 1.93 over ~670 steps, 14 responses at eos (0.1: 1.085; 0.2: 1.02).
+# never leave) at 0.05: tau 1.93 over ~670 steps, 14 responses at eos (0.1: 1.085; 0.2: 1.02). Apertus (dense, an
+# ungated xIELU MLP) at 0.2: tau 1.22 over ~1230 steps, 9 responses at eos.
 FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss": (0.2, 96, 1.03),
             "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125), "smollm3": (0.15, 144, 1.1),
             "minimax_m2": (0.05, 144, 1.1), "olmo3": (0.2, 144, 1.05), "glm4": (0.05, 144, 1.1),
             "exaone4": (0.1, 144, 1.05), "ernie4_5_moe": (0.1, 144, 1.1),
             "hunyuan": (0.2, 144, 1.1), "granitemoe": (0.3, 144, 1.1),
             "hunyuan_moe": (0.05, 144, 1.1), "cohere2": (0.2, 144, 1.1),
-            "arcee": (0.2, 144, 1.1), "llama4_chunk128": (0.05, 144, 1.1)}
+            "arcee": (0.2, 144, 1.1), "llama4_chunk128": (0.05, 144, 1.1),
+            "apertus": (0.2, 144, 1.1)}
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "minimax_m2", "ernie4_5_moe", "granitemoe",
@@ -71,10 +73,11 @@ def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target(famil
     check_family(family, tmp_path_factory)
 
 
-@pytest.mark.parametrize("family", ["hunyuan", "arcee"])
+@pytest.mark.parametrize("family", ["hunyuan", "arcee", "apertus"])
 def test_greedy_equals_the_reference_loop_with_a_dense_target(family, tmp_path_factory):
     """Dense families here beside test_served_moe_attention.py's to share ctest's time: Hunyuan (q / k normed after RoPE
-    in the cached decoder and the verification, its NTK alpha's stretched base) and Arcee (its ungated ReLU² MLP)."""
+    in the cached decoder and the verification, its NTK alpha's stretched base), Arcee (its ungated ReLU² MLP) and
+    Apertus (its ungated xIELU MLP)."""
     check_family(family, tmp_path_factory)
 
 

@@ -78,6 +78,8 @@ struct DecoderLayer {
   // gate [heads D, H] (the second half of each head's q_proj rows)
   hf::GatedDeltaNet gdn;
   at::Tensor attn_gate;
+  // Apertus's xIELU: softplus(alpha_p), beta + softplus(alpha_n), beta, eps (each [1], the model's dtype)
+  at::Tensor xielu_p, xielu_n, xielu_beta, xielu_eps;
   // DeepSeek-V3's latent attention's projections (q_a and its norm undefined where q comes from q_proj: then q_b)
   struct Latent {
     at::Tensor q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;
@@ -847,8 +849,12 @@ class HfTarget final : public Target {
         return;
       } else if (mlp_packed()) {
         expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
-      } else if (cfg_.relu2_mlp) {  // (Arcee: up only)
+      } else if (cfg_.ungated_mlp()) {  // (Arcee, Apertus: up only; Apertus's xIELU's four numbers)
         expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+        if (cfg_.xielu_mlp)
+          for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+                   {"alpha_p", {1}}, {"alpha_n", {1}}, {"beta", {}}, {"eps", {}}})
+            expected.push_back({p + "mlp.act_fn." + name, shape});
       } else {
         expected.push_back({p + ff() + "gate_proj.weight", {cfg_.intermediate, H}});
         expected.push_back({p + ff() + "up_proj.weight", {cfg_.intermediate, H}});
@@ -949,10 +955,17 @@ class HfTarget final : public Target {
       L.down_proj = load(p + "shared_mlp.output_linear.weight");
       return L;
     }
-    L.gate_up = mlp_packed()     ? load(p + "mlp.gate_up_proj.weight")
-                : cfg_.relu2_mlp ? load(p + "mlp.up_proj.weight")  // (Arcee: up only)
-                                 : at::cat({load(p + ff() + "gate_proj.weight"), load(p + ff() + "up_proj.weight")});
+    L.gate_up = mlp_packed() ? load(p + "mlp.gate_up_proj.weight")
+                : cfg_.ungated_mlp()
+                    ? load(p + "mlp.up_proj.weight")  // (Arcee, Apertus: up only)
+                    : at::cat({load(p + ff() + "gate_proj.weight"), load(p + ff() + "up_proj.weight")});
     L.down_proj = load(p + ff() + "down_proj.weight");
+    if (cfg_.xielu_mlp) {  // (transformers' XIELUActivation: its parameters through softplus once)
+      const auto number = [&](const char* name) { return load(p + "mlp.act_fn." + name).reshape({1}); };
+      L.xielu_beta = number("beta"), L.xielu_eps = number("eps");
+      L.xielu_p = at::softplus(number("alpha_p"));
+      L.xielu_n = L.xielu_beta + at::softplus(number("alpha_n"));
+    }
     return L;
   }
 
@@ -1235,15 +1248,22 @@ class HfTarget final : public Target {
     const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
     if (L.sparse()) return x1 + experts(L, h2);
-    if (cfg_.relu2_mlp) return x1 + at::linear(mlp_act(L, h2), L.down_proj);
+    if (cfg_.ungated_mlp()) return x1 + at::linear(mlp_act(L, h2), L.down_proj);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
   }
 
-  // A dense MLP's activations from its normed input h: SwiGLU of the gate / up product, or Arcee's relu(up h)^2.
+  // A dense MLP's activations from its normed input h: SwiGLU of the gate / up product, Arcee's relu(up h)^2, or
+  // Apertus's xIELU of up h (u > 0: alpha_p u^2 + beta u; else (expm1(min(u, eps)) - u) alpha_n + beta u).
   at::Tensor mlp_act(const DecoderLayer& L, const at::Tensor& h) const {
-    if (!cfg_.relu2_mlp) return frozen::linear_swiglu(h, L.gate_up, fused_);
-    const at::Tensor u = at::relu(at::linear(h, L.gate_up));
-    return u * u;
+    if (!cfg_.ungated_mlp()) return frozen::linear_swiglu(h, L.gate_up, fused_);
+    const at::Tensor u = at::linear(h, L.gate_up);
+    if (cfg_.xielu_mlp) {
+      const at::Tensor linear = L.xielu_beta * u;
+      return at::where(u > 0, L.xielu_p * u * u + linear,
+                       (at::expm1(at::minimum(u, L.xielu_eps)) - u) * L.xielu_n + linear);
+    }
+    const at::Tensor r = at::relu(u);
+    return r * r;
   }
 
   // Gemma 3's and OLMo's rest of a layer after attention, each part's output normed before its residual add: {x + the
@@ -1413,6 +1433,7 @@ class HfTarget final : public Target {
     if (cfg_.glm4())
       return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"};
     if (cfg_.parallel) return {"input_layernorm", "", "", ""};  // (Cohere: one norm a layer)
+    if (cfg_.apertus()) return {"attention_layernorm", "feedforward_layernorm", "", ""};
     if (cfg_.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};  // (OLMo)
     if (cfg_.sandwich_norms)                                                                         // (Gemma 3)
       return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
@@ -1708,7 +1729,7 @@ FLASHDRAFT_PLUGIN(
     target, "hf", "0.1.0",
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
-    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite, Cohere / Cohere 2, Arcee, and the mixtures of experts Qwen-MoE, "
-    "Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, ERNIE 4.5 MoE, Granite MoE, dots.llm1, "
-    "Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4, Granite 4.0 (attention layers)",
+    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers), Cohere / Cohere 2, Arcee, Apertus, "
+    "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, "
+    "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4",
     flashdraft::HfTarget)

@@ -64,7 +64,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "ArceeForCausalLM",
                                                           "Llama4ForCausalLM",
                                                           "Llama4ForConditionalGeneration",
-                                                          "GraniteMoeHybridForCausalLM"};
+                                                          "GraniteMoeHybridForCausalLM",
+                                                          "ApertusForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -929,7 +930,7 @@ ModelConfig read_config(const std::string& folder) {
                        c.architecture == "Mistral3ForConditionalGeneration";
   const bool glm = c.glm4_moe();                                   // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
-  c.qk_norm = qwen3 || c.hybrid() || c.dots1() || (glm && r.boolean("use_qk_norm", false));
+  c.qk_norm = qwen3 || c.hybrid() || c.dots1() || c.apertus() || (glm && r.boolean("use_qk_norm", false));
   if (c.minimax_m2()) read_minimax_m2_norms(r, c);
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true)) ||
                (c.glm4() && r.boolean("attention_bias", true));  // (Glm4Config's default: biases on q, k, v)
@@ -946,11 +947,12 @@ ModelConfig read_config(const std::string& folder) {
   // activation would be run as the wrong one
   if (c.gemma3()) {
     read_gemma3(r, c);
-  } else if (c.arcee()) {  // (ArceeConfig's default: "relu2")
-    c.relu2_mlp = true;
-    if (r.has("hidden_act") && r.j.at("hidden_act") != "relu2")
+  } else if (c.arcee() || c.apertus()) {  // (ArceeConfig's default: "relu2"; ApertusConfig's: "xielu")
+    const char* act = c.arcee() ? "relu2" : "xielu";
+    (c.arcee() ? c.relu2_mlp : c.xielu_mlp) = true;
+    if (r.has("hidden_act") && r.j.at("hidden_act") != act)
       r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported for " + c.architecture +
-                               " (accepted: \"relu2\", its ungated MLP's)");
+                               " (accepted: \"" + act + "\", its ungated MLP's)");
   } else if (r.has("hidden_act") && r.j.at("hidden_act") != "silu") {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }

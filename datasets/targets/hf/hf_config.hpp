@@ -10,8 +10,8 @@
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
 // mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo,
-// Arcee, Llama 4: see their members below). Anything else is refused with the architecture found and
-// the list.
+// Arcee, Llama 4, Granite 4.0, Apertus: see their members below). Anything else is refused with the architecture found
+// and the list.
 #pragma once
 
 #include <cstdint>
@@ -262,6 +262,12 @@ struct ModelConfig {
   // hidden_act "relu2").
   bool arcee() const { return architecture == "ArceeForCausalLM"; }
   bool relu2_mlp = false;
+  // Apertus (ApertusForCausalLM: Apertus-8B / 70B): Qwen3's per-head q / k norms, its two norms named
+  // attention_layernorm and feedforward_layernorm, an ungated MLP through xIELU (xielu_mlp: each layer's learned
+  // mlp.act_fn.alpha_p / alpha_n and its beta / eps; hidden_act "xielu").
+  bool apertus() const { return architecture == "ApertusForCausalLM"; }
+  bool xielu_mlp = false;
+  bool ungated_mlp() const { return relu2_mlp || xielu_mlp; }
   // dots.llm1 (Dots1ForCausalLM: dots.llm1.base / .inst): Qwen3's attention (per-head q / k norms) with GLM-4.5's
   // experts (its sigmoid router with correction biases and groups, shared experts, the first first_k_dense_replace
   // layers dense; norm_topk_prob and first_k_dense_replace default to false and 0, as Dots1Config's); without
