@@ -905,8 +905,7 @@ class HfTarget final : public Target {
     if (cfg_.sparse(l)) {
       const ExpertKeys n = expert_keys();
       L.router = load(router_key(p));
-      // (transformers runs Hunyuan's and DeepSeek-V2's routers in float32)
-      if (cfg_.hunyuan_moe() || cfg_.deepseek_v2()) L.router = L.router.to(at::kFloat);
+      if (router_fp32()) L.router = L.router.to(at::kFloat);
       const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
       const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
       if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
@@ -936,11 +935,8 @@ class HfTarget final : public Target {
         L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
         L.experts_down[e].copy_(load(x + n.down));
       }
-      if (cfg_.sigmoid_router || cfg_.softmax_choice_bias) {
-        // transformers runs GLM-4.5's and ERNIE 4.5's routers in float32 (MiniMax-M2's product in the model's dtype)
-        if (!cfg_.router_logits_in_dtype) L.router = L.router.to(at::kFloat);
+      if (cfg_.sigmoid_router || cfg_.softmax_choice_bias)
         L.router_bias = checkpoint_->load(router_bias_key(p), device_, at::kFloat).reshape({-1});
-      }
       if (cfg_.shared_intermediate > 0) {
         const std::string s = p + shared_block();
         L.shared_gate_up = cfg_.granite_moe() ? load(s + "input_linear.weight")
@@ -1483,6 +1479,12 @@ class HfTarget final : public Target {
     if (cfg_.granite_moe()) return p + "block_sparse_moe.router.layer.weight";
     if (cfg_.llama4()) return p + "feed_forward.router.weight";
     return p + (cfg_.hunyuan_moe() ? "mlp.gate.wg.weight" : expert_keys().block + "gate.weight");
+  }
+  // The routers transformers runs in float32: GLM-4.5's and DeepSeek-V3's sigmoid (not MiniMax-M2's, whose product is
+  // in the model's dtype), ERNIE 4.5's, Hunyuan's and DeepSeek-V2's softmax.
+  bool router_fp32() const {
+    return ((cfg_.sigmoid_router || cfg_.softmax_choice_bias) && !cfg_.router_logits_in_dtype) || cfg_.hunyuan_moe() ||
+           cfg_.deepseek_v2();
   }
   // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
   bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe() || cfg_.llama4(); }

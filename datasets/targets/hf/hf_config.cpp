@@ -509,7 +509,10 @@ void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
 }
 
 void read_experts(const Reader& r, ModelConfig& c) {
-  if (c.granite_hybrid() && r.integer("num_local_experts", 0, 8) == 0) return;  // (Granite-4.0-micro: no experts)
+  if (c.granite_hybrid() && r.integer("num_local_experts", 0, 8) == 0) {  // (Granite-4.0-micro: its shared MLP alone)
+    c.intermediate = r.integer("shared_intermediate_size", 1, 1024);
+    return;
+  }
   if (c.hunyuan_moe()) return read_hunyuan_experts(r, c);
   if (c.llama4()) return read_llama4_experts(r, c);
   if (c.olmoe()) {  // (OLMoE's experts: intermediate_size wide, every layer sparse; norm_topk_prob false by default)
@@ -732,7 +735,7 @@ void read_cohere(const Reader& r, ModelConfig& c) {
 }
 
 // Granite 4.0's hybrid kind with attention layers only: its layer_types (GraniteMoeHybridConfig's default: every layer
-// Mamba-2), its position embedding, its MLP (the shared one of shared_intermediate_size where there are no experts).
+// Mamba-2) and its position embedding (its MLP: read_experts).
 void read_granite_hybrid(const Reader& r, ModelConfig& c) {
   const std::string refused =
       " (Granite 4.0's Mamba-2 layers, Granite-4.0-H's, are not supported; accepted: every "
@@ -747,7 +750,6 @@ void read_granite_hybrid(const Reader& r, ModelConfig& c) {
     if (t != "attention" && t != "full_attention") r.fail("layer_types", "holds " + t.dump() + refused);
   if (!r.has("position_embedding_type") || r.j.at("position_embedding_type") != "rope")
     c.nope.assign(static_cast<size_t>(c.layers), 1);  // (no RoPE in any layer)
-  if (r.integer("num_local_experts", 0, 8) == 0) c.intermediate = r.integer("shared_intermediate_size", 1, 1024);
 }
 
 // Granite's multipliers (GraniteConfig: each 1 where absent, as transformers takes them), each a positive number.
