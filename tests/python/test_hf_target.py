@@ -1443,7 +1443,7 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     extra = dict(head_dim=64, swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else dict(head_dim=64)
     if family == "minimax_m2" and hasattr(transformers, "MiniMaxM2Config") and not minimax_rotary_dim_is_read():
         extra = dict(head_dim=64, rotary_dim=64)
-    if family in ("deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
+    if family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
     check_bf16_on_cuda(family, layers, tmp_path, extra)
 
@@ -1454,6 +1454,7 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
 # family's 24 (a softmax 3.3x sharper than a head of 256 has) the random model's bf16 forward was chaos, transformers'
 # own error 2.9e-01-3.7e-01 from its fp32 (H100, 2026-12-07), and ours 3.9e-01 against it on one row's last layer.
 WIDE_HEADS = {"qwen3_5": dict(head_dim=256), "gemma3": dict(head_dim=256, query_pre_attn_scalar=256),
+              "deepseek_v2": dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
               "deepseek_v3": dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
               "glm4_moe_lite": dict(qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256)}
 
