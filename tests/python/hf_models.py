@@ -263,6 +263,17 @@ FAMILIES = [
           intermediate_size=32, shared_intermediate_size=48, position_embedding_type=None, embedding_multiplier=6.0,
           residual_multiplier=0.22, attention_multiplier=0.09, logits_scaling=2.5, pad_token_id=0, bos_token_id=1,
           eos_token_id=2), {}),
+    # Granite 4.0-H's kind (GraniteMoeHybridForCausalLM with Mamba-2 layers: Granite-4.0-H-Tiny / Small / Micro):
+    # Mamba-2 layers 0, 1 and 3 beside attention layer 2 (the published "mamba" / "attention" names), 8 heads of 16
+    # (mamba_expand 2), 2 groups of B and C of 16, 4 taps with a bias, chunks of 16 positions (so that the tests'
+    # sequences cross chunks), time_step_limit the default (0, inf) as published (transformers writes its inf as
+    # {"__float__": "Infinity"}); experts beside the shared MLP, NoPE, as Granite-4.0-H-Tiny.
+    ("granite4_h", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+     dict(tie_word_embeddings=False, layer_types=["mamba", "mamba", "attention", "mamba"], num_local_experts=8,
+          num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48, position_embedding_type=None,
+          mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+          embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09,
+          logits_scaling=2.5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # Apertus's kind (ApertusForCausalLM: Apertus-8B / 70B): per-head q / k norms, its norms' own names, an ungated MLP
     # through xIELU with learned alpha_p / alpha_n (drawn away from their initial values here), llama3 RoPE.
     ("apertus", "ApertusConfig", "ApertusForCausalLM",
@@ -306,6 +317,13 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
+            elif n.endswith(("mamba.D", "mamba.dt_bias")):  # Mamba-2: each head's skip and time step its own
+                p.uniform_(-1.0, 1.0)
+            elif n.endswith("mamba.A_log"):  # decays from slow to fast
+                p.uniform_(-2.0, 1.0)
+            elif n.endswith(("mamba.in_proj.weight", "mamba.conv1d.weight")):  # B and C of order 1: the state's
+                p.normal_(0, 0.15 if "in_proj" in n else 0.5)                   # part of the output far from
+                                                                                # negligible beside D x
             elif n.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU: each layer's own slopes
                 p.uniform_(-1.0, 1.0)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):

@@ -277,6 +277,15 @@ def minimax_rotary_dim_is_read():
     return (config.rope_parameters or {}).get("partial_rotary_factor") == 0.5
 
 
+def mamba_norm_is_grouped():
+    """Whether this transformers' Granite 4.0-H normalises its Mamba-2 output per group of B and C, as mamba_ssm's
+    RMSNormGated(group_size=d_inner / n_groups) does (5.23 does; 5.17 normalises over all of d_inner: the two agree
+    where mamba_n_groups is 1, as in the published checkpoints)."""
+    import inspect
+    norm = transformers.models.granitemoehybrid.modeling_granitemoehybrid.GraniteMoeHybridRMSNormGated
+    return "group_size" in inspect.signature(norm.__init__).parameters
+
+
 def gpt_oss_limit_is_read():
     """Whether this transformers' gpt-oss reads swiglu_limit from its config (5.23 does; 5.17 fixes it at 7.0)."""
     config = transformers.GptOssConfig(**{**SMALL, "swiglu_limit": 0.5})
@@ -891,19 +900,103 @@ def test_llama4_multimodal_checkpoint_language_model(tmp_path):
     composite_states(model, folder, "Llama4", tmp_path)
 
 
-@pytest.mark.parametrize("layer_types", [["mamba", "attention", "attention", "attention"], None],
-                         ids=["a_mamba_layer", "absent"])
-def test_granite4_mamba_layers_are_refused(layer_types, tmp_path):
-    """Granite 4.0's Mamba-2 layers (Granite-4.0-H) are not read: a "mamba" layer, or layer_types absent (which
-    GraniteMoeHybridConfig makes all Mamba-2), is refused with a sentence naming the key."""
-    folder = tmp_path / "granite4"
-    make_model(folder, "granite4", seed=5)
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(
-        {**cfg, "layer_types": layer_types} if layer_types else without(cfg, "layer_types")))
+def test_granite4_h_mamba2_over_chunks_documents_and_its_keys(tmp_path):
+    """Granite 4.0-H (Mamba-2 layers 0, 1 and 3, attention layer 2; the family test gives its states equal to
+    transformers'): 150 positions (chunks of 16: ten, the last partial) equal transformers'; a row packed with
+    documents of 70, 50 and 30 gives each document the states it has alone (no state or convolution history crosses a
+    start), and packing moves the later ones; D, dt_bias and the convolution's bias zeroed in the checkpoint, ours
+    follows transformers and each moves the states (they are read)."""
+    folder = tmp_path / "granite4_h"
+    model = make_model(folder, "granite4_h", seed=31)
+    layers = [0, 1, 2, 3]
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 150), generator=torch.Generator().manual_seed(9))
+    p, whole = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "GraniteMoeHybridForCausalLM" in p.stdout and "3 Mamba-2 layers (mamba_n_heads 8" in p.stdout, p.stdout
+    with torch.no_grad():
+        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
+    errs = [rel(whole["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate(layers)]
+    p, packed = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path,
+                           documents=torch.tensor([[70, 50, 30]]))
+    assert p.returncode == 0, p.stderr
+    start, doc_errs = 0, []
+    for n in [70, 50, 30]:
+        with torch.no_grad():
+            alone = model(input_ids=tokens[:, start:start + n], output_hidden_states=True).hidden_states
+        doc_errs += [rel(packed["hidden"][0, start:start + n, e], alone[layer + 1][0]) for e, layer in enumerate(layers)]
+        start += n
+    moved = rel(packed["hidden"][0, 70:, 0], whole["hidden"][0, 70:, 0])
+    print(f"granite4_h: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
+          f"layer 0's states {moved:.1e}")
+    assert max(errs) <= BOUND and max(doc_errs) <= BOUND and moved > 10 * BOUND
+    for suffix in ("mamba.D", "mamba.dt_bias", "mamba.conv1d.bias"):
+        saved, before, after, theirs = zeroed_against_transformers("granite4_h", suffix, tmp_path / suffix)
+        assert len(saved) == 3 and all(t.abs().max() > 0 for t in saved.values())
+        print(f"granite4_h with {suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
+              f"{rel(before, after):.1e}")
+        assert rel(after, theirs) <= BOUND and rel(before, after) > 10 * BOUND
+
+
+def test_granite4_h_reads_its_layer_types_time_step_limit_and_chunks(tmp_path):
+    """Granite 4.0-H's keys, each changed alone, ours following transformers (layers 1 and 3 of 4, 40 positions):
+    time_step_limit (0, 0.05) and (0, 2) in place of the family's (0, inf) move the states (transformers' decoding
+    step ignores the limit, its forward applies it: ours applies it everywhere); layer_types absent (GraniteMoeHybridConfig's default: every layer Mamba-2) is
+    read so, as transformers does; the names transformers 5 writes ("linear_attention", "full_attention") and chunks
+    of 256 in place of 16 leave them (equal in float32)."""
+    changed_configs_follow_transformers("granite4_h", 37, 6, [
+        ("time_step_limit (0, 0.05)", lambda made: {**made, "time_step_limit": [0.0, 0.05]}),
+        ("time_step_limit (0, 2)", lambda made: {**made, "time_step_limit": [0.0, 2.0]})],
+        tmp_path / "moves")
+    # every layer Mamba-2, layer_types left out of config.json
+    folder = tmp_path / "all_mamba"
+    make_model(folder, "granite4_h", seed=37, layer_types=["mamba"] * 4)
+    (folder / "config.json").write_text(json.dumps(without(json.loads((folder / "config.json").read_text()),
+                                                           "layer_types")))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert all(layer.mamba is not None for layer in theirs.model.layers)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    p, ours = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    with torch.no_grad():  # (use_cache off: transformers 5.23's cache of a model without attention layers refuses)
+        ref = theirs(input_ids=tokens, output_hidden_states=True, use_cache=False).hidden_states
+    err = max(rel(ours["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate([1, 3]))
+    print(f"granite4_h without layer_types (every layer Mamba-2): rel err {err:.1e}")
+    assert err <= BOUND and "4 Mamba-2 layers" in p.stdout, p.stdout
+    folder = tmp_path / "granite4_h"
+    make_model(folder, "granite4_h", seed=37)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    p, base = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = json.loads((folder / "config.json").read_text())
+    for what, cfg in [("transformers' layer type names", {**made, "layer_types": ["linear_attention"] * 2 + [
+                          "full_attention", "linear_attention"]}),
+                      ("chunks of 256", {**made, "mamba_chunk_size": 256})]:
+        (folder / "config.json").write_text(json.dumps(cfg))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
+        print(f"granite4_h with {what}: rel err {err:.1e}; against ours before {rel(ours['hidden'], base['hidden']):.1e}")
+        assert err <= BOUND and rel(ours["hidden"], base["hidden"]) <= BOUND
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(layer_types=["mamba", "mamba", "cross_attention", "mamba"]), "layer_types"),
+    (dict(time_step_limit=[0.0]), "time_step_limit"),
+    (dict(time_step_limit=[1.0, 0.5]), "time_step_limit"),
+    (dict(time_step_limit=[0.0, "big"]), "time_step_limit"),
+    (dict(mamba_n_groups=3), "mamba_n_groups"),
+    (dict(mamba_d_head=12), "mamba_d_head"),
+    (dict(hidden_act="gelu"), "hidden_act")], ids=["layer_type", "limit_of_one", "limit_reversed", "limit_not_number",
+                                                   "groups", "head_width", "activation"])
+def test_granite4_h_bad_keys_are_refused(change, key, tmp_path):
+    """A Granite 4.0-H config.json that transformers would not run as ours reads it: refused with a sentence naming
+    the key, its value and what is accepted."""
+    folder = tmp_path / "granite4_h"
+    make_model(folder, "granite4_h", seed=5)
+    edit_config(folder, **change)
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
     p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
-    assert p.returncode != 0 and "layer_types" in p.stderr and "Mamba-2" in p.stderr, p.stderr
+    assert p.returncode != 0 and f"{key}:" in p.stderr and "accepted" in p.stderr, p.stderr
+    print(f"granite4_h {change}: {p.stderr.strip().splitlines()[-1]}")
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
@@ -1439,10 +1532,13 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     # head_dim 64: a size flash_cuda runs forward and backward. gpt-oss under a transformers that fixes its GLU's
     # limit at 7.0 whatever config.json says (5.17 does): the published 7.0, so that both read the same.
     # MiniMax-M2 under a transformers that rotates every dimension whatever rotary_dim says (5.17): rotary_dim = head_dim,
-    # so that both rotate all of it (the partial rotation is the CPU test's, against 5.23).
+    # so that both rotate all of it (the partial rotation is the CPU test's, against 5.23). Granite 4.0-H under a
+    # transformers that normalises its Mamba-2 output over all groups at once (5.17): one group.
     extra = dict(head_dim=64, swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else dict(head_dim=64)
     if family == "minimax_m2" and hasattr(transformers, "MiniMaxM2Config") and not minimax_rotary_dim_is_read():
         extra = dict(head_dim=64, rotary_dim=64)
+    if family == "granite4_h" and not mamba_norm_is_grouped():  # (one group, which both versions normalise alike)
+        extra = dict(head_dim=64, mamba_n_groups=1)
     if family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
     check_bf16_on_cuda(family, layers, tmp_path, extra)

@@ -1,11 +1,12 @@
 """The served acceptance length with a hybrid target, Qwen3.5 (Gated DeltaNet layers between gated
-attention layers): our served decoding keeps each Gated DeltaNet layer's state per row and rolls it
-back to the accepted tokens before every verification (hf target's GatedDeltaCache); the reference is
+attention layers) and Granite 4.0-H (Mamba-2 layers beside an attention layer): our served decoding keeps each
+recurrent layer's state per row and rolls it back to the accepted tokens before every verification (hf target's
+RecurrentCache); the reference is
 z-lab's `dflash_generate` (test_served_tau.py's greedy comparison) with the target's forward computed
 afresh over the whole sequence at every call, so that no state of a rejected token can remain in it.
 The decoded text (the target's plain greedy text), every step's acceptance length and their mean
 (tau_served, the same float) must match; and target verification's labels (tau_anchor: each draft from
-the Gated DeltaNet's state at its start) must equal transformers' greedy tokens draft by draft.
+the recurrent layers' state at its start) must equal transformers' greedy tokens draft by draft.
 
 `dflash_generate` with its own cache is not that reference for a hybrid target: it rolls back with
 transformers' DynamicCache.crop, which crops the attention layers' keys/values and the convolution's
@@ -15,6 +16,7 @@ target's greedy text after the first rejection. The test prints how often it doe
 """
 import types
 
+import pytest
 import torch
 
 import dflash.model as dflash_model
@@ -98,13 +100,23 @@ def check_verification(dump, meta, target):
     assert compared >= 200
 
 
-def test_greedy_equals_the_reference_loop_with_a_hybrid_target(tmp_path_factory):
-    # initializer_range 0.07, 144 conversations: the tiny Qwen3.5's greedy text that the tiny drafter learns
-    # best while some responses still reach eos (measured: at 0.2 tau 1.03, at 0.1 1.02, at 0.05 1.35 but no
-    # response ends at eos; at 0.07 1.07 over ~1400 steps, 7 at eos). Every step that rejects a proposal rolls
-    # the Gated DeltaNet's state back, so the comparison holds over ~1300 rollbacks, ~100 accepted proposals.
-    data = make_target_data(tmp_path_factory.mktemp("served_qwen3_5_target"), "qwen3_5", 0.07, 144)
-    trained = train("bidirectional", data, tmp_path_factory.mktemp("served_qwen3_5"))
+# (family, initializer_range): Qwen3.5 at 0.07, 144 conversations: the tiny Qwen3.5's greedy text that the tiny
+# drafter learns best while some responses still reach eos (measured: at 0.2 tau 1.03, at 0.1 1.02, at 0.05 1.35 but
+# no response ends at eos; at 0.07 1.07 over ~1400 steps, 7 at eos). Every step that rejects a proposal rolls the
+# Gated DeltaNet's state back, so the comparison holds over ~1300 rollbacks, ~100 accepted proposals. Granite 4.0-H
+# (Mamba-2 layers 0, 1, 3 in chunks of 16 positions, so that a rollback lands in another chunk than the last call's
+# end as often as not) at 0.07 with eos's row of the LM head scaled by 1.2: tau 3.26 over ~440 steps, 8 responses at
+# eos (measured: unscaled, no response reaches eos at 0.05-0.4, tau 1.08-3.8; scaled by 1.1 none; by 1.5 40 of 47,
+# ~290 steps). transformers' decoding step ignores time_step_limit where its forward applies it: the family keeps the
+# default (0, inf), so that the target's greedy text (generate) is its forward's.
+INIT_GRANITE = 0.07
+EOS_GRANITE = 1.2
+
+
+@pytest.mark.parametrize("family,init,eos_scale", [("qwen3_5", 0.07, 1.0), ("granite4_h", INIT_GRANITE, EOS_GRANITE)])
+def test_greedy_equals_the_reference_loop_with_a_hybrid_target(family, init, eos_scale, tmp_path_factory):
+    data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, init, 144, eos_scale=eos_scale)
+    trained = train("bidirectional", data, tmp_path_factory.mktemp(f"served_{family}"))
     dump, meta = validate(trained, "greedy", 0.0)
     assert meta["tau_served_method"] == "target (greedy)"
     ours = responses(dump, "served_")
@@ -124,7 +136,7 @@ def test_greedy_equals_the_reference_loop_with_a_hybrid_target(tmp_path_factory)
         cached = reference(draft, target, prompt, end - prompt_len, cached=True)
         cached_departs += cached.output_ids[0, prompt_len:].tolist() != decoded
     reference_tau, ours_tau = sum(all_steps) / len(all_steps), float(dump["tau_served"])
-    print(f"qwen3_5 (hybrid) greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
+    print(f"{family} (hybrid) greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
           f"dflash_generate (target recomputed) tau {reference_tau!r}, ours {ours_tau!r}, on the data's tokens "
           f"{float(dump['tau_served_data'])!r}; dflash_generate with its own cache departs from the target's greedy "
           f"text in {cached_departs} of {len(ours)} responses")

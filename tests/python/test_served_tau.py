@@ -108,12 +108,17 @@ def write_shard(folder: Path, conversations, vocab):
                        source="greedy continuations of the tiny target")
 
 
-def make_target_data(tmp, family, initializer_range=0.2, count=N_CONVERSATIONS, embedding_std=1.0):
+def make_target_data(tmp, family, initializer_range=0.2, count=N_CONVERSATIONS, embedding_std=1.0, eos_scale=1.0):
     """A tiny target of `family` and greedy continuations of `count` random prompts as token shards
-    (the last HELD_OUT held out)."""
+    (the last HELD_OUT held out). eos_scale: eos's row of the LM head scaled by it (a target that ends its text
+    sooner; saved so)."""
     # initializer_range 0.2: at the usual 0.02 this target's greedy text repeats one token.
     model = make_model(tmp / "target", family, seed=3, embedding_std=embedding_std,
                        initializer_range=initializer_range, eos_token_id=EOS)
+    if eos_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight[EOS] *= eos_scale
+        model.save_pretrained(tmp / "target", safe_serialization=True)
     model.generation_config.eos_token_id = EOS
     rng = np.random.default_rng(0)
     conversations = []

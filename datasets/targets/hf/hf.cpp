@@ -20,7 +20,8 @@
 //               GLU (up + 1) gate sigmoid(alpha gate), then W_d . + b_d; every attention softmax also over a
 //               learned sink logit per head; its norms' weights applied in float32;
 //               Qwen3.5: its Gated DeltaNet layers mix tokens by the gated delta rule instead of attention
-//               (gated_delta.hpp), its attention layers' output times sigmoid(h W_gate), every norm 1 + w]
+//               (gated_delta.hpp), its attention layers' output times sigmoid(h W_gate), every norm 1 + w;
+//               Granite 4.0-H: its Mamba-2 layers mix tokens by the selective state space rule (mamba2.hpp)]
 // exactly as transformers computes it (RMSNorm in fp32, weight applied in the model's
 // dtype; RoPE tables in fp32). Layer id L is the output of decoder layer L, which is
 // transformers' hidden_states[L + 1]; for the last layer that is after the model's final
@@ -29,6 +30,7 @@
 // they never change the real ones), and in a sliding layer within its last sliding_window positions.
 #include "gated_delta.hpp"
 #include "hf_config.hpp"
+#include "mamba2.hpp"
 
 #include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
@@ -74,9 +76,9 @@ struct DecoderLayer {
   // gpt-oss's experts kept in MXFP4 ([target] mxfp4 = "keep"; experts_gate_up / experts_down undefined):
   // blocks [E, rows, cols / 32, 16] and scales [E, rows, cols / 32], gate rows first, dequantized in each forward
   at::Tensor gate_up_blocks, gate_up_scales, down_blocks, down_scales;
-  // Qwen3.5: a Gated DeltaNet layer's mixer (o_proj its out_proj; no qkv), or an attention layer's output
-  // gate [heads D, H] (the second half of each head's q_proj rows)
-  hf::GatedDeltaNet gdn;
+  // A recurrent layer's mixer (Qwen3.5's Gated DeltaNet, Granite 4.0-H's Mamba-2: o_proj its out_proj; no qkv), or
+  // Qwen3.5's attention layer's output gate [heads D, H] (the second half of each head's q_proj rows)
+  std::shared_ptr<const hf::Recurrent> mixer;
   at::Tensor attn_gate;
   // Apertus's xIELU: softplus(alpha_p), beta + softplus(alpha_n), beta, eps (each [1], the model's dtype)
   at::Tensor xielu_p, xielu_n, xielu_beta, xielu_eps;
@@ -189,7 +191,7 @@ class HfTarget final : public Target {
         embed_, lm_head_, cfg_.layers,
         cfg_.architecture + " " + std::filesystem::absolute(path_).string() + " (" + std::to_string(cfg_.layers) +
             " layers, hidden " + std::to_string(cfg_.hidden) + ", vocab " + std::to_string(cfg_.vocab) + ", " +
-            experts_str() + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
+            experts_str() + recurrent_str() + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
             "; norms, RoPE, SwiGLU: " + frozen::kernels_on(device_, fused_) + ")");
     t.logit_scale = cfg_.logit_scale;
     return t;
@@ -271,8 +273,8 @@ class HfTarget final : public Target {
           L.input_norm.defined() ? add_norm(x, pending, L.input_norm, into) : add_pending(x, pending, into);
       if (l > 0) record(l - 1, stream);
       at::Tensor a;
-      if (L.gdn.defined()) {
-        a = hf::gated_delta_mix(L.gdn, h, rows);
+      if (L.mixer) {
+        a = L.mixer->mix(h, rows);
       } else {
         const auto& [cos, sin] = cfg_.no_rope(l) ? none : cfg_.local_rope(l) ? local : global;
         const QKV p = project(L, h, cos, sin, layer_query_scale(l, q_scale));
@@ -419,9 +421,9 @@ class HfTarget final : public Target {
     const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayer& L = layers_[l];
-      if (L.gdn.defined()) {  // (Qwen3.5: each block from the Gated DeltaNet's state at its anchor)
+      if (L.mixer) {  // (a recurrent layer: each block from the state at its anchor)
         const at::Tensor hc = rms_norm(xc, L.input_norm), hb = rms_norm(xb, L.input_norm);
-        const auto [oc, ob] = hf::gated_delta_verify(L.gdn, hc, rows, anchors, hb, BS);
+        const auto [oc, ob] = L.mixer->verify(hc, rows, anchors, hb, BS);
         xc = finish_layer(L, xc, oc, hc);
         xb = finish_layer(L, xb, ob, hb);
         continue;
@@ -453,14 +455,14 @@ class HfTarget final : public Target {
         : t_(t), batch_(batch), capacity_(capacity), layers_(std::move(layers)), attention_(attention) {
       const auto opts = at::TensorOptions().dtype(t.dtype_).device(t.device_);
       for (size_t l = 0; l < t.layers_.size(); ++l) {
-        if (t.layers_[l].gdn.defined()) {  // (Qwen3.5's Gated DeltaNet: a state per row, not keys and values)
+        if (t.layers_[l].mixer) {  // (a recurrent layer: a state per row, not keys and values)
           k_.emplace_back(), v_.emplace_back();
-          gdn_.push_back(std::make_unique<hf::GatedDeltaCache>(t.layers_[l].gdn, batch, t.dtype_, t.device_));
+          recurrent_.push_back(std::make_unique<hf::RecurrentCache>(*t.layers_[l].mixer, batch, t.dtype_, t.device_));
           continue;
         }
         k_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
         v_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
-        gdn_.emplace_back();
+        recurrent_.emplace_back();
       }
     }
 
@@ -505,8 +507,8 @@ class HfTarget final : public Target {
       for (size_t l = 0; l < t_.layers_.size(); ++l) {
         const DecoderLayer& L = t_.layers_[l];
         const at::Tensor h = t_.rms_norm(x, L.input_norm);
-        if (gdn_[l]) {
-          x = t_.finish_layer(L, x, gdn_[l]->forward(h, start, real), h);
+        if (recurrent_[l]) {
+          x = t_.finish_layer(L, x, recurrent_[l]->forward(h, start, real), h);
         } else {
           const int64_t li = static_cast<int64_t>(l);
           const auto& [cos, sin] = t_.cfg_.no_rope(li) ? none : t_.cfg_.local_rope(li) ? local : global;
@@ -535,8 +537,8 @@ class HfTarget final : public Target {
     int64_t batch_, capacity_;
     std::vector<int64_t> layers_;
     AttentionContext& attention_;
-    std::vector<at::Tensor> k_, v_;                          // per attention layer (undefined for the others)
-    std::vector<std::unique_ptr<hf::GatedDeltaCache>> gdn_;  // per Gated DeltaNet layer (null for the others)
+    std::vector<at::Tensor> k_, v_;                               // per attention layer (undefined for the others)
+    std::vector<std::unique_ptr<hf::RecurrentCache>> recurrent_;  // per recurrent layer (null for the others)
   };
 
   at::Tensor load(const std::string& name) const {
@@ -709,7 +711,10 @@ class HfTarget final : public Target {
       for (const std::string* name : {&n.input, &n.post, &n.pre_ff, &n.post_ff})
         if (!name->empty()) expected.push_back({p + *name + ".weight", {H}});
       if (cfg_.linear_attention(l)) {
-        add_gated_delta_shapes(p, expected);
+        if (cfg_.mamba2())
+          add_mamba2_shapes(p, expected);
+        else
+          add_gated_delta_shapes(p, expected);
       } else {
         expected.push_back({p + "self_attn.o_proj.weight", {H, cfg_.mla() ? cfg_.heads * cfg_.v_dim : q}});
         if (cfg_.mla())
@@ -798,6 +803,23 @@ class HfTarget final : public Target {
     expected.push_back({x + "out_proj.weight", {H, vd}});
   }
 
+  // A Mamba-2 layer's tensors under prefix p (Granite 4.0-H's mamba.).
+  void add_mamba2_shapes(const std::string& p, Shapes& expected) const {
+    const int64_t H = cfg_.hidden, heads = cfg_.mamba_heads, inner = heads * cfg_.mamba_head_dim;
+    const int64_t conv_dim = inner + 2 * cfg_.mamba_groups * cfg_.mamba_state;
+    const std::string x = p + "mamba.";
+    expected.push_back({x + "in_proj.weight", {inner + conv_dim + heads, H}});
+    expected.push_back({x + "conv1d.weight", {conv_dim, 1, cfg_.conv_kernel}});
+    if (cfg_.mamba_conv_bias) expected.push_back({x + "conv1d.bias", {conv_dim}});
+    for (const char* name : {"dt_bias", "A_log", "D"}) expected.push_back({x + name, {heads}});
+    expected.push_back({x + "norm.weight", {inner}});
+    expected.push_back({x + "out_proj.weight", {H, inner}});
+    if (cfg_.mamba_proj_bias) {
+      expected.push_back({x + "in_proj.bias", {inner + conv_dim + heads}});
+      expected.push_back({x + "out_proj.bias", {H}});
+    }
+  }
+
   // Layer l's feed-forward tensors under prefix p: its MLP, or its router and experts.
   void add_mlp_shapes(int64_t l, const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden;
@@ -882,7 +904,9 @@ class HfTarget final : public Target {
     };
     L.input_norm = norm(n.input), L.post_norm = norm(n.post), L.pre_ff_norm = norm(n.pre_ff);
     L.post_ff_norm = norm(n.post_ff);
-    if (cfg_.linear_attention(l))
+    if (cfg_.linear_attention(l) && cfg_.mamba2())
+      load_mamba2(p, L);
+    else if (cfg_.linear_attention(l))
       load_gated_delta(p, L);
     else
       load_attention(p, L);
@@ -1044,7 +1068,8 @@ class HfTarget final : public Target {
   // norm's weight; out_proj as the layer's o_proj.
   void load_gated_delta(const std::string& p, DecoderLayer& L) const {
     const std::string x = p + "linear_attn.";
-    hf::GatedDeltaNet& g = L.gdn;
+    const auto mixer = std::make_shared<hf::GatedDeltaNet>();
+    hf::GatedDeltaNet& g = *mixer;
     if (qwen3_next()) {
       // Qwen3-Next packs them per key head: in_proj_qkvz's rows [q (Dk), k (Dk), v (r Dv), z (r Dv)] a key head
       // and in_proj_ba's [b (r), a (r)] (r value heads a key head); the engine's order is every head's q, then k,
@@ -1070,6 +1095,30 @@ class HfTarget final : public Target {
     g.eps = cfg_.rms_eps;
     g.fused = fused_;
     L.o_proj = load(x + "out_proj.weight");
+    L.mixer = mixer;
+  }
+
+  // A Mamba-2 layer under prefix p (Granite 4.0-H's mamba.): in_proj (and its bias), the convolution's taps and bias,
+  // -exp(A_log) in float32 (transformers' -exp(A_log.float())), dt_bias, D, the gated norm's weight; out_proj (and its
+  // bias) as the layer's o_proj.
+  void load_mamba2(const std::string& p, DecoderLayer& L) const {
+    const std::string x = p + "mamba.";
+    const auto mixer = std::make_shared<hf::Mamba2>();
+    hf::Mamba2& m = *mixer;
+    m.in_proj = load(x + "in_proj.weight");
+    m.conv = load(x + "conv1d.weight").squeeze(1).contiguous();
+    if (cfg_.mamba_conv_bias) m.conv_bias = load(x + "conv1d.bias");
+    if (cfg_.mamba_proj_bias) m.in_bias = load(x + "in_proj.bias"), L.o_bias = load(x + "out_proj.bias");
+    m.neg_A = -load(x + "A_log").to(at::kFloat).exp();
+    m.dt_bias = load(x + "dt_bias");
+    m.D = load(x + "D");
+    m.norm = load(x + "norm.weight");
+    m.heads = cfg_.mamba_heads, m.head_dim = cfg_.mamba_head_dim, m.groups = cfg_.mamba_groups;
+    m.state = cfg_.mamba_state, m.chunk = cfg_.mamba_chunk, m.dt_min = cfg_.dt_min, m.dt_max = cfg_.dt_max,
+    m.eps = cfg_.rms_eps;
+    m.fused = fused_;
+    L.o_proj = load(x + "out_proj.weight");
+    L.mixer = mixer;
   }
 
   // RoPE frequencies from theta^(2i/D) with the config's scaling (linear: positions / factor;
@@ -1505,13 +1554,27 @@ class HfTarget final : public Target {
     return s;
   }
 
-  // Qwen3.5's Gated DeltaNet sizes, as ", linear_num_key_heads 16, ..." for a message (else nothing).
+  // Qwen3.5's Gated DeltaNet sizes, as ", linear_num_key_heads 16, ..." for a message, Granite 4.0-H's Mamba-2 ones
+  // (else nothing).
   std::string linear_sizes() const {
     if (cfg_.linear.empty()) return "";
+    if (cfg_.mamba2())
+      return ", mamba_n_heads " + std::to_string(cfg_.mamba_heads) + ", mamba_d_head " +
+             std::to_string(cfg_.mamba_head_dim) + ", mamba_n_groups " + std::to_string(cfg_.mamba_groups) +
+             ", mamba_d_state " + std::to_string(cfg_.mamba_state) + ", mamba_d_conv " +
+             std::to_string(cfg_.conv_kernel);
     return ", linear_num_key_heads " + std::to_string(cfg_.lin_k_heads) + ", linear_num_value_heads " +
            std::to_string(cfg_.lin_v_heads) + ", linear_key_head_dim " + std::to_string(cfg_.lin_k_dim) +
            ", linear_value_head_dim " + std::to_string(cfg_.lin_v_dim) + ", linear_conv_kernel_dim " +
            std::to_string(cfg_.conv_kernel);
+  }
+
+  // "3 Mamba-2 layers (mamba_n_heads 8, ...), " for a model with recurrent layers, else nothing
+  std::string recurrent_str() const {
+    if (cfg_.linear.empty()) return "";
+    const auto n = std::count(cfg_.linear.begin(), cfg_.linear.end(), 1);
+    return std::to_string(n) + (cfg_.mamba2() ? " Mamba-2" : " Gated DeltaNet") + " layers (" +
+           linear_sizes().substr(2) + "), ";
   }
 
   // ", 128 experts (8 a token)" for a mixture of experts, else nothing

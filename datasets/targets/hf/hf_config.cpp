@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -734,20 +735,73 @@ void read_cohere(const Reader& r, ModelConfig& c) {
            "false or absent)");
 }
 
-// Granite 4.0's hybrid kind with attention layers only: its layer_types (GraniteMoeHybridConfig's default: every layer
-// Mamba-2) and its position embedding (its MLP: read_experts).
+// A number of time_step_limit: a JSON number, or transformers' {"__float__": "Infinity"} (how it writes inf).
+double limit_number(const Reader& r, const json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_object() && v.contains("__float__") && v.at("__float__").is_string()) {
+    const std::string f = v.at("__float__").get<std::string>();
+    if (f == "Infinity" || f == "inf") return std::numeric_limits<double>::infinity();
+  }
+  r.fail("time_step_limit", "holds " + v.dump() + " (accepted: numbers, or {\"__float__\": \"Infinity\"})");
+}
+
+// Granite 4.0-H's Mamba-2 layers (GraniteMoeHybridConfig's mamba_* keys and their defaults).
+void read_mamba2(const Reader& r, ModelConfig& c) {
+  const int64_t inner = r.integer("mamba_expand", 1, 2) * c.hidden;
+  c.mamba_heads = r.integer("mamba_n_heads", 1, 128);
+  c.mamba_groups = r.integer("mamba_n_groups", 1, 1);
+  c.mamba_state = r.integer("mamba_d_state", 1, 256);
+  c.conv_kernel = r.integer("mamba_d_conv", 2, 4);
+  const bool automatic = !r.has("mamba_d_head") || r.j.at("mamba_d_head") == "auto";
+  c.mamba_head_dim = automatic ? inner / c.mamba_heads : r.integer("mamba_d_head", 1);
+  if (c.mamba_head_dim * c.mamba_heads != inner)
+    r.fail(automatic ? "mamba_n_heads" : "mamba_d_head",
+           std::to_string(c.mamba_heads) + " heads of " + std::to_string(c.mamba_head_dim) +
+               " are not mamba_expand x " + "hidden_size = " + std::to_string(inner) +
+               " (accepted: heads x head width = that)");
+  if (c.mamba_heads % c.mamba_groups != 0)
+    r.fail("mamba_n_groups", std::to_string(c.mamba_groups) + " does not divide mamba_n_heads " +
+                                 std::to_string(c.mamba_heads) + " (accepted: a divisor of it)");
+  c.mamba_chunk = r.integer("mamba_chunk_size", 1, 256);
+  c.mamba_conv_bias = r.boolean("mamba_conv_bias", true);
+  c.mamba_proj_bias = r.boolean("mamba_proj_bias", false);
+  if (r.has("time_step_limit")) {
+    const json& v = r.j.at("time_step_limit");
+    if (!v.is_array() || v.size() != 2)
+      r.fail("time_step_limit", "value " + v.dump() + " is not a list of two numbers (accepted: [least dt, most dt])");
+    c.dt_min = limit_number(r, v[0]), c.dt_max = limit_number(r, v[1]);
+    if (!(c.dt_min <= c.dt_max))
+      r.fail("time_step_limit", "value " + v.dump() + ": its least dt is above its most (accepted: [least, most])");
+  }
+  if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
+    r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() +
+                             " (Granite 4.0's Mamba-2 layers take it as their convolution's activation: accepted: "
+                             "\"silu\")");
+}
+
+// Granite 4.0's hybrid kind: its layer_types (GraniteMoeHybridConfig's default: every layer Mamba-2; "mamba" and
+// "attention" as published, "linear_attention" and "full_attention" as transformers 5 writes them), its Mamba-2
+// layers' sizes, and its position embedding (its MLP: read_experts).
 void read_granite_hybrid(const Reader& r, ModelConfig& c) {
-  const std::string refused =
-      " (Granite 4.0's Mamba-2 layers, Granite-4.0-H's, are not supported; accepted: every "
-      "layer \"attention\", as Granite-4.0-micro)";
-  if (!r.has("layer_types"))
-    r.fail("layer_types", "missing: GraniteMoeHybridConfig then makes every layer a Mamba-2 layer" + refused);
-  const json& v = r.j.at("layer_types");
-  if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
-    r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
-                              " layer types (num_hidden_layers)");
-  for (const json& t : v)
-    if (t != "attention" && t != "full_attention") r.fail("layer_types", "holds " + t.dump() + refused);
+  c.linear.assign(static_cast<size_t>(c.layers), 1);
+  if (r.has("layer_types")) {
+    const json& v = r.j.at("layer_types");
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
+      r.fail("layer_types", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
+                                " layer types (num_hidden_layers)");
+    for (size_t l = 0; l < v.size(); ++l) {
+      const bool attention = v[l] == "attention" || v[l] == "full_attention";
+      if (!attention && v[l] != "mamba" && v[l] != "linear_attention")
+        r.fail("layer_types", "holds " + v[l].dump() +
+                                  " (accepted: \"attention\" or \"full_attention\", \"mamba\" or "
+                                  "\"linear_attention\")");
+      c.linear[l] = !attention;
+    }
+  }
+  if (std::find(c.linear.begin(), c.linear.end(), 1) == c.linear.end())
+    c.linear.clear();  // (every layer attends: Granite-4.0-micro)
+  else
+    read_mamba2(r, c);
   if (!r.has("position_embedding_type") || r.j.at("position_embedding_type") != "rope")
     c.nope.assign(static_cast<size_t>(c.layers), 1);  // (no RoPE in any layer)
 }

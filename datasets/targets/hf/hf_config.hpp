@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -277,11 +278,20 @@ struct ModelConfig {
   bool granite_moe() const {
     return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM" || granite_hybrid();
   }
-  // Granite 4.0's hybrid kind (GraniteMoeHybridForCausalLM) where every layer is an attention layer (Granite-4.0-micro;
-  // the Mamba-2 layers of Granite-4.0-H are refused): Granite's multipliers, each layer's shared MLP
-  // (shared_mlp.input_linear [gate | up], output_linear; shared_intermediate_size), beside GraniteMoe's experts where
-  // num_local_experts > 0, alone where it is 0; position_embedding_type "rope" rotates, anything else rotates nothing.
+  // Granite 4.0's hybrid kind (GraniteMoeHybridForCausalLM: Granite-4.0-H and Granite-4.0-micro): Granite's
+  // multipliers, each layer's shared MLP (shared_mlp.input_linear [gate | up], output_linear;
+  // shared_intermediate_size), beside GraniteMoe's experts where num_local_experts > 0, alone where it is 0;
+  // position_embedding_type "rope" rotates, anything else rotates nothing. Its layer_types "mamba" (the `linear`
+  // flags) mark Mamba-2 layers (transformers' GraniteMoeHybridMambaLayer, mamba2.hpp): mamba_n_heads heads of
+  // mamba_d_head (mamba_expand x hidden_size in all), mamba_n_groups groups of B and C of mamba_d_state, a
+  // convolution of mamba_d_conv taps (conv_kernel) with a bias where mamba_conv_bias, in_proj / out_proj biases where
+  // mamba_proj_bias, dt clamped to time_step_limit; its rule run in chunks of mamba_chunk_size positions, as
+  // transformers' (equal in float32 to any other chunking; the chunk the served cache keeps a row).
   bool granite_hybrid() const { return architecture == "GraniteMoeHybridForCausalLM"; }
+  bool mamba2() const { return granite_hybrid() && !linear.empty(); }
+  int64_t mamba_heads = 0, mamba_head_dim = 0, mamba_groups = 0, mamba_state = 0, mamba_chunk = 0;
+  bool mamba_conv_bias = true, mamba_proj_bias = false;
+  double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();  // time_step_limit
   double embed_multiplier = 1.0, residual_multiplier = 1.0, logit_scale = 1.0;
   // SmolLM3 (SmolLM3ForCausalLM): its NoPE layers (no_rope_layers' zeros, else every no_rope_layer_interval-th layer)
   // rotate nothing. Empty: every layer rotates.
