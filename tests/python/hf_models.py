@@ -274,6 +274,13 @@ FAMILIES = [
           mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
           embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09,
           logits_scaling=2.5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Nemotron-H's kind (NemotronHForCausalLM: Nemotron-H-8B, NVIDIA-Nemotron-Nano-9B-v2): one block a layer, as its
+    # published hybrid_override_pattern says: a Mamba-2 block (8 heads of 16, 2 groups of B and C of 16, chunks of 16),
+    # an MLP block (ReLU², 96 wide), attention without RoPE (4/2 heads of 16), an MLP block.
+    ("nemotron_h", "NemotronHConfig", "NemotronHForCausalLM",
+     dict(tie_word_embeddings=False, hybrid_override_pattern="M-*-", head_dim=16, mamba_num_heads=8,
+          mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16, conv_kernel=4, layer_norm_epsilon=1e-5,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # Apertus's kind (ApertusForCausalLM: Apertus-8B / 70B): per-head q / k norms, its norms' own names, an ungated MLP
     # through xIELU with learned alpha_p / alpha_n (drawn away from their initial values here), llama3 RoPE.
     ("apertus", "ApertusConfig", "ApertusForCausalLM",
@@ -317,13 +324,13 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
-            elif n.endswith(("mamba.D", "mamba.dt_bias")):  # Mamba-2: each head's skip and time step its own
-                p.uniform_(-1.0, 1.0)
-            elif n.endswith("mamba.A_log"):  # decays from slow to fast
+            elif n.endswith(("mamba.D", "mamba.dt_bias", "mixer.D", "mixer.dt_bias")):  # Mamba-2 (Granite's mamba.,
+                p.uniform_(-1.0, 1.0)  # Nemotron-H's mixer.): each head's skip and time step its own
+            elif n.endswith(("mamba.A_log", "mixer.A_log")):  # decays from slow to fast
                 p.uniform_(-2.0, 1.0)
-            elif n.endswith(("mamba.in_proj.weight", "mamba.conv1d.weight")):  # B and C of order 1: the state's
-                p.normal_(0, 0.15 if "in_proj" in n else 0.5)                   # part of the output far from
-                                                                                # negligible beside D x
+            elif n.endswith(("mamba.in_proj.weight", "mamba.conv1d.weight", "mixer.in_proj.weight",
+                             "mixer.conv1d.weight")):  # B and C of order 1: the state's part of the output far from
+                p.normal_(0, 0.15 if "in_proj" in n else 0.5)  # negligible beside D x
             elif n.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU: each layer's own slopes
                 p.uniform_(-1.0, 1.0)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):

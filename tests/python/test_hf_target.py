@@ -900,19 +900,28 @@ def test_llama4_multimodal_checkpoint_language_model(tmp_path):
     composite_states(model, folder, "Llama4", tmp_path)
 
 
-def test_granite4_h_mamba2_over_chunks_documents_and_its_keys(tmp_path):
-    """Granite 4.0-H (Mamba-2 layers 0, 1 and 3, attention layer 2; the family test gives its states equal to
-    transformers'): 150 positions (chunks of 16: ten, the last partial) equal transformers'; a row packed with
-    documents of 70, 50 and 30 gives each document the states it has alone (no state or convolution history crosses a
-    start), and packing moves the later ones; D, dt_bias and the convolution's bias zeroed in the checkpoint, ours
-    follows transformers and each moves the states (they are read)."""
-    folder = tmp_path / "granite4_h"
-    model = make_model(folder, "granite4_h", seed=31)
+# Mamba-2's families: (the checkpoint's prefix of its Mamba-2 tensors, how many Mamba-2 layers of 4, the layers
+# recorded). Granite 4.0-H: Mamba-2 layers 0, 1 and 3, attention layer 2. Nemotron-H: a Mamba-2 block, an MLP block,
+# attention, an MLP block.
+MAMBA2 = {"granite4_h": ("mamba.", 3, "3 Mamba-2 layers (mamba_n_heads 8"),
+          "nemotron_h": ("mixer.", 1, "1 Mamba-2 layers (mamba_n_heads 8")}
+
+
+@pytest.mark.parametrize("family", list(MAMBA2))
+def test_mamba2_over_chunks_documents_and_its_tensors(family, tmp_path):
+    """Granite 4.0-H and Nemotron-H (their Mamba-2 layers in chunks of 16; the family test gives their states equal to
+    transformers'): 150 positions (ten chunks, the last partial) equal transformers'; a row packed with documents of
+    70, 50 and 30 gives each document the states it has alone (no state or convolution history crosses a start), and
+    packing moves the later ones; D, dt_bias and the convolution's bias zeroed in the checkpoint, ours follows
+    transformers and each moves the states (they are read)."""
+    prefix, count, says = MAMBA2[family]
+    folder = tmp_path / family
+    model = make_model(folder, family, seed=31)
     layers = [0, 1, 2, 3]
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 150), generator=torch.Generator().manual_seed(9))
     p, whole = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "GraniteMoeHybridForCausalLM" in p.stdout and "3 Mamba-2 layers (mamba_n_heads 8" in p.stdout, p.stdout
+    assert model.config.architectures[0] in p.stdout and says in p.stdout, p.stdout
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
     errs = [rel(whole["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate(layers)]
@@ -926,13 +935,13 @@ def test_granite4_h_mamba2_over_chunks_documents_and_its_keys(tmp_path):
         doc_errs += [rel(packed["hidden"][0, start:start + n, e], alone[layer + 1][0]) for e, layer in enumerate(layers)]
         start += n
     moved = rel(packed["hidden"][0, 70:, 0], whole["hidden"][0, 70:, 0])
-    print(f"granite4_h: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
+    print(f"{family}: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
           f"layer 0's states {moved:.1e}")
     assert max(errs) <= BOUND and max(doc_errs) <= BOUND and moved > 10 * BOUND
-    for suffix in ("mamba.D", "mamba.dt_bias", "mamba.conv1d.bias"):
-        saved, before, after, theirs = zeroed_against_transformers("granite4_h", suffix, tmp_path / suffix)
-        assert len(saved) == 3 and all(t.abs().max() > 0 for t in saved.values())
-        print(f"granite4_h with {suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
+    for suffix in ("D", "dt_bias", "conv1d.bias"):
+        saved, before, after, theirs = zeroed_against_transformers(family, prefix + suffix, tmp_path / suffix)
+        assert len(saved) == count and all(t.abs().max() > 0 for t in saved.values())
+        print(f"{family} with {prefix + suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
               f"{rel(before, after):.1e}")
         assert rel(after, theirs) <= BOUND and rel(before, after) > 10 * BOUND
 
@@ -976,6 +985,48 @@ def test_granite4_h_reads_its_layer_types_time_step_limit_and_chunks(tmp_path):
         _, ours, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
         print(f"granite4_h with {what}: rel err {err:.1e}; against ours before {rel(ours['hidden'], base['hidden']):.1e}")
         assert err <= BOUND and rel(ours["hidden"], base["hidden"]) <= BOUND
+
+
+def test_nemotron_h_reads_its_blocks_and_time_step_min(tmp_path):
+    """Nemotron-H's keys, each changed alone, ours following transformers (layers 1 and 3 of 4, 40 positions):
+    time_step_min 0.5 (the least dt its Mamba-2 takes) moves the states; its blocks listed in layers_block_type, with
+    transformers 5's names or the legacy ones, in place of hybrid_override_pattern leave them."""
+    changed_configs_follow_transformers("nemotron_h", 41, 7, [
+        ("time_step_min 0.5", lambda made: {**made, "time_step_min": 0.5})], tmp_path / "moves")
+    folder = tmp_path / "nemotron_h"
+    make_model(folder, "nemotron_h", seed=41)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(7))
+    p, base = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = without(json.loads((folder / "config.json").read_text()), "hybrid_override_pattern", "layers_block_type")
+    for what, cfg in [("hybrid_override_pattern M-*-", {**made, "hybrid_override_pattern": "M-*-"}),
+                      ("legacy block names", {**made, "layers_block_type": ["mamba", "mlp", "attention", "mlp"]}),
+                      ("transformers 5's block names", {**made, "layers_block_type": [
+                          "linear_attention", "mlp", "full_attention", "mlp"]})]:
+        (folder / "config.json").write_text(json.dumps(cfg))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
+        print(f"nemotron_h with {what}: rel err {err:.1e}; against ours before {rel(ours['hidden'], base['hidden']):.1e}")
+        assert err <= BOUND and torch.equal(ours["hidden"], base["hidden"])
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(hybrid_override_pattern="M-E-"), "hybrid_override_pattern"),
+    (dict(hybrid_override_pattern="M-X-"), "hybrid_override_pattern"),
+    (dict(layers_block_type=["mamba", "mlp", "moe", "mlp"]), "layers_block_type"),
+    (dict(mlp_hidden_act="gelu"), "mlp_hidden_act"),
+    (dict(n_groups=3), "n_groups")], ids=["experts", "letter", "moe_block", "activation", "groups"])
+def test_nemotron_h_bad_keys_are_refused(change, key, tmp_path):
+    """A Nemotron-H config.json ours would not run as transformers does (its mixture-of-experts blocks among them):
+    refused with a sentence naming the key, its value and what is accepted."""
+    folder = tmp_path / "nemotron_h"
+    make_model(folder, "nemotron_h", seed=5)
+    cfg = without(json.loads((folder / "config.json").read_text()), "layers_block_type", "hybrid_override_pattern")
+    (folder / "config.json").write_text(json.dumps({**cfg, "hybrid_override_pattern": "M-*-", **change}))
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
+    assert p.returncode != 0 and f"{key}:" in p.stderr and "accepted" in p.stderr, p.stderr
+    print(f"nemotron_h {change}: {p.stderr.strip().splitlines()[-1]}")
 
 
 @pytest.mark.parametrize("change,key", [

@@ -1,5 +1,6 @@
 """The served acceptance length with a hybrid target, Qwen3.5 (Gated DeltaNet layers between gated
-attention layers) and Granite 4.0-H (Mamba-2 layers beside an attention layer): our served decoding keeps each
+attention layers), Granite 4.0-H (Mamba-2 layers beside an attention layer) and Nemotron-H (Mamba-2, MLP and attention
+blocks): our served decoding keeps each
 recurrent layer's state per row and rolls it back to the accepted tokens before every verification (hf target's
 RecurrentCache); the reference is
 z-lab's `dflash_generate` (test_served_tau.py's greedy comparison) with the target's forward computed
@@ -108,12 +109,16 @@ def check_verification(dump, meta, target):
 # end as often as not) at 0.07 with eos's row of the LM head scaled by 1.2: tau 3.26 over ~440 steps, 8 responses at
 # eos (measured: unscaled, no response reaches eos at 0.05-0.4, tau 1.08-3.8; scaled by 1.1 none; by 1.5 40 of 47,
 # ~290 steps). transformers' decoding step ignores time_step_limit where its forward applies it: the family keeps the
-# default (0, inf), so that the target's greedy text (generate) is its forward's.
+# default (0, inf), so that the target's greedy text (generate) is its forward's. Nemotron-H (a Mamba-2 block, an MLP
+# block, attention, an MLP block) at 0.07, eos's row scaled by 1.2: tau 1.098 over ~1350 steps, 9 responses at eos.
 INIT_GRANITE = 0.07
 EOS_GRANITE = 1.2
+INIT_NEMOTRON = 0.07
+EOS_NEMOTRON = 1.2
 
 
-@pytest.mark.parametrize("family,init,eos_scale", [("qwen3_5", 0.07, 1.0), ("granite4_h", INIT_GRANITE, EOS_GRANITE)])
+@pytest.mark.parametrize("family,init,eos_scale", [("qwen3_5", 0.07, 1.0), ("granite4_h", INIT_GRANITE, EOS_GRANITE),
+                                                   ("nemotron_h", INIT_NEMOTRON, EOS_NEMOTRON)])
 def test_greedy_equals_the_reference_loop_with_a_hybrid_target(family, init, eos_scale, tmp_path_factory):
     data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, init, 144, eos_scale=eos_scale)
     trained = train("bidirectional", data, tmp_path_factory.mktemp(f"served_{family}"))

@@ -143,11 +143,11 @@ class HfTarget final : public Target {
     // A language model's tensors where its checkpoint has them: under model., model.language_model. (a multimodal
     // checkpoint; a Qwen3.5 language model saved so, as transformers also reads it) or language_model.model. with
     // language_model.lm_head. (a multimodal checkpoint in its original layout, Mistral 3's).
+    if (cfg_.nemotron_h()) cfg_.prefix = "backbone.";  // (its embeddings and final norm_f there too)
     for (const auto& [prefix, head] : {std::pair<const char*, const char*>{"model.", "lm_head.weight"},
                                        {"model.language_model.", "lm_head.weight"},
                                        {"language_model.model.", "language_model.lm_head.weight"}})
-      if (!checkpoint_->find(cfg_.prefix + "embed_tokens.weight") &&
-          checkpoint_->find(std::string(prefix) + "embed_tokens.weight")) {
+      if (!checkpoint_->find(cfg_.prefix + embed_name()) && checkpoint_->find(std::string(prefix) + embed_name())) {
         cfg_.prefix = prefix;
         cfg_.lm_head = head;
       }
@@ -165,10 +165,10 @@ class HfTarget final : public Target {
     dtype_ = dtype_named(dtype_name_, device_);
     say_ = ctx.say;
     check_shapes();
-    embed_ = load(cfg_.prefix + "embed_tokens.weight");
+    embed_ = load(cfg_.prefix + embed_name());
     tied_ = cfg_.tie_embeddings == 1 || (cfg_.tie_embeddings == -1 && !checkpoint_->find(cfg_.lm_head));
     lm_head_ = tied_ ? embed_ : load(cfg_.lm_head);
-    final_norm_ = load_norm(cfg_.prefix + "norm.weight");
+    final_norm_ = load_norm(cfg_.prefix + final_norm_name());
     // (the rotated part of each head: all of it but for a partial_rotary_factor, GLM-4.5's and Phi-3's)
     const at::Tensor exponents = at::arange(0, cfg_.rotary_dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
     const at::Tensor pos_freqs = at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(cfg_.rotary_dim));
@@ -214,8 +214,8 @@ class HfTarget final : public Target {
     if (say_)
       say_("target: loaded " + std::to_string(layers_.size()) + " of " + std::to_string(cfg_.layers) +
            " decoder layers (the deepest the drafter reads is " + std::to_string(deepest) + ")");
-    int64_t calls = 0;  // an attention call per layer up to the deepest, but for Qwen3.5's Gated DeltaNet layers
-    for (int64_t l = 0; l <= deepest; ++l) calls += cfg_.linear_attention(l) ? 0 : 1;
+    int64_t calls = 0;  // an attention call per layer up to the deepest, but for the recurrent and MLP-only layers
+    for (int64_t l = 0; l <= deepest; ++l) calls += cfg_.linear_attention(l) || cfg_.mlp_block(l) ? 0 : 1;
     return calls;
   }
 
@@ -272,6 +272,11 @@ class HfTarget final : public Target {
       const auto [stream, h] =
           L.input_norm.defined() ? add_norm(x, pending, L.input_norm, into) : add_pending(x, pending, into);
       if (l > 0) record(l - 1, stream);
+      if (cfg_.mlp_block(l)) {  // (Nemotron-H: an MLP block alone, its output added to the stream)
+        pending = at::linear(mlp_act(L, h), L.down_proj);
+        x = stream;
+        continue;
+      }
       at::Tensor a;
       if (L.mixer) {
         a = L.mixer->mix(h, rows);
@@ -280,6 +285,11 @@ class HfTarget final : public Target {
         const QKV p = project(L, h, cos, sin, layer_query_scale(l, q_scale));
         set_layer_mask(attention, docs, l, current);
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
+      }
+      if (cfg_.single_blocks()) {  // (Nemotron-H: a mixer or attention block alone)
+        pending = at::linear(a, L.o_proj, L.o_bias);
+        x = stream;
+        continue;
       }
       at::Tensor x1, h2;
       // (Gemma 3, OLMo: the MLP's normed output pending; Cohere: its MLP's)
@@ -421,6 +431,11 @@ class HfTarget final : public Target {
     const auto sliding = cfg_.sliding_window > 0 ? verify_masks(batch, anchor, S, BS, cfg_.sliding_window) : full;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const DecoderLayer& L = layers_[l];
+      if (cfg_.mlp_block(static_cast<int64_t>(l))) {  // (Nemotron-H: an MLP block alone)
+        xc = finish_layer(L, xc, at::Tensor(), rms_norm(xc, L.input_norm));
+        xb = finish_layer(L, xb, at::Tensor(), rms_norm(xb, L.input_norm));
+        continue;
+      }
       if (L.mixer) {  // (a recurrent layer: each block from the state at its anchor)
         const at::Tensor hc = rms_norm(xc, L.input_norm), hb = rms_norm(xb, L.input_norm);
         const auto [oc, ob] = L.mixer->verify(hc, rows, anchors, hb, BS);
@@ -455,8 +470,12 @@ class HfTarget final : public Target {
         : t_(t), batch_(batch), capacity_(capacity), layers_(std::move(layers)), attention_(attention) {
       const auto opts = at::TensorOptions().dtype(t.dtype_).device(t.device_);
       for (size_t l = 0; l < t.layers_.size(); ++l) {
-        if (t.layers_[l].mixer) {  // (a recurrent layer: a state per row, not keys and values)
+        if (t.layers_[l].mixer || t.cfg_.mlp_block(static_cast<int64_t>(l))) {  // (a state per row, or nothing)
           k_.emplace_back(), v_.emplace_back();
+          if (!t.layers_[l].mixer) {
+            recurrent_.emplace_back();
+            continue;
+          }
           recurrent_.push_back(std::make_unique<hf::RecurrentCache>(*t.layers_[l].mixer, batch, t.dtype_, t.device_));
           continue;
         }
@@ -507,7 +526,9 @@ class HfTarget final : public Target {
       for (size_t l = 0; l < t_.layers_.size(); ++l) {
         const DecoderLayer& L = t_.layers_[l];
         const at::Tensor h = t_.rms_norm(x, L.input_norm);
-        if (recurrent_[l]) {
+        if (t_.cfg_.mlp_block(static_cast<int64_t>(l))) {  // (Nemotron-H: an MLP block alone)
+          x = t_.finish_layer(L, x, at::Tensor(), h);
+        } else if (recurrent_[l]) {
           x = t_.finish_layer(L, x, recurrent_[l]->forward(h, start, real), h);
         } else {
           const int64_t li = static_cast<int64_t>(l);
@@ -702,7 +723,7 @@ class HfTarget final : public Target {
   // mismatch or missing tensor is refused before anything is loaded.
   void check_shapes() const {
     const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D;
-    Shapes expected = {{cfg_.prefix + "embed_tokens.weight", {cfg_.vocab, H}}, {cfg_.prefix + "norm.weight", {H}}};
+    Shapes expected = {{cfg_.prefix + embed_name(), {cfg_.vocab, H}}, {cfg_.prefix + final_norm_name(), {H}}};
     if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find(cfg_.lm_head)))
       expected.push_back({cfg_.lm_head, {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
@@ -710,19 +731,23 @@ class HfTarget final : public Target {
       const NormNames n = norm_names();
       for (const std::string* name : {&n.input, &n.post, &n.pre_ff, &n.post_ff})
         if (!name->empty()) expected.push_back({p + *name + ".weight", {H}});
+      if (cfg_.mlp_block(l)) {  // (Nemotron-H: an MLP block alone)
+        add_mlp_shapes(l, p, expected);
+        continue;
+      }
       if (cfg_.linear_attention(l)) {
         if (cfg_.mamba2())
           add_mamba2_shapes(p, expected);
         else
           add_gated_delta_shapes(p, expected);
       } else {
-        expected.push_back({p + "self_attn.o_proj.weight", {H, cfg_.mla() ? cfg_.heads * cfg_.v_dim : q}});
+        expected.push_back({p + attn() + "o_proj.weight", {H, cfg_.mla() ? cfg_.heads * cfg_.v_dim : q}});
         if (cfg_.mla())
           add_latent_shapes(p, expected);
         else
           add_attention_shapes(p, expected);
       }
-      add_mlp_shapes(l, p, expected);
+      if (!cfg_.single_blocks()) add_mlp_shapes(l, p, expected);
     }
     for (const auto& [name, shape] : expected) {
       const safetensors::TensorInfo* info = checkpoint_->find(name);
@@ -744,32 +769,32 @@ class HfTarget final : public Target {
   void add_attention_shapes(const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D, kv = cfg_.kv_heads * D;
     if (packed()) {
-      expected.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, H}});
+      expected.push_back({p + attn() + "qkv_proj.weight", {q + 2 * kv, H}});
     } else {
-      expected.push_back({p + "self_attn.q_proj.weight", {cfg_.attn_gate ? 2 * q : q, H}});
-      expected.push_back({p + "self_attn.k_proj.weight", {kv, H}});
-      expected.push_back({p + "self_attn.v_proj.weight", {kv, H}});
+      expected.push_back({p + attn() + "q_proj.weight", {cfg_.attn_gate ? 2 * q : q, H}});
+      expected.push_back({p + attn() + "k_proj.weight", {kv, H}});
+      expected.push_back({p + attn() + "v_proj.weight", {kv, H}});
     }
-    if (cfg_.sinks) expected.push_back({p + "self_attn.sinks", {cfg_.heads}});
+    if (cfg_.sinks) expected.push_back({p + attn() + "sinks", {cfg_.heads}});
     if (cfg_.qkv_bias)
       for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
                {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
         expected.push_back({p + e.first, e.second});
-    if (cfg_.o_bias) expected.push_back({p + "self_attn.o_proj.bias", {H}});
+    if (cfg_.o_bias) expected.push_back({p + attn() + "o_proj.bias", {H}});
     if (cfg_.qk_norm || cfg_.qk_norm_full) {  // (MiniMax-M2: one norm over all heads)
-      expected.push_back({p + "self_attn.q_norm.weight", {cfg_.qk_norm_full ? q : D}});
-      expected.push_back({p + "self_attn.k_norm.weight", {cfg_.qk_norm_full ? kv : D}});
+      expected.push_back({p + attn() + "q_norm.weight", {cfg_.qk_norm_full ? q : D}});
+      expected.push_back({p + attn() + "k_norm.weight", {cfg_.qk_norm_full ? kv : D}});
     }
     if (cfg_.qk_norm_after_rope && cfg_.hunyuan()) {  // (Hunyuan; Llama 4's L2 norms have no weights)
-      expected.push_back({p + "self_attn.query_layernorm.weight", {D}});
-      expected.push_back({p + "self_attn.key_layernorm.weight", {D}});
+      expected.push_back({p + attn() + "query_layernorm.weight", {D}});
+      expected.push_back({p + attn() + "key_layernorm.weight", {D}});
     }
   }
 
   // DeepSeek-V3's latent attention's projections under prefix p (o_proj aside).
   void add_latent_shapes(const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden, heads = cfg_.heads, qk = cfg_.qk_nope + cfg_.qk_rope;
-    const std::string a = p + "self_attn.";
+    const std::string a = p + attn() + "";
     if (cfg_.q_lora > 0) {
       expected.push_back({a + "q_a_proj.weight", {cfg_.q_lora, H}});
       expected.push_back({a + "q_a_layernorm.weight", {cfg_.q_lora}});
@@ -807,7 +832,7 @@ class HfTarget final : public Target {
   void add_mamba2_shapes(const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden, heads = cfg_.mamba_heads, inner = heads * cfg_.mamba_head_dim;
     const int64_t conv_dim = inner + 2 * cfg_.mamba_groups * cfg_.mamba_state;
-    const std::string x = p + "mamba.";
+    const std::string x = p + mamba();
     expected.push_back({x + "in_proj.weight", {inner + conv_dim + heads, H}});
     expected.push_back({x + "conv1d.weight", {conv_dim, 1, cfg_.conv_kernel}});
     if (cfg_.mamba_conv_bias) expected.push_back({x + "conv1d.bias", {conv_dim}});
@@ -872,7 +897,7 @@ class HfTarget final : public Target {
       } else if (mlp_packed()) {
         expected.push_back({p + "mlp.gate_up_proj.weight", {2 * cfg_.intermediate, H}});
       } else if (cfg_.ungated_mlp()) {  // (Arcee, Apertus: up only; Apertus's xIELU's four numbers)
-        expected.push_back({p + "mlp.up_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + ff() + "up_proj.weight", {cfg_.intermediate, H}});
         if (cfg_.xielu_mlp)
           for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
                    {"alpha_p", {1}}, {"alpha_n", {1}}, {"beta", {}}, {"eps", {}}})
@@ -904,12 +929,15 @@ class HfTarget final : public Target {
     };
     L.input_norm = norm(n.input), L.post_norm = norm(n.post), L.pre_ff_norm = norm(n.pre_ff);
     L.post_ff_norm = norm(n.post_ff);
-    if (cfg_.linear_attention(l) && cfg_.mamba2())
-      load_mamba2(p, L);
-    else if (cfg_.linear_attention(l))
-      load_gated_delta(p, L);
-    else
-      load_attention(p, L);
+    if (!cfg_.mlp_block(l)) {  // (Nemotron-H's MLP blocks: the MLP alone, below)
+      if (cfg_.linear_attention(l) && cfg_.mamba2())
+        load_mamba2(p, L);
+      else if (cfg_.linear_attention(l))
+        load_gated_delta(p, L);
+      else
+        load_attention(p, L);
+      if (cfg_.single_blocks()) return L;  // (Nemotron-H: a mixer or attention block alone)
+    }
     if (cfg_.llama4() && cfg_.qk_norm_after_rope && !cfg_.no_rope(l))  // (its L2 norms: RMSNorms of weight 1)
       L.q_norm = L.k_norm = at::ones({cfg_.head_dim}, at::TensorOptions().dtype(dtype_).device(device_));
     if (cfg_.sparse(l) && gpt_oss()) {
@@ -977,7 +1005,7 @@ class HfTarget final : public Target {
     }
     L.gate_up = mlp_packed() ? load(p + "mlp.gate_up_proj.weight")
                 : cfg_.ungated_mlp()
-                    ? load(p + "mlp.up_proj.weight")  // (Arcee, Apertus: up only)
+                    ? load(p + ff() + "up_proj.weight")  // (Arcee, Apertus, Nemotron-H: up only)
                     : at::cat({load(p + ff() + "gate_proj.weight"), load(p + ff() + "up_proj.weight")});
     L.down_proj = load(p + ff() + "down_proj.weight");
     if (cfg_.xielu_mlp) {  // (transformers' XIELUActivation: its parameters through softplus once)
@@ -994,7 +1022,7 @@ class HfTarget final : public Target {
   void load_attention(const std::string& p, DecoderLayer& L) const {
     if (cfg_.mla()) return load_latent(p, L);
     at::Tensor q;
-    if (!packed()) q = load(p + "self_attn.q_proj.weight");
+    if (!packed()) q = load(p + attn() + "q_proj.weight");
     if (cfg_.attn_gate) {  // [heads x (query D | gate D), H]
       const at::Tensor halves = q.view({cfg_.heads, 2, cfg_.head_dim, cfg_.hidden});
       L.attn_gate = halves.select(1, 1).reshape({-1, cfg_.hidden}).contiguous();
@@ -1002,23 +1030,23 @@ class HfTarget final : public Target {
     }
     // (GLM-4: each head's rotated pairs stored interleaved, de-interleaved here; biases alike)
     const auto qk = [&](const at::Tensor& w, int64_t heads) { return pairs_apart(w, heads); };
-    L.qkv = packed() ? load(p + "self_attn.qkv_proj.weight")
-                     : at::cat({qk(q, cfg_.heads), qk(load(p + "self_attn.k_proj.weight"), cfg_.kv_heads),
-                                load(p + "self_attn.v_proj.weight")});
-    L.o_proj = load(p + "self_attn.o_proj.weight");
+    L.qkv = packed() ? load(p + attn() + "qkv_proj.weight")
+                     : at::cat({qk(q, cfg_.heads), qk(load(p + attn() + "k_proj.weight"), cfg_.kv_heads),
+                                load(p + attn() + "v_proj.weight")});
+    L.o_proj = load(p + attn() + "o_proj.weight");
     if (cfg_.qkv_bias)
-      L.qkv_bias = at::cat({qk(load(p + "self_attn.q_proj.bias"), cfg_.heads),
-                            qk(load(p + "self_attn.k_proj.bias"), cfg_.kv_heads), load(p + "self_attn.v_proj.bias")});
-    if (cfg_.o_bias) L.o_bias = load(p + "self_attn.o_proj.bias");
+      L.qkv_bias = at::cat({qk(load(p + attn() + "q_proj.bias"), cfg_.heads),
+                            qk(load(p + attn() + "k_proj.bias"), cfg_.kv_heads), load(p + attn() + "v_proj.bias")});
+    if (cfg_.o_bias) L.o_bias = load(p + attn() + "o_proj.bias");
     if (cfg_.qk_norm || cfg_.qk_norm_full) {
-      L.q_norm = load_norm(p + "self_attn.q_norm.weight");
-      L.k_norm = load_norm(p + "self_attn.k_norm.weight");
+      L.q_norm = load_norm(p + attn() + "q_norm.weight");
+      L.k_norm = load_norm(p + attn() + "k_norm.weight");
     }
     if (cfg_.qk_norm_after_rope && cfg_.hunyuan()) {
-      L.q_norm = load_norm(p + "self_attn.query_layernorm.weight");
-      L.k_norm = load_norm(p + "self_attn.key_layernorm.weight");
+      L.q_norm = load_norm(p + attn() + "query_layernorm.weight");
+      L.k_norm = load_norm(p + attn() + "key_layernorm.weight");
     }
-    if (cfg_.sinks) L.sinks = checkpoint_->load(p + "self_attn.sinks", device_, at::kFloat);
+    if (cfg_.sinks) L.sinks = checkpoint_->load(p + attn() + "sinks", device_, at::kFloat);
   }
 
   // GLM-4's q or k rows (or bias) w [heads D, ...] with each head's first rotary_dim rows' pairs (x0, x1), (x2, x3),
@@ -1040,7 +1068,7 @@ class HfTarget final : public Target {
   // reordered evens first, then odds, which rotate-half RoPE turns into the values transformers' interleaved rotation
   // gives (apply_rotary_pos_emb_interleave: [x_even cos - x_odd sin, x_odd cos + x_even sin]).
   void load_latent(const std::string& p, DecoderLayer& L) const {
-    const std::string a = p + "self_attn.";
+    const std::string a = p + attn() + "";
     const int64_t nope = cfg_.qk_nope, rope = cfg_.qk_rope;
     const auto deinterleave = [&](const at::Tensor& w, int64_t blocks, int64_t width) {
       if (!cfg_.rope_interleave) return w;
@@ -1102,7 +1130,7 @@ class HfTarget final : public Target {
   // -exp(A_log) in float32 (transformers' -exp(A_log.float())), dt_bias, D, the gated norm's weight; out_proj (and its
   // bias) as the layer's o_proj.
   void load_mamba2(const std::string& p, DecoderLayer& L) const {
-    const std::string x = p + "mamba.";
+    const std::string x = p + mamba();
     const auto mixer = std::make_shared<hf::Mamba2>();
     hf::Mamba2& m = *mixer;
     m.in_proj = load(x + "in_proj.weight");
@@ -1282,6 +1310,8 @@ class HfTarget final : public Target {
   // layer's normed input): output projection, residual, MLP, residual. (cuBLAS's gate / up product and the separate
   // SwiGLU pass: this cached path's values stay as they were; the training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h) const {
+    if (cfg_.single_blocks())  // (Nemotron-H: the block's output alone; an MLP block's from h, a left undefined)
+      return x + (a.defined() ? at::linear(a, L.o_proj, L.o_bias) : at::linear(mlp_act(L, h), L.down_proj));
     if (cfg_.parallel) {  // (Cohere: x + attention + MLP of h)
       const auto [x1, m] = parallel_rest(L, x, a, h);
       return x1 + m;
@@ -1477,6 +1507,7 @@ class HfTarget final : public Target {
   NormNames norm_names() const {
     if (cfg_.glm4())
       return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"};
+    if (cfg_.nemotron_h()) return {"norm", "", "", ""};         // (one norm a block)
     if (cfg_.parallel) return {"input_layernorm", "", "", ""};  // (Cohere: one norm a layer)
     if (cfg_.apertus()) return {"attention_layernorm", "feedforward_layernorm", "", ""};
     if (cfg_.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};  // (OLMo)
@@ -1538,7 +1569,13 @@ class HfTarget final : public Target {
   // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
   bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe() || cfg_.llama4(); }
   // Where a layer's MLP sits under model.layers.N. (Llama 4: feed_forward.)
-  std::string ff() const { return cfg_.llama4() ? "feed_forward." : "mlp."; }
+  std::string ff() const { return cfg_.llama4() ? "feed_forward." : cfg_.nemotron_h() ? "mixer." : "mlp."; }
+  // Where an attention layer's projections, a Mamba-2 layer's tensors, the embedding and the final norm sit
+  // (Nemotron-H's: every block's under mixer., backbone.embeddings, backbone.norm_f).
+  std::string attn() const { return cfg_.nemotron_h() ? "mixer." : "self_attn."; }
+  std::string mamba() const { return cfg_.nemotron_h() ? "mixer." : "mamba."; }
+  std::string embed_name() const { return cfg_.nemotron_h() ? "embeddings.weight" : "embed_tokens.weight"; }
+  std::string final_norm_name() const { return cfg_.nemotron_h() ? "norm_f.weight" : "norm.weight"; }
 
   // The config.json keys that size a mixture of experts' tensors, as ", key value ..." for a message.
   std::string experts_sizes() const {

@@ -66,7 +66,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Llama4ForCausalLM",
                                                           "Llama4ForConditionalGeneration",
                                                           "GraniteMoeHybridForCausalLM",
-                                                          "ApertusForCausalLM"};
+                                                          "ApertusForCausalLM",
+                                                          "NemotronHForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
@@ -875,23 +876,91 @@ void read_minimax_m2_norms(const Reader& r, ModelConfig& c) {
   c.qk_norm_full = true;
 }
 
+// Nemotron-H's blocks as listed: layers_block_type ("mamba" / "linear_attention", "attention" / "full_attention",
+// "mlp", "moe"), else hybrid_override_pattern (M, *, -, E) as published: one letter or name a block.
+std::vector<char> nemotron_h_blocks(const Reader& r) {
+  std::vector<char> out;
+  const std::string accepted =
+      " (accepted: layers_block_type of \"mamba\" or \"linear_attention\", \"attention\" or \"full_attention\", "
+      "\"mlp\"; or hybrid_override_pattern of M, *, -)";
+  if (r.has("layers_block_type")) {
+    const json& v = r.j.at("layers_block_type");
+    if (!v.is_array() || v.empty()) r.fail("layers_block_type", "value " + v.dump().substr(0, 120) + " is not a list");
+    for (const json& t : v) {
+      const std::string s = t.is_string() ? t.get<std::string>() : "";
+      const char k = s == "mamba" || s == "linear_attention"     ? 'M'
+                     : s == "attention" || s == "full_attention" ? '*'
+                     : s == "mlp"                                ? '-'
+                     : s == "moe"                                ? 'E'
+                                                                 : '?';
+      if (k == '?') r.fail("layers_block_type", "holds " + t.dump() + accepted);
+      out.push_back(k);
+    }
+  } else if (r.has("hybrid_override_pattern") && r.j.at("hybrid_override_pattern").is_string()) {
+    const std::string s = r.j.at("hybrid_override_pattern").get<std::string>();
+    if (s.empty() || s.find_first_not_of("M*-E") != std::string::npos)
+      r.fail("hybrid_override_pattern", "value \"" + s + "\" is not a string of M, *, - and E" + accepted);
+    out.assign(s.begin(), s.end());
+  } else {
+    r.fail("layers_block_type", "missing, and no hybrid_override_pattern (one of them lists the blocks)" + accepted);
+  }
+  if (std::find(out.begin(), out.end(), 'E') != out.end())
+    r.fail(r.has("layers_block_type") ? "layers_block_type" : "hybrid_override_pattern",
+           "holds a mixture-of-experts block (\"moe\" / E: Nemotron 3's), which is not supported" + accepted);
+  return out;
+}
+
+int64_t nemotron_h_layers(const Reader& r) { return static_cast<int64_t>(nemotron_h_blocks(r).size()); }
+
+// Nemotron-H's blocks, its Mamba-2 sizes (NemotronHConfig's keys and defaults, with the published aliases
+// mamba_n_groups / mamba_d_conv / mamba_dt_min), its ReLU² MLP and its float32 norm weights; every layer without RoPE.
+void read_nemotron_h(const Reader& r, ModelConfig& c) {
+  const std::vector<char> blocks = nemotron_h_blocks(r);
+  c.linear.assign(blocks.size(), 0);
+  c.mlp_blocks.assign(blocks.size(), 0);
+  for (size_t l = 0; l < blocks.size(); ++l) c.linear[l] = blocks[l] == 'M', c.mlp_blocks[l] = blocks[l] == '-';
+  c.nope.assign(blocks.size(), 1);
+  c.relu2_mlp = c.norm_weight_fp32 = true;
+  const auto alias = [&](const char* key, const char* old, int64_t min_value, int64_t fallback) {
+    return r.has(key) ? r.integer(key, min_value) : r.integer(old, min_value, fallback);
+  };
+  c.mamba_heads = r.integer("mamba_num_heads", 1, 128);
+  c.mamba_head_dim = r.integer("mamba_head_dim", 1, 64);
+  c.mamba_state = r.integer("ssm_state_size", 1, 128);
+  c.mamba_groups = alias("n_groups", "mamba_n_groups", 1, 8);
+  c.conv_kernel = alias("conv_kernel", "mamba_d_conv", 2, 4);
+  c.mamba_chunk = r.integer("chunk_size", 1, 128);
+  c.mamba_conv_bias = r.boolean("use_conv_bias", true);
+  c.mamba_proj_bias = r.boolean("use_bias", false);
+  c.dt_min = r.real(r.j, "time_step_min", r.real(r.j, "mamba_dt_min", 0.001));
+  if (c.mamba_heads % c.mamba_groups != 0)
+    r.fail(r.has("n_groups") ? "n_groups" : "mamba_n_groups",
+           std::to_string(c.mamba_groups) + " does not divide mamba_num_heads " + std::to_string(c.mamba_heads) +
+               " (accepted: a divisor of it)");
+  for (const char* key : {"mlp_hidden_act", "mamba_hidden_act"}) {
+    const char* want = key[1] == 'l' ? "relu2" : "silu";
+    if (r.has(key) && r.j.at(key) != want)
+      r.fail(key, "value " + r.j.at(key).dump() + " is not supported (accepted: \"" + want + "\", as published)");
+  }
+}
+
 // The decoder's sizes: vocabulary, hidden, layers, heads, head_dim, MLP width, the norms' epsilon.
 void read_sizes(const Reader& r, ModelConfig& c) {
   c.vocab = r.integer("vocab_size", 1);
   c.hidden = r.integer("hidden_size", 1);
-  c.layers = r.integer("num_hidden_layers", 1);
+  c.layers = c.nemotron_h() ? nemotron_h_layers(r) : r.integer("num_hidden_layers", 1);
   c.heads = r.integer("num_attention_heads", 1);
-  c.kv_heads = r.integer("num_key_value_heads", 1, c.heads);
+  c.kv_heads = r.integer("num_key_value_heads", 1, c.nemotron_h() ? 8 : c.heads);  // (NemotronHConfig's default 8)
   c.intermediate = r.integer("intermediate_size", 1);
   if (c.heads % c.kv_heads != 0)
     r.fail("num_key_value_heads",
            std::to_string(c.kv_heads) + " does not divide num_attention_heads = " + std::to_string(c.heads));
-  c.head_dim = r.integer("head_dim", 1, c.hidden % c.heads == 0 ? c.hidden / c.heads : 0);
+  c.head_dim = r.integer("head_dim", 1, c.nemotron_h() ? 128 : c.hidden % c.heads == 0 ? c.hidden / c.heads : 0);
   if (c.head_dim == 0)
     r.fail("head_dim", "missing, and hidden_size " + std::to_string(c.hidden) + " is not a multiple of " +
                            "num_attention_heads " + std::to_string(c.heads));
   if (c.head_dim % 2 != 0) r.fail("head_dim", std::to_string(c.head_dim) + " is odd (RoPE rotates pairs)");
-  c.rms_eps = r.real(r.j, "rms_norm_eps", 1e-6);
+  c.rms_eps = c.nemotron_h() ? r.real(r.j, "layer_norm_epsilon", 1e-5) : r.real(r.j, "rms_norm_eps", 1e-6);
 }
 
 // A multimodal checkpoint's language model: its keys in text_config, its tensors under model.language_model.
@@ -993,7 +1062,7 @@ ModelConfig read_config(const std::string& folder) {
   const bool phi3 = c.architecture == "Phi3ForCausalLM";         // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";    // biases on q, k, v, o unless attention_bias false
   c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() && !c.exaone4() &&
-             !c.ernie4_5() && r.boolean("attention_bias", gpt_oss);
+             !c.ernie4_5() && !c.nemotron_h() && r.boolean("attention_bias", gpt_oss);
   if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   read_family_layout(r, c);
@@ -1003,6 +1072,8 @@ ModelConfig read_config(const std::string& folder) {
   // activation would be run as the wrong one
   if (c.gemma3()) {
     read_gemma3(r, c);
+  } else if (c.nemotron_h()) {
+    read_nemotron_h(r, c);
   } else if (c.arcee() || c.apertus()) {  // (ArceeConfig's default: "relu2"; ApertusConfig's: "xielu")
     const char* act = c.arcee() ? "relu2" : "xielu";
     (c.arcee() ? c.relu2_mlp : c.xielu_mlp) = true;

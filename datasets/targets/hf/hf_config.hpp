@@ -288,7 +288,20 @@ struct ModelConfig {
   // mamba_proj_bias, dt clamped to time_step_limit; its rule run in chunks of mamba_chunk_size positions, as
   // transformers' (equal in float32 to any other chunking; the chunk the served cache keeps a row).
   bool granite_hybrid() const { return architecture == "GraniteMoeHybridForCausalLM"; }
-  bool mamba2() const { return granite_hybrid() && !linear.empty(); }
+  bool mamba2() const { return (granite_hybrid() || nemotron_h()) && !linear.empty(); }
+  // Nemotron-H (NemotronHForCausalLM: Nemotron-H-8B / 47B / 56B, NVIDIA-Nemotron-Nano-9B-v2 / 12B-v2): every layer one
+  // block, x + mixer(norm(x)), its mixer a Mamba-2 layer ("M" in hybrid_override_pattern, "mamba" /
+  // "linear_attention" in layers_block_type: the `linear` flags), attention without RoPE ("*"), or an ungated ReLU²
+  // MLP ("-": mlp_blocks); tensors under backbone. (embeddings, norm_f; each layer's norm and mixer.); its RMSNorms'
+  // weights applied in float32; its Mamba-2 sizes mamba_num_heads x mamba_head_dim, ssm_state_size, n_groups,
+  // conv_kernel, chunk_size, use_conv_bias, in / out biases where use_bias, dt clamped below at time_step_min (what
+  // transformers' NemotronHMamba2Mixer runs, whatever time_step_limit says). Its mixture-of-experts blocks ("E",
+  // Nemotron 3) are refused.
+  bool nemotron_h() const { return architecture == "NemotronHForCausalLM"; }
+  std::vector<uint8_t> mlp_blocks;
+  bool mlp_block(int64_t layer) const { return !mlp_blocks.empty() && mlp_blocks[static_cast<size_t>(layer)]; }
+  // A layer that is one block, attention or a mixer or an MLP, added to the stream alone (Nemotron-H's).
+  bool single_blocks() const { return nemotron_h(); }
   int64_t mamba_heads = 0, mamba_head_dim = 0, mamba_groups = 0, mamba_state = 0, mamba_chunk = 0;
   bool mamba_conv_bias = true, mamba_proj_bias = false;
   double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();  // time_step_limit

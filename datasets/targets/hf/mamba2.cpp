@@ -39,7 +39,7 @@ RuleRun Mamba2::rule(const at::Tensor& u, const Projected& p, const at::Tensor& 
   const at::Tensor last = cum.narrow(-1, C - 1, 1);                     // [B, H, n, 1]
   // each chunk's own addition to the state at its end, and the decay over it
   const at::Tensor added = at::matmul((k * (last - cum).exp().unsqueeze(-1)).transpose(-1, -2), xdt);  // [.., N, P]
-  const at::Tensor chunk_decay = last.exp().unsqueeze(-1);                                           // [.., 1, 1]
+  const at::Tensor chunk_decay = last.exp().unsqueeze(-1);                                             // [.., 1, 1]
   // The scan over chunks (sequential; chunk-major copies keep every step's operands contiguous): each chunk's start
   // state into S_n.
   const auto chunk_major = [&](const at::Tensor& t) {

@@ -76,8 +76,7 @@ at::Tensor Recurrent::mix(const at::Tensor& h, const std::vector<std::vector<int
 
 std::pair<at::Tensor, at::Tensor> Recurrent::verify(const at::Tensor& hc,
                                                     const std::vector<std::vector<int64_t>>& documents,
-                                                    const at::Tensor& anchors, const at::Tensor& hb,
-                                                    int64_t BS) const {
+                                                    const at::Tensor& anchors, const at::Tensor& hb, int64_t BS) const {
   const int64_t B = hc.size(0), S = hc.size(1), N = anchors.size(1), taps = conv.size(1);
   const Projected pc = project(hc), pb = project(hb);
   const int64_t Cc = pc.x.size(2);
@@ -157,13 +156,12 @@ void RecurrentCache::commit(const std::vector<int64_t>& start) {
     }
     const int64_t o = start[i] - base_[i];
     if (base_[i] < 0 || o < chunk_start_[i] || o > real_[i])
-      throw std::logic_error(std::string("hf target decoder (") + w_.name() + "): row " + std::to_string(b) +
-                             " starts at position " + std::to_string(start[i]) +
-                             ", but its state can be rolled to positions " +
-                             (base_[i] < 0
-                                  ? std::string("0 only (nothing has run for it)")
-                                  : std::to_string(base_[i] + chunk_start_[i]) + ".." +
-                                        std::to_string(base_[i] + real_[i]) + " (its last call's real tokens) or 0"));
+      throw std::logic_error(
+          std::string("hf target decoder (") + w_.name() + "): row " + std::to_string(b) + " starts at position " +
+          std::to_string(start[i]) + ", but its state can be rolled to positions " +
+          (base_[i] < 0 ? std::string("0 only (nothing has run for it)")
+                        : std::to_string(base_[i] + chunk_start_[i]) + ".." + std::to_string(base_[i] + real_[i]) +
+                              " (its last call's real tokens) or 0"));
     offset[i] = o - chunk_start_[i];
     any_run = true;
   }
@@ -197,8 +195,8 @@ at::Tensor RecurrentCache::forward(const at::Tensor& h, const std::vector<int64_
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = real[static_cast<size_t>(b)];
     if (n < 0 || n > T)
-      throw std::invalid_argument(who + "row " + std::to_string(b) + " has " + std::to_string(n) +
-                                  " real tokens of " + std::to_string(T));
+      throw std::invalid_argument(who + "row " + std::to_string(b) + " has " + std::to_string(n) + " real tokens of " +
+                                  std::to_string(T));
     chunk[static_cast<size_t>(b)] = n > 0 ? (n - 1) / C : 0;
   }
   const at::Tensor capture = at::tensor(chunk, at::TensorOptions().dtype(at::kLong)).to(h.device());
