@@ -18,7 +18,9 @@
 # MiniMax-M2's (bench/minimax_m2_hf_target.toml: 3 of its 62 layers, ~24 GiB; layers 1 and 2 read, 3 run), or with
 # MOE=granite-4.0-h-small at Granite-4.0-H-Small's (hybrid: bench/granite_4_0_h_small_hf_target.toml, 6 of its 40
 # layers, ~9 GiB: Mamba-2 layers 0-4, attention layer 5; layers 1 and 5 read, 6 run; transformers' Mamba-2 is its torch
-# path there, mamba_ssm and causal_conv1d not being installed).
+# path there, mamba_ssm and causal_conv1d not being installed), or with MOE=nemotron-3-nano at
+# NVIDIA-Nemotron-3-Nano-30B-A3B's (bench/nemotron_3_nano_hf_target.toml, 6 of its 52 blocks, ~6.4 GiB: M E M E M *;
+# blocks 1 and 5 read, 6 run).
 #   device run: command `bash bench/moe_target_device.sh` (or `MOE=mixtral-8x7b bash ...`), carry
 #   [".deps", "build-device"] after
 #   `scripts/stage-device-build flashdraft_cli flashdraft_all_plugins target_states test_cuda_ops` here,
@@ -58,8 +60,9 @@ case $MOE in
   minimax-m2) CKPT_LAYERS=3 LAYERS=1,2 RUN=3 VOCAB=200064 FAMILY=minimax_m2 TOML=bench/minimax_m2_hf_target.toml ;;
   granite-4.0-h-small) CKPT_LAYERS=6 LAYERS=1,5 RUN=6 VOCAB=100352 FAMILY=granite4_h \
                        TOML=bench/granite_4_0_h_small_hf_target.toml ;;
+  nemotron-3-nano) CKPT_LAYERS=6 LAYERS=1,5 RUN=6 VOCAB=131072 FAMILY=nemotron_h TOML=bench/nemotron_3_nano_hf_target.toml ;;
   *) echo "MOE=$MOE: accepted qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, gpt-oss-20b, qwen3.5-27b," \
-       "gemma-3-27b, minimax-m2 or granite-4.0-h-small" >&2
+       "gemma-3-27b, minimax-m2, granite-4.0-h-small or nemotron-3-nano" >&2
      exit 2 ;;
 esac
 PEER_ATTN=${PEER_ATTN:-sdpa}  # transformers' attention for the reference states and the peer's timing

@@ -281,6 +281,16 @@ FAMILIES = [
      dict(tie_word_embeddings=False, hybrid_override_pattern="M-*-", head_dim=16, mamba_num_heads=8,
           mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16, conv_kernel=4, layer_norm_epsilon=1e-5,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Nemotron 3's kind (NemotronHForCausalLM with experts blocks: NVIDIA-Nemotron-3-Nano-30B-A3B): a Mamba-2 block, an
+    # experts block, attention, an experts block; 8 ungated ReLU² experts of 32 (2 a token) chosen by the sigmoid router
+    # with correction biases among the best 2 of 4 groups, their weights renormalised and times 2.5, beside a shared
+    # ReLU² MLP of 48.
+    ("nemotron_h_moe", "NemotronHConfig", "NemotronHForCausalLM",
+     dict(tie_word_embeddings=False, hybrid_override_pattern="ME*E", head_dim=16, mamba_num_heads=8,
+          mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16, conv_kernel=4, layer_norm_epsilon=1e-5,
+          n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+          n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
     # Apertus's kind (ApertusForCausalLM: Apertus-8B / 70B): per-head q / k norms, its norms' own names, an ungated MLP
     # through xIELU with learned alpha_p / alpha_n (drawn away from their initial values here), llama3 RoPE.
     ("apertus", "ApertusConfig", "ApertusForCausalLM",
@@ -320,7 +330,7 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.uniform_(0.5, 2.5)
             elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight",
                              "block_sparse_moe.router.weight", "mlp.gate.wg.weight",
-                             "feed_forward.router.weight")):  # a router whose choices and
+                             "feed_forward.router.weight", "mixer.gate.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)

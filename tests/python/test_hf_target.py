@@ -200,6 +200,7 @@ MOE_FAMILIES = {
     "llama4": ("Llama4ForCausalLM", dict(num_experts_per_tok=1)),
     "granite4_moe": ("GraniteMoeHybridForCausalLM", dict(num_experts_per_tok=1)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
+    "nemotron_h_moe": ("NemotronHForCausalLM", dict(topk_group=4)),
 }
 
 
@@ -226,7 +227,8 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     if hasattr(layer, "feed_forward"):  # (Llama 4's router returns its scores and logits: the top 2 logits chosen)
         hook = layer.feed_forward.router.register_forward_hook(lambda m, i, out: chosen.append(out[1].topk(2).indices))
     else:
-        router = layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe") else layer.mlp.gate  # (Granite's)
+        router = (layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe")  # (Granite's)
+                  else layer.mixer.gate if hasattr(layer, "mixer") else layer.mlp.gate)  # (Nemotron-H's)
         hook = router.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True)
@@ -1010,15 +1012,42 @@ def test_nemotron_h_reads_its_blocks_and_time_step_min(tmp_path):
         assert err <= BOUND and torch.equal(ours["hidden"], base["hidden"])
 
 
+def test_nemotron_h_experts_as_published_and_their_scale(tmp_path):
+    """Nemotron 3's experts blocks (the family and routing tests give their states equal to transformers'): the experts
+    saved one at a time (mixer.experts.E.up_proj.weight, as the published checkpoints hold them) give the states the
+    stacked ones give; routed_scaling_factor 1 in place of 2.5 moves the states, ours following transformers; a latent
+    projection (moe_latent_size) is refused."""
+    changed_configs_follow_transformers("nemotron_h_moe", 43, 8, [
+        ("routed_scaling_factor 1", lambda made: {**made, "routed_scaling_factor": 1.0})], tmp_path / "moves")
+    folder = tmp_path / "nemotron_h_moe"
+    make_model(folder, "nemotron_h_moe", seed=43)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(8))
+    p, stacked = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    weights = load_file(str(folder / "model.safetensors"))
+    for name in [k for k in weights if k.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj"))]:
+        for e, t in enumerate(weights.pop(name)):
+            weights[f"{name.rsplit('.', 1)[0]}.{e}.{name.rsplit('.', 1)[1]}.weight"] = t.clone()
+    assert "backbone.layers.1.mixer.experts.7.up_proj.weight" in weights
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    p, each = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    print(f"nemotron_h_moe with its experts one at a time: equal to the stacked ones: "
+          f"{torch.equal(each['hidden'], stacked['hidden'])}")
+    assert torch.equal(each["hidden"], stacked["hidden"])
+    edit_config(folder, moe_latent_size=32)
+    p, _ = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode != 0 and "moe_latent_size:" in p.stderr and "accepted" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("change,key", [
-    (dict(hybrid_override_pattern="M-E-"), "hybrid_override_pattern"),
     (dict(hybrid_override_pattern="M-X-"), "hybrid_override_pattern"),
-    (dict(layers_block_type=["mamba", "mlp", "moe", "mlp"]), "layers_block_type"),
+    (dict(layers_block_type=["mamba", "mlp", "cross_attention", "mlp"]), "layers_block_type"),
     (dict(mlp_hidden_act="gelu"), "mlp_hidden_act"),
-    (dict(n_groups=3), "n_groups")], ids=["experts", "letter", "moe_block", "activation", "groups"])
+    (dict(n_groups=3), "n_groups")], ids=["letter", "block_name", "activation", "groups"])
 def test_nemotron_h_bad_keys_are_refused(change, key, tmp_path):
-    """A Nemotron-H config.json ours would not run as transformers does (its mixture-of-experts blocks among them):
-    refused with a sentence naming the key, its value and what is accepted."""
+    """A Nemotron-H config.json ours would not run as transformers does: refused with a sentence naming the key, its
+    value and what is accepted."""
     folder = tmp_path / "nemotron_h"
     make_model(folder, "nemotron_h", seed=5)
     cfg = without(json.loads((folder / "config.json").read_text()), "layers_block_type", "hybrid_override_pattern")

@@ -115,10 +115,13 @@ INIT_GRANITE = 0.07
 EOS_GRANITE = 1.2
 INIT_NEMOTRON = 0.07
 EOS_NEMOTRON = 1.2
+INIT_NEMOTRON_MOE = 0.07
+EOS_NEMOTRON_MOE = 1.2
 
 
 @pytest.mark.parametrize("family,init,eos_scale", [("qwen3_5", 0.07, 1.0), ("granite4_h", INIT_GRANITE, EOS_GRANITE),
-                                                   ("nemotron_h", INIT_NEMOTRON, EOS_NEMOTRON)])
+                                                   ("nemotron_h", INIT_NEMOTRON, EOS_NEMOTRON),
+                                                   ("nemotron_h_moe", INIT_NEMOTRON_MOE, EOS_NEMOTRON_MOE)])
 def test_greedy_equals_the_reference_loop_with_a_hybrid_target(family, init, eos_scale, tmp_path_factory):
     data = make_target_data(tmp_path_factory.mktemp(f"served_{family}_target"), family, init, 144, eos_scale=eos_scale)
     trained = train("bidirectional", data, tmp_path_factory.mktemp(f"served_{family}"))

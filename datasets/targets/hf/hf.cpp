@@ -272,8 +272,8 @@ class HfTarget final : public Target {
       const auto [stream, h] =
           L.input_norm.defined() ? add_norm(x, pending, L.input_norm, into) : add_pending(x, pending, into);
       if (l > 0) record(l - 1, stream);
-      if (cfg_.mlp_block(l)) {  // (Nemotron-H: an MLP block alone, its output added to the stream)
-        pending = at::linear(mlp_act(L, h), L.down_proj);
+      if (cfg_.mlp_block(l)) {  // (Nemotron-H: an MLP or experts block alone, its output added to the stream)
+        pending = L.sparse() ? experts(L, h) : at::linear(mlp_act(L, h), L.down_proj);
         x = stream;
         continue;
       }
@@ -850,6 +850,8 @@ class HfTarget final : public Target {
     const int64_t H = cfg_.hidden;
     if (cfg_.sparse(l) && gpt_oss()) {
       add_gpt_oss_expert_shapes(p, expected);
+    } else if (cfg_.sparse(l) && cfg_.nemotron_h()) {
+      add_nemotron_expert_shapes(p, expected);
     } else if (cfg_.sparse(l)) {
       const int64_t I = cfg_.moe_intermediate;
       const ExpertKeys n = expert_keys();
@@ -910,6 +912,44 @@ class HfTarget final : public Target {
     }
   }
 
+  // Nemotron 3's experts block under prefix p (mixer.): its router and correction biases, its experts' up / down
+  // (stacked, as transformers saves them, or one expert at a time, as published), its shared MLP's up / down.
+  bool nemotron_stacked(const std::string& p) const {
+    return checkpoint_->find(p + "mixer.experts.up_proj") != nullptr;
+  }
+  void add_nemotron_expert_shapes(const std::string& p, Shapes& expected) const {
+    const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden, Is = cfg_.shared_intermediate;
+    const std::string x = p + "mixer.";
+    expected.push_back({x + "gate.weight", {E, H}});
+    expected.push_back({x + "gate.e_score_correction_bias", {E}});
+    if (nemotron_stacked(p)) {
+      expected.push_back({x + "experts.up_proj", {E, I, H}});
+      expected.push_back({x + "experts.down_proj", {E, H, I}});
+    }
+    for (int64_t e = 0; e < (nemotron_stacked(p) ? 0 : E); ++e) {
+      expected.push_back({x + "experts." + std::to_string(e) + ".up_proj.weight", {I, H}});
+      expected.push_back({x + "experts." + std::to_string(e) + ".down_proj.weight", {H, I}});
+    }
+    expected.push_back({x + "shared_experts.up_proj.weight", {Is, H}});
+    expected.push_back({x + "shared_experts.down_proj.weight", {H, Is}});
+  }
+  void load_nemotron_experts(const std::string& p, DecoderLayer& L) const {
+    const std::string x = p + "mixer.";
+    L.router = load(x + "gate.weight").to(at::kFloat);
+    L.router_bias = checkpoint_->load(x + "gate.e_score_correction_bias", device_, at::kFloat).reshape({-1});
+    const auto each = [&](const char* name) {
+      std::vector<at::Tensor> parts;
+      for (int64_t e = 0; e < cfg_.experts; ++e)
+        parts.push_back(load(x + "experts." + std::to_string(e) + "." + name + ".weight"));
+      return at::stack(parts);
+    };
+    const bool stacked = nemotron_stacked(p);
+    L.experts_gate_up = stacked ? load(x + "experts.up_proj") : each("up_proj");  // (up only: ungated)
+    L.experts_down = stacked ? load(x + "experts.down_proj") : each("down_proj");
+    L.shared_gate_up = load(x + "shared_experts.up_proj.weight");
+    L.shared_down = load(x + "shared_experts.down_proj.weight");
+  }
+
   // Layer l's tensors; Granite's residual_multiplier folded into the products whose outputs join the residual stream
   // (rounded once to the model's dtype: o_proj and its bias, down_proj, the experts' and the shared expert's down).
   DecoderLayer load_layer(int64_t l) const {
@@ -952,6 +992,10 @@ class HfTarget final : public Target {
       L.experts_gate_up_bias =
           load(p + "mlp.experts.gate_up_proj_bias").view({E, I, 2}).transpose(1, 2).reshape({E, 2 * I}).contiguous();
       L.experts_down_bias = load(p + "mlp.experts.down_proj_bias");
+      return L;
+    }
+    if (cfg_.sparse(l) && cfg_.nemotron_h()) {
+      load_nemotron_experts(p, L);
       return L;
     }
     if (cfg_.sparse(l)) {
@@ -1311,7 +1355,9 @@ class HfTarget final : public Target {
   // SwiGLU pass: this cached path's values stay as they were; the training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h) const {
     if (cfg_.single_blocks())  // (Nemotron-H: the block's output alone; an MLP block's from h, a left undefined)
-      return x + (a.defined() ? at::linear(a, L.o_proj, L.o_bias) : at::linear(mlp_act(L, h), L.down_proj));
+      return x + (a.defined()  ? at::linear(a, L.o_proj, L.o_bias)
+                  : L.sparse() ? experts(L, h)
+                               : at::linear(mlp_act(L, h), L.down_proj));
     if (cfg_.parallel) {  // (Cohere: x + attention + MLP of h)
       const auto [x1, m] = parallel_rest(L, x, a, h);
       return x1 + m;
@@ -1337,6 +1383,9 @@ class HfTarget final : public Target {
       return at::where(u > 0, L.xielu_p * u * u + linear,
                        (at::expm1(at::minimum(u, L.xielu_eps)) - u) * L.xielu_n + linear);
     }
+    return relu2(u);
+  }
+  static at::Tensor relu2(const at::Tensor& u) {
     const at::Tensor r = at::relu(u);
     return r * r;
   }
@@ -1441,6 +1490,9 @@ class HfTarget final : public Target {
       const at::Tensor gate_up = at::cat({dequantize_fp8(L.fp8_gate), dequantize_fp8(L.fp8_up)}, 1);
       act = frozen::swiglu_packed(frozen::grouped_linear(rows, gate_up, ends), fused_);
       out = frozen::grouped_linear(act, dequantize_fp8(L.fp8_down), ends);
+    } else if (cfg_.relu2_mlp) {  // (Nemotron 3: ungated ReLU² experts, up only)
+      act = relu2(frozen::grouped_linear(rows, L.experts_gate_up, ends));
+      out = frozen::grouped_linear(act, L.experts_down, ends);
     } else {
       act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
       out = frozen::grouped_linear(act, L.experts_down, ends);
@@ -1451,7 +1503,9 @@ class HfTarget final : public Target {
                                                            : top.to(h.scalar_type());
     const at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
     if (!L.shared_gate_up.defined()) return routed;
-    const at::Tensor shared = at::linear(frozen::linear_swiglu(h, L.shared_gate_up, fused_), L.shared_down);
+    const at::Tensor shared = at::linear(
+        cfg_.relu2_mlp ? relu2(at::linear(h, L.shared_gate_up)) : frozen::linear_swiglu(h, L.shared_gate_up, fused_),
+        L.shared_down);
     if (!L.shared_gate.defined()) return routed + shared;
     return routed + at::sigmoid(at::linear(h, L.shared_gate)) * shared;
   }

@@ -70,6 +70,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "NemotronHForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
+  if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
   return experts > 0 && layer >= first_dense && (layer + 1) % sparse_step == 0 &&
          std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
 }
@@ -882,7 +883,7 @@ std::vector<char> nemotron_h_blocks(const Reader& r) {
   std::vector<char> out;
   const std::string accepted =
       " (accepted: layers_block_type of \"mamba\" or \"linear_attention\", \"attention\" or \"full_attention\", "
-      "\"mlp\"; or hybrid_override_pattern of M, *, -)";
+      "\"mlp\", \"moe\"; or hybrid_override_pattern of M, *, -, E)";
   if (r.has("layers_block_type")) {
     const json& v = r.j.at("layers_block_type");
     if (!v.is_array() || v.empty()) r.fail("layers_block_type", "value " + v.dump().substr(0, 120) + " is not a list");
@@ -904,13 +905,37 @@ std::vector<char> nemotron_h_blocks(const Reader& r) {
   } else {
     r.fail("layers_block_type", "missing, and no hybrid_override_pattern (one of them lists the blocks)" + accepted);
   }
-  if (std::find(out.begin(), out.end(), 'E') != out.end())
-    r.fail(r.has("layers_block_type") ? "layers_block_type" : "hybrid_override_pattern",
-           "holds a mixture-of-experts block (\"moe\" / E: Nemotron 3's), which is not supported" + accepted);
   return out;
 }
 
 int64_t nemotron_h_layers(const Reader& r) { return static_cast<int64_t>(nemotron_h_blocks(r).size()); }
+
+// Nemotron 3's experts blocks (NemotronHConfig's keys and defaults): GLM-4.5's sigmoid router with groups, ungated
+// ReLU² experts and a shared ReLU² MLP; a latent projection refused.
+void read_nemotron_h_experts(const Reader& r, ModelConfig& c) {
+  c.experts_key = "n_routed_experts";
+  c.experts = r.integer("n_routed_experts", 1, 8);
+  c.experts_per_token = r.integer("num_experts_per_tok", 1, 2);
+  if (c.experts_per_token > c.experts)
+    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.experts) + " experts (accepted: at most n_routed_experts)");
+  c.moe_intermediate = r.integer("moe_intermediate_size", 1, 7688);
+  c.shared_intermediate = r.integer("moe_shared_expert_intermediate_size", 1, 7688);
+  c.sigmoid_router = c.float_router_weights = true;
+  c.groups = r.integer("n_group", 1, 1);
+  c.topk_groups = r.integer("topk_group", 1, 1);
+  if (c.experts % c.groups != 0 || c.topk_groups > c.groups)
+    r.fail("n_group", std::to_string(c.groups) + " groups (topk_group " + std::to_string(c.topk_groups) + ") of " +
+                          std::to_string(c.experts) +
+                          " experts (accepted: a divisor of n_routed_experts, at least "
+                          "topk_group)");
+  c.norm_topk = r.boolean("norm_topk_prob", true);
+  c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
+  if (r.has("moe_latent_size"))
+    r.fail("moe_latent_size", "value " + r.j.at("moe_latent_size").dump() +
+                                  ": the experts' latent projection (Nemotron 3 Super's) is not read (accepted: null "
+                                  "or absent)");
+}
 
 // Nemotron-H's blocks, its Mamba-2 sizes (NemotronHConfig's keys and defaults, with the published aliases
 // mamba_n_groups / mamba_d_conv / mamba_dt_min), its ReLU² MLP and its float32 norm weights; every layer without RoPE.
@@ -918,7 +943,13 @@ void read_nemotron_h(const Reader& r, ModelConfig& c) {
   const std::vector<char> blocks = nemotron_h_blocks(r);
   c.linear.assign(blocks.size(), 0);
   c.mlp_blocks.assign(blocks.size(), 0);
-  for (size_t l = 0; l < blocks.size(); ++l) c.linear[l] = blocks[l] == 'M', c.mlp_blocks[l] = blocks[l] == '-';
+  c.moe_blocks.assign(blocks.size(), 0);
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    c.linear[l] = blocks[l] == 'M';
+    c.mlp_blocks[l] = blocks[l] == '-' || blocks[l] == 'E';
+    c.moe_blocks[l] = blocks[l] == 'E';
+  }
+  if (std::find(blocks.begin(), blocks.end(), 'E') != blocks.end()) read_nemotron_h_experts(r, c);
   c.nope.assign(blocks.size(), 1);
   c.relu2_mlp = c.norm_weight_fp32 = true;
   const auto alias = [&](const char* key, const char* old, int64_t min_value, int64_t fallback) {

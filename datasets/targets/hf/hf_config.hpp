@@ -296,9 +296,13 @@ struct ModelConfig {
   // weights applied in float32; its Mamba-2 sizes mamba_num_heads x mamba_head_dim, ssm_state_size, n_groups,
   // conv_kernel, chunk_size, use_conv_bias, in / out biases where use_bias, dt clamped below at time_step_min (what
   // transformers' NemotronHMamba2Mixer runs, whatever time_step_limit says). Its mixture-of-experts blocks ("E",
-  // Nemotron 3) are refused.
+  // "moe": Nemotron 3 Nano's; moe_blocks): GLM-4.5's sigmoid router in float32 with correction biases
+  // (mixer.gate.e_score_correction_bias) over n_group groups, n_routed_experts ungated ReLU² experts of
+  // moe_intermediate_size (mixer.experts.up_proj / down_proj, stacked, or one expert at a time as published), their
+  // weights times routed_scaling_factor, beside a shared ReLU² MLP of moe_shared_expert_intermediate_size
+  // (mixer.shared_experts.); a latent projection (moe_latent_size, Nemotron 3 Super's) is refused.
   bool nemotron_h() const { return architecture == "NemotronHForCausalLM"; }
-  std::vector<uint8_t> mlp_blocks;
+  std::vector<uint8_t> mlp_blocks, moe_blocks;
   bool mlp_block(int64_t layer) const { return !mlp_blocks.empty() && mlp_blocks[static_cast<size_t>(layer)]; }
   // A layer that is one block, attention or a mixer or an MLP, added to the stream alone (Nemotron-H's).
   bool single_blocks() const { return nemotron_h(); }
