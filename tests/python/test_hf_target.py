@@ -1479,6 +1479,13 @@ def test_make_random_checkpoint_presets_read_as_transformers_reads_them(preset, 
     if "linear_num_key_heads" in cfg:  # (Qwen3.5: 4 layers, the last attention; transformers runs no all-linear one)
         small.update(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                      linear_value_head_dim=16)
+    if "mamba_n_heads" in cfg:  # (Granite 4.0-H: 6 layers, the last attention; Mamba-2 heads of 64 over 2 x 128; the
+        # embedding unscaled, so that two layers' residual_multiplier-scaled outputs move it by more than the bound)
+        small.update(num_hidden_layers=6, mamba_n_heads=4, mamba_d_head=64, mamba_d_state=16, shared_intermediate_size=48,
+                     embedding_multiplier=1.0)
+    if "mamba_num_heads" in cfg:  # (Nemotron 3: blocks M E M E M *)
+        small.update(num_hidden_layers=6, mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=2,
+                     moe_shared_expert_intermediate_size=48)
     cfg.update(small)
     monkeypatch.setitem(script.PRESETS, "small", cfg)
     folder = tmp_path / preset
