@@ -319,21 +319,17 @@ def test_gpt_oss_sinks_clamped_glu_and_windows_are_read_and_used(tmp_path):
         unsunk = changed["hidden"][:, :, 0]
 
 
-def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpoint(tmp_path):
-    """Qwen3.5 (Gated DeltaNet layers 0 and 2, gated attention 1 and 3): 150 positions (the rule's chunks
-    of 64: three, the last partial) equal transformers'; a row packed with documents of 70, 50 and 30
-    gives each document the states it has alone (no state or convolution history crosses a start), and
-    packing them moves the later ones; dt_bias and A_log zeroed in the checkpoint, ours follows
-    transformers and each moves the states (they are read); the same language model saved as
-    Qwen3_5ForConditionalGeneration (config.json's text_config, tensors under model.language_model.)
-    gives the same states."""
-    folder = tmp_path / "qwen3_5"
-    model = make_model(folder, "qwen3_5", seed=31)
+def recurrent_over_chunks_and_documents(family, says, tmp_path):
+    """A recurrent family's states over 150 positions (its rule's chunks several times over) against transformers', and
+    a row packed with documents of 70, 50 and 30 against each document alone; packing must move the later ones. The run
+    must say `says`. Returns (transformers' model, the tokens, our states over the whole row)."""
+    folder = tmp_path / family
+    model = make_model(folder, family, seed=31)
     layers = [0, 1, 2, 3]
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 150), generator=torch.Generator().manual_seed(9))
     p, whole = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "Qwen3_5ForCausalLM" in p.stdout, p.stdout
+    assert says in p.stdout, p.stdout
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
     errs = [rel(whole["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate(layers)]
@@ -347,16 +343,34 @@ def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpo
         doc_errs += [rel(packed["hidden"][0, start:start + n, e], alone[layer + 1][0]) for e, layer in enumerate(layers)]
         start += n
     moved = rel(packed["hidden"][0, 70:, 0], whole["hidden"][0, 70:, 0])
-    print(f"qwen3_5: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
+    print(f"{family}: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
           f"layer 0's states {moved:.1e}")
     assert max(errs) <= BOUND and max(doc_errs) <= BOUND and moved > 10 * BOUND
+    return model, tokens, whole
 
-    for suffix in ("linear_attn.dt_bias", "linear_attn.A_log"):
-        saved, before, after, theirs = zeroed_against_transformers("qwen3_5", suffix, tmp_path / suffix)
-        assert len(saved) == 2 and all(t.abs().max() > 0 for t in saved.values())
-        print(f"qwen3_5 with {suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
+
+def zeroed_tensors_are_read(family, suffixes, count, tmp_path):
+    """Each of `suffixes` (count tensors of the checkpoint, none zero) zeroed: ours follows transformers and the change
+    moves the states."""
+    for suffix in suffixes:
+        saved, before, after, theirs = zeroed_against_transformers(family, suffix, tmp_path / suffix)
+        assert len(saved) == count and all(t.abs().max() > 0 for t in saved.values())
+        print(f"{family} with {suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
               f"{rel(before, after):.1e}")
         assert rel(after, theirs) <= BOUND and rel(before, after) > 10 * BOUND
+
+
+def test_qwen3_5_gated_deltanet_over_chunks_documents_and_its_multimodal_checkpoint(tmp_path):
+    """Qwen3.5 (Gated DeltaNet layers 0 and 2, gated attention 1 and 3): 150 positions (the rule's chunks
+    of 64: three, the last partial) equal transformers'; a row packed with documents of 70, 50 and 30
+    gives each document the states it has alone (no state or convolution history crosses a start), and
+    packing them moves the later ones; dt_bias and A_log zeroed in the checkpoint, ours follows
+    transformers and each moves the states (they are read); the same language model saved as
+    Qwen3_5ForConditionalGeneration (config.json's text_config, tensors under model.language_model.)
+    gives the same states."""
+    model, tokens, whole = recurrent_over_chunks_and_documents("qwen3_5", "Qwen3_5ForCausalLM", tmp_path)
+    layers = [0, 1, 2, 3]
+    zeroed_tensors_are_read("qwen3_5", ("linear_attn.dt_bias", "linear_attn.A_log"), 2, tmp_path)
 
     # The multimodal checkpoint: a tiny vision tower beside the same language model and LM head.
     text = model.config.to_dict()
@@ -917,35 +931,9 @@ def test_mamba2_over_chunks_documents_and_its_tensors(family, tmp_path):
     packing moves the later ones; D, dt_bias and the convolution's bias zeroed in the checkpoint, ours follows
     transformers and each moves the states (they are read)."""
     prefix, count, says = MAMBA2[family]
-    folder = tmp_path / family
-    model = make_model(folder, family, seed=31)
-    layers = [0, 1, 2, 3]
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 150), generator=torch.Generator().manual_seed(9))
-    p, whole = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert model.config.architectures[0] in p.stdout and says in p.stdout, p.stdout
-    with torch.no_grad():
-        ref = model(input_ids=tokens, output_hidden_states=True).hidden_states
-    errs = [rel(whole["hidden"][0, :, e], ref[layer + 1][0]) for e, layer in enumerate(layers)]
-    p, packed = run_target(folder, tokens, torch.tensor([150]), layers, tmp_path,
-                           documents=torch.tensor([[70, 50, 30]]))
-    assert p.returncode == 0, p.stderr
-    start, doc_errs = 0, []
-    for n in [70, 50, 30]:
-        with torch.no_grad():
-            alone = model(input_ids=tokens[:, start:start + n], output_hidden_states=True).hidden_states
-        doc_errs += [rel(packed["hidden"][0, start:start + n, e], alone[layer + 1][0]) for e, layer in enumerate(layers)]
-        start += n
-    moved = rel(packed["hidden"][0, 70:, 0], whole["hidden"][0, 70:, 0])
-    print(f"{family}: 150 positions rel err {max(errs):.1e}; packed documents {max(doc_errs):.1e}, packing moves "
-          f"layer 0's states {moved:.1e}")
-    assert max(errs) <= BOUND and max(doc_errs) <= BOUND and moved > 10 * BOUND
-    for suffix in ("D", "dt_bias", "conv1d.bias"):
-        saved, before, after, theirs = zeroed_against_transformers(family, prefix + suffix, tmp_path / suffix)
-        assert len(saved) == count and all(t.abs().max() > 0 for t in saved.values())
-        print(f"{family} with {prefix + suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
-              f"{rel(before, after):.1e}")
-        assert rel(after, theirs) <= BOUND and rel(before, after) > 10 * BOUND
+    recurrent_over_chunks_and_documents(family, says, tmp_path)
+    zeroed_tensors_are_read(family, tuple(prefix + suffix for suffix in ("D", "dt_bias", "conv1d.bias")), count,
+                            tmp_path)
 
 
 def test_granite4_h_reads_its_layer_types_time_step_limit_and_chunks(tmp_path):

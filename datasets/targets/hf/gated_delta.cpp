@@ -105,14 +105,7 @@ RuleRun run_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tenso
   const at::Tensor S_all = heads_major(S_n), u_all = heads_major(u_n);
   const at::Tensor out = at::matmul(q_decayed, S_all) + at::matmul(intra, u_all);  // [B, H, n, C, Dv]
   RuleRun run;
-  if (every_chunk) run.chunk_state = S_all, run.values = u_all, run.keys = k, run.log_decay = cum;
-  if (capture.defined()) {
-    const at::Tensor at_chunk = capture.view({B, 1, 1, 1, 1});
-    run.chunk_state = S_all.gather(2, at_chunk.expand({B, Hv, 1, Dk, Dv})).squeeze(2);
-    run.values = u_all.gather(2, at_chunk.expand({B, Hv, 1, kChunk, Dv})).squeeze(2);
-    run.keys = k.gather(2, at_chunk.expand({B, Hv, 1, kChunk, Dk})).squeeze(2);
-    run.log_decay = cum.gather(2, capture.view({B, 1, 1, 1}).expand({B, Hv, 1, kChunk})).squeeze(2);
-  }
+  take_chunks(run, S_all, k, u_all, cum, capture, every_chunk);
   run.out = out.reshape({B, Hv, n * kChunk, Dv}).narrow(2, 0, T).transpose(1, 2).contiguous().to(v_in.scalar_type());
   return run;
 }

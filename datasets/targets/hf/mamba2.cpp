@@ -60,14 +60,7 @@ RuleRun Mamba2::rule(const at::Tensor& u, const Projected& p, const at::Tensor& 
   run.out = (y.reshape({B, H, n * C, P}).narrow(2, 0, T).transpose(1, 2) +
              D.to(at::kFloat).view({1, 1, H, 1}) * x.to(at::kFloat))
                 .reshape({B, T, inner});
-  if (every_chunk) run.chunk_state = S_all, run.keys = k, run.values = xdt, run.log_decay = cum;
-  if (capture.defined()) {
-    const at::Tensor at_chunk = capture.view({B, 1, 1, 1, 1});
-    run.chunk_state = S_all.gather(2, at_chunk.expand({B, H, 1, N, P})).squeeze(2);
-    run.keys = k.gather(2, at_chunk.expand({B, H, 1, C, N})).squeeze(2);
-    run.values = xdt.gather(2, at_chunk.expand({B, H, 1, C, P})).squeeze(2);
-    run.log_decay = cum.gather(2, capture.view({B, 1, 1, 1}).expand({B, H, 1, C})).squeeze(2);
-  }
+  take_chunks(run, S_all, k, xdt, cum, capture, every_chunk);
   return run;
 }
 

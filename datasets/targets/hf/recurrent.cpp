@@ -41,6 +41,19 @@ at::Tensor state_at(const at::Tensor& S, const at::Tensor& k, const at::Tensor& 
   return S * factor + at::matmul((k * weight.unsqueeze(-1)).transpose(-1, -2), v);
 }
 
+void take_chunks(RuleRun& run, const at::Tensor& S_all, const at::Tensor& keys, const at::Tensor& values,
+                 const at::Tensor& log_decay, const at::Tensor& capture, bool every_chunk) {
+  if (every_chunk) run.chunk_state = S_all, run.keys = keys, run.values = values, run.log_decay = log_decay;
+  if (!capture.defined()) return;
+  const auto at_chunk = [&](const at::Tensor& t) {  // [B, H, n, ...] -> [B, H, ...] at each row's captured chunk
+    std::vector<int64_t> view(static_cast<size_t>(t.dim()), 1), shape = t.sizes().vec();
+    view[0] = t.size(0), shape[2] = 1;
+    return t.gather(2, capture.view(view).expand(shape)).squeeze(2);
+  };
+  run.chunk_state = at_chunk(S_all), run.keys = at_chunk(keys), run.values = at_chunk(values);
+  run.log_decay = at_chunk(log_decay);
+}
+
 at::Tensor Recurrent::convolve(const at::Tensor& x, int64_t zeros) const {
   const std::vector<int64_t> stride = {1}, padding = {zeros}, dilation = {1};
   const at::Tensor y =

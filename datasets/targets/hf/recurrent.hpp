@@ -81,6 +81,12 @@ class Recurrent {
   RuleRun mix_document(const Projected& p, bool every_chunk) const;
 };
 
+// A rule's run's captures from its every-chunk tensors (S_all [B, H, n, K, V], keys [B, H, n, C, K], values
+// [B, H, n, C, V], log decays [B, H, n, C]): all of them with every_chunk; each row's chunk capture[b] of each where
+// capture ([B] int64) is defined (RuleRun says which).
+void take_chunks(RuleRun& run, const at::Tensor& S_all, const at::Tensor& keys, const at::Tensor& values,
+                 const at::Tensor& log_decay, const at::Tensor& capture, bool every_chunk);
+
 // The state after the first r[m] positions of a chunk ([M] int64, 0..C) from its start state S [M, H, K, V], keys k
 // [M, H, C, K], values v [M, H, C, V] and log decays c [M, H, C] (cumulative from the chunk's start):
 // S exp(c[r - 1]) + sum_{j < r} exp(c[r - 1] - c[j]) k_j v_j^T (r = 0: S), as the chunk's end update is at r = C.
