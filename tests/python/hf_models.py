@@ -291,6 +291,11 @@ FAMILIES = [
           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
           n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, pad_token_id=0, bos_token_id=1,
           eos_token_id=2), {}),
+    # Bamba's kind (BambaForCausalLM: Bamba-9B): Mamba-2 layers (Granite 4.0-H's sizes) with attention at layer 2
+    # (attn_layer_indices), half of each head rotated, Llama's SwiGLU MLP under feed_forward.
+    ("bamba", "BambaConfig", "BambaForCausalLM",
+     dict(tie_word_embeddings=False, attn_layer_indices=[2], mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16,
+          mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # Apertus's kind (ApertusForCausalLM: Apertus-8B / 70B): per-head q / k norms, its norms' own names, an ungated MLP
     # through xIELU with learned alpha_p / alpha_n (drawn away from their initial values here), llama3 RoPE.
     ("apertus", "ApertusConfig", "ApertusForCausalLM",

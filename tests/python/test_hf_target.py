@@ -916,11 +916,12 @@ def test_llama4_multimodal_checkpoint_language_model(tmp_path):
     composite_states(model, folder, "Llama4", tmp_path)
 
 
-# Mamba-2's families: (the checkpoint's prefix of its Mamba-2 tensors, how many Mamba-2 layers of 4, the layers
-# recorded). Granite 4.0-H: Mamba-2 layers 0, 1 and 3, attention layer 2. Nemotron-H: a Mamba-2 block, an MLP block,
-# attention, an MLP block.
+# Mamba-2's families: (the checkpoint's prefix of its Mamba-2 tensors, how many Mamba-2 layers of 4, what the run
+# says). Granite 4.0-H and Bamba: Mamba-2 layers 0, 1 and 3, attention layer 2. Nemotron-H: a Mamba-2 block, an MLP
+# block, attention, an MLP block.
 MAMBA2 = {"granite4_h": ("mamba.", 3, "3 Mamba-2 layers (mamba_n_heads 8"),
-          "nemotron_h": ("mixer.", 1, "1 Mamba-2 layers (mamba_n_heads 8")}
+          "nemotron_h": ("mixer.", 1, "1 Mamba-2 layers (mamba_n_heads 8"),
+          "bamba": ("mamba.", 3, "3 Mamba-2 layers (mamba_n_heads 8")}
 
 
 @pytest.mark.parametrize("family", list(MAMBA2))
@@ -975,6 +976,23 @@ def test_granite4_h_reads_its_layer_types_time_step_limit_and_chunks(tmp_path):
         _, ours, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
         print(f"granite4_h with {what}: rel err {err:.1e}; against ours before {rel(ours['hidden'], base['hidden']):.1e}")
         assert err <= BOUND and rel(ours["hidden"], base["hidden"]) <= BOUND
+
+
+def test_bamba_attention_layers_are_read_and_bad_ones_refused(tmp_path):
+    """Bamba (the family test gives its states equal to transformers'): attn_layer_indices [1] in place of [2] (the
+    checkpoint's tensors made so) follows transformers; an index past the layers, or not a list, is refused with a
+    sentence naming the key."""
+    folder = tmp_path / "bamba"
+    model = make_model(folder, "bamba", seed=7, attn_layer_indices=[1])
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(3))
+    p, ours, err = states_against(model, folder, tokens, [1, 3], tmp_path)
+    print(f"bamba with attention at layer 1: rel err {err:.1e}")
+    assert err <= BOUND and "3 Mamba-2 layers" in p.stdout, p.stdout
+    for bad in ([4], 2):
+        edit_config(folder, attn_layer_indices=bad)
+        p, _ = run_target(folder, tokens, torch.tensor([40]), [1], tmp_path)
+        assert p.returncode != 0 and "attn_layer_indices:" in p.stderr, p.stderr
+        print(f"bamba attn_layer_indices {bad}: {p.stderr.strip().splitlines()[-1]}")
 
 
 def test_nemotron_h_reads_its_blocks_and_time_step_min(tmp_path):

@@ -1561,7 +1561,8 @@ class HfTarget final : public Target {
   NormNames norm_names() const {
     if (cfg_.glm4())
       return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"};
-    if (cfg_.nemotron_h()) return {"norm", "", "", ""};         // (one norm a block)
+    if (cfg_.nemotron_h()) return {"norm", "", "", ""};  // (one norm a block)
+    if (cfg_.bamba()) return {"input_layernorm", "pre_ff_layernorm", "", ""};
     if (cfg_.parallel) return {"input_layernorm", "", "", ""};  // (Cohere: one norm a layer)
     if (cfg_.apertus()) return {"attention_layernorm", "feedforward_layernorm", "", ""};
     if (cfg_.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};  // (OLMo)
@@ -1623,13 +1624,17 @@ class HfTarget final : public Target {
   // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
   bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe() || cfg_.llama4(); }
   // Where a layer's MLP sits under model.layers.N. (Llama 4: feed_forward.)
-  std::string ff() const { return cfg_.llama4() ? "feed_forward." : cfg_.nemotron_h() ? "mixer." : "mlp."; }
+  std::string ff() const {
+    return cfg_.llama4() || cfg_.bamba() ? "feed_forward." : cfg_.nemotron_h() ? "mixer." : "mlp.";
+  }
   // Where an attention layer's projections, a Mamba-2 layer's tensors, the embedding and the final norm sit
-  // (Nemotron-H's: every block's under mixer., backbone.embeddings, backbone.norm_f).
+  // (Nemotron-H's: every block's under mixer., backbone.embeddings, backbone.norm_f; Bamba's final_layernorm).
   std::string attn() const { return cfg_.nemotron_h() ? "mixer." : "self_attn."; }
   std::string mamba() const { return cfg_.nemotron_h() ? "mixer." : "mamba."; }
   std::string embed_name() const { return cfg_.nemotron_h() ? "embeddings.weight" : "embed_tokens.weight"; }
-  std::string final_norm_name() const { return cfg_.nemotron_h() ? "norm_f.weight" : "norm.weight"; }
+  std::string final_norm_name() const {
+    return cfg_.nemotron_h() ? "norm_f.weight" : cfg_.bamba() ? "final_layernorm.weight" : "norm.weight";
+  }
 
   // The config.json keys that size a mixture of experts' tensors, as ", key value ..." for a message.
   std::string experts_sizes() const {

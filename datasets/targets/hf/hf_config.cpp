@@ -67,7 +67,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Llama4ForConditionalGeneration",
                                                           "GraniteMoeHybridForCausalLM",
                                                           "ApertusForCausalLM",
-                                                          "NemotronHForCausalLM"};
+                                                          "NemotronHForCausalLM",
+                                                          "BambaForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -223,9 +224,11 @@ void read_rope(const Reader& r, ModelConfig& c) {
                                     : qwen3_5                                                ? 0.25
                                     : minimax > 0                                            ? minimax
                                                                                              : 1.0);
-  const double partial =
-      scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial) : top_partial;
-  if (partial != 1.0 && !glm && !phi3 && !qwen3_5 && minimax == 0)
+  // (Bamba: transformers' BambaConfig rotates half of each head whatever the config says)
+  const double partial = c.bamba()                         ? 0.5
+                         : scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial)
+                                                           : top_partial;
+  if (partial != 1.0 && !glm && !phi3 && !qwen3_5 && minimax == 0 && !c.bamba())
     r.fail("partial_rotary_factor", "value " + std::to_string(partial) + " rotates part of each head, which " +
                                         c.architecture + " does not (accepted: 1 or absent)");
   c.rotary_dim = static_cast<int64_t>(double(c.head_dim) * partial);
@@ -777,7 +780,7 @@ void read_mamba2(const Reader& r, ModelConfig& c) {
   }
   if (r.has("hidden_act") && r.j.at("hidden_act") != "silu")
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() +
-                             " (Granite 4.0's Mamba-2 layers take it as their convolution's activation: accepted: "
+                             " (the Mamba-2 layers take it as their convolution's activation: accepted: "
                              "\"silu\")");
 }
 
@@ -806,6 +809,25 @@ void read_granite_hybrid(const Reader& r, ModelConfig& c) {
     read_mamba2(r, c);
   if (!r.has("position_embedding_type") || r.j.at("position_embedding_type") != "rope")
     c.nope.assign(static_cast<size_t>(c.layers), 1);  // (no RoPE in any layer)
+}
+
+// Bamba's layers: attention at attn_layer_indices (BambaConfig's default none: every layer Mamba-2), Mamba-2 elsewhere
+// with Granite 4.0-H's keys.
+void read_bamba(const Reader& r, ModelConfig& c) {
+  c.linear.assign(static_cast<size_t>(c.layers), 1);
+  if (r.has("attn_layer_indices")) {
+    const json& v = r.j.at("attn_layer_indices");
+    if (!v.is_array())
+      r.fail("attn_layer_indices", "value " + v.dump() + " is not a list (accepted: a list of layer indices)");
+    for (const json& l : v) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.layers)
+        r.fail("attn_layer_indices", "holds " + l.dump() + "; accepted: layer indices 0.." +
+                                         std::to_string(c.layers - 1) + " (num_hidden_layers " +
+                                         std::to_string(c.layers) + ")");
+      c.linear[static_cast<size_t>(l.get<int64_t>())] = 0;
+    }
+  }
+  read_mamba2(r, c);
 }
 
 // Granite's multipliers (GraniteConfig: each 1 where absent, as transformers takes them), each a positive number.
@@ -1032,6 +1054,7 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
   if (c.granite()) read_granite(r, c);
   if (c.cohere()) read_cohere(r, c);
   if (c.llama4()) read_llama4(r, c);
+  if (c.bamba()) read_bamba(r, c);
   // (a checkpoint with MLP biases would be run without them)
   if (r.boolean("mlp_bias", false))
     r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");

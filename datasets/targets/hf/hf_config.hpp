@@ -288,7 +288,11 @@ struct ModelConfig {
   // mamba_proj_bias, dt clamped to time_step_limit; its rule run in chunks of mamba_chunk_size positions, as
   // transformers' (equal in float32 to any other chunking; the chunk the served cache keeps a row).
   bool granite_hybrid() const { return architecture == "GraniteMoeHybridForCausalLM"; }
-  bool mamba2() const { return (granite_hybrid() || nemotron_h()) && !linear.empty(); }
+  bool mamba2() const { return (granite_hybrid() || nemotron_h() || bamba()) && !linear.empty(); }
+  // Bamba (BambaForCausalLM: Bamba-9B): Llama's layers (its MLP under feed_forward., its second norm
+  // pre_ff_layernorm) with Granite 4.0-H's Mamba-2 layers but at attn_layer_indices; its attention rotates the first
+  // half of each head (transformers' BambaConfig fixes partial_rotary_factor at 0.5).
+  bool bamba() const { return architecture == "BambaForCausalLM"; }
   // Nemotron-H (NemotronHForCausalLM: Nemotron-H-8B / 47B / 56B, NVIDIA-Nemotron-Nano-9B-v2 / 12B-v2): every layer one
   // block, x + mixer(norm(x)), its mixer a Mamba-2 layer ("M" in hybrid_override_pattern, "mamba" /
   // "linear_attention" in layers_block_type: the `linear` flags), attention without RoPE ("*"), or an ungated ReLU²
