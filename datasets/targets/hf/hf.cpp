@@ -272,31 +272,23 @@ class HfTarget final : public Target {
       const auto [stream, h] =
           L.input_norm.defined() ? add_norm(x, pending, L.input_norm, into) : add_pending(x, pending, into);
       if (l > 0) record(l - 1, stream);
-      if (cfg_.mlp_block(l)) {  // (Nemotron-H: an MLP or experts block alone, its output added to the stream)
-        pending = L.sparse() ? experts(L, h) : at::linear(mlp_act(L, h), L.down_proj);
-        x = stream;
-        continue;
-      }
       at::Tensor a;
       if (L.mixer) {
         a = L.mixer->mix(h, rows);
-      } else {
+      } else if (!cfg_.mlp_block(l)) {
         const auto& [cos, sin] = cfg_.no_rope(l) ? none : cfg_.local_rope(l) ? local : global;
         const QKV p = project(L, h, cos, sin, layer_query_scale(l, q_scale));
         set_layer_mask(attention, docs, l, current);
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
-      if (cfg_.single_blocks()) {  // (Nemotron-H: a mixer or attention block alone)
-        pending = at::linear(a, L.o_proj, L.o_bias);
-        x = stream;
+      // (Gemma 3, OLMo: the MLP's normed output pending; Cohere: its MLP's; Nemotron-H: its one block's output)
+      if (cfg_.sandwich_norms || cfg_.parallel || cfg_.single_blocks()) {
+        std::tie(x, pending) = cfg_.single_blocks() ? std::make_pair(stream, block_output(L, a, h))
+                               : cfg_.parallel      ? parallel_rest(L, stream, a, h)
+                                                    : sandwich_rest(L, stream, a);
         continue;
       }
       at::Tensor x1, h2;
-      // (Gemma 3, OLMo: the MLP's normed output pending; Cohere: its MLP's)
-      if (cfg_.sandwich_norms || cfg_.parallel) {
-        std::tie(x, pending) = cfg_.parallel ? parallel_rest(L, stream, a, h) : sandwich_rest(L, stream, a);
-        continue;
-      }
       // stream is the forward's own (the embedding's rows, or a sum made here) unless it went into a slot
       if (!into.defined() && !L.o_bias.defined() && frozen::add_linear_(stream, a, L.o_proj, fused_)) {
         x1 = stream;
@@ -1354,11 +1346,8 @@ class HfTarget final : public Target {
   // layer's normed input): output projection, residual, MLP, residual. (cuBLAS's gate / up product and the separate
   // SwiGLU pass: this cached path's values stay as they were; the training forward above takes frozen::linear_swiglu.)
   at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h) const {
-    if (cfg_.single_blocks())  // (Nemotron-H: the block's output alone; an MLP block's from h, a left undefined)
-      return x + (a.defined()  ? at::linear(a, L.o_proj, L.o_bias)
-                  : L.sparse() ? experts(L, h)
-                               : at::linear(mlp_act(L, h), L.down_proj));
-    if (cfg_.parallel) {  // (Cohere: x + attention + MLP of h)
+    if (cfg_.single_blocks()) return x + block_output(L, a, h);  // (Nemotron-H: the block's output alone)
+    if (cfg_.parallel) {                                         // (Cohere: x + attention + MLP of h)
       const auto [x1, m] = parallel_rest(L, x, a, h);
       return x1 + m;
     }
@@ -1371,6 +1360,13 @@ class HfTarget final : public Target {
     if (L.sparse()) return x1 + experts(L, h2);
     if (cfg_.ungated_mlp()) return x1 + at::linear(mlp_act(L, h2), L.down_proj);
     return x1 + at::linear(frozen::swiglu_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+  }
+
+  // A single block's output (Nemotron-H's): a mixer's or attention's a through o_proj; an MLP or experts block's (a
+  // undefined) from its normed input h.
+  at::Tensor block_output(const DecoderLayer& L, const at::Tensor& a, const at::Tensor& h) const {
+    if (a.defined()) return at::linear(a, L.o_proj, L.o_bias);
+    return L.sparse() ? experts(L, h) : at::linear(mlp_act(L, h), L.down_proj);
   }
 
   // A dense MLP's activations from its normed input h: SwiGLU of the gate / up product, Arcee's relu(up h)^2, or

@@ -1055,6 +1055,7 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
   if (c.cohere()) read_cohere(r, c);
   if (c.llama4()) read_llama4(r, c);
   if (c.bamba()) read_bamba(r, c);
+  if (c.nemotron_h()) read_nemotron_h(r, c);
   // (a checkpoint with MLP biases would be run without them)
   if (r.boolean("mlp_bias", false))
     r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
@@ -1126,8 +1127,6 @@ ModelConfig read_config(const std::string& folder) {
   // activation would be run as the wrong one
   if (c.gemma3()) {
     read_gemma3(r, c);
-  } else if (c.nemotron_h()) {
-    read_nemotron_h(r, c);
   } else if (c.arcee() || c.apertus()) {  // (ArceeConfig's default: "relu2"; ApertusConfig's: "xielu")
     const char* act = c.arcee() ? "relu2" : "xielu";
     (c.arcee() ? c.relu2_mlp : c.xielu_mlp) = true;
