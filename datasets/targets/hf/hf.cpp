@@ -786,7 +786,7 @@ class HfTarget final : public Target {
   // DeepSeek-V3's latent attention's projections under prefix p (o_proj aside).
   void add_latent_shapes(const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden, heads = cfg_.heads, qk = cfg_.qk_nope + cfg_.qk_rope;
-    const std::string a = p + attn() + "";
+    const std::string a = p + attn();
     if (cfg_.q_lora > 0) {
       expected.push_back({a + "q_a_proj.weight", {cfg_.q_lora, H}});
       expected.push_back({a + "q_a_layernorm.weight", {cfg_.q_lora}});
@@ -1104,7 +1104,7 @@ class HfTarget final : public Target {
   // reordered evens first, then odds, which rotate-half RoPE turns into the values transformers' interleaved rotation
   // gives (apply_rotary_pos_emb_interleave: [x_even cos - x_odd sin, x_odd cos + x_even sin]).
   void load_latent(const std::string& p, DecoderLayer& L) const {
-    const std::string a = p + attn() + "";
+    const std::string a = p + attn();
     const int64_t nope = cfg_.qk_nope, rope = cfg_.qk_rope;
     const auto deinterleave = [&](const at::Tensor& w, int64_t blocks, int64_t width) {
       if (!cfg_.rope_interleave) return w;
