@@ -462,18 +462,15 @@ class HfTarget final : public Target {
         : t_(t), batch_(batch), capacity_(capacity), layers_(std::move(layers)), attention_(attention) {
       const auto opts = at::TensorOptions().dtype(t.dtype_).device(t.device_);
       for (size_t l = 0; l < t.layers_.size(); ++l) {
-        if (t.layers_[l].mixer || t.cfg_.mlp_block(static_cast<int64_t>(l))) {  // (a state per row, or nothing)
-          k_.emplace_back(), v_.emplace_back();
-          if (!t.layers_[l].mixer) {
-            recurrent_.emplace_back();
-            continue;
-          }
-          recurrent_.push_back(std::make_unique<hf::RecurrentCache>(*t.layers_[l].mixer, batch, t.dtype_, t.device_));
-          continue;
-        }
-        k_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
-        v_.push_back(at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts));
-        recurrent_.emplace_back();
+        // an attention layer keeps keys and values, a recurrent one a state per row, an MLP block (Nemotron-H's)
+        // nothing
+        const hf::Recurrent* mixer = t.layers_[l].mixer.get();
+        const bool attends = !mixer && !t.cfg_.mlp_block(static_cast<int64_t>(l));
+        const auto cache = [&] { return at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts); };
+        k_.push_back(attends ? cache() : at::Tensor());
+        v_.push_back(attends ? cache() : at::Tensor());
+        recurrent_.push_back(mixer ? std::make_unique<hf::RecurrentCache>(*mixer, batch, t.dtype_, t.device_)
+                                   : nullptr);
       }
     }
 
@@ -914,11 +911,12 @@ class HfTarget final : public Target {
     const std::string x = p + "mixer.";
     expected.push_back({x + "gate.weight", {E, H}});
     expected.push_back({x + "gate.e_score_correction_bias", {E}});
-    if (nemotron_stacked(p)) {
+    const bool stacked = nemotron_stacked(p);
+    if (stacked) {
       expected.push_back({x + "experts.up_proj", {E, I, H}});
       expected.push_back({x + "experts.down_proj", {E, H, I}});
     }
-    for (int64_t e = 0; e < (nemotron_stacked(p) ? 0 : E); ++e) {
+    for (int64_t e = 0; e < (stacked ? 0 : E); ++e) {
       expected.push_back({x + "experts." + std::to_string(e) + ".up_proj.weight", {I, H}});
       expected.push_back({x + "experts." + std::to_string(e) + ".down_proj.weight", {H, I}});
     }
