@@ -4,9 +4,11 @@ hidden states after every layer and the final logits must equal transformers'
 `output_hidden_states` (layer id L = hidden_states[L + 1]) in fp32 on CPU. Padded
 batches give every sequence the states it has alone; packed documents do not see each
 other; corrupt or mismatched checkpoints are refused with a sentence."""
+import atexit
 import copy
 import json
 import os
+import select
 import subprocess
 from pathlib import Path
 
@@ -38,10 +40,49 @@ def run_target(model_dir, tokens, lengths, layers, tmp, documents=None, kernel="
         tensors["documents"] = documents.long()
     save_file(tensors, str(inp))
     more = ["engine", *[f"{k}={v}" for k, v in keys.items()]] if keys else []  # more [target] keys
-    p = subprocess.run([str(TOOL), "hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel, dtype,
-                        device, *more],
-                       capture_output=True, text=True, timeout=300, env=None if env is None else {**os.environ, **env})
+    args = ["hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel, dtype, device, *more]
+    if env is None and device == "cpu":
+        p = SERVER.run(args, tmp)
+    else:  # (a process of its own: the engine reads some variables once; a CUDA error must not outlive its run)
+        p = subprocess.run([str(TOOL), *args], capture_output=True, text=True, timeout=300,
+                           env=None if env is None else {**os.environ, **env})
     return p, (load_file(str(out)) if p.returncode == 0 else None)
+
+
+class StatesServer:
+    """`target_states --serve`: the CPU runs of this file in one process, started on the first (LibTorch's start is
+    ~0.4 s a process, and this file makes ~300 runs). A run's output and exit status as subprocess.run gives them; a
+    run that kills the process (a crash) returns its signal as the status, and the next run starts a new one."""
+
+    def __init__(self):
+        self.proc = None
+
+    def run(self, args, tmp, timeout=300):
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([str(TOOL), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)
+        out, err = tmp / "target_states.stdout", tmp / "target_states.stderr"
+        fields = [str(out), str(err), *args]
+        assert not any("\t" in f or "\n" in f for f in fields), fields
+        self.proc.stdin.write("\t".join(fields) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            self.proc.wait()
+            raise subprocess.TimeoutExpired([str(TOOL), *args], timeout)
+        line = self.proc.stdout.readline()
+        code = int(line) if line.strip() else self.proc.wait()
+        return subprocess.CompletedProcess([str(TOOL), *args], code, out.read_text(), err.read_text())
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+
+
+SERVER = StatesServer()
+atexit.register(SERVER.close)
 
 
 @pytest.fixture(scope="module", params=[f[0] for f in FAMILIES])

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from conftest import BINARY_DIR, CLI
 from drafts import by_row
 from hf_models import make_model
+from test_served_tau import greedy
 
 TOOL = BINARY_DIR / "bin" / "eval_blocks"
 BS = 6
@@ -73,11 +74,12 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("packing")
     model = make_model(tmp / "target", "qwen3", seed=3, embedding_std=1.0, initializer_range=0.2)
     rng = np.random.default_rng(1)
-    tokens, mask, offsets = [], [], [0]
+    prompts, new_tokens = [], []
     for _ in range(120):
-        prompt = rng.integers(8, 160, size=int(rng.integers(4, 9))).tolist()
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=int(rng.integers(10, 22)), do_sample=False,
-                             pad_token_id=0)[0, len(prompt):].tolist()
+        prompts.append(rng.integers(8, 160, size=int(rng.integers(4, 9))).tolist())
+        new_tokens.append(int(rng.integers(10, 22)))
+    tokens, mask, offsets = [], [], [0]
+    for prompt, out in zip(prompts, greedy(model, prompts, new_tokens, eos=model.generation_config.eos_token_id)):
         tokens += prompt + out
         mask += [0] * len(prompt) + [1] * len(out)
         offsets.append(len(tokens))

@@ -86,11 +86,27 @@ served_batch = 16
 """
 
 
-def greedy(model, prompt, new_tokens):
-    """The target's plain greedy decoding (transformers' generate, stopping at eos)."""
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=EOS,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+def greedy(model, prompts, new_tokens, eos=EOS):
+    """The target's plain greedy decoding of each prompt (transformers' generate, stopping at eos; None: at none), up to its
+    new_tokens. The prompts of one length run as one batch, without padding (no token of a prompt is 0, the pad
+    id, so every position is attended): a row's text is its own greedy text, the batch's longest budget cut to its
+    own and at its first eos (greedy text is a prefix of any longer one). One call per length instead of one per
+    prompt: 8-16x less of make test's time. Each row's text equalled its one-prompt generate for every family of
+    test_served_moe.py and test_served_hybrid.py when this was written; a row that did not would fail the tests'
+    comparison with the reference, which decodes one prompt at a time."""
+    by_length = {}
+    for i, prompt in enumerate(prompts):
+        assert 0 not in prompt, "a prompt holds the pad id 0"
+        by_length.setdefault(len(prompt), []).append(i)
+    texts = [None] * len(prompts)
+    for length, rows in by_length.items():
+        out = model.generate(torch.tensor([prompts[i] for i in rows]), max_new_tokens=max(new_tokens[i] for i in rows),
+                             attention_mask=torch.ones(len(rows), length, dtype=torch.long), do_sample=False,
+                             eos_token_id=eos, pad_token_id=0)
+        for row, i in zip(out[:, length:].tolist(), rows):
+            row = row[:new_tokens[i]]
+            texts[i] = row[:row.index(eos) + 1] if eos in row else row
+    return texts
 
 
 def write_shard(folder: Path, conversations, vocab):
@@ -121,10 +137,11 @@ def make_target_data(tmp, family, initializer_range=0.2, count=N_CONVERSATIONS, 
         model.save_pretrained(tmp / "target", safe_serialization=True)
     model.generation_config.eos_token_id = EOS
     rng = np.random.default_rng(0)
-    conversations = []
+    prompts, new_tokens = [], []
     for _ in range(count):
-        prompt = rng.integers(8, 160, size=int(rng.integers(6, 15))).tolist()
-        conversations.append((prompt, greedy(model, prompt, int(rng.integers(24, 44)))))
+        prompts.append(rng.integers(8, 160, size=int(rng.integers(6, 15))).tolist())
+        new_tokens.append(int(rng.integers(24, 44)))
+    conversations = list(zip(prompts, greedy(model, prompts, new_tokens)))
     distinct = len({t for _, r in conversations for t in r})
     assert distinct > 40, f"the target's greedy text uses only {distinct} tokens: make it less degenerate"
     write_shard(tmp / "data", conversations, 160)

@@ -11,6 +11,11 @@
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
 //     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head (times the target's logit
 //     scale). Errors: one line on stderr, exit status 1.
+//
+//   target_states --serve
+// runs many of those in one process (LibTorch's start costs ~0.4 s a process; test_hf_target.py makes hundreds of
+// runs): each line of stdin is STDOUT_FILE, STDERR_FILE and the arguments above, separated by tabs; the run's output
+// goes to the two files and its exit status, as a line, to stdout. Ends at the end of stdin.
 #include "../built_plugins.hpp"
 #include "dispatch/dispatch.hpp"
 #include "dispatch/ledger.hpp"
@@ -21,9 +26,15 @@
 
 #include <ATen/ATen.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace fd = flashdraft;
 
@@ -54,7 +65,7 @@ int run(int argc, char** argv) {
   std::vector<int64_t> layers;
   std::stringstream ls(argv[5]);
   for (std::string item; std::getline(ls, item, ',');) layers.push_back(std::stoll(item));
-  const fd::Registry reg({built_plugin_dir()});
+  static const fd::Registry reg({built_plugin_dir()});  // (once for every run of --serve)
   std::map<std::string, fd::Value> values = {{"path", std::string(argv[2])}, {"dtype", dtype}};
   if (argc > 9) values["kernels"] = std::string(argv[9]);
   for (int i = 10; i < argc; ++i) {  // more [target] keys, KEY=VALUE (string values)
@@ -111,13 +122,52 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_caught(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return 1;
   }
+}
+
+// fd (1 or 2) onto `path`, truncated; false when it cannot be opened.
+bool redirect(int fd, const std::string& path) {
+  const int f = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (f < 0) return false;
+  ::dup2(f, fd);
+  ::close(f);
+  return true;
+}
+
+int serve() {
+  const int status = ::dup(1);  // the exit statuses' stream; runs write to their files
+  FILE* statuses = ::fdopen(status, "w");
+  if (!statuses) return 2;
+  for (std::string line; std::getline(std::cin, line);) {
+    std::vector<std::string> fields;
+    std::stringstream ss(line);
+    for (std::string f; std::getline(ss, f, '\t');) fields.push_back(f);
+    int rc = 2;
+    if (fields.size() >= 2 && redirect(1, fields[0]) && redirect(2, fields[1])) {
+      std::vector<char*> args = {const_cast<char*>("target_states")};
+      for (size_t i = 2; i < fields.size(); ++i) args.push_back(fields[i].data());
+      rc = run_caught(static_cast<int>(args.size()), args.data());
+      std::cout.flush();
+      std::cerr.flush();
+      std::fflush(stdout);
+      std::fflush(stderr);
+    }
+    redirect(1, "/dev/null"), redirect(2, "/dev/null");
+    std::fprintf(statuses, "%d\n", rc);
+    std::fflush(statuses);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--serve") return serve();
+  return run_caught(argc, argv);
 }
