@@ -5,7 +5,8 @@
 
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 namespace {
 

@@ -114,6 +114,9 @@ def check_verification(dump, meta, target):
 # (Nemotron 3's kind with experts blocks, nemotron_h_moe, is not here: ours equalled dflash_generate float for float at
 # every setting tried, 0.02-0.1 with eos scaled by 1.15-1.3, ~1400-1490 steps, 6-12 at eos, but the tiny drafter's tau
 # stayed 1.026-1.048, under the 1.05 this test asks; its experts are the served path of test_served_moe.py's families.)
+# dflash_generate with its own cache is run on the first 12 responses only, for the figure the test prints (nothing
+# is asserted of it; on all 48 it was a quarter of the test's time).
+CACHED_SHOWN = 12
 INIT_GRANITE = 0.07
 EOS_GRANITE = 1.2
 INIT_NEMOTRON = 0.07
@@ -132,7 +135,7 @@ def test_greedy_equals_the_reference_loop_with_a_hybrid_target(family, init, eos
     draft, target = reference_draft(trained["folder"]), trained["model"]
     plain_text = {tuple(prompt): response for prompt, response in trained["conversations"]}
     all_steps, stopped, cached_departs = [], 0, 0
-    for row, prompt_len, end, acc, generated in ours:
+    for i, (row, prompt_len, end, acc, generated) in enumerate(ours):
         prompt = dump["tokens"][row, :prompt_len].tolist()
         ref = reference(draft, target, prompt, end - prompt_len, cached=False)
         decoded = ref.output_ids[0, prompt_len:].tolist()
@@ -141,13 +144,14 @@ def test_greedy_equals_the_reference_loop_with_a_hybrid_target(family, init, eos
         assert acc == ref.acceptance_lengths, (row, acc, ref.acceptance_lengths)
         all_steps += ref.acceptance_lengths
         stopped += decoded[-1] == EOS
-        cached = reference(draft, target, prompt, end - prompt_len, cached=True)
-        cached_departs += cached.output_ids[0, prompt_len:].tolist() != decoded
+        if i < CACHED_SHOWN:
+            cached = reference(draft, target, prompt, end - prompt_len, cached=True)
+            cached_departs += cached.output_ids[0, prompt_len:].tolist() != decoded
     reference_tau, ours_tau = sum(all_steps) / len(all_steps), float(dump["tau_served"])
     print(f"{family} (hybrid) greedy: {len(ours)} responses ({stopped} ended at eos), {len(all_steps)} steps; "
           f"dflash_generate (target recomputed) tau {reference_tau!r}, ours {ours_tau!r}, on the data's tokens "
           f"{float(dump['tau_served_data'])!r}; dflash_generate with its own cache departs from the target's greedy "
-          f"text in {cached_departs} of {len(ours)} responses")
+          f"text in {cached_departs} of the first {CACHED_SHOWN} responses")
     assert ours_tau == reference_tau
     assert float(dump["tau_served_data"]) == ours_tau  # the data is the target's greedy text
     check_verification(dump, meta, target)
