@@ -291,6 +291,15 @@ FAMILIES = [
           n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
           n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, pad_token_id=0, bos_token_id=1,
           eos_token_id=2), {}),
+    # Nemotron 3 Super's kind: nemotron_h_moe's blocks with the routed experts in a latent width of 24
+    # (moe_latent_size: mixer.fc1_latent_proj before them, fc2_latent_proj after their sum; the router and the shared
+    # MLP read the hidden rows).
+    ("nemotron_h_latent", "NemotronHConfig", "NemotronHForCausalLM",
+     dict(tie_word_embeddings=False, hybrid_override_pattern="ME*E", head_dim=16, mamba_num_heads=8,
+          mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16, conv_kernel=4, layer_norm_epsilon=1e-5,
+          n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+          moe_latent_size=24, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, pad_token_id=0,
+          bos_token_id=1, eos_token_id=2), {}),
     # Bamba's kind (BambaForCausalLM: Bamba-9B): Mamba-2 layers (Granite 4.0-H's sizes) with attention at layer 2
     # (attn_layer_indices), half of each head rotated, Llama's SwiGLU MLP under feed_forward.
     ("bamba", "BambaConfig", "BambaForCausalLM",

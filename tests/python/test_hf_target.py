@@ -1062,8 +1062,9 @@ def test_nemotron_h_reads_its_blocks_and_time_step_min(tmp_path):
 def test_nemotron_h_experts_as_published_and_their_scale(tmp_path):
     """Nemotron 3's experts blocks (the family and routing tests give their states equal to transformers'): the experts
     saved one at a time (mixer.experts.E.up_proj.weight, as the published checkpoints hold them) give the states the
-    stacked ones give; routed_scaling_factor 1 in place of 2.5 moves the states, ours following transformers; a latent
-    projection (moe_latent_size) is refused."""
+    stacked ones give; routed_scaling_factor 1 in place of 2.5 moves the states, ours following transformers; a config
+    whose moe_latent_size the weights do not have (or one that is not a width) is refused with a sentence (the latent
+    kind itself: the nemotron_h_latent family)."""
     changed_configs_follow_transformers("nemotron_h_moe", 43, 8, [
         ("routed_scaling_factor 1", lambda made: {**made, "routed_scaling_factor": 1.0})], tmp_path / "moves")
     folder = tmp_path / "nemotron_h_moe"
@@ -1082,9 +1083,14 @@ def test_nemotron_h_experts_as_published_and_their_scale(tmp_path):
     print(f"nemotron_h_moe with its experts one at a time: equal to the stacked ones: "
           f"{torch.equal(each['hidden'], stacked['hidden'])}")
     assert torch.equal(each["hidden"], stacked["hidden"])
+    edit_config(folder, moe_latent_size=0)
+    p, _ = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    print(f"nemotron_h_moe moe_latent_size 0: {p.stderr.strip()}")
+    assert p.returncode != 0 and "moe_latent_size: value 0 is not an integer >= 1" in p.stderr, p.stderr
     edit_config(folder, moe_latent_size=32)
     p, _ = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
-    assert p.returncode != 0 and "moe_latent_size:" in p.stderr and "accepted" in p.stderr, p.stderr
+    print(f"nemotron_h_moe moe_latent_size 32 without latent weights: {p.stderr.strip()}")
+    assert p.returncode != 0 and "mixer.fc1_latent_proj.weight' is missing" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("change,key", [

@@ -65,6 +65,8 @@ struct DecoderLayer {
   // Gemma 3: post_norm normalises the attention's output before its residual add; these the MLP's input and output
   at::Tensor pre_ff_norm, post_ff_norm;
   at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down, shared_gate;
+  // Nemotron 3 Super: the routed experts' rows into their latent width [latent, H] and their sum out of it [H, latent]
+  at::Tensor latent_in, latent_out;
   // gpt-oss: its router's bias [E] (a logit bias, in the model's dtype), its experts' biases [E, 2 I]
   // (gate entries, then up, as experts_gate_up's rows) and [E, H], and its sinks [heads] (float32)
   at::Tensor router_logit_bias, experts_gate_up_bias, experts_down_bias, sinks;
@@ -908,17 +910,22 @@ class HfTarget final : public Target {
   }
   void add_nemotron_expert_shapes(const std::string& p, Shapes& expected) const {
     const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden, Is = cfg_.shared_intermediate;
+    const int64_t D = cfg_.moe_latent > 0 ? cfg_.moe_latent : H;  // the experts' width
     const std::string x = p + "mixer.";
     expected.push_back({x + "gate.weight", {E, H}});
     expected.push_back({x + "gate.e_score_correction_bias", {E}});
+    if (cfg_.moe_latent > 0) {
+      expected.push_back({x + "fc1_latent_proj.weight", {D, H}});
+      expected.push_back({x + "fc2_latent_proj.weight", {H, D}});
+    }
     const bool stacked = nemotron_stacked(p);
     if (stacked) {
-      expected.push_back({x + "experts.up_proj", {E, I, H}});
-      expected.push_back({x + "experts.down_proj", {E, H, I}});
+      expected.push_back({x + "experts.up_proj", {E, I, D}});
+      expected.push_back({x + "experts.down_proj", {E, D, I}});
     }
     for (int64_t e = 0; e < (stacked ? 0 : E); ++e) {
-      expected.push_back({x + "experts." + std::to_string(e) + ".up_proj.weight", {I, H}});
-      expected.push_back({x + "experts." + std::to_string(e) + ".down_proj.weight", {H, I}});
+      expected.push_back({x + "experts." + std::to_string(e) + ".up_proj.weight", {I, D}});
+      expected.push_back({x + "experts." + std::to_string(e) + ".down_proj.weight", {D, I}});
     }
     expected.push_back({x + "shared_experts.up_proj.weight", {Is, H}});
     expected.push_back({x + "shared_experts.down_proj.weight", {H, Is}});
@@ -938,6 +945,8 @@ class HfTarget final : public Target {
     L.experts_down = stacked ? load(x + "experts.down_proj") : each("down_proj");
     L.shared_gate_up = load(x + "shared_experts.up_proj.weight");
     L.shared_down = load(x + "shared_experts.down_proj.weight");
+    if (cfg_.moe_latent > 0)
+      L.latent_in = load(x + "fc1_latent_proj.weight"), L.latent_out = load(x + "fc2_latent_proj.weight");
   }
 
   // Layer l's tensors; Granite's residual_multiplier folded into the products whose outputs join the residual stream
@@ -1463,7 +1472,9 @@ class HfTarget final : public Target {
     // the pairs in the experts' order (keys of 16 bits: two passes of the radix sort, not eight)
     const at::Tensor order =
         std::get<1>(at::sort(ids.to(cfg_.experts <= 32767 ? at::kShort : at::kInt), /*stable=*/true, 0, false));
-    at::Tensor rows = x.index_select(0, order.div(k, "floor"));
+    // (Nemotron 3 Super: the experts' rows in their latent width, the router having read the hidden ones)
+    const at::Tensor in = L.latent_in.defined() ? at::linear(x, L.latent_in) : x;
+    at::Tensor rows = in.index_select(0, order.div(k, "floor"));
     // (Llama 4: each expert's input times its weight, its output summed as it is)
     if (cfg_.router_scales_input) rows = rows * top.reshape({-1}).index_select(0, order).unsqueeze(1);
     // rows per expert, counted on the device (bincount would read the largest id on the host)
@@ -1495,7 +1506,8 @@ class HfTarget final : public Target {
     const at::Tensor weights = cfg_.router_scales_input    ? at::ones_like(top)
                                : cfg_.float_router_weights ? top
                                                            : top.to(h.scalar_type());
-    const at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_).view(h.sizes());
+    at::Tensor routed = frozen::combine_experts(out, weights, slot.view({-1, k}), fused_);
+    routed = (L.latent_out.defined() ? at::linear(routed, L.latent_out) : routed).view(h.sizes());
     if (!L.shared_gate_up.defined()) return routed;
     const at::Tensor shared = at::linear(
         cfg_.relu2_mlp ? relu2(at::linear(h, L.shared_gate_up)) : frozen::linear_swiglu(h, L.shared_gate_up, fused_),

@@ -933,7 +933,7 @@ std::vector<char> nemotron_h_blocks(const Reader& r) {
 int64_t nemotron_h_layers(const Reader& r) { return static_cast<int64_t>(nemotron_h_blocks(r).size()); }
 
 // Nemotron 3's experts blocks (NemotronHConfig's keys and defaults): GLM-4.5's sigmoid router with groups, ungated
-// ReLU² experts and a shared ReLU² MLP; a latent projection refused.
+// ReLU² experts and a shared ReLU² MLP; Nemotron 3 Super's experts in a latent width (moe_latent_size).
 void read_nemotron_h_experts(const Reader& r, ModelConfig& c) {
   c.experts_key = "n_routed_experts";
   c.experts = r.integer("n_routed_experts", 1, 8);
@@ -953,10 +953,7 @@ void read_nemotron_h_experts(const Reader& r, ModelConfig& c) {
                           "topk_group)");
   c.norm_topk = r.boolean("norm_topk_prob", true);
   c.routed_scale = r.real(r.j, "routed_scaling_factor", 1.0);
-  if (r.has("moe_latent_size"))
-    r.fail("moe_latent_size", "value " + r.j.at("moe_latent_size").dump() +
-                                  ": the experts' latent projection (Nemotron 3 Super's) is not read (accepted: null "
-                                  "or absent)");
+  c.moe_latent = r.integer("moe_latent_size", 1, 0);  // (null or absent: none)
 }
 
 // Nemotron-H's blocks, its Mamba-2 sizes (NemotronHConfig's keys and defaults, with the published aliases

@@ -304,8 +304,11 @@ struct ModelConfig {
   // (mixer.gate.e_score_correction_bias) over n_group groups, n_routed_experts ungated ReLU² experts of
   // moe_intermediate_size (mixer.experts.up_proj / down_proj, stacked, or one expert at a time as published), their
   // weights times routed_scaling_factor, beside a shared ReLU² MLP of moe_shared_expert_intermediate_size
-  // (mixer.shared_experts.); a latent projection (moe_latent_size, Nemotron 3 Super's) is refused.
+  // (mixer.shared_experts.); with moe_latent_size (Nemotron 3 Super's) the routed experts run in that width, between
+  // mixer.fc1_latent_proj (hidden -> latent, after the router, which reads the hidden rows) and fc2_latent_proj
+  // (latent -> hidden, on the experts' rounded sum), the shared MLP on the hidden rows.
   bool nemotron_h() const { return architecture == "NemotronHForCausalLM"; }
+  int64_t moe_latent = 0;  // the routed experts' width where it is not the hidden size (0: the hidden size)
   std::vector<uint8_t> mlp_blocks, moe_blocks;
   bool mlp_block(int64_t layer) const { return !mlp_blocks.empty() && mlp_blocks[static_cast<size_t>(layer)]; }
   // A layer that is one block, attention or a mixer or an MLP, added to the stream alone (Nemotron-H's).
