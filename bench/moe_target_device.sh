@@ -34,7 +34,8 @@
 #    forward (SDPA), next to transformers' eager attention against the same (the noise of bf16
 #    itself, routing ties included);
 # 4. our training step for 24 steps with [target] kernels = "engine" (steps 10-12 profiled) and "aten":
-#    median target forward ms over steps 14-24, step ms, peak GiB;
+#    median target forward ms over steps 14-24, step ms, peak GiB; with SSD_AB=1 (the Mamba-2 families) also
+#    "engine_ssd_apart": the engine's path with the Mamba-2 rule on ATen's ops (FLASHDRAFT_SSD=0), in the same call;
 # 5. transformers' model (bf16, SDPA, output_hidden_states, inference mode, the layers ours runs,
 #    its default experts implementation): eager, then torch.compile, median forward ms;
 # 6. ours with the engine's kernels once more (after transformers: the spread of one version).
@@ -150,12 +151,14 @@ PY
 # of the target's forward by kernel), aten (transformers' separate ATen ops for the norms, RoPE,
 # SwiGLU and the experts' weighted sum), engine_again after transformers (the spread of one version).
 run_ours() {
-  local k=$1 kern=aten prof=""
+  local k=$1 kern=aten prof="" ssd=1
   case $k in engine*) kern=engine ;; esac
   [ $k = engine ] && prof="--profile 10:13"
+  [ $k = engine_ssd_apart ] && ssd=0  # the Mamba-2 rule on ATen's ops, the rest on the engine's path
   sed -e "s|^path = .*|path = \"$CKPT\"\nkernels = \"$kern\"|" -e "s/^name = .*/name = \"moe_$k\"/" \
     $TOML > /tmp/moe_$k.toml
-  timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/moe_$k.toml --out /tmp/moe-runs $prof > /tmp/run_$k.log 2>&1
+  FLASHDRAFT_SSD=$ssd timeout -k 5 150 "$BUILD/bin/flashdraft" run /tmp/moe_$k.toml --out /tmp/moe-runs $prof \
+    > /tmp/run_$k.log 2>&1
   echo "=== ours, [target] kernels = $k: rc $? ($(( $(date +%s) - t0 )) s)"
   grep -E "^target:|^error|^warning" /tmp/run_$k.log | head -3
   grep -A12 "^ *target_forward " /tmp/run_$k.log | head -13
@@ -169,6 +172,7 @@ print(f"ours {sys.argv[2]}: target forward median {1e3 * statistics.median(t[13:
 PY
 }
 run_ours engine
+[ "${SSD_AB:-0}" = 1 ] && run_ours engine_ssd_apart  # (the Mamba-2 families: the rule's kernels against ATen's ops)
 [ "$QUICK" = 1 ] || run_ours aten
 
 echo "=== transformers' forward ($RUN layers, bf16, $PEER_ATTN, output_hidden_states, inference mode) ($(( $(date +%s) - t0 )) s)"

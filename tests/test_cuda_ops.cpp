@@ -527,6 +527,48 @@ TEST(CudaOps, GatedDeltaChunksMatchTheRecurrence) {
   EXPECT_FALSE(frozen::gated_delta_chunks(q, k, v, g, beta).first.defined());  // the CPU
 }
 
+// Mamba-2's state-space rule in two kernels (frozen::ssd_chunks) against its definition, one position after another
+// in float64 on the CPU: S = exp(g_t) S + k_t v_t^T; o_t = S^T q_t, per head, with k and q its group's (B and C). Two
+// rows of 200 positions (three chunks and a part: positions past T read as zeros), 4 heads in 2 groups, a state of
+// 128 x 64; decays of 0.55-1 a position, from zeros and from a random state (its output).
+TEST(CudaOps, SsdChunksMatchTheRecurrence) {
+  REQUIRE_CUDA_OPS();
+  at::manual_seed(43);
+  const int64_t B = 2, T = 200, G = 2, H = 4, N = 128, P = 64;
+  const at::Tensor q = at::randn({B, T, G, N}) * 0.3, k = at::randn({B, T, G, N}) * 0.3;
+  const at::Tensor v = at::randn({B, T, H, P});
+  const at::Tensor g = -at::softplus(at::randn({B, T, H})) * 0.3;
+  const at::Tensor initial = at::randn({B, H, N, P});
+  for (bool from_state : {false, true}) {
+    const std::string what = from_state ? "from a random state" : "from zeros";
+    at::Tensor S = from_state ? initial.to(at::kDouble).clone() : at::zeros({B, H, N, P}, at::kDouble);
+    at::Tensor ref = at::empty({B, T, H, P}, at::kDouble);
+    const at::Tensor qh = q.to(at::kDouble).repeat_interleave(H / G, 2),
+                     kh = k.to(at::kDouble).repeat_interleave(H / G, 2);
+    const at::Tensor vd = v.to(at::kDouble), gd = g.to(at::kDouble);
+    for (int64_t t = 0; t < T; ++t) {
+      S = S * gd.select(1, t).exp().view({B, H, 1, 1}) + kh.select(1, t).unsqueeze(-1) * vd.select(1, t).unsqueeze(2);
+      ref.select(1, t).copy_((S * qh.select(1, t).unsqueeze(-1)).sum(2));
+    }
+    const auto cuda = [](const at::Tensor& x) { return x.to(kCuda); };
+    const at::Tensor out =
+        frozen::ssd_chunks(cuda(q), cuda(k), cuda(v), cuda(g), from_state ? cuda(initial) : at::Tensor(), true);
+    ASSERT_TRUE(out.defined()) << what;
+    ASSERT_EQ(out.sizes(), v.sizes()) << what;
+    EXPECT_EQ(out.scalar_type(), at::kFloat) << what;
+    const double e = rel_err(out, ref);
+    std::cout << "Mamba-2 rule " << what << ": out rel err " << e << "\n";
+    EXPECT_LE(e, 5e-6) << what;
+  }
+  // a bf16 input is read as float32; where the kernels do not run: undefined, and the caller runs ATen's ops
+  const auto bf16 = [](const at::Tensor& x) { return x.to(kCuda, at::kBFloat16); };
+  EXPECT_TRUE(frozen::ssd_chunks(bf16(q), bf16(k), v.to(kCuda), g.to(kCuda)).defined());
+  EXPECT_FALSE(frozen::ssd_chunks(q.to(kCuda), k.to(kCuda), v.to(kCuda), g.to(kCuda), at::Tensor(), false).defined());
+  const at::Tensor k64 = k.narrow(3, 0, 64).contiguous().to(kCuda);
+  EXPECT_FALSE(frozen::ssd_chunks(k64, k64, v.to(kCuda), g.to(kCuda)).defined());
+  EXPECT_FALSE(frozen::ssd_chunks(q, k, v, g).defined());  // the CPU
+}
+
 // gpt-oss's clamped GLU with each row's expert's bias: the engine's pass against ATen's ops, with
 // and without biases, vectorised (I = 2880, gpt-oss's width; 96) and general (I = 1001; an
 // unaligned gate_up), and a limit that clamps a good share of the values (not vacuous).

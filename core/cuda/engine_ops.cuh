@@ -126,6 +126,17 @@ void gated_delta_chunks(const float* q, const float* k, const float* v, const fl
                         const float* initial, int64_t sequences, int64_t chunks, float* work, float* out,
                         float* final_state, void* stream);
 
+// ---- Mamba-2's state-space rule in chunks of 64 (ssd.cu), float32 -------------------------------
+// Over `rows` rows of T positions and `heads` heads in `groups` groups (heads / groups consecutive heads a group):
+// q, k [rows, T, groups, 128] (a group's C and B), v [rows, T, heads, P] (dt x), g [rows, T, heads] (the log decays
+// dt A), contiguous; from `initial` [rows, heads, 128, P] (null: zeros): out [rows, T, heads, P] with
+// S_t = exp(g_t) S_{t-1} + k_t v_t^T, out_t = S_t^T q_t. `work`: ssd_work_floats(rows, groups, T) floats of scratch
+// (each chunk's Q K^T).
+bool ssd_supported(int64_t n, int64_t p);  // the state's width 128, value widths a multiple of 32
+size_t ssd_work_floats(int64_t rows, int64_t groups, int64_t T);
+void ssd_chunks(const float* q, const float* k, const float* v, const float* g, const float* initial, int64_t rows,
+                int64_t T, int64_t heads, int64_t groups, int64_t P, float* work, float* out, void* stream);
+
 // ---- The gate / up product with SwiGLU in its epilogue, on Hopper (gemm_sm90a.cu) ------------
 // out [M, I] = round(round(silu(round(x Wg^T))) * round(x Wu^T)), x [M, K], W = [Wg; Wu] [2 I, K]
 // (gate rows first; swiglu_packed(x W^T) with the product never written), bf16, float32

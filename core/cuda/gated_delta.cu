@@ -117,22 +117,6 @@ __device__ __forceinline__ void copy16(float* dst, const float* __restrict__ src
     reinterpret_cast<float4*>(dst)[e] = __ldg(reinterpret_cast<const float4*>(src) + e);
 }
 
-// p[a] += sum_{c < n} A[(row0 + a) A_stride + c] B[c kSlice + lane] for a < 8: eight rows of A (read four values at
-// a time, the same for the whole warp) times column `lane` of B (n a multiple of 4).
-__device__ __forceinline__ void rows_times(const float* A, int a_stride, const float* B, int n, int row0, int lane,
-                                           float (&p)[8]) {
-#pragma unroll 2
-  for (int c = 0; c < n; c += 4) {
-    const float b0 = B[c * kSlice + lane], b1 = B[(c + 1) * kSlice + lane], b2 = B[(c + 2) * kSlice + lane],
-                b3 = B[(c + 3) * kSlice + lane];
-#pragma unroll
-    for (int a = 0; a < 8; ++a) {
-      const float4 w = *reinterpret_cast<const float4*>(A + (row0 + a) * a_stride + c);
-      p[a] = fmaf(w.x, b0, fmaf(w.y, b1, fmaf(w.z, b2, fmaf(w.w, b3, p[a]))));
-    }
-  }
-}
-
 __global__ void __launch_bounds__(kScanThreads)
     gdn_scan_kernel(const float* __restrict__ W, const float* __restrict__ U, const float* __restrict__ intra,
                     const float* __restrict__ qd, const float* __restrict__ kd, const float* __restrict__ decay,
@@ -162,7 +146,7 @@ __global__ void __launch_bounds__(kScanThreads)
     __syncthreads();
     // u = U - W S: rows warp * 8 + a, column lane
     float p[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    rows_times(buf, kDk, S, kDk, warp * 8, lane, p);
+    rows_times<kSlice>(buf, kDk, S, kDk, warp * 8, lane, p);
 #pragma unroll
     for (int a = 0; a < 8; ++a) u[(warp * 8 + a) * kSlice + lane] -= p[a];
     __syncthreads();  // buf free, u final
@@ -172,8 +156,8 @@ __global__ void __launch_bounds__(kScanThreads)
     float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int a = 0; a < 8; ++a) p[a] = 0.f;
-    rows_times(buf, kDk, S, kDk, warp * 8, lane, p);
-    rows_times(it, kC, u, warp * 8 + 8, warp * 8, lane, o);
+    rows_times<kSlice>(buf, kDk, S, kDk, warp * 8, lane, p);
+    rows_times<kSlice>(it, kC, u, warp * 8 + 8, warp * 8, lane, o);
 #pragma unroll
     for (int a = 0; a < 8; ++a) out[(ch * kC + warp * 8 + a) * kDv + c0 + lane] = p[a] + o[a];
     __syncthreads();  // buf free
@@ -181,20 +165,7 @@ __global__ void __launch_bounds__(kScanThreads)
     __syncthreads();
     // S = decay S + Kd^T u: rows warp * 16 + r of the state, column lane
     float acc[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r) acc[r] = 0.f;
-#pragma unroll 4
-    for (int j = 0; j < kC; ++j) {
-      const float uj = u[j * kSlice + lane];
-#pragma unroll
-      for (int r4 = 0; r4 < 4; ++r4) {
-        const float4 t = *reinterpret_cast<const float4*>(buf + j * kDk + warp * 16 + 4 * r4);
-        acc[4 * r4] = fmaf(t.x, uj, acc[4 * r4]);
-        acc[4 * r4 + 1] = fmaf(t.y, uj, acc[4 * r4 + 1]);
-        acc[4 * r4 + 2] = fmaf(t.z, uj, acc[4 * r4 + 2]);
-        acc[4 * r4 + 3] = fmaf(t.w, uj, acc[4 * r4 + 3]);
-      }
-    }
+    cols_times<kSlice, false>(buf, kDk, u, nullptr, kC, warp * 16, lane, acc);
     const float d = decay[ch];
 #pragma unroll
     for (int r = 0; r < 16; ++r) {

@@ -91,4 +91,43 @@ inline unsigned grid_for(int64_t items, int threads) {
   return static_cast<unsigned>(want < 1 ? 1 : want > 8192 ? 8192 : want);
 }
 
+// p[a] += sum_{c < n} A[(row0 + a) a_stride + c] B[c kCols + lane] for a < 8: eight rows of A in shared memory (four
+// values at a time, the same for the whole warp: broadcast) times column `lane` of B [n][kCols] (n a multiple of 4):
+// the recurrent rules' chunk products (gated_delta.cu, ssd.cu), float32 FMA.
+template <int kCols>
+__device__ __forceinline__ void rows_times(const float* A, int a_stride, const float* B, int n, int row0, int lane,
+                                           float (&p)[8]) {
+#pragma unroll 2
+  for (int c = 0; c < n; c += 4) {
+    const float b0 = B[c * kCols + lane], b1 = B[(c + 1) * kCols + lane], b2 = B[(c + 2) * kCols + lane],
+                b3 = B[(c + 3) * kCols + lane];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+      const float4 w = *reinterpret_cast<const float4*>(A + (row0 + a) * a_stride + c);
+      p[a] = fmaf(w.x, b0, fmaf(w.y, b1, fmaf(w.z, b2, fmaf(w.w, b3, p[a]))));
+    }
+  }
+}
+
+// acc[r] = sum_{j < n} K[j k_stride + row0 + r] (V[j kCols + lane] scale[j]) for r < 16 (kScaled false: no scale):
+// sixteen rows of K^T V at column `lane`, K and V in shared memory (the recurrent rules' state updates), float32 FMA.
+template <int kCols, bool kScaled>
+__device__ __forceinline__ void cols_times(const float* K, int k_stride, const float* V, const float* scale, int n,
+                                           int row0, int lane, float (&acc)[16]) {
+#pragma unroll
+  for (int r = 0; r < 16; ++r) acc[r] = 0.f;
+#pragma unroll 4
+  for (int j = 0; j < n; ++j) {
+    const float vj = kScaled ? V[j * kCols + lane] * scale[j] : V[j * kCols + lane];
+#pragma unroll
+    for (int r4 = 0; r4 < 4; ++r4) {
+      const float4 t = *reinterpret_cast<const float4*>(K + j * k_stride + row0 + 4 * r4);
+      acc[4 * r4] = fmaf(t.x, vj, acc[4 * r4]);
+      acc[4 * r4 + 1] = fmaf(t.y, vj, acc[4 * r4 + 1]);
+      acc[4 * r4 + 2] = fmaf(t.z, vj, acc[4 * r4 + 2]);
+      acc[4 * r4 + 3] = fmaf(t.w, vj, acc[4 * r4 + 3]);
+    }
+  }
+}
+
 }  // namespace flashdraft::cuda_ops::detail

@@ -33,13 +33,14 @@ def rel_mean(a, b):
 
 
 def run_target(model_dir, tokens, lengths, layers, tmp, documents=None, kernel="dense_ref", dtype="float32",
-               device="cpu", env=None, keys=None):
+               device="cpu", env=None, keys=None, target_kernels=None):
     inp, out = tmp / "in.safetensors", tmp / "out.safetensors"
     tensors = {"tokens": tokens.long(), "lengths": lengths.long()}
     if documents is not None:
         tensors["documents"] = documents.long()
     save_file(tensors, str(inp))
-    more = ["engine", *[f"{k}={v}" for k, v in keys.items()]] if keys else []  # more [target] keys
+    # [target] kernels ("engine", the default, or "aten") and more [target] keys
+    more = [target_kernels or "engine", *[f"{k}={v}" for k, v in (keys or {}).items()]] if keys or target_kernels else []
     args = ["hf", str(model_dir), str(inp), str(out), ",".join(map(str, layers)), kernel, dtype, device, *more]
     if env is None and device == "cpu":
         p = SERVER.run(args, tmp)
@@ -320,12 +321,13 @@ def minimax_rotary_dim_is_read():
     return (config.rope_parameters or {}).get("partial_rotary_factor") == 0.5
 
 
-def mamba_norm_is_grouped():
-    """Whether this transformers' Granite 4.0-H normalises its Mamba-2 output per group of B and C, as mamba_ssm's
-    RMSNormGated(group_size=d_inner / n_groups) does (5.23 does; 5.17 normalises over all of d_inner: the two agree
-    where mamba_n_groups is 1, as in the published checkpoints)."""
+def mamba_norm_is_grouped(family="granite4_h"):
+    """Whether this transformers' Granite 4.0-H (or Bamba) normalises its Mamba-2 output per group of B and C, as
+    mamba_ssm's RMSNormGated(group_size=d_inner / n_groups) does (5.23 does; 5.17 normalises over all of d_inner: the
+    two agree where mamba_n_groups is 1, as in the published checkpoints)."""
     import inspect
-    norm = transformers.models.granitemoehybrid.modeling_granitemoehybrid.GraniteMoeHybridRMSNormGated
+    norm = (transformers.models.bamba.modeling_bamba.BambaRMSNormGated if family == "bamba" else
+            transformers.models.granitemoehybrid.modeling_granitemoehybrid.GraniteMoeHybridRMSNormGated)
     return "group_size" in inspect.signature(norm.__init__).parameters
 
 
@@ -1644,7 +1646,8 @@ def test_corrupt_checkpoints_are_refused_with_a_sentence(tmp_path, how):
 
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-NOISY_FAMILIES = (*HYBRID_FAMILIES, "gemma3")
+# (Bamba: the tiny random model's own bf16 forward is 4.4e-02 from its float32 one at layer 3, ours the same)
+NOISY_FAMILIES = (*HYBRID_FAMILIES, "gemma3", "bamba")
 BF16_BOUND = 3e-2  # bf16 (8 bits of mantissa) through 4 layers, relative to the fp32 reference
 # The hybrid families (Qwen3.5, Qwen3.5-MoE, Qwen3-Next: the Gated DeltaNet's recurrence and convolution over bf16
 # inputs) and the mixtures of experts (a token near a router's tie goes to another expert in any bf16 forward): their
@@ -1677,7 +1680,7 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
     extra = dict(head_dim=64, swiglu_limit=7.0) if family == "gpt_oss" and not gpt_oss_limit_is_read() else dict(head_dim=64)
     if family == "minimax_m2" and hasattr(transformers, "MiniMaxM2Config") and not minimax_rotary_dim_is_read():
         extra = dict(head_dim=64, rotary_dim=64)
-    if family == "granite4_h" and not mamba_norm_is_grouped():  # (one group, which both versions normalise alike)
+    if family in ("granite4_h", "bamba") and not mamba_norm_is_grouped(family):  # (one group: both versions alike)
         extra = dict(head_dim=64, mamba_n_groups=1)
     if family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
@@ -1706,6 +1709,35 @@ def test_bf16_on_cuda_with_wide_heads_matches_transformers(family, tmp_path):
     ran = p.stdout.strip().splitlines()[-1]
     print(f"{family}: {ran}")
     assert ran.startswith("kernels ") and "flash_cuda/fwd/" in ran and f"/d{width}/" in ran, ran
+
+
+# The Mamba-2 families at the widths of every published checkpoint that the engine's kernels take (a state of 128,
+# heads of 64): their rule through frozen::ssd_chunks.
+MAMBA2_WIDE = {"granite4_h": dict(mamba_d_state=128), "nemotron_h": dict(ssm_state_size=128, mamba_head_dim=64),
+               "bamba": dict(mamba_d_state=128)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", list(MAMBA2_WIDE))
+def test_bf16_on_cuda_mamba2_on_the_engines_kernels_matches_transformers(family, tmp_path):
+    """The Mamba-2 rule on the engine's two kernels (chunks of 64, each chunk's Q K^T once a group) in the bf16
+    comparison; against the same target with [target] kernels = "aten" (the rule on ATen's ops, in the model's chunks)
+    its states differ (the kernels ran) by no more than bf16's noise."""
+    extra = dict(head_dim=64, **MAMBA2_WIDE[family])
+    if family in ("granite4_h", "bamba") and not mamba_norm_is_grouped(family):  # (see check_bf16_on_cuda's caller)
+        extra["mamba_n_groups"] = 1
+    check_bf16_on_cuda(family, [0, 1, 2, 3], tmp_path, extra)
+    g = torch.Generator().manual_seed(5)  # check_bf16_on_cuda's tokens
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 128), generator=g)
+    lengths = torch.tensor([128, 77])
+    runs = {}
+    for kernels in ("engine", "aten"):
+        p, runs[kernels] = run_target(tmp_path / family, tokens, lengths, [0, 1, 2, 3], tmp_path, kernel="flash_cuda",
+                                      dtype="bfloat16", device="cuda", target_kernels=kernels)
+        assert p.returncode == 0, p.stderr
+    moved = rel(runs["engine"]["hidden"], runs["aten"]["hidden"])
+    print(f"{family}: the engine's kernels against ATen's ops for the Mamba-2 rule: {moved:.1e}")
+    assert 0 < moved <= BF16_BOUND, moved
 
 
 def check_bf16_on_cuda(family, layers, tmp_path, extra):

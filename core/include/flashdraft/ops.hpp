@@ -120,6 +120,15 @@ FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> gated_delta_chunks(const at::Te
                                                                     const at::Tensor& beta,
                                                                     const at::Tensor& initial = at::Tensor(),
                                                                     bool fused = true);
+// Mamba-2's state-space rule (the hf target's Mamba-2 layers) on the engine's path: per head h of each row, over
+// positions t, S_t = exp(g_t) S_{t-1} + k_t v_t^T and out_t = S_t^T q_t, for q, k [B, T, G, 128] (a group's C and
+// B, shared by H / G consecutive heads), v [B, T, H, P] (dt x; P a multiple of 32), g [B, T, H] (dt A) on CUDA, from
+// `initial` [B, H, 128, P] (undefined: zeros): out [B, T, H, P] float32, in two kernels (each chunk's Q K^T once a
+// group, then the scan over chunks of 64 positions) with float32 products and the kernels' own summation orders.
+// Where it does not run (not fused, not CUDA, other widths; FLASHDRAFT_SSD=0, for measuring one against the other)
+// undefined: the caller runs ATen's ops, the reference.
+FLASHDRAFT_API at::Tensor ssd_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                     const at::Tensor& initial = at::Tensor(), bool fused = true);
 // What runs these on `device` with `fused`, for logs: "the engine's CUDA kernels" (", launched
 // with programmatic dependent launch" on sm_90 and later unless FLASHDRAFT_PDL=0; "; residual
 // adds in the matrix products" unless FLASHDRAFT_GEMM_ADD=0; "; SwiGLU in the gate / up product" on

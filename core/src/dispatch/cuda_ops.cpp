@@ -422,6 +422,33 @@ GatedDelta gated_delta_chunks(const at::Tensor& q, const at::Tensor& k, const at
   return r;
 }
 
+bool ssd_runs(const at::Tensor& k, const at::Tensor& v) {
+  return k.is_cuda() && k.dim() == 4 && v.dim() == 4 && cuda_ops::ssd_supported(k.size(3), v.size(3)) &&
+         k.size(2) > 0 && v.size(2) % k.size(2) == 0;
+}
+
+at::Tensor ssd_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                      const at::Tensor& initial) {
+  const int64_t B = k.size(0), T = k.size(1), G = k.size(2), N = k.size(3), H = v.size(2), P = v.size(3);
+  const auto f32 = [&](const at::Tensor& t, std::vector<int64_t> shape) {
+    return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.device() == k.device() &&
+           t.sizes().vec() == shape;
+  };
+  require(ssd_runs(k, v) && T > 0 && f32(q, {B, T, G, N}) && f32(k, {B, T, G, N}) && f32(v, {B, T, H, P}) &&
+              f32(g, {B, T, H}) && (!initial.defined() || f32(initial, {B, H, N, P})),
+          "ssd_chunks: q, k [B, T, G, 128], v [B, T, H, P] (P a multiple of 32, H of G), g [B, T, H] and initial [B, "
+          "H, 128, P] or none, float32 contiguous on one CUDA device expected, got q " +
+              c10::str(q.sizes()) + ", k " + c10::str(k.sizes()) + " " + c10::str(k.scalar_type()) + ", v " +
+              c10::str(v.sizes()) + ", g " + c10::str(g.sizes()));
+  const c10::cuda::CUDAGuard guard(k.device());
+  at::Tensor work = at::empty({static_cast<int64_t>(cuda_ops::ssd_work_floats(B, G, T))}, k.options());
+  at::Tensor out = at::empty(v.sizes(), v.options());
+  cuda_ops::ssd_chunks(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), g.data_ptr<float>(),
+                       initial.defined() ? initial.data_ptr<float>() : nullptr, B, T, H, G, P, work.data_ptr<float>(),
+                       out.data_ptr<float>(), stream_of(k));
+  return out;
+}
+
 #else  // built without the engine's CUDA kernels
 
 namespace {
@@ -464,6 +491,10 @@ at::Tensor linear_swiglu(const at::Tensor&, const at::Tensor&) { absent(); }
 bool gated_delta_runs(const at::Tensor&, const at::Tensor&) { return false; }
 GatedDelta gated_delta_chunks(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const at::Tensor&, const at::Tensor&) {
+  absent();
+}
+bool ssd_runs(const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor ssd_chunks(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   absent();
 }
 

@@ -104,6 +104,13 @@ FLASHDRAFT_API bool gated_delta_runs(const at::Tensor& k, const at::Tensor& v);
 FLASHDRAFT_API GatedDelta gated_delta_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& g, const at::Tensor& beta, const at::Tensor& initial);
 
+// Mamba-2's state-space rule in chunks of 64 (engine_ops.cuh's ssd_chunks): q, k [B, T, G, 128], v [B, T, H, P]
+// (P a multiple of 32, H a multiple of G), g [B, T, H], initial [B, H, 128, P] or undefined, float32 contiguous CUDA
+// -> out [B, T, H, P]; ssd_runs says whether the widths are the kernels' (and the tensors on CUDA).
+FLASHDRAFT_API bool ssd_runs(const at::Tensor& k, const at::Tensor& v);
+FLASHDRAFT_API at::Tensor ssd_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                     const at::Tensor& initial);
+
 // One AdamW update of `param` (16-bit or float32) from its gradient, with float32 master
 // weights and moments (master may be param itself for float32), see engine_ops.cuh.
 // step: float32 device scalar counting this update; grad_scale, skip: float32 device

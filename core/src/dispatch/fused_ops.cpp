@@ -228,6 +228,17 @@ std::pair<at::Tensor, at::Tensor> gated_delta_chunks(const at::Tensor& q, const 
   return {r.out, r.state};
 }
 
+at::Tensor ssd_chunks(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                      const at::Tensor& initial, bool fused) {
+  static const bool on = [] {  // FLASHDRAFT_SSD=0: ATen's ops instead, for measuring the kernels against them
+    const char* v = std::getenv("FLASHDRAFT_SSD");
+    return !(v && std::string(v) == "0");
+  }();
+  if (!fused || !on || !cuda_ops::ssd_runs(k, v) || k.size(1) == 0) return {};
+  const auto f32 = [](const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : t; };
+  return cuda_ops::ssd_chunks(f32(q), f32(k), f32(v), f32(g), f32(initial));
+}
+
 at::Tensor clamped_glu(const at::Tensor& gate_up, const at::Tensor& bias, const at::Tensor& expert, double alpha,
                        double limit, bool fused) {
   if (kernels_take(fused, gate_up) && gate_up.dim() == 2 && gate_up.is_contiguous())

@@ -1,5 +1,7 @@
 #include "mamba2.hpp"
 
+#include <flashdraft/ops.hpp>
+
 #include <ATen/ATen.h>
 
 #include <limits>
@@ -27,6 +29,19 @@ RuleRun Mamba2::rule(const at::Tensor& u, const Projected& p, const at::Tensor& 
   const at::Tensor x = u.narrow(-1, 0, inner).reshape({B, T, H, P});
   // dt in the model's dtype as transformers rounds it, then float32
   const at::Tensor dt = at::softplus(p.rest[1] + dt_bias).clamp(dt_min, dt_max).to(at::kFloat);  // [B, T, H]
+  const auto skip = [&](const at::Tensor& y) {  // y [B, T, H, P] + D x, as the model's [B, T, d_inner]
+    return (y + D.to(at::kFloat).view({1, 1, H, 1}) * x.to(at::kFloat)).reshape({B, T, inner});
+  };
+  if (!every_chunk && !capture.defined()) {  // only the output asked for: the engine's kernels where they run
+    const auto part = [&](int64_t from) { return u.narrow(-1, from, groups * N).reshape({B, T, groups, N}); };
+    const at::Tensor y = frozen::ssd_chunks(part(inner + groups * N), part(inner), x.to(at::kFloat) * dt.unsqueeze(-1),
+                                            dt * neg_A, initial, fused);
+    if (y.defined()) {
+      RuleRun run;
+      run.out = skip(y);
+      return run;
+    }
+  }
   const at::Tensor xdt = heads_first(x.to(at::kFloat) * dt.unsqueeze(-1)).view({B, H, n, C, P});
   const at::Tensor k = heads_first(per_head(u.narrow(-1, inner, groups * N))).view({B, H, n, C, N});
   const at::Tensor q = heads_first(per_head(u.narrow(-1, inner + groups * N, groups * N))).view({B, H, n, C, N});
@@ -57,9 +72,7 @@ RuleRun Mamba2::rule(const at::Tensor& u, const Projected& p, const at::Tensor& 
   const at::Tensor S_all = S_n.transpose(0, 1).reshape({B, H, n, N, P});
   const at::Tensor y = at::matmul(q * cum.exp().unsqueeze(-1), S_all) + at::matmul(intra, xdt);  // [B, H, n, C, P]
   RuleRun run;
-  run.out = (y.reshape({B, H, n * C, P}).narrow(2, 0, T).transpose(1, 2) +
-             D.to(at::kFloat).view({1, 1, H, 1}) * x.to(at::kFloat))
-                .reshape({B, T, inner});
+  run.out = skip(y.reshape({B, H, n * C, P}).narrow(2, 0, T).transpose(1, 2));
   take_chunks(run, S_all, k, xdt, cum, capture, every_chunk);
   return run;
 }
