@@ -91,7 +91,7 @@ def greedy(model, prompts, new_tokens, eos=EOS):
     new_tokens. The prompts of one length run as one batch, without padding (no token of a prompt is 0, the pad
     id, so every position is attended): a row's text is its own greedy text, the batch's longest budget cut to its
     own and at its first eos (greedy text is a prefix of any longer one). One call per length instead of one per
-    prompt: 8-16x less of make test's time. Each row's text equalled its one-prompt generate for every family of
+    prompt: 6-16x less of make test's time. Each row's text equalled its one-prompt generate for every family of
     test_served_moe.py and test_served_hybrid.py when this was written; a row that did not would fail the tests'
     comparison with the reference, which decodes one prompt at a time."""
     by_length = {}
