@@ -23,30 +23,32 @@ RuleRun Mamba2::rule(const at::Tensor& u, const Projected& p, const at::Tensor& 
   const auto heads_first = [&](const at::Tensor& t) {
     return at::constant_pad_nd(t.transpose(1, 2).to(at::kFloat), {0, 0, 0, pad}).contiguous();
   };
-  const auto per_head = [&](const at::Tensor& t) {  // a group's B or C for each of its heads
-    return t.reshape({B, T, groups, N}).repeat_interleave(H / groups, 2);
+  const auto per_head = [&](const at::Tensor& t) {  // [B, T, G, N] -> each head's group's B or C
+    return t.repeat_interleave(H / groups, 2);
   };
-  const at::Tensor x = u.narrow(-1, 0, inner).reshape({B, T, H, P});
-  // dt in the model's dtype as transformers rounds it, then float32
+  const at::Tensor x = u.narrow(-1, 0, inner).reshape({B, T, H, P}), xf = x.to(at::kFloat);
+  // B and C [B, T, G, N] (views of u)
+  const at::Tensor keys = u.narrow(-1, inner, groups * N).reshape({B, T, groups, N});
+  const at::Tensor queries = u.narrow(-1, inner + groups * N, groups * N).reshape({B, T, groups, N});
+  // dt in the model's dtype as transformers rounds it, then float32; the values dt x and log decays dt A
   const at::Tensor dt = at::softplus(p.rest[1] + dt_bias).clamp(dt_min, dt_max).to(at::kFloat);  // [B, T, H]
+  const at::Tensor values = xf * dt.unsqueeze(-1), log_decay = dt * neg_A;                       // [B, T, H, (P)]
   const auto skip = [&](const at::Tensor& y) {  // y [B, T, H, P] + D x, as the model's [B, T, d_inner]
-    return (y + D.to(at::kFloat).view({1, 1, H, 1}) * x.to(at::kFloat)).reshape({B, T, inner});
+    return (y + D.to(at::kFloat).view({1, 1, H, 1}) * xf).reshape({B, T, inner});
   };
   if (!every_chunk && !capture.defined()) {  // only the output asked for: the engine's kernels where they run
-    const auto part = [&](int64_t from) { return u.narrow(-1, from, groups * N).reshape({B, T, groups, N}); };
-    const at::Tensor y = frozen::ssd_chunks(part(inner + groups * N), part(inner), x.to(at::kFloat) * dt.unsqueeze(-1),
-                                            dt * neg_A, initial, fused);
+    const at::Tensor y = frozen::ssd_chunks(queries, keys, values, log_decay, initial, fused);
     if (y.defined()) {
       RuleRun run;
       run.out = skip(y);
       return run;
     }
   }
-  const at::Tensor xdt = heads_first(x.to(at::kFloat) * dt.unsqueeze(-1)).view({B, H, n, C, P});
-  const at::Tensor k = heads_first(per_head(u.narrow(-1, inner, groups * N))).view({B, H, n, C, N});
-  const at::Tensor q = heads_first(per_head(u.narrow(-1, inner + groups * N, groups * N))).view({B, H, n, C, N});
-  const at::Tensor a = at::constant_pad_nd((dt * neg_A).transpose(1, 2), {0, pad});  // [B, H, T (padded)]
-  const at::Tensor cum = a.reshape({B, H, n, C}).cumsum(-1);                         // log decay from the chunk's start
+  const at::Tensor xdt = heads_first(values).view({B, H, n, C, P});
+  const at::Tensor k = heads_first(per_head(keys)).view({B, H, n, C, N});
+  const at::Tensor q = heads_first(per_head(queries)).view({B, H, n, C, N});
+  const at::Tensor a = at::constant_pad_nd(log_decay.transpose(1, 2), {0, pad});  // [B, H, T (padded)]
+  const at::Tensor cum = a.reshape({B, H, n, C}).cumsum(-1);                      // log decay from the chunk's start
   const at::Tensor upper = at::ones({C, C}, cum.options().dtype(at::kBool)).triu(1);
   const at::Tensor decay =
       (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, -std::numeric_limits<double>::infinity()).exp();
