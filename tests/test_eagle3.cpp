@@ -39,10 +39,12 @@ const std::map<std::string, Value> kSmall{{"heads", int64_t{4}},
 
 // A random problem: 4 target layers (ids 0..3 exported; the last one after the final norm),
 // two rows of 12 tokens, the second shorter (length 10) and packed from two documents; the target's logits scaled
-// by 0.625 (as Granite's by 1 / logits_scaling: the soft labels are the softmax of the scaled logits).
+// by 0.625 (as Granite's by 1 / logits_scaling) and then soft-capped at 1.5 (as Gemma 4's final_logit_softcapping):
+// the soft labels are the softmax of the scaled, capped logits.
 dflash_test::Problem problem(uint64_t seed) {
   dflash_test::Problem p = dflash_test::random_problem(50, 32, {0, 1, 2, 3}, 2, 12, at::kFloat, seed);
   p.target.logit_scale = 0.625;
+  p.target.logit_softcap = 1.5;
   p.batch.lengths[1] = 10;
   p.batch.documents = {{}, {6, 4}};
   return p;
@@ -119,6 +121,7 @@ TEST(Eagle3, WritesOneStepPerKernelForThePythonOracle) {
   write(file, "target/embedding", p.target.embedding);
   write(file, "target/lm_head", p.target.lm_head);
   write(file, "target/logit_scale", at::scalar_tensor(p.target.logit_scale, at::kDouble));
+  write(file, "target/logit_softcap", at::scalar_tensor(p.target.logit_softcap, at::kDouble));
   write(file, "config/ttt_steps", at::scalar_tensor(int64_t{3}, at::kLong));
   write(file, "config/heads", at::scalar_tensor(int64_t{4}, at::kLong));
   write(file, "config/kv_heads", at::scalar_tensor(int64_t{2}, at::kLong));

@@ -624,8 +624,11 @@ class Eagle3Drafter final : public Drafter, protected BoundRun {
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const at::Tensor logits = at::linear(last.narrow(0, r0, std::min(chunk, rows - r0)), target_head_);
       full_argmax.push_back(logits.argmax(-1));
-      // (the target's distribution: its logits times its logit scale, Granite's 1 / logits_scaling)
-      probs.push_back(at::softmax(logits.index_select(1, draft_ids).to(at::kFloat) * target_logit_scale_, -1));
+      // (the target's distribution: its logits times its logit scale, Granite's 1 / logits_scaling, soft-capped where
+      // it caps them, Gemma 4's)
+      probs.push_back(at::softmax(
+          served_logits(logits.index_select(1, draft_ids).to(at::kFloat), target_logit_scale_, target_logit_softcap_),
+          -1));
     }
     TargetSide t;
     t.probs = at::cat(probs, 0);

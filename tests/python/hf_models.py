@@ -134,6 +134,24 @@ FAMILIES = [
           sliding_window=6, layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
           rope_parameters=dict(full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1e6),
                                sliding_attention=dict(rope_type="default", rope_theta=1e4))), {}),
+    # Gemma 4's kind (Gemma4ForCausalLM): Gemma 3's layout with norms of weight w (float32), the values normed without a
+    # weight, the softmax scale 1; layers 0 and 2 sliding over 6 positions (heads of 16, 2 key / value heads, RoPE base
+    # 1e4), layers 1 and 3 full with heads of 32 and one key / value head whose values are its keys (attention_k_eq_v),
+    # proportional RoPE turning a quarter of the frequencies (base 1e6); each layer's learned scalar (drawn in
+    # make_model); the logits soft-capped at 0.25 (tiny logits: the cap moves them).
+    ("gemma4", "Gemma4TextConfig", "Gemma4ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+          attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=6, final_logit_softcapping=0.25,
+          layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Gemma 4's experts block (26B-A4B's kind): the same layers, each also with 8 experts of 32 beside its MLP, 2 a
+    # token, routed from the stream after attention (router.scale and per_expert_scale drawn in make_model).
+    ("gemma4_moe", "Gemma4TextConfig", "Gemma4ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+          attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=6, final_logit_softcapping=0.25,
+          layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+          enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,
@@ -344,7 +362,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.uniform_(0.5, 2.5)
             elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight",
                              "block_sparse_moe.router.weight", "mlp.gate.wg.weight",
-                             "feed_forward.router.weight", "mixer.gate.weight")):  # a router whose choices and
+                             "feed_forward.router.weight", "mixer.gate.weight",
+                             "router.proj.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
@@ -357,11 +376,15 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.normal_(0, 0.15 if "in_proj" in n else 0.5)  # negligible beside D x
             elif n.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # Apertus's xIELU: each layer's own slopes
                 p.uniform_(-1.0, 1.0)
+            elif n.endswith(("router.scale", "router.per_expert_scale")):  # Gemma 4's router: its own scales
+                p.uniform_(0.5, 1.5)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):
                 p.normal_(0, embedding_std)
         for n, b in model.named_buffers():  # GLM-4.5's router biases: choices unlike the scores' alone
             if n.endswith("e_score_correction_bias"):
                 b.normal_(0, 0.05)
+            elif n.endswith("layer_scalar"):  # Gemma 4: each layer's output scale its own
+                b.uniform_(0.5, 1.5)
     model.save_pretrained(folder, safe_serialization=True, **save)
     return model
 

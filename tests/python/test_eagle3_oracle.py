@@ -8,7 +8,8 @@ weights, the batch, the vocabulary maps, the losses and every gradient. This fil
 step from plugins/eagle3's definition -- its own draft-vocabulary count, fc of the three target
 states, the 3-step unroll with the attention pattern written out densely here, soft
 cross-entropy against the target's distribution (its logits times its logit scale, 0.625 here,
-as Granite's 1 / logits_scaling) over the draft vocabulary with EAGLE-3's
+as Granite's 1 / logits_scaling, then soft-capped at 1.5 as Gemma 4's final_logit_softcapping; the cap
+moves the distribution, checked) over the draft vocabulary with EAGLE-3's
 position mask, step_decay^i weights -- and requires the same loss and every parameter gradient
 within 1e-5 relative (fp32, CPU) for both kernels. It also replays validation's chain drafting
 and requires the same proposals.
@@ -79,6 +80,7 @@ class Problem:
         self.emb = torch.tensor(data["target/embedding"])
         self.head = torch.tensor(data["target/lm_head"])
         self.logit_scale = float(data["target/logit_scale"])  # (the target's logits: states head^T times it)
+        self.logit_softcap = float(data["target/logit_softcap"])  # (then cap tanh(logits / cap))
         self.B, self.S = self.tokens.shape
         self.V, self.H = self.emb.shape
         # Documents: row 0 one document of its length; row 1 the packed documents; padding after.
@@ -116,10 +118,13 @@ class Problem:
         P = params
         ids = self.draft_vocabulary()
         feats = self.hidden[:, :, :3].reshape(B, S, 3 * H)
-        target_logits = (self.hidden[:, :, 3] @ self.head.T) * self.logit_scale  # [B, S, V]
+        scaled = (self.hidden[:, :, 3] @ self.head.T) * self.logit_scale  # [B, S, V]
+        target_logits = self.logit_softcap * torch.tanh(scaled / self.logit_softcap)
         full_argmax = target_logits.argmax(-1)
         in_draft = torch.isin(full_argmax, ids)
         probs = torch.softmax(target_logits[..., ids], -1)
+        # (the cap is not idle here: it moves the soft labels)
+        assert (probs - torch.softmax(scaled[..., ids], -1)).abs().max() > 1e-2
         h = feats @ P["fc.weight"].T
         D = P["midlayer.self_attn.q_proj.weight"].shape[0] // self.Hq
         tok_in = torch.zeros(B, S, dtype=torch.long)

@@ -242,6 +242,7 @@ MOE_FAMILIES = {
     "granite4_moe": ("GraniteMoeHybridForCausalLM", dict(num_experts_per_tok=1)),
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
     "nemotron_h_moe": ("NemotronHForCausalLM", dict(topk_group=4)),
+    "gemma4_moe": ("Gemma4ForCausalLM", dict(top_k_experts=1)),
 }
 
 
@@ -269,7 +270,8 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
         hook = layer.feed_forward.router.register_forward_hook(lambda m, i, out: chosen.append(out[1].topk(2).indices))
     else:
         router = (layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe")  # (Granite's)
-                  else layer.mixer.gate if hasattr(layer, "mixer") else layer.mlp.gate)  # (Nemotron-H's)
+                  else layer.mixer.gate if hasattr(layer, "mixer")  # (Nemotron-H's)
+                  else layer.router if hasattr(layer, "router") else layer.mlp.gate)  # (Gemma 4's beside its MLP)
         hook = router.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True)
@@ -629,6 +631,92 @@ def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
         print(f"gemma3 with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
         assert err <= BOUND
         assert (moved == 0) if change is None else (moved > 10 * BOUND), (what, moved)
+
+
+def test_gemma4_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
+    """Gemma 4 (the family test gives its states and soft-capped logits equal to transformers'): each of its own keys
+    is read and moves the states (or the logits), ours following transformers through every change (40 positions, every
+    layer): the sliding layers' RoPE base, the full layers' proportional RoPE (the part turning, its factor), the
+    sliding window, the soft cap; the config as published (global_head_dim and num_global_key_value_heads instead of
+    per_layer_config; no rope_parameters: Gemma4TextConfig's defaults) gives the same states where it means the same
+    model; and the language model saved as Gemma4ForConditionalGeneration (text_config, model.language_model., a
+    vision tower beside it) gives the text-only checkpoint's states."""
+    folder = tmp_path / "gemma4"
+    model = make_model(folder, "gemma4", seed=31)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(5))
+    layers = [0, 1, 2, 3]
+    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+    assert p.returncode == 0, p.stderr
+    config = transformers.Gemma4Config(
+        text_config=model.config.to_dict(),
+        vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16),
+        audio_config=None)
+    composite = transformers.Gemma4ForConditionalGeneration(config).eval()
+    composite.model.language_model.load_state_dict(model.model.state_dict())
+    composite.save_pretrained(tmp_path / "gemma4_vl", safe_serialization=True)
+    assert any("vision" in k for k in load_file(str(tmp_path / "gemma4_vl" / "model.safetensors")).keys())
+    p, vl, vl_err = states_against(composite, tmp_path / "gemma4_vl", tokens, layers, tmp_path)
+    assert "Gemma4ForConditionalGeneration" in p.stdout, p.stdout
+    print(f"gemma4 as Gemma4ForConditionalGeneration: rel err {vl_err:.1e}; equal to the text-only checkpoint's: "
+          f"{torch.equal(vl['hidden'], base['hidden'])}")
+    assert vl_err <= BOUND and torch.equal(vl["hidden"], base["hidden"])
+    made = json.loads((folder / "config.json").read_text())
+    rope = made["rope_parameters"]
+    published = {k: v for k, v in made.items() if k not in ("per_layer_config",)}
+    published.update(global_head_dim=32, num_global_key_value_heads=1)
+    defaults = {k: v for k, v in published.items() if k != "rope_parameters"}
+    full = dict(rope_type="proportional", rope_theta=1e6)
+    changes = {
+        "sliding layers' RoPE base 1e5": dict(rope_parameters={**rope, "sliding_attention": dict(
+            rope_type="default", rope_theta=1e5)}),
+        "full layers turning half of the frequencies": dict(rope_parameters={**rope, "full_attention": dict(
+            full, partial_rotary_factor=0.5)}),
+        "full layers' RoPE factor 4": dict(rope_parameters={**rope, "full_attention": dict(
+            full, partial_rotary_factor=0.25, factor=4.0)}),
+        "sliding_window 64": dict(sliding_window=64),
+        "final_logit_softcapping 2": dict(final_logit_softcapping=2.0),
+    }
+    for what, change, same in [*((w, {**made, **c}, False) for w, c in changes.items()),
+                               ("as published", published, True), ("Gemma4TextConfig's RoPE defaults", defaults, True)]:
+        (folder / "config.json").write_text(json.dumps(change))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        p, ours = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
+        assert p.returncode == 0, p.stderr
+        with torch.no_grad():
+            ref = theirs(input_ids=tokens, output_hidden_states=True)
+        err = max(max(rel(ours["hidden"][0, :, e], ref.hidden_states[l + 1][0]) for e, l in enumerate(layers)),
+                  rel(ours["logits"][0], ref.logits[0]))
+        moved = max(rel(ours["hidden"][0, :, 3], base["hidden"][0, :, 3]), rel(ours["logits"][0], base["logits"][0]))
+        print(f"gemma4 with {what}: rel err {err:.1e}; the change moves layer 3's states or the logits {moved:.1e}")
+        assert err <= BOUND
+        assert (moved == 0) if same else (moved > 10 * BOUND), (what, moved)
+
+
+@pytest.mark.parametrize("change,key", [
+    (dict(hidden_size_per_layer_input=256), "hidden_size_per_layer_input"),
+    (dict(num_kv_shared_layers=2), "num_kv_shared_layers"),
+    (dict(enable_moe_block=True, num_experts=8, top_k_experts=9, moe_intermediate_size=32), "top_k_experts"),
+    (dict(use_bidirectional_attention="all"), "use_bidirectional_attention"),
+    (dict(hidden_activation="silu"), "hidden_activation"),
+    (dict(final_logit_softcapping=-1.0), "final_logit_softcapping"),
+    (dict(per_layer_config={"1": dict(head_dim=32, intermediate_size=64)}), "intermediate_size"),
+    (dict(per_layer_config={"1": dict(head_dim=32), "3": dict(head_dim=64)}), "per_layer_config"),
+    (dict(rope_parameters=dict(full_attention=dict(rope_type="yarn", factor=4.0),
+                               sliding_attention=dict(rope_type="default"))), "rope_parameters")],
+    ids=["per_layer_embeddings", "shared_kv", "top_k_experts", "bidirectional", "activation", "softcap", "layer_key",
+         "uneven_full_heads", "rope_type"])
+def test_gemma4_what_it_cannot_run_is_refused(change, key, tmp_path):
+    """A Gemma 4 config.json with a part ours does not run (per-layer embeddings, shared keys / values, bidirectional
+    text) or a value transformers would not run as ours reads it: refused with a sentence naming the key, its value and
+    what is accepted."""
+    folder = tmp_path / "gemma4"
+    make_model(folder, "gemma4", seed=5)
+    edit_config(folder, **change)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
+    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
+    assert p.returncode != 0 and f"{key}" in p.stderr and "accepted" in p.stderr, p.stderr
+    print(f"gemma4 {change}: {p.stderr.strip().splitlines()[-1]}")
 
 
 def quantize_fp8(folder, block):
@@ -1683,6 +1771,8 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
         extra = dict(head_dim=64, mamba_n_groups=1)
     if family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
+    if family in ("gemma4", "gemma4_moe"):  # (its full layers' heads of their own width: 128, which flash_cuda runs)
+        extra = dict(head_dim=64, global_head_dim=128)
     check_bf16_on_cuda(family, layers, tmp_path, extra)
 
 

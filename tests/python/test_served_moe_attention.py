@@ -3,8 +3,8 @@ own kind: gpt-oss (attention sinks, sliding layers; and target verification in c
 latent attention), and the dense Gemma 3 (sliding layers with their own RoPE, sandwich norms), SmolLM3 (NoPE layers)
 OLMo 3 (sliding layers with their own RoPE, the full ones' YaRN; no norm before attention or the MLP, q / k normed
 over all heads), GLM-4 (its rotated pairs interleaved, four norms a layer), EXAONE 4.0 (sliding layers that rotate,
-full ones that do not, OLMo's norms) and Cohere 2 (one LayerNorm a layer feeding attention and the MLP in parallel,
-its full layers without RoPE). A file of its own so that ctest runs it beside test_served_moe.py."""
+full ones that do not, OLMo's norms), Cohere 2 (one LayerNorm a layer feeding attention and the MLP in parallel,
+its full layers without RoPE) and Gemma 4 (full layers of wider heads, their values the keys, proportional RoPE). A file of its own so that ctest runs it beside test_served_moe.py."""
 import pytest
 
 from test_served_moe import check_family
@@ -16,11 +16,12 @@ def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target_of_an
     check_family(family, tmp_path_factory)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "smollm3", "olmo3", "glm4", "exaone4", "cohere2"])
+@pytest.mark.parametrize("family", ["gemma3", "smollm3", "olmo3", "glm4", "exaone4", "cohere2", "gemma4"])
 def test_greedy_equals_the_reference_loop_with_a_dense_target_of_its_own_rope(family, tmp_path_factory):
     """Gemma 3 (sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding scaled),
     SmolLM3 (a NoPE layer), OLMo 3 (its norms after attention and the MLP only), GLM-4 (interleaved pairs
-    de-interleaved at load, its keys cached so), EXAONE 4.0 (its full layer without RoPE) and Cohere 2 (parallel layers
-    in the cached decoder and the verification): the cached decoder's and the verification's per-layer tables and
-    norms against transformers'."""
+    de-interleaved at load, its keys cached so), EXAONE 4.0 (its full layer without RoPE), Cohere 2 (parallel layers
+    in the cached decoder and the verification) and Gemma 4 (its full layers' wider heads cached apart, values equal to
+    the keys, proportional RoPE, each layer's scalar): the cached decoder's and the verification's per-layer tables,
+    widths and norms against transformers'."""
     check_family(family, tmp_path_factory)

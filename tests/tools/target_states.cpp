@@ -100,22 +100,23 @@ int run(int argc, char** argv) {
   }
   auto kernel = create<fd::AttentionKernel>(reg, fd::PluginKind::kernel, kernel_name, {});
   auto mask = create<fd::MaskGenerator>(reg, fd::PluginKind::mask, "document", {});
-  fd::AttentionProblem problem = target->attention_problem(batch.tokens.size(0), batch.tokens.size(1));
-  problem.mask = "document";
+  std::vector<fd::AttentionProblem> problems = target->attention_problems(batch.tokens.size(0), batch.tokens.size(1));
+  for (fd::AttentionProblem& p : problems) p.mask = "document";
   std::vector<fd::KernelCandidate> candidates(1);
   candidates[0].name = kernel_name;
   candidates[0].kernel = kernel.get();
   fd::KernelLedger ledger;
   ledger.begin_step(0, calls);
-  fd::AttentionDispatcher dispatcher(fd::choose_kernel(problem, candidates, "error"), mask.get(), "error", &ledger,
+  fd::AttentionDispatcher dispatcher(fd::choose_kernel(problems, candidates, "error"), mask.get(), "error", &ledger,
                                      nullptr);
   at::NoGradGuard no_grad;
   const at::Tensor hidden = target->hidden_states(batch, layers, dispatcher).to(c10::kCPU, at::kFloat);
   std::vector<std::pair<std::string, at::Tensor>> out = {{"hidden", hidden.contiguous()}};
   for (size_t i = 0; i < layers.size(); ++i)
     if (layers[i] == model.layers - 1)
-      out.push_back({"logits", (at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)) *
-                                model.logit_scale)
+      out.push_back({"logits", fd::served_logits(
+                                   at::linear(hidden.select(2, int64_t(i)), model.lm_head.to(c10::kCPU, at::kFloat)),
+                                   model.logit_scale, model.logit_softcap)
                                    .contiguous()});
   fd::safetensors::write(argv[4], out, {{"source", model.source}, {"kernels", ledger.summary(fd::Phase::forward)}});
   std::cout << model.source << "\nkernels " << ledger.summary(fd::Phase::forward) << "\n";

@@ -23,6 +23,7 @@ class BoundRun {
     embedding_ = target.embedding.detach().to(device_, dtype_);
     target_head_ = target.lm_head.detach().to(device_, dtype_);
     target_logit_scale_ = target.logit_scale;
+    target_logit_softcap_ = target.logit_softcap;
   }
 
   c10::Device device_ = c10::kCPU;
@@ -30,6 +31,7 @@ class BoundRun {
   int64_t batch_ = 1, seq_len_ = 0, vocab_ = 0;
   at::Tensor embedding_, target_head_;  // [vocab, hidden] each
   double target_logit_scale_ = 1.0;     // the target's logits: states target_head_^T times this (TargetModel)
+  double target_logit_softcap_ = 0;     // ... then soft-capped where > 0 (TargetModel::logit_softcap)
 };
 
 }  // namespace flashdraft

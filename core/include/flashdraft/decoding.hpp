@@ -36,6 +36,9 @@ FLASHDRAFT_API at::Tensor sampling_probs(const at::Tensor& logits, double temper
 FLASHDRAFT_API at::Tensor sample_tokens(const at::Tensor& probs, at::Generator* generator);
 // Greedy (argmax) or sampled tokens from logits [..., V].
 FLASHDRAFT_API at::Tensor choose_tokens(const at::Tensor& logits, const Sampling& s);
+// A target's logits as it serves them, from the LM head's products (in their dtype, as transformers' ops round them):
+// times `scale` (TargetModel::logit_scale), then soft-capped, cap tanh(x / cap), where softcap > 0 (Gemma 4's).
+FLASHDRAFT_API at::Tensor served_logits(const at::Tensor& products, double scale, double softcap);
 
 // A drafter's proposals after one position of every row.
 struct DraftRequest {

@@ -36,6 +36,8 @@ struct TargetModel {
   // distributions (EAGLE-3's soft labels) are made of. A drafter borrowing the LM head uses it as stored, as the
   // reference drafters call the target's lm_head module.
   double logit_scale = 1.0;
+  // Gemma 4's final_logit_softcapping: the logits above are then cap tanh(logits / cap) (0: none).
+  double logit_softcap = 0;
   bool online = false;  // hidden states computed by a Target plugin each step
   std::string source;   // what the target is (checkpoint path, architecture), for the log
 
@@ -186,6 +188,11 @@ class FLASHDRAFT_API Target : public PluginObject {
   virtual TargetModel model() const = 0;
   // The attention problem of one forward over [batch, seq_len] (forward only).
   virtual AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const = 0;
+  // Every call's problem where they differ (Gemma 4: its full layers' heads are wider), in call order; each is
+  // checked before step 0. The default: attention_problem()'s, for every call.
+  virtual std::vector<AttentionProblem> attention_problems(int64_t batch, int64_t seq_len) const {
+    return {attention_problem(batch, seq_len)};
+  }
   // Readies forwards that read `layers` (loads the decoder layers up to the deepest, no
   // more) and returns the attention calls of one such forward. Called once, before step 0.
   virtual int64_t prepare(const std::vector<int64_t>& layers) = 0;
@@ -223,6 +230,12 @@ class FLASHDRAFT_API Target : public PluginObject {
     p.kv_len = capacity;
     p.needs_backward = false;
     return p;
+  }
+  // The same over every call where they differ (attention_problems()).
+  virtual std::vector<AttentionProblem> decoder_problems(int64_t batch, int64_t capacity, int64_t q_len) const {
+    std::vector<AttentionProblem> out = attention_problems(batch, capacity);
+    for (AttentionProblem& p : out) p.q_len = q_len, p.kv_len = capacity, p.needs_backward = false;
+    return out;
   }
   // Token ids that end a response (the checkpoint's eos_token_id); empty: none known.
   virtual std::vector<int64_t> stop_tokens() const { return {}; }

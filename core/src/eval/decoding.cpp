@@ -37,6 +37,11 @@ at::Tensor sample_tokens(const at::Tensor& probs, at::Generator* generator) {
   return drawn.view(shape);
 }
 
+at::Tensor served_logits(const at::Tensor& products, double scale, double softcap) {
+  const at::Tensor scaled = scale == 1.0 ? products : products * scale;
+  return softcap > 0 ? at::tanh(scaled / softcap) * softcap : scaled;
+}
+
 at::Tensor choose_tokens(const at::Tensor& logits, const Sampling& s) {
   if (s.greedy()) return logits.argmax(-1);
   return sample_tokens(sampling_probs(logits, s.temperature, s.top_p), s.generator);

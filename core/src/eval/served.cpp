@@ -193,7 +193,7 @@ class ServedBatch {
       target_forward(tokens, zero, prompt, &out);
       const at::Tensor at_last = at::tensor(prompt, at::TensorOptions().dtype(at::kLong)).to(c_.device) - 1;
       const at::Tensor last = out.last.gather(1, at_last.view({B_, 1, 1}).expand({B_, 1, out.last.size(2)}));
-      const at::Tensor logits = at::linear(last.squeeze(1), c_.target_model.lm_head);
+      const at::Tensor logits = target_logits(last.squeeze(1));
       const at::Tensor first = choose_tokens(logits, sampling_).to(at::kCPU).contiguous();
       for (int64_t b = 0; b < B_; ++b)
         tokens_[static_cast<size_t>(b)][static_cast<size_t>(prompt[static_cast<size_t>(b)])] =
@@ -283,7 +283,7 @@ class ServedBatch {
     std::vector<int64_t> real(count.size());  // this token and its proposals (0 for a row done)
     for (size_t b = 0; b < count.size(); ++b) real[b] = active(static_cast<int64_t>(b)) ? count[b] + 1 : 0;
     const at::Tensor last_states = target_forward(*block, start_, real, out);
-    const at::Tensor logits = at::linear(last_states, c_.target_model.lm_head);  // [B, K_ + 1, V]
+    const at::Tensor logits = target_logits(last_states);  // [B, K_ + 1, V]
     const at::Tensor counts = at::tensor(count, at::TensorOptions().dtype(at::kLong)).to(c_.device);
     at::Tensor acc, next;
     if (sampling_.greedy()) {
@@ -352,6 +352,12 @@ class ServedBatch {
   // is accepted while u_j q(x_j) < p(x_j) (u uniform), all of them when every one passes;
   // the next token is drawn from p after the last proposal when all were accepted, else
   // from max(p - q, 0) renormalised at the first rejected one (p where that is all zero).
+  // The target's served logits of its final-normed states (its logit scale and soft cap applied).
+  at::Tensor target_logits(const at::Tensor& states) const {
+    const TargetModel& t = c_.target_model;
+    return served_logits(at::linear(states, t.lm_head), t.logit_scale, t.logit_softcap);
+  }
+
   std::pair<at::Tensor, at::Tensor> rejection_sample(const at::Tensor& logits, const DraftProposal& proposal,
                                                      const at::Tensor& counts) {
     const int64_t K = proposal.tokens.size(1);

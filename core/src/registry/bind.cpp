@@ -144,9 +144,10 @@ void bind_served(const Setup& s, BoundPlugins& b, const std::vector<KernelCandid
   b.served_by_target = b.target && b.target->decodes();
   if (b.served_by_target) {
     // One verification block per call, and prompts of up to a whole sequence (prefill).
-    std::vector<AttentionProblem> tp = {
-        b.target->decoder_problem(b.served_batch, b.served_capacity, K + 1),
-        b.target->decoder_problem(b.served_batch, b.served_capacity, b.dataset->seq_len())};
+    std::vector<AttentionProblem> tp = b.target->decoder_problems(b.served_batch, b.served_capacity, K + 1);
+    for (const AttentionProblem& p :
+         b.target->decoder_problems(b.served_batch, b.served_capacity, b.dataset->seq_len()))
+      tp.push_back(p);
     for (AttentionProblem& p : tp) p.mask = "causal";
     b.served_target_mask = engine_mask(s, "causal", "the target's decoder",
                                        {{"bottom_right", Value(false)}, {"offset", Value(int64_t{0})}});
@@ -249,8 +250,8 @@ BoundPlugins bind_plugins(const Setup& s) {
   if (b.target) {
     // The target's attention: forward only, the same kernel preferences and policy.
     std::vector<KernelCandidate> target_candidates = candidates;
-    AttentionProblem tp = b.target->attention_problem(b.dataset->batch_size(), b.dataset->seq_len());
-    tp.mask = "document";
+    std::vector<AttentionProblem> tp = b.target->attention_problems(b.dataset->batch_size(), b.dataset->seq_len());
+    for (AttentionProblem& p : tp) p.mask = "document";
     b.target_choice = choose_kernel(tp, std::move(target_candidates), on_fallback);
   }
   bind_served(s, b, candidates, on_fallback);

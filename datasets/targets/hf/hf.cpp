@@ -62,6 +62,11 @@ namespace {
 // down, Qwen2-MoE's its gate [1, H].
 struct DecoderLayer {
   at::Tensor input_norm, qkv, qkv_bias, o_proj, o_bias, q_norm, k_norm, post_norm, gate_up, down_proj;
+  int64_t kv_heads = 0;  // an attention layer's key / value heads (Gemma 4's full layers: their own count)
+  // Gemma 4: its values' weightless norm (ones, float32), and the layer's output scale [1] (undefined elsewhere); its
+  // experts block's router scales (router.scale [H], router.per_expert_scale [E]) and norms (the experts' input, the
+  // MLP's output, the experts' output)
+  at::Tensor v_norm, layer_scalar, router_scale, per_expert_scale, pre_ff_norm_2, post_ff_norm_1, post_ff_norm_2;
   // Gemma 3: post_norm normalises the attention's output before its residual add; these the MLP's input and output
   at::Tensor pre_ff_norm, post_ff_norm;
   at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down, shared_gate;
@@ -186,6 +191,18 @@ class HfTarget final : public Target {
       local_inv_freq_ =
           (1.0 / at::pow(at::tensor(cfg_.rope_local_theta, at::kFloat), exponents / double(cfg_.rotary_dim)))
               .to(device_);
+    if (cfg_.gemma4()) inv_freq_ = proportional_inv_freq().to(device_);
+  }
+
+  // Gemma 4's full layers' proportional RoPE (transformers' _compute_proportional_rope_parameters) over their width
+  // D (the last layer's: always a full one): 1 / theta^(2i / D) for the first floor(proportion x D / 2) frequencies, 0
+  // for the rest, all divided by the factor.
+  at::Tensor proportional_inv_freq() const {
+    const int64_t D = cfg_.head_dim_of(cfg_.layers - 1);
+    const int64_t turning = static_cast<int64_t>(std::floor(cfg_.rope_proportion * double(D) / 2));
+    const at::Tensor exponents = at::arange(0, 2 * turning, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
+    const at::Tensor turns = 1.0 / at::pow(at::tensor(cfg_.rope_theta, at::kFloat), exponents / double(D));
+    return at::cat({turns, at::zeros({D / 2 - turning}, at::kFloat)}) / cfg_.rope_factor;
   }
 
   TargetModel model() const override {
@@ -196,12 +213,25 @@ class HfTarget final : public Target {
             experts_str() + recurrent_str() + c10::toString(dtype_) + (tied_ ? ", tied embeddings" : "") +
             "; norms, RoPE, SwiGLU: " + frozen::kernels_on(device_, fused_) + ")");
     t.logit_scale = cfg_.logit_scale;
+    t.logit_softcap = cfg_.logit_softcap;
     return t;
   }
 
   AttentionProblem attention_problem(int64_t batch, int64_t seq_len) const override {
-    return AttentionProblem::of(device_, dtype_, batch, cfg_.heads, cfg_.kv_heads, seq_len, seq_len, cfg_.head_dim,
-                                /*needs_backward=*/false);
+    return layer_problem(0, batch, seq_len);
+  }
+  // One problem per attention layer where their heads differ (Gemma 4's full layers), in the order a forward calls
+  // them.
+  std::vector<AttentionProblem> attention_problems(int64_t batch, int64_t seq_len) const override {
+    if (cfg_.layer_head_dim.empty()) return {attention_problem(batch, seq_len)};
+    std::vector<AttentionProblem> out;
+    for (int64_t l = 0; l < cfg_.layers; ++l)
+      if (!cfg_.linear_attention(l) && !cfg_.mlp_block(l)) out.push_back(layer_problem(l, batch, seq_len));
+    return out;
+  }
+  AttentionProblem layer_problem(int64_t l, int64_t batch, int64_t seq_len) const {
+    return AttentionProblem::of(device_, dtype_, batch, cfg_.heads, cfg_.kv_heads_of(l), seq_len, seq_len,
+                                cfg_.head_dim_of(l), /*needs_backward=*/false);
   }
 
   int64_t prepare(const std::vector<int64_t>& layers) override {
@@ -288,6 +318,7 @@ class HfTarget final : public Target {
         std::tie(x, pending) = cfg_.single_blocks() ? std::make_pair(stream, block_output(L, a, h))
                                : cfg_.parallel      ? parallel_rest(L, stream, a, h)
                                                     : sandwich_rest(L, stream, a);
+        if (L.layer_scalar.defined()) x = (x + pending) * L.layer_scalar, pending = at::Tensor();  // (Gemma 4)
         continue;
       }
       at::Tensor x1, h2;
@@ -468,7 +499,11 @@ class HfTarget final : public Target {
         // nothing
         const hf::Recurrent* mixer = t.layers_[l].mixer.get();
         const bool attends = !mixer && !t.cfg_.mlp_block(static_cast<int64_t>(l));
-        const auto cache = [&] { return at::zeros({batch, t.cfg_.kv_heads, capacity, t.cfg_.head_dim}, opts); };
+        const int64_t li = static_cast<int64_t>(l);
+        const auto cache = [&] {
+          return at::zeros(
+              {batch, t.layers_[l].kv_heads, capacity, t.cfg_.mla() ? t.cfg_.head_dim : t.cfg_.head_dim_of(li)}, opts);
+        };
         k_.push_back(attends ? cache() : at::Tensor());
         v_.push_back(attends ? cache() : at::Tensor());
         recurrent_.push_back(mixer ? std::make_unique<hf::RecurrentCache>(*mixer, batch, t.dtype_, t.device_)
@@ -483,7 +518,7 @@ class HfTarget final : public Target {
     Output forward(const at::Tensor& tokens, const std::vector<int64_t>& start,
                    const std::vector<int64_t>& real) override {
       at::NoGradGuard frozen;
-      const int64_t B = tokens.size(0), T = tokens.size(1), H = t_.cfg_.hidden, D = t_.cfg_.head_dim;
+      const int64_t B = tokens.size(0), T = tokens.size(1), H = t_.cfg_.hidden;
       if (B != batch_ || static_cast<int64_t>(start.size()) != B)
         throw std::invalid_argument("hf target decoder: " + std::to_string(B) + " rows of tokens and " +
                                     std::to_string(start.size()) + " start positions for a decoder of " +
@@ -509,7 +544,6 @@ class HfTarget final : public Target {
       const auto local = t_.cfg_.rope_local_theta > 0 ? t_.rope_tables(positions, false, true) : global;
       const auto none = t_.cfg_.nope.empty() ? global : unrotated(global);
       const at::Tensor q_scale = t_.query_scale(positions);
-      const at::Tensor index = positions.view({B, 1, T, 1}).expand({B, t_.cfg_.kv_heads, T, D});
       at::Tensor x = t_.embed(tokens.to(t_.device_, at::kLong)).view({B, T, H});
       std::vector<at::Tensor> features(layers_.size());
       const double scale = t_.softmax_scale();
@@ -525,6 +559,7 @@ class HfTarget final : public Target {
           const int64_t li = static_cast<int64_t>(l);
           const auto& [cos, sin] = t_.cfg_.no_rope(li) ? none : t_.cfg_.local_rope(li) ? local : global;
           const QKV p = t_.project(L, h, cos, sin, t_.layer_query_scale(li, q_scale));
+          const at::Tensor index = positions.view({B, 1, T, 1}).expand_as(p.k);
           k_[l].scatter_(2, index, p.k);
           v_[l].scatter_(2, index, p.v);
           if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
@@ -713,7 +748,7 @@ class HfTarget final : public Target {
   // Every tensor the model reads, with the shape config.json implies; the first
   // mismatch or missing tensor is refused before anything is loaded.
   void check_shapes() const {
-    const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D;
+    const int64_t H = cfg_.hidden, D = cfg_.head_dim;
     Shapes expected = {{cfg_.prefix + embed_name(), {cfg_.vocab, H}}, {cfg_.prefix + final_norm_name(), {H}}};
     if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find(cfg_.lm_head)))
       expected.push_back({cfg_.lm_head, {cfg_.vocab, H}});
@@ -732,12 +767,14 @@ class HfTarget final : public Target {
         else
           add_gated_delta_shapes(p, expected);
       } else {
-        expected.push_back({p + attn() + "o_proj.weight", {H, cfg_.mla() ? cfg_.heads * cfg_.v_dim : q}});
+        expected.push_back({p + attn() + "o_proj.weight",
+                            {H, cfg_.mla() ? cfg_.heads * cfg_.v_dim : cfg_.heads * cfg_.head_dim_of(l)}});
         if (cfg_.mla())
           add_latent_shapes(p, expected);
         else
-          add_attention_shapes(p, expected);
+          add_attention_shapes(l, p, expected);
       }
+      if (cfg_.gemma4()) expected.push_back({p + "layer_scalar", {1}});
       if (!cfg_.single_blocks()) add_mlp_shapes(l, p, expected);
     }
     for (const auto& [name, shape] : expected) {
@@ -755,22 +792,24 @@ class HfTarget final : public Target {
     }
   }
 
-  // An attention layer's projections under prefix p (o_proj aside): q, k, v (Phi-3: packed; Qwen3.5: q_proj
-  // with each head's output gate after its query, twice the rows), biases, norms, sinks.
-  void add_attention_shapes(const std::string& p, Shapes& expected) const {
-    const int64_t H = cfg_.hidden, D = cfg_.head_dim, q = cfg_.heads * D, kv = cfg_.kv_heads * D;
+  // Layer l's attention projections under prefix p (o_proj aside): q, k, v (Phi-3: packed; Qwen3.5: q_proj
+  // with each head's output gate after its query, twice the rows; Gemma 4's full layers with attention_k_eq_v: no
+  // v_proj), biases, norms, sinks.
+  void add_attention_shapes(int64_t l, const std::string& p, Shapes& expected) const {
+    const int64_t H = cfg_.hidden, D = cfg_.head_dim_of(l), q = cfg_.heads * D, kv = cfg_.kv_heads_of(l) * D;
+    const bool v = !cfg_.values_are_keys(l);
     if (packed()) {
       expected.push_back({p + attn() + "qkv_proj.weight", {q + 2 * kv, H}});
     } else {
       expected.push_back({p + attn() + "q_proj.weight", {cfg_.attn_gate ? 2 * q : q, H}});
       expected.push_back({p + attn() + "k_proj.weight", {kv, H}});
-      expected.push_back({p + attn() + "v_proj.weight", {kv, H}});
+      if (v) expected.push_back({p + attn() + "v_proj.weight", {kv, H}});
     }
     if (cfg_.sinks) expected.push_back({p + attn() + "sinks", {cfg_.heads}});
     if (cfg_.qkv_bias)
       for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
                {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
-        expected.push_back({p + e.first, e.second});
+        if (v || e.first != "self_attn.v_proj.bias") expected.push_back({p + e.first, e.second});
     if (cfg_.o_bias) expected.push_back({p + attn() + "o_proj.bias", {H}});
     if (cfg_.qk_norm || cfg_.qk_norm_full) {  // (MiniMax-M2: one norm over all heads)
       expected.push_back({p + attn() + "q_norm.weight", {cfg_.qk_norm_full ? q : D}});
@@ -839,11 +878,24 @@ class HfTarget final : public Target {
   // Layer l's feed-forward tensors under prefix p: its MLP, or its router and experts.
   void add_mlp_shapes(int64_t l, const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden;
+    if (cfg_.sparse(l) && cfg_.gemma4()) {  // (its experts beside the MLP, below)
+      const int64_t E = cfg_.experts, I = cfg_.moe_intermediate;
+      for (const auto& [name, shape] :
+           std::vector<std::pair<std::string, std::vector<int64_t>>>{{"router.proj.weight", {E, H}},
+                                                                     {"router.scale", {H}},
+                                                                     {"router.per_expert_scale", {E}},
+                                                                     {"experts.gate_up_proj", {E, 2 * I, H}},
+                                                                     {"experts.down_proj", {E, H, I}},
+                                                                     {"pre_feedforward_layernorm_2.weight", {H}},
+                                                                     {"post_feedforward_layernorm_1.weight", {H}},
+                                                                     {"post_feedforward_layernorm_2.weight", {H}}})
+        expected.push_back({p + name, shape});
+    }
     if (cfg_.sparse(l) && gpt_oss()) {
       add_gpt_oss_expert_shapes(p, expected);
     } else if (cfg_.sparse(l) && cfg_.nemotron_h()) {
       add_nemotron_expert_shapes(p, expected);
-    } else if (cfg_.sparse(l)) {
+    } else if (cfg_.sparse(l) && !cfg_.gemma4()) {
       const int64_t I = cfg_.moe_intermediate;
       const ExpertKeys n = expert_keys();
       expected.push_back({router_key(p), {cfg_.experts, H}});
@@ -953,6 +1005,7 @@ class HfTarget final : public Target {
   // (rounded once to the model's dtype: o_proj and its bias, down_proj, the experts' and the shared expert's down).
   DecoderLayer load_layer(int64_t l) const {
     DecoderLayer L = load_layer_tensors(l);
+    if (cfg_.gemma4()) L.layer_scalar = load(cfg_.prefix + "layers." + std::to_string(l) + ".layer_scalar");
     if (cfg_.residual_multiplier != 1.0)
       for (at::Tensor* w : {&L.o_proj, &L.o_bias, &L.down_proj, &L.experts_down, &L.shared_down})
         if (w->defined()) *w = (w->to(at::kFloat) * cfg_.residual_multiplier).to(w->scalar_type());
@@ -974,7 +1027,7 @@ class HfTarget final : public Target {
       else if (cfg_.linear_attention(l))
         load_gated_delta(p, L);
       else
-        load_attention(p, L);
+        load_attention(l, p, L);
       if (cfg_.single_blocks()) return L;  // (Nemotron-H: a mixer or attention block alone)
     }
     if (cfg_.llama4() && cfg_.qk_norm_after_rope && !cfg_.no_rope(l))  // (its L2 norms: RMSNorms of weight 1)
@@ -997,7 +1050,16 @@ class HfTarget final : public Target {
       load_nemotron_experts(p, L);
       return L;
     }
-    if (cfg_.sparse(l)) {
+    if (cfg_.sparse(l) && cfg_.gemma4()) {  // (the experts beside the layer's MLP, loaded below)
+      L.router = load(p + "router.proj.weight");
+      L.router_scale = load(p + "router.scale");
+      L.per_expert_scale = load(p + "router.per_expert_scale");
+      L.experts_gate_up = load(p + "experts.gate_up_proj");
+      L.experts_down = load(p + "experts.down_proj");
+      L.pre_ff_norm_2 = norm("pre_feedforward_layernorm_2");
+      L.post_ff_norm_1 = norm("post_feedforward_layernorm_1");
+      L.post_ff_norm_2 = norm("post_feedforward_layernorm_2");
+    } else if (cfg_.sparse(l)) {
       const ExpertKeys n = expert_keys();
       L.router = load(router_key(p));
       if (router_fp32()) L.router = L.router.to(at::kFloat);
@@ -1062,7 +1124,8 @@ class HfTarget final : public Target {
 
   // An attention layer's projections under prefix p: q | k | v packed (Qwen3.5: each head's query rows
   // of q_proj, its output gate's rows apart), o_proj, biases, q / k norms, sinks.
-  void load_attention(const std::string& p, DecoderLayer& L) const {
+  void load_attention(int64_t l, const std::string& p, DecoderLayer& L) const {
+    L.kv_heads = cfg_.mla() ? cfg_.heads : cfg_.kv_heads_of(l);
     if (cfg_.mla()) return load_latent(p, L);
     at::Tensor q;
     if (!packed()) q = load(p + attn() + "q_proj.weight");
@@ -1073,13 +1136,17 @@ class HfTarget final : public Target {
     }
     // (GLM-4: each head's rotated pairs stored interleaved, de-interleaved here; biases alike)
     const auto qk = [&](const at::Tensor& w, int64_t heads) { return pairs_apart(w, heads); };
-    L.qkv = packed() ? load(p + attn() + "qkv_proj.weight")
-                     : at::cat({qk(q, cfg_.heads), qk(load(p + attn() + "k_proj.weight"), cfg_.kv_heads),
-                                load(p + attn() + "v_proj.weight")});
+    // (Gemma 4's full layers with attention_k_eq_v: the values are the keys' projection, its rows twice)
+    const bool keys = cfg_.values_are_keys(l);
+    const auto values = [&](const char* what) { return load(p + attn() + (keys ? "k_proj." : "v_proj.") + what); };
+    L.qkv = packed()
+                ? load(p + attn() + "qkv_proj.weight")
+                : at::cat({qk(q, cfg_.heads), qk(load(p + attn() + "k_proj.weight"), L.kv_heads), values("weight")});
     L.o_proj = load(p + attn() + "o_proj.weight");
     if (cfg_.qkv_bias)
       L.qkv_bias = at::cat({qk(load(p + attn() + "q_proj.bias"), cfg_.heads),
-                            qk(load(p + attn() + "k_proj.bias"), cfg_.kv_heads), load(p + attn() + "v_proj.bias")});
+                            qk(load(p + attn() + "k_proj.bias"), L.kv_heads), values("bias")});
+    if (cfg_.v_norm) L.v_norm = at::ones({cfg_.head_dim_of(l)}, at::TensorOptions().dtype(at::kFloat).device(device_));
     if (cfg_.o_bias) L.o_bias = load(p + attn() + "o_proj.bias");
     if (cfg_.qk_norm || cfg_.qk_norm_full) {
       L.q_norm = load_norm(p + attn() + "q_norm.weight");
@@ -1277,7 +1344,7 @@ class HfTarget final : public Target {
     if (cfg_.mla()) return latent_project(L, h, cos, sin);
     at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
     if (cfg_.qk_norm_full) {  // (MiniMax-M2, OLMo: q and k normed over all their heads, then rotated)
-      const int64_t q = cfg_.heads * cfg_.head_dim, kv = cfg_.kv_heads * cfg_.head_dim;
+      const int64_t q = cfg_.heads * cfg_.head_dim, kv = L.kv_heads * cfg_.head_dim;
       qkv = at::cat({rms_norm(qkv.narrow(-1, 0, q), L.q_norm), rms_norm(qkv.narrow(-1, q, kv), L.k_norm),
                      qkv.narrow(-1, q + kv, kv)},
                     -1);
@@ -1285,8 +1352,9 @@ class HfTarget final : public Target {
     if (cfg_.clip_qkv > 0) qkv = qkv.clamp(-cfg_.clip_qkv, cfg_.clip_qkv);  // (OLMoE: after the norms, before RoPE)
     // (per-head q / k norms before RoPE in the one pass: Qwen3's kind)
     const bool per_head_first = !cfg_.qk_norm_full && !cfg_.qk_norm_after_rope;
-    QKV p = frozen::qkv_rope(qkv, cfg_.heads, cfg_.kv_heads, per_head_first ? L.q_norm : at::Tensor(),
+    QKV p = frozen::qkv_rope(qkv, cfg_.heads, L.kv_heads, per_head_first ? L.q_norm : at::Tensor(),
                              per_head_first ? L.k_norm : at::Tensor(), cfg_.rms_eps, cos, sin, fused_);
+    if (L.v_norm.defined()) p.v = rms_norm(p.v, L.v_norm);                                      // (Gemma 4)
     if (cfg_.qk_norm_after_rope) p.q = rms_norm(p.q, L.q_norm), p.k = rms_norm(p.k, L.k_norm);  // (Hunyuan)
     if (q_scale.defined()) p.q = (p.q * q_scale).to(p.q.scalar_type());
     return p;
@@ -1358,9 +1426,9 @@ class HfTarget final : public Target {
       const auto [x1, m] = parallel_rest(L, x, a, h);
       return x1 + m;
     }
-    if (cfg_.sandwich_norms) {  // (Gemma 3)
+    if (cfg_.sandwich_norms) {  // (Gemma 3; Gemma 4: the sum times the layer's scalar)
       const auto [x1, m] = sandwich_rest(L, x.contiguous(), a);
-      return x1 + m;
+      return L.layer_scalar.defined() ? (x1 + m) * L.layer_scalar : x1 + m;
     }
     const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
@@ -1401,6 +1469,11 @@ class HfTarget final : public Target {
     const at::Tensor o = rms_norm(at::linear(a, L.o_proj, L.o_bias), L.post_norm);
     const auto [x1, h2] = L.pre_ff_norm.defined() ? frozen::add_rms_norm(x, o, L.pre_ff_norm, cfg_.rms_eps, fused_)
                                                   : add_pending(x, o, at::Tensor());
+    if (L.router_scale.defined()) {  // (Gemma 4: the MLP's output and the experts', each normed, normed again)
+      const at::Tensor mlp = at::linear(frozen::gelu_tanh_packed(at::linear(h2, L.gate_up), fused_), L.down_proj);
+      const at::Tensor routed = experts(L, rms_norm(x1, L.pre_ff_norm_2), x1);
+      return {x1, rms_norm(rms_norm(mlp, L.post_ff_norm_1) + rms_norm(routed, L.post_ff_norm_2), L.post_ff_norm)};
+    }
     if (L.sparse()) return {x1, rms_norm(experts(L, h2), L.post_ff_norm)};  // (FlexOlmo)
     const at::Tensor gate_up = at::linear(h2, L.gate_up);
     // (Gemma 3: GELU's tanh approximation of the gate, as transformers' separate ops round it; else SiLU)
@@ -1440,11 +1513,14 @@ class HfTarget final : public Target {
   // (rounded to the model's dtype where the weight is in it), then each token's k rows summed in
   // float32 and rounded once; the shared expert's MLP of h added to that (Qwen2-MoE: first times
   // sigmoid(h g^T), the gate's product and sigmoid rounded to the dtype as transformers' ops round them).
-  at::Tensor experts(const DecoderLayer& L, const at::Tensor& h) const {
+  // routed: the rows the router reads where they are not h (Gemma 4's: the stream before the experts' norm).
+  at::Tensor experts(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& routed_by = at::Tensor()) const {
     const int64_t H = cfg_.hidden, k = cfg_.experts_per_token;
     const at::Tensor x = h.reshape({-1, H});
     at::Tensor top, chosen;
-    if (cfg_.sigmoid_router) {
+    if (L.router_scale.defined()) {
+      std::tie(top, chosen) = gemma4_routing(L, routed_by.reshape({-1, H}));
+    } else if (cfg_.sigmoid_router) {
       std::tie(top, chosen) = sigmoid_routing(L, x);
     } else if (cfg_.softmax_choice_bias) {
       // ERNIE 4.5: softmax in float32, the top k of softmax + bias, their softmax values renormalised (the sum clamped)
@@ -1499,7 +1575,9 @@ class HfTarget final : public Target {
       act = relu2(frozen::grouped_linear(rows, L.experts_gate_up, ends));
       out = frozen::grouped_linear(act, L.experts_down, ends);
     } else {
-      act = frozen::swiglu_packed(frozen::grouped_linear(rows, L.experts_gate_up, ends), fused_);
+      const at::Tensor gate_up = frozen::grouped_linear(rows, L.experts_gate_up, ends);
+      // (Gemma 4's experts: GELU's tanh approximation of the gate)
+      act = cfg_.gelu_mlp ? frozen::gelu_tanh_packed(gate_up, fused_) : frozen::swiglu_packed(gate_up, fused_);
       out = frozen::grouped_linear(act, L.experts_down, ends);
     }
     const at::Tensor slot = at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
@@ -1514,6 +1592,19 @@ class HfTarget final : public Target {
         L.shared_down);
     if (!L.shared_gate.defined()) return routed + shared;
     return routed + at::sigmoid(at::linear(h, L.shared_gate)) * shared;
+  }
+
+  // Gemma 4's choice of experts for the rows r [T, H] (transformers' Gemma4TextRouter): r's weightless RMSNorm (in
+  // float32, rounded back), times router.scale and hidden^-1/2 in the model's dtype, through the router; the softmax
+  // in float32, the top k renormalised, times each chosen expert's per_expert_scale (float32 [T, k], ids [T, k]).
+  std::pair<at::Tensor, at::Tensor> gemma4_routing(const DecoderLayer& L, const at::Tensor& r) const {
+    const at::Tensor f = r.to(at::kFloat);
+    const at::Tensor normed =
+        (f * at::pow(f.pow(2).mean(-1, /*keepdim=*/true) + cfg_.rms_eps, -0.5)).to(r.scalar_type());
+    const at::Tensor logits = at::linear(normed * L.router_scale * std::pow(double(cfg_.hidden), -0.5), L.router);
+    auto [top, chosen] = at::topk(at::softmax(logits, -1, at::kFloat), cfg_.experts_per_token, -1);
+    top = top / top.sum(-1, /*keepdim=*/true);
+    return {top * L.per_expert_scale.index_select(0, chosen.reshape({-1})).view_as(chosen), chosen};
   }
 
   // A layer's experts' weights: as loaded, or dequantized now from the MXFP4 blocks kept.
@@ -1709,7 +1800,7 @@ class HfTarget final : public Target {
                        const at::Tensor& mask) const {
     const at::Tensor h = rms_norm(x, L.input_norm);
     const QKV p = project(L, h, cos, sin, q_scale);
-    const int64_t group = cfg_.heads / cfg_.kv_heads;
+    const int64_t group = cfg_.heads / L.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
     const double scale = softmax_scale();
@@ -1883,7 +1974,7 @@ class HfTarget final : public Target {
   bool tied_ = false;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
   at::Tensor long_inv_freq_;          // LongRoPE's frequencies past the pretraining length (undefined otherwise)
-  at::Tensor local_inv_freq_;         // Gemma 3's sliding layers' frequencies (undefined otherwise)
+  at::Tensor local_inv_freq_;         // Gemma 3's / 4's sliding layers' frequencies (undefined otherwise)
   at::Tensor local_cos_, local_sin_;  // their tables as plain_cos_ / plain_sin_
   at::Tensor plain_cos_, plain_sin_;  // hidden_states()' tables for positions 0..S-1, the last S asked
   std::vector<DecoderLayer> layers_;
@@ -1895,7 +1986,7 @@ class HfTarget final : public Target {
 FLASHDRAFT_PLUGIN(
     target, "hf", "0.1.0",
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
-    "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
+    "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers), Cohere / Cohere 2, Arcee, Apertus, "
     "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, "
     "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4",

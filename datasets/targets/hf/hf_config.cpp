@@ -68,7 +68,9 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "GraniteMoeHybridForCausalLM",
                                                           "ApertusForCausalLM",
                                                           "NemotronHForCausalLM",
-                                                          "BambaForCausalLM"};
+                                                          "BambaForCausalLM",
+                                                          "Gemma4ForCausalLM",
+                                                          "Gemma4ForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -197,7 +199,45 @@ const json* read_gemma3_rope(const Reader& r, ModelConfig& c) {
   return &full;
 }
 
+// Gemma 4's two RoPEs (rope_parameters per layer type; Gemma4TextConfig's defaults where absent): the sliding layers'
+// "default" over head_dim, the full layers' "proportional" (partial_rotary_factor of the frequencies turning, factor
+// dividing them; "default": all of them, undivided) over their own width.
+void read_gemma4_rope(const Reader& r, ModelConfig& c) {
+  c.rope_theta = 1e6, c.rope_local_theta = 1e4, c.rope_proportion = 0.25, c.rotary_dim = c.head_dim;
+  if (!r.has("rope_parameters")) return;
+  const json& p = r.j.at("rope_parameters");
+  const auto type_of = [](const json& o) {
+    return o.contains("rope_type") && o.at("rope_type").is_string() ? o.at("rope_type").get<std::string>() : "default";
+  };
+  for (const char* kind : {"full_attention", "sliding_attention"})
+    if (!p.is_object() || !p.contains(kind) || !p.at(kind).is_object())
+      r.fail("rope_parameters",
+             "holds " + p.dump().substr(0, 160) +
+                 "; accepted: an object with \"full_attention\" "
+                 "and \"sliding_attention\" objects of RoPE parameters (Gemma 4's two kinds of layer)");
+  const json& local = p.at("sliding_attention");
+  if (type_of(local) != "default")
+    r.fail("rope_parameters", "sliding_attention's rope_type \"" + type_of(local) +
+                                  "\" is not supported (accepted: \"default\", as Gemma 4 publishes)");
+  c.rope_local_theta = r.real(local, "rope_theta", 1e4);
+  const json& full = p.at("full_attention");
+  const std::string type = type_of(full);
+  if (type != "proportional" && type != "default")
+    r.fail("rope_parameters",
+           "full_attention's rope_type \"" + type +
+               "\" is not supported (accepted: \"proportional\", as Gemma 4 publishes, or \"default\")");
+  c.rope_theta = r.real(full, "rope_theta", 1e6);
+  c.rope_proportion = type == "default" ? 1.0 : r.real(full, "partial_rotary_factor", 1.0);
+  c.rope_factor = type == "default" ? 1.0 : r.real(full, "factor", 1.0);
+  if (!(c.rope_proportion > 0 && c.rope_proportion <= 1))
+    r.fail("rope_parameters",
+           "full_attention's partial_rotary_factor " + std::to_string(c.rope_proportion) + " is not in (0, 1]");
+  if (!(c.rope_factor > 0)) r.fail("rope_parameters", "full_attention's factor must be positive");
+  if (!(c.rope_theta > 0 && c.rope_local_theta > 0)) r.fail("rope_parameters", "every rope_theta must be positive");
+}
+
 void read_rope(const Reader& r, ModelConfig& c) {
+  if (c.gemma4()) return read_gemma4_rope(r, c);
   const json* scaling = nullptr;
   if (c.gemma3() || c.architecture == "Olmo3ForCausalLM") {
     scaling = read_gemma3_rope(r, c);
@@ -347,10 +387,13 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding.assign(static_cast<size_t>(c.layers), 0);
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";
   const bool qwen2_rule = !all && (c.dots1() || r.boolean("use_sliding_window", false));
-  if (!(all || qwen2_rule) || !r.has("sliding_window")) return;
-  c.sliding_window = r.integer("sliding_window", 1);
-  if (r.has("layer_types"))
-    return read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
+  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4())) return;
+  c.sliding_window = r.integer("sliding_window", 1, 512);  // (Gemma4TextConfig's default 512)
+  if (r.has("layer_types")) {
+    read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
+    if (c.gemma4()) c.sliding.back() = 0;  // (Gemma4TextConfig makes its last layer full, whatever the list says)
+    return;
+  }
   if (c.exaone4()) return read_exaone4_pattern(r, c);
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
@@ -359,11 +402,13 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   // fourth)
   // (Cohere2Config's sliding_window_pattern, default 4)
   const int64_t pattern = c.gemma3()                             ? r.integer("sliding_window_pattern", 1, 6)
+                          : c.gemma4()                           ? 6
                           : c.cohere2()                          ? r.integer("sliding_window_pattern", 1, 4)
                           : c.architecture == "Olmo3ForCausalLM" ? 4
                                                                  : 0;
   for (int64_t l = first; l < c.layers; ++l)
     c.sliding[static_cast<size_t>(l)] = pattern > 0 ? (l + 1) % pattern != 0 : !gpt_oss || l % 2 == 0;
+  if (c.gemma4()) c.sliding.back() = 0;
 }
 
 // The sizes GLM-4.5's and the DeepSeek routers share: moe_intermediate_size, n_shared_experts (default `shared`) of
@@ -726,6 +771,99 @@ void read_gemma3(const Reader& r, ModelConfig& c) {
                       "(accepted: null, as Gemma 3 publishes)");
 }
 
+// Gemma 4's own keys (Gemma4TextConfig): its activation and layout; what it has that is not read here is refused:
+// per-layer embeddings (hidden_size_per_layer_input, 256 where absent: Gemma 4 E2B / E4B), layers sharing keys and
+// values (num_kv_shared_layers), bidirectional attention. Its mixture-of-experts block (enable_moe_block: 26B-A4B):
+// num_experts of moe_intermediate_size, top_k_experts a token, in every layer beside its MLP.
+void read_gemma4(const Reader& r, ModelConfig& c) {
+  if (r.has("hidden_activation") && r.j.at("hidden_activation") != "gelu_pytorch_tanh")
+    r.fail("hidden_activation", "value " + r.j.at("hidden_activation").dump() +
+                                    " is not supported for Gemma 4 (accepted: \"gelu_pytorch_tanh\", its own)");
+  c.embed_scale = c.sandwich_norms = c.gelu_mlp = c.qk_norm = c.norm_weight_fp32 = c.v_norm = true;
+  c.softmax_scale = 1.0;
+  c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
+  c.keys_as_values = r.boolean("attention_k_eq_v", false);
+  // (null: none, as transformers reads it; absent: Gemma4TextConfig's default 256)
+  const int64_t ple =
+      r.j.contains("hidden_size_per_layer_input") ? r.integer("hidden_size_per_layer_input", 0, 0) : 256;
+  if (ple > 0)
+    r.fail("hidden_size_per_layer_input",
+           std::to_string(ple) + (r.j.contains("hidden_size_per_layer_input") ? "" : " (Gemma4TextConfig's default)") +
+               ": per-layer embeddings (Gemma 4 E2B / E4B) are not supported yet (accepted: 0 or null)");
+  if (r.integer("num_kv_shared_layers", 0, 0) > 0)
+    r.fail("num_kv_shared_layers", "value " + r.j.at("num_kv_shared_layers").dump() +
+                                       ": layers that reuse earlier layers' keys and values are not supported yet "
+                                       "(accepted: 0 or absent)");
+  if (r.boolean("enable_moe_block", false)) {  // (every layer's experts beside its MLP; 26B-A4B's)
+    c.experts = r.integer("num_experts", 1);
+    c.experts_per_token = r.integer("top_k_experts", 1);
+    c.moe_intermediate = r.integer("moe_intermediate_size", 1);
+    c.experts_key = "num_experts";
+    c.norm_topk = c.float_router_weights = true;
+    if (c.experts_per_token > c.experts)
+      r.fail("top_k_experts", std::to_string(c.experts_per_token) + " is more than num_experts " +
+                                  std::to_string(c.experts) + " (accepted: 1.." + std::to_string(c.experts) + ")");
+  }
+  if (r.has("use_bidirectional_attention") && r.j.at("use_bidirectional_attention") != "vision")
+    r.fail("use_bidirectional_attention", "value " + r.j.at("use_bidirectional_attention").dump() +
+                                              " is not supported (accepted: null or \"vision\": a text attends "
+                                              "causally)");
+  c.logit_softcap = r.real(r.j, "final_logit_softcapping", 0.0);
+  if (r.has("final_logit_softcapping") && (!(c.logit_softcap > 0) || !std::isfinite(c.logit_softcap)))
+    r.fail("final_logit_softcapping", "value " + r.j.at("final_logit_softcapping").dump() +
+                                          " is not a positive number (accepted: > 0, or null for none)");
+}
+
+// After the sliding layers: Gemma 4's full layers' head width and key / value heads, from per_layer_config (integer
+// layer keys, each overriding head_dim and / or num_key_value_heads; one override for all the layers of a kind, as
+// transformers' RoPE needs) or from global_head_dim (Gemma4TextConfig's default 512) and, with attention_k_eq_v,
+// num_global_key_value_heads.
+void read_gemma4_heads(const Reader& r, ModelConfig& c) {
+  c.layer_head_dim.assign(static_cast<size_t>(c.layers), c.head_dim);
+  c.layer_kv_heads.assign(static_cast<size_t>(c.layers), c.kv_heads);
+  if (r.has("per_layer_config")) {
+    const json& p = r.j.at("per_layer_config");
+    if (!p.is_object()) r.fail("per_layer_config", "value " + p.dump().substr(0, 120) + " is not an object");
+    for (const auto& [key, overrides] : p.items()) {
+      const int64_t l = key.find_first_not_of("0123456789") == std::string::npos && !key.empty() && key.size() < 9
+                            ? std::stoll(key)
+                            : -1;
+      if (l < 0 || l >= c.layers || !overrides.is_object())
+        r.fail("per_layer_config", "key \"" + key + "\" holding " + overrides.dump().substr(0, 80) +
+                                       " (accepted: layer indices 0.." + std::to_string(c.layers - 1) +
+                                       " holding objects of head_dim / num_key_value_heads)");
+      const Reader layer{overrides, r.file + ": per_layer_config." + key};
+      for (const auto& [name, value] : overrides.items())
+        if (name != "head_dim" && name != "num_key_value_heads")
+          layer.fail(name, "is not read per layer (accepted here: head_dim, num_key_value_heads)");
+      c.layer_head_dim[static_cast<size_t>(l)] = layer.integer("head_dim", 2, c.head_dim);
+      c.layer_kv_heads[static_cast<size_t>(l)] = layer.integer("num_key_value_heads", 1, c.kv_heads);
+    }
+  } else {
+    const int64_t width = r.integer("global_head_dim", 2, 512);
+    const int64_t kv = c.keys_as_values ? r.integer("num_global_key_value_heads", 1, c.kv_heads) : c.kv_heads;
+    for (int64_t l = 0; l < c.layers; ++l)
+      if (c.window(l) == 0)
+        c.layer_head_dim[static_cast<size_t>(l)] = width, c.layer_kv_heads[static_cast<size_t>(l)] = kv;
+  }
+  for (int64_t l = 0; l < c.layers; ++l) {
+    int64_t first = 0;  // (the first layer of l's kind)
+    while ((c.window(first) > 0) != (c.window(l) > 0)) ++first;
+    const int64_t D = c.head_dim_of(l), kv = c.kv_heads_of(l);
+    if (D % 2 != 0 || c.heads % kv != 0)
+      r.fail("per_layer_config", "layer " + std::to_string(l) + ": head_dim " + std::to_string(D) + " and " +
+                                     std::to_string(kv) +
+                                     " key / value heads (accepted: an even width, a divisor of "
+                                     "num_attention_heads " +
+                                     std::to_string(c.heads) + ")");
+    if (D != c.head_dim_of(first) || kv != c.kv_heads_of(first))
+      r.fail("per_layer_config", "layer " + std::to_string(l) + "'s heads (" + std::to_string(kv) + " x " +
+                                     std::to_string(D) + ") differ from layer " + std::to_string(first) +
+                                     "'s, of the same kind (accepted: one width and count per kind of layer, as "
+                                     "transformers' RoPE reads them)");
+  }
+}
+
 // Cohere's and Cohere 2's own keys (CohereConfig, Cohere2Config): their LayerNorms' layer_norm_eps, logit_scale.
 void read_cohere(const Reader& r, ModelConfig& c) {
   c.layer_norm = c.parallel = c.rope_interleave = c.norm_weight_fp32 = true;
@@ -1020,7 +1158,7 @@ bool composite(const ModelConfig& c) {
          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
          c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
          c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl() ||
-         c.architecture == "Llama4ForConditionalGeneration";
+         c.architecture == "Llama4ForConditionalGeneration" || c.architecture == "Gemma4ForConditionalGeneration";
 }
 
 // The layouts of the families whose layers differ from Llama's in their norms, RoPE pairs, biases or multipliers
@@ -1124,6 +1262,8 @@ ModelConfig read_config(const std::string& folder) {
   // activation would be run as the wrong one
   if (c.gemma3()) {
     read_gemma3(r, c);
+  } else if (c.gemma4()) {
+    read_gemma4(r, c);
   } else if (c.arcee() || c.apertus()) {  // (ArceeConfig's default: "relu2"; ApertusConfig's: "xielu")
     const char* act = c.arcee() ? "relu2" : "xielu";
     (c.arcee() ? c.relu2_mlp : c.xielu_mlp) = true;
@@ -1142,9 +1282,11 @@ ModelConfig read_config(const std::string& folder) {
   else if (r.has("tie_word_embeddings"))
     c.tie_embeddings = r.boolean("tie_word_embeddings", false) ? 1 : 0;
   if (c.hybrid()) read_linear_attention(r, c);
-  read_sliding_layers(
-      r, mistral || phi3 || gpt_oss || c.gemma3() || c.architecture == "Olmo3ForCausalLM" || c.exaone4() || c.cohere2(),
-      c);
+  read_sliding_layers(r,
+                      mistral || phi3 || gpt_oss || c.gemma3() || c.gemma4() || c.architecture == "Olmo3ForCausalLM" ||
+                          c.exaone4() || c.cohere2(),
+                      c);
+  if (c.gemma4()) read_gemma4_heads(r, c);
   if ((c.exaone4() && c.sliding_window > 0) || c.cohere2()) {  // (their full layers rotate nothing)
     c.nope.assign(static_cast<size_t>(c.layers), 0);
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];

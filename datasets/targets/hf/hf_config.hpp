@@ -8,7 +8,7 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
+// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
 // mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo,
 // Arcee, Llama 4, Granite 4.0, Apertus: see their members below). Anything else is refused with the architecture found
 // and the list.
@@ -165,6 +165,31 @@ struct ModelConfig {
   bool embed_scale = false, sandwich_norms = false, gelu_mlp = false;
   double rope_local_theta = 0;  // 0: every layer rotates alike
   bool local_rope(int64_t layer) const { return rope_local_theta > 0 && window(layer) > 0; }
+  // Gemma 4 (Gemma4ForCausalLM; Gemma4ForConditionalGeneration's language model): Gemma 3's layout (embed_scale,
+  // sandwich_norms, gelu_mlp, q / k norms) with every norm's weight w applied in float32 (not 1 + w), the values
+  // RMS-normed without a weight (v_norm) and the softmax scale 1. Its full layers' heads have their own width and
+  // count (layer_head_dim / layer_kv_heads: per_layer_config, or global_head_dim and, with attention_k_eq_v,
+  // num_global_key_value_heads), their values the keys' projection itself where attention_k_eq_v (keys_as_values),
+  // rotated by proportional RoPE: of each head's D / 2 frequencies 1 / theta^(2i / D), the first rope_proportion x
+  // D / 2 turn (divided by rope_factor), the rest are 0 (those dimensions pass unrotated); its sliding layers rotate
+  // with rope_local_theta over head_dim. Each layer's output is times its learned layer_scalar, and the logits are
+  // soft-capped, cap tanh(logits / cap) (logit_softcap: final_logit_softcapping; 0: none). With enable_moe_block
+  // (26B-A4B) every layer also runs `experts` of moe_intermediate beside its MLP: routed from the stream after
+  // attention (its weightless RMSNorm times router.scale and hidden^-1/2, the softmax in float32, the top
+  // experts_per_token renormalised, times router.per_expert_scale), fed that stream through
+  // pre_feedforward_layernorm_2, GELU-gated; the MLP's output and the experts' each normed
+  // (post_feedforward_layernorm_1 / _2) and their sum normed again.
+  bool gemma4() const { return architecture.rfind("Gemma4", 0) == 0; }
+  bool v_norm = false, keys_as_values = false;
+  double rope_proportion = 0, rope_factor = 1.0, logit_softcap = 0;
+  std::vector<int64_t> layer_head_dim, layer_kv_heads;  // per layer (empty: head_dim and kv_heads in every layer)
+  int64_t head_dim_of(int64_t layer) const {
+    return layer_head_dim.empty() ? head_dim : layer_head_dim[static_cast<size_t>(layer)];
+  }
+  int64_t kv_heads_of(int64_t layer) const {
+    return layer_kv_heads.empty() ? kv_heads : layer_kv_heads[static_cast<size_t>(layer)];
+  }
+  bool values_are_keys(int64_t layer) const { return keys_as_values && window(layer) == 0; }
   // OLMo 2 / OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM): no norm before attention or the MLP; their outputs normed
   // before the residual adds (post_attention_layernorm, post_feedforward_layernorm: post_norms, with sandwich_norms'
   // code); q / k normed over all heads (qk_norm_full); every norm's weight applied in float32 (norm_weight_fp32).
