@@ -152,6 +152,15 @@ FAMILIES = [
           layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
           enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Gemma 4 E2B / E4B's kind: per-layer embeddings of 8 a layer (their own vocabulary of 160 rows), and the last 2
+    # layers attending with the keys and values of the last earlier layer of their kind (layer 2 with layer 0's, layer
+    # 3 with layer 1's), their MLPs twice as wide; the full layers' values their own (no attention_k_eq_v).
+    ("gemma4_ple", "Gemma4TextConfig", "Gemma4ForCausalLM",
+     dict(tie_word_embeddings=True, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
+          vocab_size_per_layer_input=160, num_kv_shared_layers=2, use_double_wide_mlp=True, sliding_window=6,
+          final_logit_softcapping=0.25,
+          layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+          pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,

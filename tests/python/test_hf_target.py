@@ -693,9 +693,21 @@ def test_gemma4_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
         assert (moved == 0) if same else (moved > 10 * BOUND), (what, moved)
 
 
+@pytest.mark.parametrize("suffix,count", [("per_layer_projection.weight", 4), ("embed_tokens_per_layer.weight", 1)])
+def test_gemma4_per_layer_embeddings_are_read(suffix, count, tmp_path):
+    """Gemma 4 E2B / E4B's kind (the family test gives its states equal to transformers', its last two layers attending
+    with layers 0's and 1's keys and values): each per-layer input's projection and the per-layer embedding table,
+    zeroed in the checkpoint, move the states, and ours follows transformers with them zeroed."""
+    saved, before, after, theirs = zeroed_against_transformers("gemma4_ple", suffix, tmp_path)
+    assert len(saved) == count and all(t.abs().max() > 0 for t in saved.values())
+    print(f"gemma4_ple with {suffix} zeroed: rel err {rel(after, theirs):.1e}; the tensor moves it "
+          f"{rel(before, after):.1e}")
+    assert rel(after, theirs) <= BOUND and rel(before, after) > 10 * BOUND
+
+
 @pytest.mark.parametrize("change,key", [
-    (dict(hidden_size_per_layer_input=256), "hidden_size_per_layer_input"),
-    (dict(num_kv_shared_layers=2), "num_kv_shared_layers"),
+    (dict(num_kv_shared_layers=4), "num_kv_shared_layers"),
+    (dict(num_kv_shared_layers=3), "num_kv_shared_layers"),
     (dict(enable_moe_block=True, num_experts=8, top_k_experts=9, moe_intermediate_size=32), "top_k_experts"),
     (dict(use_bidirectional_attention="all"), "use_bidirectional_attention"),
     (dict(hidden_activation="silu"), "hidden_activation"),
@@ -704,12 +716,12 @@ def test_gemma4_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
     (dict(per_layer_config={"1": dict(head_dim=32), "3": dict(head_dim=64)}), "per_layer_config"),
     (dict(rope_parameters=dict(full_attention=dict(rope_type="yarn", factor=4.0),
                                sliding_attention=dict(rope_type="default"))), "rope_parameters")],
-    ids=["per_layer_embeddings", "shared_kv", "top_k_experts", "bidirectional", "activation", "softcap", "layer_key",
+    ids=["shared_kv_all", "shared_kv_no_source", "top_k_experts", "bidirectional", "activation", "softcap", "layer_key",
          "uneven_full_heads", "rope_type"])
 def test_gemma4_what_it_cannot_run_is_refused(change, key, tmp_path):
-    """A Gemma 4 config.json with a part ours does not run (per-layer embeddings, shared keys / values, bidirectional
-    text) or a value transformers would not run as ours reads it: refused with a sentence naming the key, its value and
-    what is accepted."""
+    """A Gemma 4 config.json with a part ours does not run (bidirectional text) or a value transformers would not run
+    as ours reads it (every layer sharing keys and values, or a shared layer with no earlier layer of its kind; more
+    experts a token than experts): refused with a sentence naming the key, its value and what is accepted."""
     folder = tmp_path / "gemma4"
     make_model(folder, "gemma4", seed=5)
     edit_config(folder, **change)
@@ -1771,7 +1783,7 @@ def test_bf16_on_cuda_with_flash_cuda_matches_transformers(family, layers, tmp_p
         extra = dict(head_dim=64, mamba_n_groups=1)
     if family in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"):  # (latent attention: heads of qk_nope + qk_rope = 64)
         extra = dict(qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=48)
-    if family in ("gemma4", "gemma4_moe"):  # (its full layers' heads of their own width: 128, which flash_cuda runs)
+    if family.startswith("gemma4"):  # (its full layers' heads of their own width: 128, which flash_cuda runs)
         extra = dict(head_dim=64, global_head_dim=128)
     check_bf16_on_cuda(family, layers, tmp_path, extra)
 

@@ -66,7 +66,8 @@ FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss
             "hunyuan": (0.2, 144, 1.1), "granitemoe": (0.3, 144, 1.1),
             "hunyuan_moe": (0.05, 144, 1.1), "cohere2": (0.2, 144, 1.1),
             "arcee": (0.2, 144, 1.1), "llama4_chunk128": (0.05, 144, 1.1),
-            "apertus": (0.2, 144, 1.1), "gemma4": (0.4, 144, 1.1, 0.125)}
+            "apertus": (0.2, 144, 1.1), "gemma4": (0.4, 144, 1.1, 0.125),
+            "gemma4_ple": (0.4, 144, 1.1, 0.125)}
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "glm4_moe", "minimax_m2", "ernie4_5_moe", "granitemoe",

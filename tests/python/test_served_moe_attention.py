@@ -16,7 +16,8 @@ def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target_of_an
     check_family(family, tmp_path_factory)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "smollm3", "olmo3", "glm4", "exaone4", "cohere2", "gemma4"])
+@pytest.mark.parametrize("family", ["gemma3", "smollm3", "olmo3", "glm4", "exaone4", "cohere2", "gemma4",
+                                    "gemma4_ple"])
 def test_greedy_equals_the_reference_loop_with_a_dense_target_of_its_own_rope(family, tmp_path_factory):
     """Gemma 3 (sliding layers with their own RoPE, the full one's scaled; four norms a layer; the embedding scaled),
     SmolLM3 (a NoPE layer), OLMo 3 (its norms after attention and the MLP only), GLM-4 (interleaved pairs

@@ -67,6 +67,10 @@ struct DecoderLayer {
   // experts block's router scales (router.scale [H], router.per_expert_scale [E]) and norms (the experts' input, the
   // MLP's output, the experts' output)
   at::Tensor v_norm, layer_scalar, router_scale, per_expert_scale, pre_ff_norm_2, post_ff_norm_1, post_ff_norm_2;
+  // Gemma 4 E2B / E4B: its per-layer input's gate [ple, H], projection [H, ple] and norm [H]; a layer that attends
+  // with an earlier layer's keys and values (num_kv_shared_layers) projects its queries alone (qkv: q's rows)
+  at::Tensor ple_gate, ple_proj, ple_norm;
+  bool queries_only = false;
   // Gemma 3: post_norm normalises the attention's output before its residual add; these the MLP's input and output
   at::Tensor pre_ff_norm, post_ff_norm;
   at::Tensor router, experts_gate_up, experts_down, router_bias, shared_gate_up, shared_down, shared_gate;
@@ -192,6 +196,38 @@ class HfTarget final : public Target {
           (1.0 / at::pow(at::tensor(cfg_.rope_local_theta, at::kFloat), exponents / double(cfg_.rotary_dim)))
               .to(device_);
     if (cfg_.gemma4()) inv_freq_ = proportional_inv_freq().to(device_);
+    if (cfg_.ple > 0) {
+      ple_embed_ = load(cfg_.prefix + "embed_tokens_per_layer.weight");
+      ple_model_proj_ = load(cfg_.prefix + "per_layer_model_projection.weight");
+      ple_proj_norm_ = load_norm(cfg_.prefix + "per_layer_projection_norm.weight");
+    }
+  }
+
+  // Gemma 4's per-layer inputs [n, layers, ple] of token ids [n] whose scaled embedding rows are x [n, H]
+  // (transformers' get_per_layer_inputs and project_per_layer_inputs; undefined without them).
+  at::Tensor per_layer_inputs(const at::Tensor& ids, const at::Tensor& x) const {
+    if (cfg_.ple == 0) return {};
+    const int64_t n = x.size(0), P = cfg_.ple;
+    const at::Tensor rows = ple_embed_.index_select(0, ids.reshape({-1}));
+    const at::Tensor own = (rows * at::scalar_tensor(std::sqrt(double(P)), rows.options())).view({n, cfg_.layers, P});
+    const at::Tensor projected =
+        (at::linear(x, ple_model_proj_) * std::pow(double(cfg_.hidden), -0.5)).view({n, cfg_.layers, P});
+    return (rms_norm(projected, ple_proj_norm_) + own) * std::pow(2.0, -0.5);
+  }
+  // Layer l's end in Gemma 4: the residual sum x plus its per-layer input's part (pli [..., ple], the layer's column
+  // of per_layer_inputs), times the layer's scalar.
+  at::Tensor layer_end(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& pli) const {
+    if (!L.layer_scalar.defined()) return x;
+    if (!L.ple_gate.defined()) return x * L.layer_scalar;
+    const at::Tensor g = at::gelu(at::linear(x, L.ple_gate), "tanh") * pli;
+    return (x + rms_norm(at::linear(g, L.ple_proj), L.ple_norm)) * L.layer_scalar;
+  }
+  // Layer l's column of per-layer inputs pli [n, layers, ple] shaped as rows [..., H] (undefined without them).
+  at::Tensor layer_input(const at::Tensor& pli, int64_t l, const at::Tensor& rows) const {
+    if (!pli.defined()) return {};
+    std::vector<int64_t> shape(rows.sizes().begin(), rows.sizes().end() - 1);
+    shape.push_back(cfg_.ple);
+    return pli.select(1, l).reshape(shape);
   }
 
   // Gemma 4's full layers' proportional RoPE (transformers' _compute_proportional_rope_parameters) over their width
@@ -264,13 +300,9 @@ class HfTarget final : public Target {
     attention.set_mask(current);
     const at::Tensor tokens = to_device(batch.tokens.to(at::kLong));
     at::Tensor x = embed(tokens).view({B, S, cfg_.hidden});
-    const auto global = forward_tables(batch, docs, B, S);
-    const auto local = cfg_.rope_local_theta > 0 ? forward_tables(batch, docs, B, S, /*local=*/true) : global;
-    const auto none = cfg_.nope.empty() ? global : unrotated(global);
-    const at::Tensor q_scale = cfg_.query_scale_beta == 0 ? at::Tensor()
-                               : batch.documents.empty()
-                                   ? query_scale(at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_)))
-                                   : query_scale(document_positions(docs, B, S));
+    const at::Tensor pli = per_layer_inputs(tokens, x.view({B * S, cfg_.hidden}));
+    std::vector<std::pair<at::Tensor, at::Tensor>> kv(static_cast<size_t>(deepest + 1));  // (kept for sharing)
+    const ForwardRope rope = forward_rope(batch, docs, B, S);
     // The states go straight into the result [B, S, E, H] as each layer makes them: the input
     // norm of layer l + 1 writes the state after layer l into its slot (the residual stream then
     // reads it there), no copy.
@@ -308,8 +340,12 @@ class HfTarget final : public Target {
       if (L.mixer) {
         a = L.mixer->mix(h, rows);
       } else if (!cfg_.mlp_block(l)) {
-        const auto& [cos, sin] = cfg_.no_rope(l) ? none : cfg_.local_rope(l) ? local : global;
-        const QKV p = project(L, h, cos, sin, layer_query_scale(l, q_scale));
+        const auto& [cos, sin] = cfg_.no_rope(l) ? rope.none : cfg_.local_rope(l) ? rope.local : rope.global;
+        QKV p = project(L, h, cos, sin, layer_query_scale(l, rope.q_scale));
+        if (!cfg_.kv_source.empty()) {  // (Gemma 4: the last layers attend with an earlier layer's keys and values)
+          if (L.queries_only) std::tie(p.k, p.v) = kv[static_cast<size_t>(cfg_.kv_source[static_cast<size_t>(l)])];
+          kv[static_cast<size_t>(l)] = {p.k, p.v};
+        }
         set_layer_mask(attention, docs, l, current);
         a = attention_out(L, attend(attention, call++, L, p.q, p.k, p.v, scale), h);
       }
@@ -318,7 +354,7 @@ class HfTarget final : public Target {
         std::tie(x, pending) = cfg_.single_blocks() ? std::make_pair(stream, block_output(L, a, h))
                                : cfg_.parallel      ? parallel_rest(L, stream, a, h)
                                                     : sandwich_rest(L, stream, a);
-        if (L.layer_scalar.defined()) x = (x + pending) * L.layer_scalar, pending = at::Tensor();  // (Gemma 4)
+        if (L.layer_scalar.defined()) x = layer_end(L, x + pending, layer_input(pli, l, x)), pending = at::Tensor();
         continue;
       }
       at::Tensor x1, h2;
@@ -350,6 +386,24 @@ class HfTarget final : public Target {
       last = x + pending;
     record(deepest, last);
     return out;
+  }
+
+  // A training forward's RoPE tables (the full layers', the sliding layers' own, the NoPE layers') and its per-position
+  // query scale (Ministral 3's, Llama 4's; undefined for the others).
+  struct ForwardRope {
+    std::pair<at::Tensor, at::Tensor> global, local, none;
+    at::Tensor q_scale;
+  };
+  ForwardRope forward_rope(const Batch& batch, const MaskInput& docs, int64_t B, int64_t S) {
+    ForwardRope r;
+    r.global = forward_tables(batch, docs, B, S);
+    r.local = cfg_.rope_local_theta > 0 ? forward_tables(batch, docs, B, S, /*local=*/true) : r.global;
+    r.none = cfg_.nope.empty() ? r.global : unrotated(r.global);
+    if (cfg_.query_scale_beta != 0)
+      r.q_scale = batch.documents.empty()
+                      ? query_scale(at::arange(S, at::TensorOptions().dtype(at::kLong).device(device_)))
+                      : query_scale(document_positions(docs, B, S));
+    return r;
   }
 
   // Layer l's mask in a training forward: docs (causal within each document) with the layer's window, or on Llama 4's
@@ -439,8 +493,13 @@ class HfTarget final : public Target {
     const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device_);
     const at::Tensor anchor = anchors.to(device_, at::kLong);
     const at::Tensor block_tokens = blocks.to(device_, at::kLong).reshape({B, N * BS});
-    at::Tensor xc = embed(batch.tokens.to(device_, at::kLong)).view({B, S, cfg_.hidden});
+    const at::Tensor context_tokens = batch.tokens.to(device_, at::kLong);
+    at::Tensor xc = embed(context_tokens).view({B, S, cfg_.hidden});
     at::Tensor xb = embed(block_tokens).view({B, N * BS, cfg_.hidden});
+    // (Gemma 4: the per-layer inputs of the context and of the blocks; its shared layers' sources' keys and values)
+    const at::Tensor pli_c = per_layer_inputs(context_tokens, xc.view({B * S, cfg_.hidden}));
+    const at::Tensor pli_b = per_layer_inputs(block_tokens, xb.view({B * N * BS, cfg_.hidden}));
+    std::vector<DenseOut> kv_c(layers_.size()), kv_b(layers_.size());
     const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
     const at::Tensor context_pos = document_positions(document_mask(rows, S), B, S);  // [B, S]
     const bool two = cfg_.rope_local_theta > 0;  // (Gemma 3: the sliding layers' own tables too)
@@ -473,11 +532,19 @@ class HfTarget final : public Target {
       const auto& [cos_c, sin_c] = nope ? none_c : loc ? local_c : tables_c;
       const auto& [cos_b, sin_b] = nope ? none_b : loc ? local_b : tables_b;
       const int64_t li = static_cast<int64_t>(l);
-      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, layer_query_scale(li, q_scale_c), {}, {}, mask_c);
-      xb = dense_layer(L, xb, cos_b, sin_b, layer_query_scale(li, q_scale_b), context.k, context.v, mask_b).x;
+      const size_t src = cfg_.shares_kv(li) ? static_cast<size_t>(cfg_.kv_source[l]) : l;
+      const DenseOut context = dense_layer(L, xc, cos_c, sin_c, layer_query_scale(li, q_scale_c), {}, {}, mask_c,
+                                           layer_input(pli_c, li, xc), kv_c[src].k, kv_c[src].v);
+      const DenseOut block = dense_layer(L, xb, cos_b, sin_b, layer_query_scale(li, q_scale_b), context.k, context.v,
+                                         mask_b, layer_input(pli_b, li, xb), kv_b[src].k, kv_b[src].v);
+      if (!cfg_.kv_source.empty()) kv_c[l] = context, kv_b[l] = block;
+      xb = block.x;
       xc = context.x;
     }
-    const at::Tensor greedy = at::linear(rms_norm(xb, final_norm_), lm_head_).argmax(-1).view({B, N, BS});
+    const at::Tensor greedy =
+        served_logits(at::linear(rms_norm(xb, final_norm_), lm_head_), cfg_.logit_scale, cfg_.logit_softcap)
+            .argmax(-1)
+            .view({B, N, BS});
     at::Tensor out = at::full({B, N, BS}, -1, at::TensorOptions().dtype(at::kLong));
     out.narrow(2, 1, BS - 1).copy_(greedy.narrow(2, 0, BS - 1).to(at::kCPU));
     return out;
@@ -497,8 +564,9 @@ class HfTarget final : public Target {
       for (size_t l = 0; l < t.layers_.size(); ++l) {
         // an attention layer keeps keys and values, a recurrent one a state per row, an MLP block (Nemotron-H's)
         // nothing
+        // (Gemma 4's shared layers read their source's)
         const hf::Recurrent* mixer = t.layers_[l].mixer.get();
-        const bool attends = !mixer && !t.cfg_.mlp_block(static_cast<int64_t>(l));
+        const bool attends = !mixer && !t.cfg_.mlp_block(static_cast<int64_t>(l)) && !t.layers_[l].queries_only;
         const int64_t li = static_cast<int64_t>(l);
         const auto cache = [&] {
           return at::zeros(
@@ -544,7 +612,9 @@ class HfTarget final : public Target {
       const auto local = t_.cfg_.rope_local_theta > 0 ? t_.rope_tables(positions, false, true) : global;
       const auto none = t_.cfg_.nope.empty() ? global : unrotated(global);
       const at::Tensor q_scale = t_.query_scale(positions);
-      at::Tensor x = t_.embed(tokens.to(t_.device_, at::kLong)).view({B, T, H});
+      const at::Tensor ids = tokens.to(t_.device_, at::kLong);
+      at::Tensor x = t_.embed(ids).view({B, T, H});
+      const at::Tensor pli = t_.per_layer_inputs(ids, x.view({B * T, H}));
       std::vector<at::Tensor> features(layers_.size());
       const double scale = t_.softmax_scale();
       int64_t call = 0;  // the forward's attention calls so far
@@ -559,15 +629,18 @@ class HfTarget final : public Target {
           const int64_t li = static_cast<int64_t>(l);
           const auto& [cos, sin] = t_.cfg_.no_rope(li) ? none : t_.cfg_.local_rope(li) ? local : global;
           const QKV p = t_.project(L, h, cos, sin, t_.layer_query_scale(li, q_scale));
-          const at::Tensor index = positions.view({B, 1, T, 1}).expand_as(p.k);
-          k_[l].scatter_(2, index, p.k);
-          v_[l].scatter_(2, index, p.v);
+          const size_t own = L.queries_only ? static_cast<size_t>(t_.cfg_.kv_source[l]) : l;  // (Gemma 4's sharing)
+          if (!L.queries_only) {
+            const at::Tensor index = positions.view({B, 1, T, 1}).expand_as(p.k);
+            k_[l].scatter_(2, index, p.k);
+            v_[l].scatter_(2, index, p.v);
+          }
           if (t_.cfg_.window(static_cast<int64_t>(l)) != mask.window) {
             mask.window = t_.cfg_.window(static_cast<int64_t>(l));
             attention_.set_mask(mask);
           }
-          const at::Tensor a = t_.attend(attention_, call++, L, p.q.contiguous(), k_[l], v_[l], scale);
-          x = t_.finish_layer(L, x, t_.attention_out(L, a, h), h);
+          const at::Tensor a = t_.attend(attention_, call++, L, p.q.contiguous(), k_[own], v_[own], scale);
+          x = t_.finish_layer(L, x, t_.attention_out(L, a, h), h, t_.layer_input(pli, li, x));
         }
         for (size_t i = 0; i < layers_.size(); ++i)
           if (layers_[i] == static_cast<int64_t>(l))
@@ -750,6 +823,12 @@ class HfTarget final : public Target {
   void check_shapes() const {
     const int64_t H = cfg_.hidden, D = cfg_.head_dim;
     Shapes expected = {{cfg_.prefix + embed_name(), {cfg_.vocab, H}}, {cfg_.prefix + final_norm_name(), {H}}};
+    if (cfg_.ple > 0) {  // (Gemma 4's per-layer embeddings)
+      const int64_t LP = cfg_.layers * cfg_.ple;
+      expected.push_back({cfg_.prefix + "embed_tokens_per_layer.weight", {cfg_.ple_vocab, LP}});
+      expected.push_back({cfg_.prefix + "per_layer_model_projection.weight", {LP, H}});
+      expected.push_back({cfg_.prefix + "per_layer_projection_norm.weight", {cfg_.ple}});
+    }
     if (cfg_.tie_embeddings != 1 && (cfg_.tie_embeddings == 0 || checkpoint_->find(cfg_.lm_head)))
       expected.push_back({cfg_.lm_head, {cfg_.vocab, H}});
     for (int64_t l = 0; l < cfg_.layers; ++l) {
@@ -775,6 +854,12 @@ class HfTarget final : public Target {
           add_attention_shapes(l, p, expected);
       }
       if (cfg_.gemma4()) expected.push_back({p + "layer_scalar", {1}});
+      if (cfg_.ple > 0)
+        for (const auto& [name, shape] :
+             std::vector<std::pair<std::string, std::vector<int64_t>>>{{"per_layer_input_gate.weight", {cfg_.ple, H}},
+                                                                       {"per_layer_projection.weight", {H, cfg_.ple}},
+                                                                       {"post_per_layer_input_norm.weight", {H}}})
+          expected.push_back({p + name, shape});
       if (!cfg_.single_blocks()) add_mlp_shapes(l, p, expected);
     }
     for (const auto& [name, shape] : expected) {
@@ -798,6 +883,13 @@ class HfTarget final : public Target {
   void add_attention_shapes(int64_t l, const std::string& p, Shapes& expected) const {
     const int64_t H = cfg_.hidden, D = cfg_.head_dim_of(l), q = cfg_.heads * D, kv = cfg_.kv_heads_of(l) * D;
     const bool v = !cfg_.values_are_keys(l);
+    if (cfg_.shares_kv(l)) {  // (Gemma 4: queries alone, the keys and values an earlier layer's)
+      expected.push_back({p + attn() + "q_proj.weight", {q, H}});
+      expected.push_back({p + attn() + "q_norm.weight", {D}});
+      if (cfg_.qkv_bias) expected.push_back({p + attn() + "q_proj.bias", {q}});
+      if (cfg_.o_bias) expected.push_back({p + attn() + "o_proj.bias", {H}});
+      return;
+    }
     if (packed()) {
       expected.push_back({p + attn() + "qkv_proj.weight", {q + 2 * kv, H}});
     } else {
@@ -948,10 +1040,10 @@ class HfTarget final : public Target {
                    {"alpha_p", {1}}, {"alpha_n", {1}}, {"beta", {}}, {"eps", {}}})
             expected.push_back({p + "mlp.act_fn." + name, shape});
       } else {
-        expected.push_back({p + ff() + "gate_proj.weight", {cfg_.intermediate, H}});
-        expected.push_back({p + ff() + "up_proj.weight", {cfg_.intermediate, H}});
+        expected.push_back({p + ff() + "gate_proj.weight", {cfg_.intermediate_of(l), H}});
+        expected.push_back({p + ff() + "up_proj.weight", {cfg_.intermediate_of(l), H}});
       }
-      expected.push_back({p + ff() + "down_proj.weight", {H, cfg_.intermediate}});
+      expected.push_back({p + ff() + "down_proj.weight", {H, cfg_.intermediate_of(l)}});
     }
   }
 
@@ -1005,7 +1097,13 @@ class HfTarget final : public Target {
   // (rounded once to the model's dtype: o_proj and its bias, down_proj, the experts' and the shared expert's down).
   DecoderLayer load_layer(int64_t l) const {
     DecoderLayer L = load_layer_tensors(l);
-    if (cfg_.gemma4()) L.layer_scalar = load(cfg_.prefix + "layers." + std::to_string(l) + ".layer_scalar");
+    const std::string p = cfg_.prefix + "layers." + std::to_string(l) + ".";
+    if (cfg_.gemma4()) L.layer_scalar = load(p + "layer_scalar");
+    if (cfg_.ple > 0) {
+      L.ple_gate = load(p + "per_layer_input_gate.weight");
+      L.ple_proj = load(p + "per_layer_projection.weight");
+      L.ple_norm = load_norm(p + "post_per_layer_input_norm.weight");
+    }
     if (cfg_.residual_multiplier != 1.0)
       for (at::Tensor* w : {&L.o_proj, &L.o_bias, &L.down_proj, &L.experts_down, &L.shared_down})
         if (w->defined()) *w = (w->to(at::kFloat) * cfg_.residual_multiplier).to(w->scalar_type());
@@ -1127,6 +1225,15 @@ class HfTarget final : public Target {
   void load_attention(int64_t l, const std::string& p, DecoderLayer& L) const {
     L.kv_heads = cfg_.mla() ? cfg_.heads : cfg_.kv_heads_of(l);
     if (cfg_.mla()) return load_latent(p, L);
+    if (cfg_.shares_kv(l)) {  // (Gemma 4: its queries alone; its keys and values are kv_source's)
+      L.queries_only = true;
+      L.qkv = load(p + attn() + "q_proj.weight");
+      if (cfg_.qkv_bias) L.qkv_bias = load(p + attn() + "q_proj.bias");
+      if (cfg_.o_bias) L.o_bias = load(p + attn() + "o_proj.bias");
+      L.o_proj = load(p + attn() + "o_proj.weight");
+      L.q_norm = load_norm(p + attn() + "q_norm.weight");
+      return;
+    }
     at::Tensor q;
     if (!packed()) q = load(p + attn() + "q_proj.weight");
     if (cfg_.attn_gate) {  // [heads x (query D | gate D), H]
@@ -1342,6 +1449,7 @@ class HfTarget final : public Target {
   QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
               const at::Tensor& q_scale = at::Tensor()) const {
     if (cfg_.mla()) return latent_project(L, h, cos, sin);
+    if (L.queries_only) return queries(L, h, cos, sin);
     at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
     if (cfg_.qk_norm_full) {  // (MiniMax-M2, OLMo: q and k normed over all their heads, then rotated)
       const int64_t q = cfg_.heads * cfg_.head_dim, kv = L.kv_heads * cfg_.head_dim;
@@ -1358,6 +1466,19 @@ class HfTarget final : public Target {
     if (cfg_.qk_norm_after_rope) p.q = rms_norm(p.q, L.q_norm), p.k = rms_norm(p.k, L.k_norm);  // (Hunyuan)
     if (q_scale.defined()) p.q = (p.q * q_scale).to(p.q.scalar_type());
     return p;
+  }
+
+  // A layer that attends with another's keys and values (Gemma 4's shared layers): its queries alone [B, heads, T, D],
+  // normed per head and rotated (k and v undefined).
+  QKV queries(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t B = h.size(0), T = h.size(1), D = L.qkv.size(0) / cfg_.heads;
+    const at::Tensor q =
+        rms_norm(at::linear(h, L.qkv, L.qkv_bias).view({B, T, cfg_.heads, D}), L.q_norm).transpose(1, 2);
+    const at::Tensor c = cos.dim() == 2 ? cos.view({1, 1, T, D}) : cos.dim() == 3 ? cos.unsqueeze(1) : cos;
+    const at::Tensor s = sin.dim() == 2 ? sin.view({1, 1, T, D}) : sin.dim() == 3 ? sin.unsqueeze(1) : sin;
+    QKV out;
+    out.q = (q * c + at::cat({-q.narrow(-1, D / 2, D / 2), q.narrow(-1, 0, D / 2)}, -1) * s).contiguous();
+    return out;
   }
 
   // Ministral 3's query factor per position (positions [T] or [B, T], int64): 1 + beta ln(1 + floor(position /
@@ -1420,7 +1541,9 @@ class HfTarget final : public Target {
   // The rest of a layer after attention (a: its merged output [..., heads D], or a Gated DeltaNet's mixer's; h: the
   // layer's normed input): output projection, residual, MLP, residual. (cuBLAS's gate / up product and the separate
   // SwiGLU pass: this cached path's values stay as they were; the training forward above takes frozen::linear_swiglu.)
-  at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h) const {
+  // pli: Gemma 4's per-layer input of these rows (layer_input()), where it has them.
+  at::Tensor finish_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& a, const at::Tensor& h,
+                          const at::Tensor& pli = at::Tensor()) const {
     if (cfg_.single_blocks()) return x + block_output(L, a, h);  // (Nemotron-H: the block's output alone)
     if (cfg_.parallel) {                                         // (Cohere: x + attention + MLP of h)
       const auto [x1, m] = parallel_rest(L, x, a, h);
@@ -1428,7 +1551,7 @@ class HfTarget final : public Target {
     }
     if (cfg_.sandwich_norms) {  // (Gemma 3; Gemma 4: the sum times the layer's scalar)
       const auto [x1, m] = sandwich_rest(L, x.contiguous(), a);
-      return L.layer_scalar.defined() ? (x1 + m) * L.layer_scalar : x1 + m;
+      return layer_end(L, x1 + m, pli);
     }
     const at::Tensor o = at::linear(a, L.o_proj, L.o_bias);
     const auto [x1, h2] = frozen::add_rms_norm(x.contiguous(), o, L.post_norm, cfg_.rms_eps, fused_);
@@ -1791,15 +1914,18 @@ class HfTarget final : public Target {
   }
 
   // A layer with dense attention over [prefix keys/values | its own], mask [B, 1, T, K]
-  // (true = visible); returns its output and its own keys/values.
+  // (true = visible); returns its output and its own keys/values. Gemma 4: pli its per-layer input; a shared layer's
+  // own keys / values (k_own, v_own: its source's over the same rows) in place of a projection of its own.
   struct DenseOut {
     at::Tensor x, k, v;
   };
   DenseOut dense_layer(const DecoderLayer& L, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& q_scale, const at::Tensor& k_prefix, const at::Tensor& v_prefix,
-                       const at::Tensor& mask) const {
+                       const at::Tensor& mask, const at::Tensor& pli = at::Tensor(),
+                       const at::Tensor& k_own = at::Tensor(), const at::Tensor& v_own = at::Tensor()) const {
     const at::Tensor h = rms_norm(x, L.input_norm);
-    const QKV p = project(L, h, cos, sin, q_scale);
+    QKV p = project(L, h, cos, sin, q_scale);
+    if (L.queries_only) p.k = k_own, p.v = v_own;
     const int64_t group = cfg_.heads / L.kv_heads;
     const at::Tensor k = (k_prefix.defined() ? at::cat({k_prefix, p.k}, 2) : p.k).repeat_interleave(group, 1);
     const at::Tensor v = (v_prefix.defined() ? at::cat({v_prefix, p.v}, 2) : p.v).repeat_interleave(group, 1);
@@ -1825,7 +1951,7 @@ class HfTarget final : public Target {
     } else {
       a = at::scaled_dot_product_attention(p.q, k, v, mask, 0.0, false, scale);
     }
-    return {finish_layer(L, x, attention_out(L, a, h), h), p.k, p.v};
+    return {finish_layer(L, x, attention_out(L, a, h), h, pli), p.k, p.v};
   }
 
   // cos/sin [B, 1, T, D] for positions [B, T], in fp32 as transformers computes them. LongRoPE: a
@@ -1973,8 +2099,11 @@ class HfTarget final : public Target {
   std::function<void(const std::string&)> say_;
   bool tied_ = false;
   at::Tensor embed_, lm_head_, final_norm_, inv_freq_;
-  at::Tensor long_inv_freq_;          // LongRoPE's frequencies past the pretraining length (undefined otherwise)
-  at::Tensor local_inv_freq_;         // Gemma 3's / 4's sliding layers' frequencies (undefined otherwise)
+  at::Tensor long_inv_freq_;   // LongRoPE's frequencies past the pretraining length (undefined otherwise)
+  at::Tensor local_inv_freq_;  // Gemma 3's / 4's sliding layers' frequencies (undefined otherwise)
+  // Gemma 4's per-layer embeddings (undefined without them): the table [ple_vocab, layers x ple], the embedding's
+  // projection [layers x ple, H] and its norm [ple]
+  at::Tensor ple_embed_, ple_model_proj_, ple_proj_norm_;
   at::Tensor local_cos_, local_sin_;  // their tables as plain_cos_ / plain_sin_
   at::Tensor plain_cos_, plain_sin_;  // hidden_states()' tables for positions 0..S-1, the last S asked
   std::vector<DecoderLayer> layers_;

@@ -771,10 +771,11 @@ void read_gemma3(const Reader& r, ModelConfig& c) {
                       "(accepted: null, as Gemma 3 publishes)");
 }
 
-// Gemma 4's own keys (Gemma4TextConfig): its activation and layout; what it has that is not read here is refused:
-// per-layer embeddings (hidden_size_per_layer_input, 256 where absent: Gemma 4 E2B / E4B), layers sharing keys and
-// values (num_kv_shared_layers), bidirectional attention. Its mixture-of-experts block (enable_moe_block: 26B-A4B):
-// num_experts of moe_intermediate_size, top_k_experts a token, in every layer beside its MLP.
+// Gemma 4's own keys (Gemma4TextConfig): its activation and layout, its per-layer embeddings
+// (hidden_size_per_layer_input, 256 where absent; null or 0: none; vocab_size_per_layer_input rows); bidirectional
+// attention is refused. Its
+// mixture-of-experts block (enable_moe_block: 26B-A4B): num_experts of moe_intermediate_size, top_k_experts a token, in
+// every layer beside its MLP.
 void read_gemma4(const Reader& r, ModelConfig& c) {
   if (r.has("hidden_activation") && r.j.at("hidden_activation") != "gelu_pytorch_tanh")
     r.fail("hidden_activation", "value " + r.j.at("hidden_activation").dump() +
@@ -784,16 +785,8 @@ void read_gemma4(const Reader& r, ModelConfig& c) {
   c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
   c.keys_as_values = r.boolean("attention_k_eq_v", false);
   // (null: none, as transformers reads it; absent: Gemma4TextConfig's default 256)
-  const int64_t ple =
-      r.j.contains("hidden_size_per_layer_input") ? r.integer("hidden_size_per_layer_input", 0, 0) : 256;
-  if (ple > 0)
-    r.fail("hidden_size_per_layer_input",
-           std::to_string(ple) + (r.j.contains("hidden_size_per_layer_input") ? "" : " (Gemma4TextConfig's default)") +
-               ": per-layer embeddings (Gemma 4 E2B / E4B) are not supported yet (accepted: 0 or null)");
-  if (r.integer("num_kv_shared_layers", 0, 0) > 0)
-    r.fail("num_kv_shared_layers", "value " + r.j.at("num_kv_shared_layers").dump() +
-                                       ": layers that reuse earlier layers' keys and values are not supported yet "
-                                       "(accepted: 0 or absent)");
+  c.ple = r.j.contains("hidden_size_per_layer_input") ? r.integer("hidden_size_per_layer_input", 0, 0) : 256;
+  c.ple_vocab = c.ple > 0 ? r.integer("vocab_size_per_layer_input", 1, 262144) : 0;
   if (r.boolean("enable_moe_block", false)) {  // (every layer's experts beside its MLP; 26B-A4B's)
     c.experts = r.integer("num_experts", 1);
     c.experts_per_token = r.integer("top_k_experts", 1);
@@ -812,6 +805,35 @@ void read_gemma4(const Reader& r, ModelConfig& c) {
   if (r.has("final_logit_softcapping") && (!(c.logit_softcap > 0) || !std::isfinite(c.logit_softcap)))
     r.fail("final_logit_softcapping", "value " + r.j.at("final_logit_softcapping").dump() +
                                           " is not a positive number (accepted: > 0, or null for none)");
+}
+
+// After the sliding layers: Gemma 4's last num_kv_shared_layers layers' sources of keys and values (the last layer of
+// their kind before them, as transformers' Gemma4TextConfig.kv_sharing_modes), and their MLPs' width.
+void read_gemma4_sharing(const Reader& r, ModelConfig& c) {
+  const int64_t shared = r.integer("num_kv_shared_layers", 0, 0);
+  const bool wide = r.boolean("use_double_wide_mlp", false);
+  if (shared == 0) return;
+  if (shared >= c.layers)
+    r.fail("num_kv_shared_layers", std::to_string(shared) + " shares every layer's keys and values (accepted: 0.." +
+                                       std::to_string(c.layers - 1) + ", num_hidden_layers " +
+                                       std::to_string(c.layers) + " minus at least one layer that makes its own)");
+  const int64_t first = c.layers - shared;
+  c.kv_source.resize(static_cast<size_t>(c.layers));
+  c.layer_intermediate.assign(static_cast<size_t>(c.layers), c.intermediate);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    int64_t source = l;
+    if (l >= first) {
+      source = first - 1;
+      while (source >= 0 && (c.window(source) > 0) != (c.window(l) > 0)) --source;
+      if (source < 0)
+        r.fail("num_kv_shared_layers", std::to_string(shared) + ": layer " + std::to_string(l) + " (" +
+                                           (c.window(l) > 0 ? "sliding" : "full") +
+                                           ") shares keys and values with no earlier layer of its kind (accepted: a "
+                                           "count leaving one of each kind before the shared layers)");
+      if (wide) c.layer_intermediate[static_cast<size_t>(l)] = 2 * c.intermediate;
+    }
+    c.kv_source[static_cast<size_t>(l)] = source;
+  }
 }
 
 // After the sliding layers: Gemma 4's full layers' head width and key / value heads, from per_layer_config (integer
@@ -1286,7 +1308,7 @@ ModelConfig read_config(const std::string& folder) {
                       mistral || phi3 || gpt_oss || c.gemma3() || c.gemma4() || c.architecture == "Olmo3ForCausalLM" ||
                           c.exaone4() || c.cohere2(),
                       c);
-  if (c.gemma4()) read_gemma4_heads(r, c);
+  if (c.gemma4()) read_gemma4_heads(r, c), read_gemma4_sharing(r, c);
   if ((c.exaone4() && c.sliding_window > 0) || c.cohere2()) {  // (their full layers rotate nothing)
     c.nope.assign(static_cast<size_t>(c.layers), 0);
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];

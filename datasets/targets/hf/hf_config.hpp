@@ -190,6 +190,20 @@ struct ModelConfig {
     return layer_kv_heads.empty() ? kv_heads : layer_kv_heads[static_cast<size_t>(layer)];
   }
   bool values_are_keys(int64_t layer) const { return keys_as_values && window(layer) == 0; }
+  // Gemma 4 E2B / E4B. Per-layer embeddings (ple: hidden_size_per_layer_input, 0: none): each token's row of
+  // embed_tokens_per_layer [vocab_size_per_layer_input, layers x ple] times sqrt(ple), plus the embedding's rows
+  // through per_layer_model_projection times hidden^-1/2 and per_layer_projection_norm, the sum times 2^-1/2: a [ple]
+  // input per layer, which each layer adds to its output through per_layer_input_gate (GELU), per_layer_projection and
+  // post_per_layer_input_norm. Shared keys and values (num_kv_shared_layers): the last layers attend with the keys
+  // and values of kv_source[l], the last earlier layer of their kind (no k / v projections of their own), their MLP
+  // twice as wide where use_double_wide_mlp.
+  int64_t ple = 0, ple_vocab = 0;
+  std::vector<int64_t> kv_source;  // per layer: the layer whose keys and values it attends with (itself: its own)
+  bool shares_kv(int64_t layer) const { return !kv_source.empty() && kv_source[static_cast<size_t>(layer)] != layer; }
+  std::vector<int64_t> layer_intermediate;  // per layer (empty: intermediate everywhere)
+  int64_t intermediate_of(int64_t layer) const {
+    return layer_intermediate.empty() ? intermediate : layer_intermediate[static_cast<size_t>(layer)];
+  }
   // OLMo 2 / OLMo 3 (Olmo2ForCausalLM, Olmo3ForCausalLM): no norm before attention or the MLP; their outputs normed
   // before the residual adds (post_attention_layernorm, post_feedforward_layernorm: post_norms, with sandwich_norms'
   // code); q / k normed over all heads (qk_norm_full); every norm's weight applied in float32 (norm_weight_fp32).
