@@ -1149,56 +1149,9 @@ class HfTarget final : public Target {
       return L;
     }
     if (cfg_.sparse(l) && cfg_.gemma4()) {  // (the experts beside the layer's MLP, loaded below)
-      L.router = load(p + "router.proj.weight");
-      L.router_scale = load(p + "router.scale");
-      L.per_expert_scale = load(p + "router.per_expert_scale");
-      L.experts_gate_up = load(p + "experts.gate_up_proj");
-      L.experts_down = load(p + "experts.down_proj");
-      L.pre_ff_norm_2 = norm("pre_feedforward_layernorm_2");
-      L.post_ff_norm_1 = norm("post_feedforward_layernorm_1");
-      L.post_ff_norm_2 = norm("post_feedforward_layernorm_2");
+      load_gemma4_experts(p, L);
     } else if (cfg_.sparse(l)) {
-      const ExpertKeys n = expert_keys();
-      L.router = load(router_key(p));
-      if (router_fp32()) L.router = L.router.to(at::kFloat);
-      const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
-      const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
-      if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
-        const auto stacked = [&](const std::string& name, const std::vector<int64_t>& held) {
-          const at::Tensor t = load(name);  // (as held, or as published: stacked_layout decides, as for the shapes)
-          return stacked_layout(name, held) == held ? t : t.transpose(1, 2).contiguous();
-        };
-        L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
-        L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
-      } else if (cfg_.llama4()) {  // (each product's transpose: [E, H, gate | up], [E, I, H])
-        L.experts_gate_up = load(p + "feed_forward.experts.gate_up_proj").transpose(1, 2).contiguous();
-        L.experts_down = load(p + "feed_forward.experts.down_proj").transpose(1, 2).contiguous();
-      } else if (cfg_.granite_moe()) {  // (stacked as held: gate rows, then up rows)
-        L.experts_gate_up = load(p + "block_sparse_moe.input_linear.weight");
-        L.experts_down = load(p + "block_sparse_moe.output_linear.weight");
-      } else if (keep_fp8_) {  // ([target] fp8 = "keep": the experts' FP8 values and scales, as they are)
-        L.fp8_gate = stack_fp8(p + n.block + "experts.", n.gate);
-        L.fp8_up = stack_fp8(p + n.block + "experts.", n.up);
-        L.fp8_down = stack_fp8(p + n.block + "experts.", n.down);
-      } else {
-        L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
-        L.experts_down = at::empty({E, H, I}, opts);
-      }
-      for (int64_t e = 0; e < (stacked_experts() || keep_fp8_ ? 0 : E); ++e) {
-        const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
-        L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
-        L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
-        L.experts_down[e].copy_(load(x + n.down));
-      }
-      if (cfg_.sigmoid_router || cfg_.softmax_choice_bias)
-        L.router_bias = checkpoint_->load(router_bias_key(p), device_, at::kFloat).reshape({-1});
-      if (cfg_.shared_intermediate > 0) {
-        const std::string s = p + shared_block();
-        L.shared_gate_up = cfg_.granite_moe() ? load(s + "input_linear.weight")
-                                              : at::cat({load(s + "gate_proj.weight"), load(s + "up_proj.weight")});
-        L.shared_down = load(s + (cfg_.granite_moe() ? "output_linear.weight" : "down_proj.weight"));
-        if (cfg_.shared_gate) L.shared_gate = load(p + "mlp.shared_expert_gate.weight");
-      }
+      load_experts(p, L);
       return L;
     }
     if (cfg_.granite_hybrid()) {  // (Granite-4.0-micro: the shared MLP alone)
@@ -1218,6 +1171,65 @@ class HfTarget final : public Target {
       L.xielu_n = L.xielu_beta + at::softplus(number("alpha_n"));
     }
     return L;
+  }
+
+  // Gemma 4's experts block under prefix p (model.layers.N.): its router and its scales, the stacked experts, its
+  // three norms.
+  void load_gemma4_experts(const std::string& p, DecoderLayer& L) const {
+    L.router = load(p + "router.proj.weight");
+    L.router_scale = load(p + "router.scale");
+    L.per_expert_scale = load(p + "router.per_expert_scale");
+    L.experts_gate_up = load(p + "experts.gate_up_proj");
+    L.experts_down = load(p + "experts.down_proj");
+    L.pre_ff_norm_2 = load_norm(p + "pre_feedforward_layernorm_2.weight");
+    L.post_ff_norm_1 = load_norm(p + "post_feedforward_layernorm_1.weight");
+    L.post_ff_norm_2 = load_norm(p + "post_feedforward_layernorm_2.weight");
+  }
+
+  // A sparse layer's router, experts (stacked as held, or one at a time as published, or kept in FP8), router biases
+  // and shared expert, under prefix p (model.layers.N.).
+  void load_experts(const std::string& p, DecoderLayer& L) const {
+    const ExpertKeys n = expert_keys();
+    L.router = load(router_key(p));
+    if (router_fp32()) L.router = L.router.to(at::kFloat);
+    const int64_t E = cfg_.experts, I = cfg_.moe_intermediate, H = cfg_.hidden;
+    const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
+    if (cfg_.qwen3_vl()) {  // Qwen3-VL-MoE's stacked experts, gate rows (columns as published) first
+      const auto stacked = [&](const std::string& name, const std::vector<int64_t>& held) {
+        const at::Tensor t = load(name);  // (as held, or as published: stacked_layout decides, as for the shapes)
+        return stacked_layout(name, held) == held ? t : t.transpose(1, 2).contiguous();
+      };
+      L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
+      L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
+    } else if (cfg_.llama4()) {  // (each product's transpose: [E, H, gate | up], [E, I, H])
+      L.experts_gate_up = load(p + "feed_forward.experts.gate_up_proj").transpose(1, 2).contiguous();
+      L.experts_down = load(p + "feed_forward.experts.down_proj").transpose(1, 2).contiguous();
+    } else if (cfg_.granite_moe()) {  // (stacked as held: gate rows, then up rows)
+      L.experts_gate_up = load(p + "block_sparse_moe.input_linear.weight");
+      L.experts_down = load(p + "block_sparse_moe.output_linear.weight");
+    } else if (keep_fp8_) {  // ([target] fp8 = "keep": the experts' FP8 values and scales, as they are)
+      L.fp8_gate = stack_fp8(p + n.block + "experts.", n.gate);
+      L.fp8_up = stack_fp8(p + n.block + "experts.", n.up);
+      L.fp8_down = stack_fp8(p + n.block + "experts.", n.down);
+    } else {
+      L.experts_gate_up = at::empty({E, 2 * I, H}, opts);
+      L.experts_down = at::empty({E, H, I}, opts);
+    }
+    for (int64_t e = 0; e < (stacked_experts() || keep_fp8_ ? 0 : E); ++e) {
+      const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
+      L.experts_gate_up[e].narrow(0, 0, I).copy_(load(x + n.gate));
+      L.experts_gate_up[e].narrow(0, I, I).copy_(load(x + n.up));
+      L.experts_down[e].copy_(load(x + n.down));
+    }
+    if (cfg_.sigmoid_router || cfg_.softmax_choice_bias)
+      L.router_bias = checkpoint_->load(router_bias_key(p), device_, at::kFloat).reshape({-1});
+    if (cfg_.shared_intermediate > 0) {
+      const std::string s = p + shared_block();
+      L.shared_gate_up = cfg_.granite_moe() ? load(s + "input_linear.weight")
+                                            : at::cat({load(s + "gate_proj.weight"), load(s + "up_proj.weight")});
+      L.shared_down = load(s + (cfg_.granite_moe() ? "output_linear.weight" : "down_proj.weight"));
+      if (cfg_.shared_gate) L.shared_gate = load(p + "mlp.shared_expert_gate.weight");
+    }
   }
 
   // An attention layer's projections under prefix p: q | k | v packed (Qwen3.5: each head's query rows

@@ -1218,6 +1218,19 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
     r.fail("mlp_bias", "true is not supported (the MLP's biases would not be read; accepted: false or absent)");
 }
 
+// The ids that end a response: generation_config.json's eos_token_id where the folder has one (what generate stops
+// at), else config.json's (`config`, read from `file`).
+std::vector<int64_t> stop_ids(const std::string& folder, const json& config, const std::string& file) {
+  std::vector<int64_t> ids = eos_ids(config, file);
+  const std::filesystem::path generation = std::filesystem::path(folder) / "generation_config.json";
+  if (std::filesystem::is_regular_file(generation)) {
+    const json gj = read_json(generation.string());
+    if (gj.is_object() && gj.contains("eos_token_id") && !gj.at("eos_token_id").is_null())
+      ids = eos_ids(gj, generation.string());
+  }
+  return ids;
+}
+
 }  // namespace
 
 ModelConfig read_config(const std::string& folder) {
@@ -1314,13 +1327,7 @@ ModelConfig read_config(const std::string& folder) {
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];
   }
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
-  c.eos = eos_ids(text.contains("eos_token_id") ? text : j, file);
-  const fs::path generation = fs::path(folder) / "generation_config.json";  // (what generate stops at, where present)
-  if (fs::is_regular_file(generation)) {
-    const json gj = read_json(generation.string());
-    if (gj.is_object() && gj.contains("eos_token_id") && !gj.at("eos_token_id").is_null())
-      c.eos = eos_ids(gj, generation.string());
-  }
+  c.eos = stop_ids(folder, text.contains("eos_token_id") ? text : j, file);
   return c;
 }
 
