@@ -161,6 +161,18 @@ FAMILIES = [
           final_logit_softcapping=0.25,
           layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Mistral 4's kind (Mistral4ForCausalLM): DeepSeek-V3's latent attention (the family above's sizes), YaRN with its
+    # query scale 1 + 0.1 ln(1 + floor(position / 16)) (llama_4_scaling_beta over a pretraining length of 16: positions
+    # 16 on are scaled), layer 0 dense, the others 8 stacked experts in 4 groups, 2 a token from the best 2 groups by a
+    # softmax router, renormalised, times 1.5, and one shared expert.
+    ("mistral4", "Mistral4Config", "Mistral4ForCausalLM",
+     dict(tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+          v_head_dim=12, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+          n_shared_experts=1, first_k_dense_replace=1, moe_intermediate_size=32, routed_scaling_factor=1.5,
+          norm_topk_prob=True, rope_interleave=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+          rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                               mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0,
+                               llama_4_scaling_beta=0.1)), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,

@@ -243,6 +243,7 @@ MOE_FAMILIES = {
     "granitemoe_shared": ("GraniteMoeSharedForCausalLM", dict(num_experts_per_tok=1)),
     "nemotron_h_moe": ("NemotronHForCausalLM", dict(topk_group=4)),
     "gemma4_moe": ("Gemma4ForCausalLM", dict(top_k_experts=1)),
+    "mistral4": ("Mistral4ForCausalLM", dict(topk_group=4)),
 }
 
 
@@ -1285,6 +1286,31 @@ def test_deepseek_v3_latent_attention_reads_its_rope_layout_scale_and_q_projecti
     err = max(rel(ours["hidden"][:, :, e], ref[layer + 1]) for e, layer in enumerate([1, 3]))
     print(f"deepseek_v3 with q_proj (q_lora_rank null): rel err {err:.1e}")
     assert err <= BOUND
+
+
+def test_mistral4_reads_its_query_scale_and_rotates_all_of_its_rotated_part(tmp_path):
+    """Mistral 4 (the family test gives its states equal to transformers'; the routing test its groups): its
+    rope_parameters' partial_rotary_factor (qk_rope / (qk_nope + qk_rope), as transformers writes it) is the latent
+    attention's rotated part, not a share of it, and the query factor past the pretraining length of 16 is read and
+    moves the states: with llama_4_scaling_beta 2 (0.1 here: a factor of at most 1.11 over 40 positions, which this
+    random model's flat attention hardly feels) and with YaRN's factor 8, ours follows transformers."""
+    folder = tmp_path / "mistral4"
+    make_model(folder, "mistral4", seed=23)
+    made = json.loads((folder / "config.json").read_text())
+    assert made["rope_parameters"]["partial_rotary_factor"] == 8 / 24, made["rope_parameters"]
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    p, base = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    rope = made["rope_parameters"]
+    for what, change in [("llama_4_scaling_beta 2", {**rope, "llama_4_scaling_beta": 2.0}),
+                         ("YaRN factor 8", {**rope, "factor": 8.0})]:
+        edit_config(folder, rope_parameters=change)
+        # (transformers' auto classes do not map Mistral4Config: its own class reads the folder)
+        theirs = transformers.Mistral4ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, ours, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
+        moved = rel(ours["hidden"][0, :, 1], base["hidden"][0, :, 1])
+        print(f"mistral4 with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
 
 
 def test_ministral3_query_scale_and_its_multimodal_checkpoint(tmp_path):

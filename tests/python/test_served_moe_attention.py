@@ -1,6 +1,6 @@
 """test_served_moe.py's served comparison against z-lab's `dflash_generate` for the targets with attention of their
 own kind: gpt-oss (attention sinks, sliding layers; and target verification in chunks), DeepSeek-V3 (multi-head
-latent attention), and the dense Gemma 3 (sliding layers with their own RoPE, sandwich norms), SmolLM3 (NoPE layers)
+latent attention), Mistral 4 (the same with Ministral 3's query scale and a softmax router over groups), and the dense Gemma 3 (sliding layers with their own RoPE, sandwich norms), SmolLM3 (NoPE layers)
 OLMo 3 (sliding layers with their own RoPE, the full ones' YaRN; no norm before attention or the MLP, q / k normed
 over all heads), GLM-4 (its rotated pairs interleaved, four norms a layer), EXAONE 4.0 (sliding layers that rotate,
 full ones that do not, OLMo's norms), Cohere 2 (one LayerNorm a layer feeding attention and the MLP in parallel,
@@ -10,7 +10,7 @@ import pytest
 from test_served_moe import check_family
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3", "mistral4"])
 def test_greedy_equals_the_reference_loop_with_a_mixture_of_experts_target_of_another_attention(family,
                                                                                                  tmp_path_factory):
     check_family(family, tmp_path_factory)

@@ -999,6 +999,10 @@ class HfTarget final : public Target {
         expected.push_back({p + "feed_forward.experts.gate_up_proj", {cfg_.experts, H, 2 * I}});
         expected.push_back({p + "feed_forward.experts.down_proj", {cfg_.experts, I, H}});
       }
+      if (cfg_.mistral4()) {  // (stacked as transformers holds and saves them)
+        expected.push_back({p + "mlp.experts.gate_up_proj", {cfg_.experts, 2 * I, H}});
+        expected.push_back({p + "mlp.experts.down_proj", {cfg_.experts, H, I}});
+      }
       if (cfg_.qwen3_vl()) {  // (stacked: as published, or as transformers holds and saves them)
         const int64_t E = cfg_.experts;
         expected.push_back(
@@ -1201,6 +1205,9 @@ class HfTarget final : public Target {
       };
       L.experts_gate_up = stacked(p + "mlp.experts.gate_up_proj", {E, 2 * I, H});
       L.experts_down = stacked(p + "mlp.experts.down_proj", {E, H, I});
+    } else if (cfg_.mistral4()) {  // (stacked as held: gate rows, then up rows)
+      L.experts_gate_up = load(p + "mlp.experts.gate_up_proj");
+      L.experts_down = load(p + "mlp.experts.down_proj");
     } else if (cfg_.llama4()) {  // (each product's transpose: [E, H, gate | up], [E, I, H])
       L.experts_gate_up = load(p + "feed_forward.experts.gate_up_proj").transpose(1, 2).contiguous();
       L.experts_down = load(p + "feed_forward.experts.down_proj").transpose(1, 2).contiguous();
@@ -1460,7 +1467,11 @@ class HfTarget final : public Target {
   // defined.
   QKV project(const DecoderLayer& L, const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
               const at::Tensor& q_scale = at::Tensor()) const {
-    if (cfg_.mla()) return latent_project(L, h, cos, sin);
+    if (cfg_.mla()) {  // (Mistral 4: its queries times the per-position scale too)
+      QKV p = latent_project(L, h, cos, sin);
+      if (q_scale.defined()) p.q = (p.q * q_scale).to(p.q.scalar_type());
+      return p;
+    }
     if (L.queries_only) return queries(L, h, cos, sin);
     at::Tensor qkv = at::linear(h, L.qkv, L.qkv_bias);
     if (cfg_.qk_norm_full) {  // (MiniMax-M2, OLMo: q and k normed over all their heads, then rotated)
@@ -1655,7 +1666,7 @@ class HfTarget final : public Target {
     at::Tensor top, chosen;
     if (L.router_scale.defined()) {
       std::tie(top, chosen) = gemma4_routing(L, routed_by.reshape({-1, H}));
-    } else if (cfg_.sigmoid_router) {
+    } else if (cfg_.sigmoid_router || cfg_.mistral4()) {
       std::tie(top, chosen) = sigmoid_routing(L, x);
     } else if (cfg_.softmax_choice_bias) {
       // ERNIE 4.5: softmax in float32, the top k of softmax + bias, their softmax values renormalised (the sum clamped)
@@ -1767,11 +1778,14 @@ class HfTarget final : public Target {
   // scores + correction biases; the experts outside the topk_groups best groups out of the
   // choice; the k best scores + biases chosen; their plain scores (renormalised when norm_topk)
   // times routed_scale as the weights, float32 [T, k], with the experts' ids [T, k].
+  // Mistral 4's (transformers' Mistral4TopkRouter): the same with the softmax of x W^T in the model's dtype as the
+  // scores, no biases (the weights in the model's dtype).
   std::pair<at::Tensor, at::Tensor> sigmoid_routing(const DecoderLayer& L, const at::Tensor& x) const {
     const int64_t E = cfg_.experts, G = cfg_.groups;
-    const at::Tensor scores = cfg_.router_logits_in_dtype ? at::linear(x, L.router).to(at::kFloat).sigmoid()
-                                                          : at::linear(x.to(at::kFloat), L.router).sigmoid();
-    at::Tensor choice = scores + L.router_bias;
+    const at::Tensor scores = cfg_.mistral4()               ? at::softmax(at::linear(x, L.router), -1)
+                              : cfg_.router_logits_in_dtype ? at::linear(x, L.router).to(at::kFloat).sigmoid()
+                                                            : at::linear(x.to(at::kFloat), L.router).sigmoid();
+    at::Tensor choice = L.router_bias.defined() ? scores + L.router_bias : scores;
     if (cfg_.topk_groups < G) {
       const at::Tensor group_scores = std::get<0>(choice.view({-1, G, E / G}).topk(2, -1)).sum(-1);  // [T, G]
       const at::Tensor best = std::get<1>(group_scores.topk(cfg_.topk_groups, -1));
@@ -1854,7 +1868,7 @@ class HfTarget final : public Target {
            cfg_.deepseek_v2();
   }
   // Experts stored as two stacked tensors a layer (Qwen3-VL-MoE, Granite), not one set of tensors an expert.
-  bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe() || cfg_.llama4(); }
+  bool stacked_experts() const { return cfg_.qwen3_vl() || cfg_.granite_moe() || cfg_.llama4() || cfg_.mistral4(); }
   // Where a layer's MLP sits under model.layers.N. (Llama 4: feed_forward.)
   std::string ff() const {
     return cfg_.llama4() || cfg_.bamba() ? "feed_forward." : cfg_.nemotron_h() ? "mixer." : "mlp.";
@@ -2129,6 +2143,7 @@ FLASHDRAFT_PLUGIN(
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers), Cohere / Cohere 2, Arcee, Apertus, "
-    "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, gpt-oss, MiniMax-M2, "
+    "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, Mistral 4, gpt-oss, "
+    "MiniMax-M2, "
     "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4",
     flashdraft::HfTarget)

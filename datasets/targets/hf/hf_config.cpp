@@ -70,7 +70,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "NemotronHForCausalLM",
                                                           "BambaForCausalLM",
                                                           "Gemma4ForCausalLM",
-                                                          "Gemma4ForConditionalGeneration"};
+                                                          "Gemma4ForConditionalGeneration",
+                                                          "Mistral4ForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -265,7 +266,9 @@ void read_rope(const Reader& r, ModelConfig& c) {
                                     : minimax > 0                                            ? minimax
                                                                                              : 1.0);
   // (Bamba: transformers' BambaConfig rotates half of each head whatever the config says)
+  // (Mistral 4's latent attention: head_dim is the rotated part here, all of which rotates)
   const double partial = c.bamba()                         ? 0.5
+                         : c.mistral4()                    ? 1.0
                          : scaling && scaling->is_object() ? r.real(*scaling, "partial_rotary_factor", top_partial)
                                                            : top_partial;
   if (partial != 1.0 && !glm && !phi3 && !qwen3_5 && minimax == 0 && !c.bamba())
@@ -295,7 +298,8 @@ void read_rope(const Reader& r, ModelConfig& c) {
   c.rope.type = type;
   c.rope.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
   c.rope.mscale_all_dim = r.real(*scaling, "mscale_all_dim", 0.0);
-  if (c.architecture == "Ministral3ForCausalLM" || c.architecture == "Mistral3ForConditionalGeneration") {
+  if (c.architecture == "Ministral3ForCausalLM" || c.architecture == "Mistral3ForConditionalGeneration" ||
+      c.mistral4()) {
     c.query_scale_beta = r.real(*scaling, "llama_4_scaling_beta", 0.0);
     c.query_scale_length = static_cast<int64_t>(r.real(*scaling, "original_max_position_embeddings", 0.0));
     if (c.query_scale_beta != 0 && c.query_scale_length < 1)
@@ -630,6 +634,11 @@ void read_experts(const Reader& r, ModelConfig& c) {
   }
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return read_glm_routing(r, c);
   if (c.deepseek_v2()) return read_deepseek_v2_routing(r, c);
+  if (c.mistral4()) {  // (Mistral4Config's defaults: one shared expert, no dense layer, renormalised, one group)
+    read_deepseek_kind_experts(r, c, /*shared=*/1, /*dense=*/0);
+    c.norm_topk = r.boolean("norm_topk_prob", true);
+    return read_groups(r, c, /*least=*/2, /*fallback=*/1);
+  }
   if (c.dots1()) {  // (GLM-4.5's routing, Dots1Config's defaults)
     read_glm_routing(r, c);
     if (!r.has("norm_topk_prob")) c.norm_topk = false;
@@ -1258,8 +1267,8 @@ ModelConfig read_config(const std::string& folder) {
   const json& text = multimodal && !flat ? j.at("text_config") : j;
   const Reader r{text, multimodal && !flat ? file + ": text_config" : file};
   read_sizes(r, c);
-  const bool deepseek =
-      c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM" || c.deepseek_v2();
+  const bool deepseek = c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM" ||
+                        c.deepseek_v2() || c.mistral4();
   if (deepseek) {
     read_mla(r, c);
     if (c.deepseek_v2()) c.rope_interleave = true;  // (its rotary's complex products: pairs interleaved, no key)

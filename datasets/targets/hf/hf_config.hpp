@@ -8,10 +8,10 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Ministral 3, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its
-// mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo,
-// Arcee, Llama 4, Granite 4.0, Apertus: see their members below). Anything else is refused with the architecture found
-// and the list.
+// (DeepSeek-V3's kind, Mistral 4, Ministral 3, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite
+// and its mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE /
+// FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus: see their members below). Anything else is refused with the
+// architecture found and the list.
 #pragma once
 
 #include <cstdint>
@@ -151,6 +151,13 @@ struct ModelConfig {
   // ("group_limited_greedy"), weighted by their softmax values, not renormalised, times routed_scaling_factor (kept in
   // float32); n_shared_experts shared experts; the first first_k_dense_replace layers dense.
   bool deepseek_v2() const { return architecture == "DeepseekV2ForCausalLM"; }
+  // Mistral 4 (Mistral4ForCausalLM): DeepSeek-V3's latent attention (its rope_parameters' partial_rotary_factor is the
+  // rotated share qk_rope / (qk_nope + qk_rope): all of the rotated part), each query times Ministral 3's
+  // 1 + beta ln(1 + floor(position / length)) (query_scale_beta), its experts stacked as transformers saves them
+  // (mlp.experts.gate_up_proj [E, 2 I, H], down_proj [E, H, I]) and chosen by a softmax router in the model's dtype
+  // without correction biases: the top k of the topk_group of n_group groups scored by their best two, renormalised,
+  // times routed_scaling_factor; n_shared_experts shared experts.
+  bool mistral4() const { return architecture == "Mistral4ForCausalLM"; }
   // Ministral 3 (Ministral3ForCausalLM; Mistral3ForConditionalGeneration's language model): each query times
   // 1 + beta ln(1 + floor(position / length)) after RoPE (rope_parameters' llama_4_scaling_beta and
   // original_max_position_embeddings; 1 within the pretraining length). beta 0: none.
