@@ -58,7 +58,8 @@ from test_served_tau import EXPERIMENT, TOOL, check_greedy, make_target_data, tr
 # never leave) at 0.05: tau 1.93 over ~670 steps, 14 responses at eos (0.1: 1.085; 0.2: 1.02). Apertus (dense, an
 # ungated xIELU MLP) at 0.2: tau 1.22 over ~1230 steps, 9 responses at eos. Gemma 4 (dense; its embedding drawn at
 # 1/8, as Gemma 3's) at 0.4: tau 1.36 over ~1180 steps, 2 responses at eos (0.3: 1.65, 1 at eos; 0.25: none; 0.2: its
-# greedy text of 10 tokens). Mistral 4 (latent attention, its query scale past 16 positions) at 0.1: tau 1.45 over ~1090
+# greedy text of 10 tokens); its E2B / E4B kind (gemma4_ple, the one the served test runs) at 0.4: tau 1.12 over
+# ~1360 steps, 6 responses at eos. Mistral 4 (latent attention, its query scale past 16 positions) at 0.1: tau 1.45 over ~1090
 # steps, 1 response at eos (1.03 asked, as DeepSeek-V3's).
 FAMILIES = {"qwen3_moe": (0.2, 240, 1.1), "glm4_moe": (0.05, 144, 1.1), "gpt_oss": (0.2, 96, 1.03),
             "deepseek_v3": (0.1, 144, 1.03), "gemma3": (0.2, 144, 1.1, 0.125), "smollm3": (0.15, 144, 1.1),
