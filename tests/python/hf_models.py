@@ -173,6 +173,14 @@ FAMILIES = [
           rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
                                mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0,
                                llama_4_scaling_beta=0.1)), {}),
+    # AFMoE's kind (AfmoeForCausalLM: Arcee's Trinity): four norms a layer, per-head q / k norms, the attention's output
+    # gated by its own gate_proj, layers 0 and 2 sliding over 6 positions and rotating, 1 and 3 full without RoPE; the
+    # embedding times sqrt(hidden) (mup_enabled); layer 0 dense, the others 8 experts, 2 a token by a sigmoid router
+    # with biases (drawn in make_model), renormalised, times 2, beside one shared expert's worth of MLP.
+    ("afmoe", "AfmoeConfig", "AfmoeForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+          moe_intermediate_size=32, num_dense_layers=1, global_attn_every_n_layers=2, sliding_window=6,
+          route_scale=2.0, mup_enabled=True, rope_theta=1e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,
@@ -384,7 +392,7 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
             elif n.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "mlp.router.weight",
                              "block_sparse_moe.router.weight", "mlp.gate.wg.weight",
                              "feed_forward.router.weight", "mixer.gate.weight",
-                             "router.proj.weight")):  # a router whose choices and
+                             "router.proj.weight", "router.gate.weight")):  # a router whose choices and
                 p.normal_(0, 0.5)  # weights are far from even; a shared expert's gate far from 1/2
             elif n.endswith("bias"):
                 p.normal_(0, 0.1)
@@ -399,6 +407,8 @@ def make_model(folder: Path, family: str, seed: int = 0, embedding_std: float = 
                 p.uniform_(-1.0, 1.0)
             elif n.endswith(("router.scale", "router.per_expert_scale")):  # Gemma 4's router: its own scales
                 p.uniform_(0.5, 1.5)
+            elif n.endswith("mlp.expert_bias"):  # AFMoE's router biases: choices unlike the scores' alone
+                p.normal_(0, 0.05)
             elif embedding_std > 0 and ("embed_tokens" in n or n == "lm_head.weight"):
                 p.normal_(0, embedding_std)
         for n, b in model.named_buffers():  # GLM-4.5's router biases: choices unlike the scores' alone

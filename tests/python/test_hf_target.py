@@ -244,6 +244,7 @@ MOE_FAMILIES = {
     "nemotron_h_moe": ("NemotronHForCausalLM", dict(topk_group=4)),
     "gemma4_moe": ("Gemma4ForCausalLM", dict(top_k_experts=1)),
     "mistral4": ("Mistral4ForCausalLM", dict(topk_group=4)),
+    "afmoe": ("AfmoeForCausalLM", dict(num_experts_per_tok=1)),
 }
 
 
@@ -272,7 +273,8 @@ def test_mixture_of_experts_routes_as_transformers(family, tmp_path):
     else:
         router = (layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe")  # (Granite's)
                   else layer.mixer.gate if hasattr(layer, "mixer")  # (Nemotron-H's)
-                  else layer.router if hasattr(layer, "router") else layer.mlp.gate)  # (Gemma 4's beside its MLP)
+                  else layer.router if hasattr(layer, "router")  # (Gemma 4's beside its MLP)
+                  else layer.mlp.router if hasattr(layer.mlp, "router") else layer.mlp.gate)  # (AFMoE's)
         hook = router.register_forward_hook(lambda m, i, out: chosen.append(out[2]))
     with torch.no_grad():
         ref = model(input_ids=tokens, output_hidden_states=True)
@@ -1311,6 +1313,30 @@ def test_mistral4_reads_its_query_scale_and_rotates_all_of_its_rotated_part(tmp_
         moved = rel(ours["hidden"][0, :, 1], base["hidden"][0, :, 1])
         print(f"mistral4 with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
         assert err <= BOUND and moved > 10 * BOUND
+
+
+def test_afmoe_reads_its_router_biases_embedding_scale_and_layer_pattern(tmp_path):
+    """AFMoE (the family test gives its states equal to transformers'; the routing test its choices): its router biases
+    zeroed in the checkpoint move the states and ours follows transformers; mup_enabled false (no sqrt(hidden) on the
+    embedding) moves them, ours following; without layer_types, global_attn_every_n_layers 2 gives the same layers
+    (0 and 2 sliding) and the same states."""
+    biases, ours, unbiased, ref = zeroed_against_transformers("afmoe", "mlp.expert_bias", tmp_path)
+    assert len(biases) == 3 and all(b.abs().max() > 0 for b in biases.values())
+    print(f"afmoe without its router biases: rel err {rel(unbiased, ref):.1e}; with them {rel(ours, unbiased):.1e}")
+    assert rel(unbiased, ref) <= BOUND and rel(ours, unbiased) > 10 * BOUND
+    folder = tmp_path / "afmoe"
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    p, base = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    made = json.loads((folder / "config.json").read_text())
+    for what, config, same in [("mup_enabled false", {**made, "mup_enabled": False}, False),
+                               ("no layer_types", without(made, "layer_types"), True)]:
+        (folder / "config.json").write_text(json.dumps(config))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, changed, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
+        moved = rel(changed["hidden"][0, :, 1], base["hidden"][0, :, 1])
+        print(f"afmoe with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
+        assert err <= BOUND and ((moved == 0) if same else (moved > 10 * BOUND))
 
 
 def test_ministral3_query_scale_and_its_multimodal_checkpoint(tmp_path):

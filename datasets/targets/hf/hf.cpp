@@ -898,6 +898,7 @@ class HfTarget final : public Target {
       if (v) expected.push_back({p + attn() + "v_proj.weight", {kv, H}});
     }
     if (cfg_.sinks) expected.push_back({p + attn() + "sinks", {cfg_.heads}});
+    if (cfg_.afmoe()) expected.push_back({p + attn() + "gate_proj.weight", {q, H}});
     if (cfg_.qkv_bias)
       for (const auto& e : std::vector<std::pair<std::string, std::vector<int64_t>>>{
                {"self_attn.q_proj.bias", {q}}, {"self_attn.k_proj.bias", {kv}}, {"self_attn.v_proj.bias", {kv}}})
@@ -1283,6 +1284,7 @@ class HfTarget final : public Target {
       L.k_norm = load_norm(p + attn() + "key_layernorm.weight");
     }
     if (cfg_.sinks) L.sinks = checkpoint_->load(p + attn() + "sinks", device_, at::kFloat);
+    if (cfg_.afmoe()) L.attn_gate = load(p + attn() + "gate_proj.weight");  // (its output gate's own tensor)
   }
 
   // GLM-4's q or k rows (or bias) w [heads D, ...] with each head's first rotary_dim rows' pairs (x0, x1), (x2, x3),
@@ -1812,7 +1814,8 @@ class HfTarget final : public Target {
     if (cfg_.parallel) return {"input_layernorm", "", "", ""};  // (Cohere: one norm a layer)
     if (cfg_.apertus()) return {"attention_layernorm", "feedforward_layernorm", "", ""};
     if (cfg_.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};  // (OLMo)
-    if (cfg_.sandwich_norms)                                                                         // (Gemma 3)
+    if (cfg_.afmoe()) return {"input_layernorm", "post_attention_layernorm", "pre_mlp_layernorm", "post_mlp_layernorm"};
+    if (cfg_.sandwich_norms)  // (Gemma 3)
       return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
     return {"input_layernorm", "post_attention_layernorm", "", ""};
   }
@@ -1844,6 +1847,7 @@ class HfTarget final : public Target {
   // block_sparse_moe., beside its router; ERNIE 4.5: mlp.moe_statics.).
   std::string router_bias_key(const std::string& p) const {
     if (cfg_.ernie4_5_moe()) return p + "mlp.moe_statics.e_score_correction_bias";
+    if (cfg_.afmoe()) return p + "mlp.expert_bias";
     return p + (cfg_.minimax_m2() ? "block_sparse_moe." : "mlp.gate.") + "e_score_correction_bias";
   }
   // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,
@@ -1859,6 +1863,7 @@ class HfTarget final : public Target {
   std::string router_key(const std::string& p) const {
     if (cfg_.granite_moe()) return p + "block_sparse_moe.router.layer.weight";
     if (cfg_.llama4()) return p + "feed_forward.router.weight";
+    if (cfg_.afmoe()) return p + "mlp.router.gate.weight";
     return p + (cfg_.hunyuan_moe() ? "mlp.gate.wg.weight" : expert_keys().block + "gate.weight");
   }
   // The routers transformers runs in float32: GLM-4.5's and DeepSeek-V3's sigmoid (not MiniMax-M2's, whose product is
@@ -2145,5 +2150,5 @@ FLASHDRAFT_PLUGIN(
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers), Cohere / Cohere 2, Arcee, Apertus, "
     "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, Mistral 4, gpt-oss, "
     "MiniMax-M2, "
-    "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4",
+    "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4, AFMoE",
     flashdraft::HfTarget)

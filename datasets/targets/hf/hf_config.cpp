@@ -71,7 +71,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "BambaForCausalLM",
                                                           "Gemma4ForCausalLM",
                                                           "Gemma4ForConditionalGeneration",
-                                                          "Mistral4ForCausalLM"};
+                                                          "Mistral4ForCausalLM",
+                                                          "AfmoeForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -391,8 +392,8 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding.assign(static_cast<size_t>(c.layers), 0);
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";
   const bool qwen2_rule = !all && (c.dots1() || r.boolean("use_sliding_window", false));
-  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4())) return;
-  c.sliding_window = r.integer("sliding_window", 1, 512);  // (Gemma4TextConfig's default 512)
+  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4() || c.afmoe())) return;
+  c.sliding_window = r.integer("sliding_window", 1, c.afmoe() ? 1024 : 512);  // (Gemma4TextConfig's 512, AfmoeConfig's)
   if (r.has("layer_types")) {
     read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
     if (c.gemma4()) c.sliding.back() = 0;  // (Gemma4TextConfig makes its last layer full, whatever the list says)
@@ -407,6 +408,7 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   // (Cohere2Config's sliding_window_pattern, default 4)
   const int64_t pattern = c.gemma3()                             ? r.integer("sliding_window_pattern", 1, 6)
                           : c.gemma4()                           ? 6
+                          : c.afmoe()                            ? r.integer("global_attn_every_n_layers", 1, 4)
                           : c.cohere2()                          ? r.integer("sliding_window_pattern", 1, 4)
                           : c.architecture == "Olmo3ForCausalLM" ? 4
                                                                  : 0;
@@ -634,6 +636,15 @@ void read_experts(const Reader& r, ModelConfig& c) {
   }
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return read_glm_routing(r, c);
   if (c.deepseek_v2()) return read_deepseek_v2_routing(r, c);
+  if (c.afmoe()) {  // (AfmoeConfig's defaults: one dense layer, two shared experts' worth, route_scale 1)
+    c.moe_intermediate = r.integer("moe_intermediate_size", 1);
+    c.first_dense = r.integer("num_dense_layers", 0, 1);
+    c.shared_intermediate = c.moe_intermediate * r.integer("num_shared_experts", 0, 2);
+    c.routed_scale = r.real(r.j, "route_scale", 1.0);
+    if (!(c.routed_scale > 0)) r.fail("route_scale", "must be positive");
+    c.sigmoid_router = c.router_logits_in_dtype = c.norm_topk = c.float_router_weights = true;
+    return;
+  }
   if (c.mistral4()) {  // (Mistral4Config's defaults: one shared expert, no dense layer, renormalised, one group)
     read_deepseek_kind_experts(r, c, /*shared=*/1, /*dense=*/0);
     c.norm_topk = r.boolean("norm_topk_prob", true);
@@ -1217,6 +1228,10 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
   if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
   if (c.hunyuan()) c.qk_norm_after_rope = true;
   if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
+  if (c.afmoe()) {
+    c.sandwich_norms = c.norm_weight_fp32 = true;
+    if (r.boolean("mup_enabled", false)) c.embed_multiplier = std::sqrt(double(c.hidden));  // (as a Python float)
+  }
   if (c.granite()) read_granite(r, c);
   if (c.cohere()) read_cohere(r, c);
   if (c.llama4()) read_llama4(r, c);
@@ -1289,7 +1304,7 @@ ModelConfig read_config(const std::string& folder) {
                        c.architecture == "Mistral3ForConditionalGeneration";
   const bool glm = c.glm4_moe();                                   // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
-  c.qk_norm = qwen3 || c.hybrid() || c.dots1() || c.apertus() || (glm && r.boolean("use_qk_norm", false));
+  c.qk_norm = qwen3 || c.hybrid() || c.dots1() || c.apertus() || c.afmoe() || (glm && r.boolean("use_qk_norm", false));
   if (c.minimax_m2()) read_minimax_m2_norms(r, c);
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true)) ||
                (c.glm4() && r.boolean("attention_bias", true));  // (Glm4Config's default: biases on q, k, v)
@@ -1319,7 +1334,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4())
+      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4() || c.afmoe())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
@@ -1328,10 +1343,10 @@ ModelConfig read_config(const std::string& folder) {
   if (c.hybrid()) read_linear_attention(r, c);
   read_sliding_layers(r,
                       mistral || phi3 || gpt_oss || c.gemma3() || c.gemma4() || c.architecture == "Olmo3ForCausalLM" ||
-                          c.exaone4() || c.cohere2(),
+                          c.exaone4() || c.cohere2() || c.afmoe(),
                       c);
   if (c.gemma4()) read_gemma4_heads(r, c), read_gemma4_sharing(r, c);
-  if ((c.exaone4() && c.sliding_window > 0) || c.cohere2()) {  // (their full layers rotate nothing)
+  if ((c.exaone4() && c.sliding_window > 0) || c.cohere2() || c.afmoe()) {  // (their full layers rotate nothing)
     c.nope.assign(static_cast<size_t>(c.layers), 0);
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];
   }

@@ -10,7 +10,7 @@
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
 // (DeepSeek-V3's kind, Mistral 4, Ministral 3, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite
 // and its mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE /
-// FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus: see their members below). Anything else is refused with the
+// FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus, AFMoE: see their members below). Anything else is refused with the
 // architecture found and the list.
 #pragma once
 
@@ -158,6 +158,15 @@ struct ModelConfig {
   // without correction biases: the top k of the topk_group of n_group groups scored by their best two, renormalised,
   // times routed_scaling_factor; n_shared_experts shared experts.
   bool mistral4() const { return architecture == "Mistral4ForCausalLM"; }
+  // AFMoE (AfmoeForCausalLM: Arcee's Trinity Nano / Mini / Large): Gemma 3's four norms a layer (input_layernorm,
+  // post_attention_layernorm, pre_mlp_layernorm, post_mlp_layernorm) with weights applied in float32, Qwen3's per-head
+  // q / k norms, each attention output gated by sigmoid(self_attn.gate_proj h) (attn_gate's values from a tensor of
+  // their own), its sliding layers (layer_types, else every global_attn_every_n_layers-th layer full) rotating and its
+  // full layers not; the embedding times sqrt(hidden) where mup_enabled (embed_multiplier); past the first
+  // num_dense_layers dense layers, num_experts of moe_intermediate_size chosen by a sigmoid router (logits in the
+  // model's dtype) plus mlp.expert_bias, the top num_experts_per_tok renormalised, times route_scale, beside
+  // num_shared_experts experts' worth of a shared MLP.
+  bool afmoe() const { return architecture == "AfmoeForCausalLM"; }
   // Ministral 3 (Ministral3ForCausalLM; Mistral3ForConditionalGeneration's language model): each query times
   // 1 + beta ln(1 + floor(position / length)) after RoPE (rope_parameters' llama_4_scaling_beta and
   // original_max_position_embeddings; 1 within the pretraining length). beta 0: none.
