@@ -181,6 +181,13 @@ FAMILIES = [
      dict(tie_word_embeddings=False, head_dim=16, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
           moe_intermediate_size=32, num_dense_layers=1, global_attn_every_n_layers=2, sliding_window=6,
           route_scale=2.0, mup_enabled=True, rope_theta=1e4, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Solar Open's kind (SolarOpenForCausalLM): GLM-4.5's experts in every layer (8 in 4 groups, 2 a token from the best 2,
+    # times 1.5, one shared expert) under Llama's attention with q / k / v biases, every dimension rotated (base 1e6 by
+    # default).
+    ("solar_open", "SolarOpenConfig", "SolarOpenForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+          moe_intermediate_size=32, routed_scaling_factor=1.5, attention_bias=True, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,

@@ -245,6 +245,7 @@ MOE_FAMILIES = {
     "gemma4_moe": ("Gemma4ForCausalLM", dict(top_k_experts=1)),
     "mistral4": ("Mistral4ForCausalLM", dict(topk_group=4)),
     "afmoe": ("AfmoeForCausalLM", dict(num_experts_per_tok=1)),
+    "solar_open": ("SolarOpenForCausalLM", dict(topk_group=4)),
 }
 
 

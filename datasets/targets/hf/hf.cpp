@@ -2150,5 +2150,5 @@ FLASHDRAFT_PLUGIN(
     "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers), Cohere / Cohere 2, Arcee, Apertus, "
     "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, Mistral 4, gpt-oss, "
     "MiniMax-M2, "
-    "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4, AFMoE",
+    "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4, AFMoE, Solar Open",
     flashdraft::HfTarget)

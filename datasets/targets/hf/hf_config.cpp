@@ -72,7 +72,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Gemma4ForCausalLM",
                                                           "Gemma4ForConditionalGeneration",
                                                           "Mistral4ForCausalLM",
-                                                          "AfmoeForCausalLM"};
+                                                          "AfmoeForCausalLM",
+                                                          "SolarOpenForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -241,21 +242,22 @@ void read_gemma4_rope(const Reader& r, ModelConfig& c) {
 void read_rope(const Reader& r, ModelConfig& c) {
   if (c.gemma4()) return read_gemma4_rope(r, c);
   const json* scaling = nullptr;
+  const double default_theta = c.solar_open() ? 1e6 : 10000.0;  // (SolarOpenConfig's default_theta)
   if (c.gemma3() || c.architecture == "Olmo3ForCausalLM") {
     scaling = read_gemma3_rope(r, c);
   } else if (r.has("rope_parameters") && r.j.at("rope_parameters").is_object()) {
     const json& p = r.j.at("rope_parameters");
-    c.rope_theta = r.real(p, "rope_theta", r.real(r.j, "rope_theta", 10000.0));
+    c.rope_theta = r.real(p, "rope_theta", r.real(r.j, "rope_theta", default_theta));
     scaling = &p;
   } else {
-    c.rope_theta = r.real(r.j, "rope_theta", 10000.0);
+    c.rope_theta = r.real(r.j, "rope_theta", default_theta);
     if (r.has("rope_scaling")) scaling = &r.j.at("rope_scaling");
   }
   if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive");
   // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5),
   // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
   // it (transformers' Llama / Qwen / Mistral code has no part).
-  const bool glm = c.glm4_moe() || c.glm4(), phi3 = c.architecture == "Phi3ForCausalLM";
+  const bool glm = (c.glm4_moe() && !c.solar_open()) || c.glm4(), phi3 = c.architecture == "Phi3ForCausalLM";
   const bool qwen3_5 = c.hybrid();  // (Qwen3_5TextConfig's and Qwen3NextConfig's default: 0.25)
   // (MiniMax-M2 as published: rotary_dim, which transformers reads as partial_rotary_factor rotary_dim / head_dim
   // where rope_parameters does not say it)
@@ -634,7 +636,9 @@ void read_experts(const Reader& r, ModelConfig& c) {
     }
     return;
   }
-  if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return read_glm_routing(r, c);
+  if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") read_glm_routing(r, c);
+  if (c.solar_open()) c.first_dense = 0;  // (every layer sparse: SolarOpenConfig has no first_k_dense_replace)
+  if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return;
   if (c.deepseek_v2()) return read_deepseek_v2_routing(r, c);
   if (c.afmoe()) {  // (AfmoeConfig's defaults: one dense layer, two shared experts' worth, route_scale 1)
     c.moe_intermediate = r.integer("moe_intermediate_size", 1);

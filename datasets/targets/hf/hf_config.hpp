@@ -234,8 +234,12 @@ struct ModelConfig {
   // mrope plain RoPE.
   bool glm4() const { return architecture == "Glm4ForCausalLM" || architecture == "Glm4vForConditionalGeneration"; }
   bool glm4_moe() const {
-    return architecture == "Glm4MoeForCausalLM" || architecture == "Glm4vMoeForConditionalGeneration";
+    return architecture == "Glm4MoeForCausalLM" || architecture == "Glm4vMoeForConditionalGeneration" || solar_open();
   }
+  // Solar Open (SolarOpenForCausalLM: Upstage's Solar Open 100B): GLM-4.5's experts in every layer (no dense layer,
+  // no first_k_dense_replace) under Llama's attention: every dimension of each head rotated (base 1e6 where
+  // rope_parameters does not say), biases on q / k / v where attention_bias, none on o, no q / k norms.
+  bool solar_open() const { return architecture == "SolarOpenForCausalLM"; }
   // EXAONE 4.0 (Exaone4ForCausalLM: 32B, 1.2B): OLMo's norms after attention and the MLP only (post_norms), but
   // Qwen3's per-head q / k norms, weights in the model's dtype; with sliding_window set its sliding layers
   // (layer_types, else sliding_window_pattern: every n-th full, or a string such as "LLLG" repeated from layer 0)
