@@ -188,6 +188,14 @@ FAMILIES = [
      dict(tie_word_embeddings=False, head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
           moe_intermediate_size=32, routed_scaling_factor=1.5, attention_bias=True, pad_token_id=0, bos_token_id=1,
           eos_token_id=2), {}),
+    # Granite SWA's kind (GraniteSWAForCausalLM): Granite's multipliers, a sink logit per head (drawn in make_model),
+    # layers 1 and 3 sliding over 6 positions with RoPE base 1e4, layer 0 full with base 1e6, layer 2 full without RoPE
+    # (layer_rope_theta 0).
+    ("granite_swa", "GraniteSWAConfig", "GraniteSWAForCausalLM",
+     dict(tie_word_embeddings=True, embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09,
+          logits_scaling=2.5, sliding_window=6,
+          layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+          layer_rope_theta=[1e6, 1e4, 0, 1e4], pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,

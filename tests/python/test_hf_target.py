@@ -1340,6 +1340,37 @@ def test_afmoe_reads_its_router_biases_embedding_scale_and_layer_pattern(tmp_pat
         assert err <= BOUND and ((moved == 0) if same else (moved > 10 * BOUND))
 
 
+def test_granite_swa_reads_its_sinks_bases_and_layer_pattern(tmp_path):
+    """Granite SWA (the family test gives its states equal to transformers'): its sinks zeroed in the checkpoint move the
+    states and ours follows transformers; each change of layer_rope_theta (the sliding layers' base, the NoPE layer
+    rotating) and the default layer pattern (no layer_types: layer 0 full, the others sliding) moves them, ours following
+    (40 positions); a full layer whose base differs from another full layer's is refused with a sentence."""
+    sinks, ours, unsunk, ref = zeroed_against_transformers("granite_swa", "self_attn.sinks", tmp_path)
+    assert len(sinks) == 4 and all(t.abs().min() >= 0.5 for t in sinks.values())
+    print(f"granite_swa with its sinks zeroed: rel err {rel(unsunk, ref):.1e}; the sinks move it {rel(ours, unsunk):.1e}")
+    assert rel(unsunk, ref) <= BOUND and rel(ours, unsunk) > 10 * BOUND
+    folder = tmp_path / "granite_swa"
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    # (a softmax scale of 2, not the family's 0.09: attention sharp enough that the positions' rotation shows)
+    made = {**json.loads((folder / "config.json").read_text()), "attention_multiplier": 2.0}
+    (folder / "config.json").write_text(json.dumps(made))
+    p, base = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    for what, config in [("sliding layers' base 10", {**made, "layer_rope_theta": [1e6, 10.0, 0, 10.0]}),
+                         ("layer 2 rotating", {**made, "layer_rope_theta": [1e6, 1e4, 1e6, 1e4]}),
+                         ("no layer_types", without(made, "layer_types"))]:
+        (folder / "config.json").write_text(json.dumps(config))
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        _, changed, err = states_against(theirs, folder, tokens, [1, 3], tmp_path)
+        moved = rel(changed["hidden"][0, :, 1], base["hidden"][0, :, 1])
+        print(f"granite_swa with {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
+        assert err <= BOUND and moved > 10 * BOUND
+    (folder / "config.json").write_text(json.dumps({**made, "layer_rope_theta": [1e6, 1e4, 5e5, 1e4]}))
+    p, _ = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    print(f"granite_swa with two full layers' bases: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode != 0 and "layer_rope_theta" in p.stderr and "accepted" in p.stderr, p.stderr
+
+
 def test_ministral3_query_scale_and_its_multimodal_checkpoint(tmp_path):
     """Ministral 3 (the family test gives its states equal to transformers'): the query factor past the pretraining
     length is read and moves the states (llama_4_scaling_beta 0: ours follows transformers), and the same language

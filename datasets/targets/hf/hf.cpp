@@ -2147,7 +2147,8 @@ FLASHDRAFT_PLUGIN(
     target, "hf", "0.1.0",
     "Hugging Face decoder checkpoint run online as the target: Llama, Mistral, Ministral 3, Qwen2 / 3 / "
     "3.5 / 3-Next, Qwen2-VL / 2.5-VL / 3-VL, Phi-3, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4 / 4.1V / 4.5V, "
-    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers), Cohere / Cohere 2, Arcee, Apertus, "
+    "EXAONE 4, ERNIE 4.5, Seed-OSS, Hunyuan, Granite 3 / 4.0 (attention layers) / SWA, Cohere / Cohere 2, Arcee, "
+    "Apertus, "
     "and the mixtures of experts Qwen-MoE, Mixtral, GLM-4.5 / 4.7-Flash, DeepSeek-V2 / V3, Mistral 4, gpt-oss, "
     "MiniMax-M2, "
     "ERNIE 4.5 MoE, Granite MoE, dots.llm1, Hunyuan-A13B, OLMoE, FlexOlmo, Llama 4, AFMoE, Solar Open",

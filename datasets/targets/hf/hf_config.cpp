@@ -73,7 +73,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Gemma4ForConditionalGeneration",
                                                           "Mistral4ForCausalLM",
                                                           "AfmoeForCausalLM",
-                                                          "SolarOpenForCausalLM"};
+                                                          "SolarOpenForCausalLM",
+                                                          "GraniteSWAForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -394,8 +395,9 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding.assign(static_cast<size_t>(c.layers), 0);
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";
   const bool qwen2_rule = !all && (c.dots1() || r.boolean("use_sliding_window", false));
-  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4() || c.afmoe())) return;
-  c.sliding_window = r.integer("sliding_window", 1, c.afmoe() ? 1024 : 512);  // (Gemma4TextConfig's 512, AfmoeConfig's)
+  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4() || c.afmoe() || c.granite_swa())) return;
+  // (the configs' defaults: Gemma4TextConfig's 512, AfmoeConfig's 1024, GraniteSWAConfig's 128)
+  c.sliding_window = r.integer("sliding_window", 1, c.afmoe() ? 1024 : c.granite_swa() ? 128 : 512);
   if (r.has("layer_types")) {
     read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
     if (c.gemma4()) c.sliding.back() = 0;  // (Gemma4TextConfig makes its last layer full, whatever the list says)
@@ -415,7 +417,9 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
                           : c.architecture == "Olmo3ForCausalLM" ? 4
                                                                  : 0;
   for (int64_t l = first; l < c.layers; ++l)
-    c.sliding[static_cast<size_t>(l)] = pattern > 0 ? (l + 1) % pattern != 0 : !gpt_oss || l % 2 == 0;
+    c.sliding[static_cast<size_t>(l)] = c.granite_swa() ? l % 4 != 0  // (GraniteSWAConfig's: layer 0 full, then 4, ...)
+                                        : pattern > 0   ? (l + 1) % pattern != 0
+                                                        : !gpt_oss || l % 2 == 0;
   if (c.gemma4()) c.sliding.back() = 0;
 }
 
@@ -737,6 +741,41 @@ void read_linear_attention(const Reader& r, ModelConfig& c) {
 
 // SmolLM3's NoPE layers (SmolLM3Config): no_rope_layers (1: the layer rotates, 0: it does not), else every
 // no_rope_layer_interval-th layer (default 4) without RoPE.
+// After the sliding layers: Granite SWA's layer_rope_theta, one base a layer (0: no RoPE), as one base for its full
+// layers (rope_theta) and one for its sliding layers (rope_local_theta, where it differs); anything else is refused.
+void read_layer_thetas(const Reader& r, ModelConfig& c) {
+  if (!r.has("layer_rope_theta")) return;  // (every layer rope_theta's)
+  const json& v = r.j.at("layer_rope_theta");
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
+    r.fail("layer_rope_theta", "value " + v.dump().substr(0, 120) + " is not a list of " + std::to_string(c.layers) +
+                                   " bases (num_hidden_layers; 0: no RoPE)");
+  c.nope.assign(static_cast<size_t>(c.layers), 0);
+  double full = 0, local = 0;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const json& t = v[static_cast<size_t>(l)];
+    if (!t.is_number() || !(t.get<double>() >= 0))
+      r.fail("layer_rope_theta", "holds " + t.dump() + " at layer " + std::to_string(l) +
+                                     " (accepted: a base > 0, or 0 "
+                                     "for no RoPE)");
+    const double theta = t.get<double>();
+    c.nope[static_cast<size_t>(l)] = theta == 0;
+    double& kind = c.window(l) > 0 ? local : full;
+    if (theta == 0) continue;
+    if (kind != 0 && kind != theta)
+      r.fail("layer_rope_theta", "layer " + std::to_string(l) + "'s base " + t.dump() + " differs from an earlier " +
+                                     (c.window(l) > 0 ? "sliding" : "full") + " layer's " + json(kind).dump() +
+                                     " (accepted: one base for the full layers and one for the sliding ones)");
+    kind = theta;
+  }
+  c.rope_theta = full > 0 ? full : local > 0 ? local : c.rope_theta;
+  if (local > 0 && local != c.rope_theta) {
+    if (c.rope.type != "default")
+      r.fail("layer_rope_theta", "two bases with rope type \"" + c.rope.type +
+                                     "\", which scales both (accepted here: one base, or rope type \"default\")");
+    c.rope_local_theta = local;
+  }
+}
+
 void read_nope_layers(const Reader& r, ModelConfig& c) {
   c.nope.assign(static_cast<size_t>(c.layers), 0);
   if (!r.has("no_rope_layers")) {
@@ -1318,6 +1357,7 @@ ModelConfig read_config(const std::string& folder) {
              !c.ernie4_5() && !c.nemotron_h() && r.boolean("attention_bias", gpt_oss);
   if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
   c.sinks = c.norm_weight_fp32 = gpt_oss;
+  if (c.granite_swa()) c.sinks = true;
   read_family_layout(r, c);
   read_quantization(r, c);
   if (multimodal && !flat) read_quantization(top, c);  // (a composite checkpoint's quantization_config: the top)
@@ -1347,7 +1387,7 @@ ModelConfig read_config(const std::string& folder) {
   if (c.hybrid()) read_linear_attention(r, c);
   read_sliding_layers(r,
                       mistral || phi3 || gpt_oss || c.gemma3() || c.gemma4() || c.architecture == "Olmo3ForCausalLM" ||
-                          c.exaone4() || c.cohere2() || c.afmoe(),
+                          c.exaone4() || c.cohere2() || c.afmoe() || c.granite_swa(),
                       c);
   if (c.gemma4()) read_gemma4_heads(r, c), read_gemma4_sharing(r, c);
   if ((c.exaone4() && c.sliding_window > 0) || c.cohere2() || c.afmoe()) {  // (their full layers rotate nothing)
@@ -1355,6 +1395,7 @@ ModelConfig read_config(const std::string& folder) {
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];
   }
   if (c.architecture == "SmolLM3ForCausalLM") read_nope_layers(r, c);
+  if (c.granite_swa()) read_layer_thetas(r, c);
   c.eos = stop_ids(folder, text.contains("eos_token_id") ? text : j, file);
   return c;
 }

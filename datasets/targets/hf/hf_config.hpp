@@ -333,7 +333,12 @@ struct ModelConfig {
   // layers dense; norm_topk_prob and first_k_dense_replace default to false and 0, as Dots1Config's); without
   // layer_types, its layers from max_window_layers on slide when sliding_window is set (no use_sliding_window key).
   bool dots1() const { return architecture == "Dots1ForCausalLM"; }
-  bool granite() const { return architecture == "GraniteForCausalLM" || granite_moe(); }
+  bool granite() const { return architecture == "GraniteForCausalLM" || granite_swa() || granite_moe(); }
+  // Granite SWA (GraniteSWAForCausalLM): Granite's layers and multipliers, a learned sink logit per head in every
+  // attention softmax (gpt-oss's sinks), sliding layers (layer_types, else every layer but each fourth from 0) over
+  // sliding_window positions, and a RoPE base per layer (layer_rope_theta; 0: no RoPE): read as one base for the full
+  // layers (rope_theta) and one for the sliding ones (rope_local_theta), which is what ours runs.
+  bool granite_swa() const { return architecture == "GraniteSWAForCausalLM"; }
   bool granite_moe() const {
     return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM" || granite_hybrid();
   }
