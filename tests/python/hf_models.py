@@ -196,6 +196,15 @@ FAMILIES = [
           logits_scaling=2.5, sliding_window=6,
           layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
           layer_rope_theta=[1e6, 1e4, 0, 1e4], pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # Granite SWA's mixture of experts (GraniteMoeSWAForCausalLM): the same attention (sinks, layers 1 and 3 sliding
+    # with base 1e4, layer 0 full with 1e6, layer 2 without RoPE), every layer 8 experts of 32, 2 a token, beside a
+    # shared MLP of 48.
+    ("granitemoe_swa", "GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM",
+     dict(tie_word_embeddings=True, embedding_multiplier=6.0, residual_multiplier=0.22, attention_multiplier=0.09,
+          logits_scaling=2.5, sliding_window=6, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+          shared_intermediate_size=48,
+          layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+          layer_rope_theta=[1e6, 1e4, 0, 1e4], pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
     # SmolLM3's kind (SmolLM3ForCausalLM): Llama's layers, layer 1 without RoPE (no_rope_layers' 0: NoPE).
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,

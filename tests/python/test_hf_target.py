@@ -246,6 +246,7 @@ MOE_FAMILIES = {
     "mistral4": ("Mistral4ForCausalLM", dict(topk_group=4)),
     "afmoe": ("AfmoeForCausalLM", dict(num_experts_per_tok=1)),
     "solar_open": ("SolarOpenForCausalLM", dict(topk_group=4)),
+    "granitemoe_swa": ("GraniteMoeSWAForCausalLM", dict(num_experts_per_tok=1)),
 }
 
 

@@ -993,8 +993,8 @@ class HfTarget final : public Target {
       const ExpertKeys n = expert_keys();
       expected.push_back({router_key(p), {cfg_.experts, H}});
       if (cfg_.granite_moe()) {  // (stacked as held)
-        expected.push_back({p + "block_sparse_moe.input_linear.weight", {cfg_.experts, 2 * I, H}});
-        expected.push_back({p + "block_sparse_moe.output_linear.weight", {cfg_.experts, H, I}});
+        expected.push_back({p + granite_experts().first, {cfg_.experts, 2 * I, H}});
+        expected.push_back({p + granite_experts().second, {cfg_.experts, H, I}});
       }
       if (cfg_.llama4()) {  // (stacked as each product's transpose)
         expected.push_back({p + "feed_forward.experts.gate_up_proj", {cfg_.experts, H, 2 * I}});
@@ -1213,8 +1213,8 @@ class HfTarget final : public Target {
       L.experts_gate_up = load(p + "feed_forward.experts.gate_up_proj").transpose(1, 2).contiguous();
       L.experts_down = load(p + "feed_forward.experts.down_proj").transpose(1, 2).contiguous();
     } else if (cfg_.granite_moe()) {  // (stacked as held: gate rows, then up rows)
-      L.experts_gate_up = load(p + "block_sparse_moe.input_linear.weight");
-      L.experts_down = load(p + "block_sparse_moe.output_linear.weight");
+      L.experts_gate_up = load(p + granite_experts().first);
+      L.experts_down = load(p + granite_experts().second);
     } else if (keep_fp8_) {  // ([target] fp8 = "keep": the experts' FP8 values and scales, as they are)
       L.fp8_gate = stack_fp8(p + n.block + "experts.", n.gate);
       L.fp8_up = stack_fp8(p + n.block + "experts.", n.up);
@@ -1858,9 +1858,16 @@ class HfTarget final : public Target {
     if (cfg_.llama4()) return "feed_forward.shared_expert.";
     return cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts.";
   }
+  // Granite's stacked experts [E, gate | up, H] and [E, H, I] under model.layers.N.: input_linear / output_linear as
+  // GraniteMoe's checkpoints hold them, GraniteMoeSWA's as transformers' experts module saves them.
+  std::pair<std::string, std::string> granite_experts() const {
+    if (cfg_.granite_swa()) return {"block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.experts.down_proj"};
+    return {"block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight"};
+  }
   // A sparse layer's router under model.layers.N. (Granite's: block_sparse_moe.router.layer.; Hunyuan's: mlp.gate.wg.;
   // else <block>gate.)
   std::string router_key(const std::string& p) const {
+    if (cfg_.granite_moe() && cfg_.granite_swa()) return p + "block_sparse_moe.router.weight";
     if (cfg_.granite_moe()) return p + "block_sparse_moe.router.layer.weight";
     if (cfg_.llama4()) return p + "feed_forward.router.weight";
     if (cfg_.afmoe()) return p + "mlp.router.gate.weight";

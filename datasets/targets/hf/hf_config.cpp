@@ -74,7 +74,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "Mistral4ForCausalLM",
                                                           "AfmoeForCausalLM",
                                                           "SolarOpenForCausalLM",
-                                                          "GraniteSWAForCausalLM"};
+                                                          "GraniteSWAForCausalLM",
+                                                          "GraniteMoeSWAForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -608,7 +609,8 @@ void read_experts(const Reader& r, ModelConfig& c) {
     c.moe_intermediate = c.intermediate;
     c.norm_topk = true;
     // (GraniteMoeForCausalLM has no shared MLP, whatever its config.json says; Granite 4.0's default 1024)
-    if (c.architecture == "GraniteMoeSharedForCausalLM" || c.granite_hybrid())
+    if (c.architecture == "GraniteMoeSharedForCausalLM" || c.architecture == "GraniteMoeSWAForCausalLM" ||
+        c.granite_hybrid())
       c.shared_intermediate = r.integer("shared_intermediate_size", 0, c.granite_hybrid() ? 1024 : 0);
     return;
   }

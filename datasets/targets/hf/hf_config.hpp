@@ -337,10 +337,14 @@ struct ModelConfig {
   // Granite SWA (GraniteSWAForCausalLM): Granite's layers and multipliers, a learned sink logit per head in every
   // attention softmax (gpt-oss's sinks), sliding layers (layer_types, else every layer but each fourth from 0) over
   // sliding_window positions, and a RoPE base per layer (layer_rope_theta; 0: no RoPE): read as one base for the full
-  // layers (rope_theta) and one for the sliding ones (rope_local_theta), which is what ours runs.
-  bool granite_swa() const { return architecture == "GraniteSWAForCausalLM"; }
+  // layers (rope_theta) and one for the sliding ones (rope_local_theta), which is what ours runs. GraniteMoeSWA
+  // (GraniteMoeSWAForCausalLM): the same attention with GraniteMoeShared's experts and shared MLP.
+  bool granite_swa() const {
+    return architecture == "GraniteSWAForCausalLM" || architecture == "GraniteMoeSWAForCausalLM";
+  }
   bool granite_moe() const {
-    return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM" || granite_hybrid();
+    return architecture == "GraniteMoeForCausalLM" || architecture == "GraniteMoeSharedForCausalLM" ||
+           architecture == "GraniteMoeSWAForCausalLM" || granite_hybrid();
   }
   // Granite 4.0's hybrid kind (GraniteMoeHybridForCausalLM: Granite-4.0-H and Granite-4.0-micro): Granite's
   // multipliers, each layer's shared MLP (shared_mlp.input_linear [gate | up], output_linear;
