@@ -582,6 +582,21 @@ def test_glm4v_language_model_matches_transformers(moe, tmp_path):
     composite_states(model, folder, name, tmp_path)
 
 
+def composite_matches(composite, name, tokens, layers, base, tmp_path):
+    """The text model saved as the multimodal `composite` (its vision tower beside it): ours on that folder gives the
+    text-only checkpoint's states `base` exactly, and transformers' composite's within BOUND. Returns the folder."""
+    folder = tmp_path / f"{name}_vl"
+    composite.save_pretrained(folder, safe_serialization=True)
+    assert any("vision" in k for k in load_file(str(folder / "model.safetensors")).keys())
+    p, vl, vl_err = states_against(composite, folder, tokens, layers, tmp_path)
+    architecture = type(composite).__name__
+    assert architecture in p.stdout, p.stdout
+    print(f"{name} as {architecture}: rel err {vl_err:.1e}; equal to the text-only checkpoint's: "
+          f"{torch.equal(vl['hidden'], base['hidden'])}")
+    assert vl_err <= BOUND and torch.equal(vl["hidden"], base["hidden"])
+    return folder
+
+
 def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
     """Gemma 3 (the family test gives its states equal to transformers'): each of its own keys is read and moves the
     states, ours following transformers through every change (40 positions, layers 1-3): query_pre_attn_scalar, the
@@ -602,16 +617,10 @@ def test_gemma3_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
         mm_tokens_per_image=4)
     composite = transformers.Gemma3ForConditionalGeneration(config).eval()
     composite.model.language_model.load_state_dict(model.model.state_dict())
-    composite.save_pretrained(tmp_path / "gemma3_vl", safe_serialization=True)
-    names = load_file(str(tmp_path / "gemma3_vl" / "model.safetensors")).keys()
-    # (transformers writes it in the published layout: language_model.model.; the vision tower beside it)
+    vl_folder = composite_matches(composite, "gemma3", tokens, layers, base, tmp_path)
+    # (transformers writes it in the published layout: language_model.model.)
+    names = load_file(str(vl_folder / "model.safetensors")).keys()
     assert any(k.startswith(("language_model.model.layers.0.", "model.language_model.layers.0.")) for k in names)
-    assert any("vision" in k for k in names)
-    p, vl, vl_err = states_against(composite, tmp_path / "gemma3_vl", tokens, layers, tmp_path)
-    assert "Gemma3ForConditionalGeneration" in p.stdout, p.stdout
-    print(f"gemma3 as Gemma3ForConditionalGeneration: rel err {vl_err:.1e}; equal to the text-only checkpoint's: "
-          f"{torch.equal(vl['hidden'], base['hidden'])}")
-    assert vl_err <= BOUND and torch.equal(vl["hidden"], base["hidden"])
     made = json.loads((folder / "config.json").read_text())
     rope = made["rope_parameters"]
     published = {k: v for k, v in made.items() if k not in ("rope_parameters", "layer_types")}
@@ -659,13 +668,7 @@ def test_gemma4_reads_each_of_its_parts_and_its_multimodal_checkpoint(tmp_path):
         audio_config=None)
     composite = transformers.Gemma4ForConditionalGeneration(config).eval()
     composite.model.language_model.load_state_dict(model.model.state_dict())
-    composite.save_pretrained(tmp_path / "gemma4_vl", safe_serialization=True)
-    assert any("vision" in k for k in load_file(str(tmp_path / "gemma4_vl" / "model.safetensors")).keys())
-    p, vl, vl_err = states_against(composite, tmp_path / "gemma4_vl", tokens, layers, tmp_path)
-    assert "Gemma4ForConditionalGeneration" in p.stdout, p.stdout
-    print(f"gemma4 as Gemma4ForConditionalGeneration: rel err {vl_err:.1e}; equal to the text-only checkpoint's: "
-          f"{torch.equal(vl['hidden'], base['hidden'])}")
-    assert vl_err <= BOUND and torch.equal(vl["hidden"], base["hidden"])
+    composite_matches(composite, "gemma4", tokens, layers, base, tmp_path)
     made = json.loads((folder / "config.json").read_text())
     rope = made["rope_parameters"]
     published = {k: v for k, v in made.items() if k not in ("per_layer_config",)}
@@ -727,13 +730,19 @@ def test_gemma4_what_it_cannot_run_is_refused(change, key, tmp_path):
     """A Gemma 4 config.json with a part ours does not run (bidirectional text) or a value transformers would not run
     as ours reads it (every layer sharing keys and values, or a shared layer with no earlier layer of its kind; more
     experts a token than experts): refused with a sentence naming the key, its value and what is accepted."""
-    folder = tmp_path / "gemma4"
-    make_model(folder, "gemma4", seed=5)
+    check_refused("gemma4", change, key, tmp_path)
+
+
+def check_refused(family, change, key, tmp_path):
+    """`family`'s tiny checkpoint with its config.json `change`d: refused with a sentence naming `key` and what is
+    accepted."""
+    folder = tmp_path / family
+    make_model(folder, family, seed=5)
     edit_config(folder, **change)
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
     p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
-    assert p.returncode != 0 and f"{key}" in p.stderr and "accepted" in p.stderr, p.stderr
-    print(f"gemma4 {change}: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode != 0 and f"{key}:" in p.stderr and "accepted" in p.stderr, p.stderr
+    print(f"{family} {change}: {p.stderr.strip().splitlines()[-1]}")
 
 
 def quantize_fp8(folder, block):
@@ -1229,13 +1238,7 @@ def test_nemotron_h_bad_keys_are_refused(change, key, tmp_path):
 def test_granite4_h_bad_keys_are_refused(change, key, tmp_path):
     """A Granite 4.0-H config.json that transformers would not run as ours reads it: refused with a sentence naming
     the key, its value and what is accepted."""
-    folder = tmp_path / "granite4_h"
-    make_model(folder, "granite4_h", seed=5)
-    edit_config(folder, **change)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(1))
-    p, _ = run_target(folder, tokens, torch.tensor([8]), [1], tmp_path)
-    assert p.returncode != 0 and f"{key}:" in p.stderr and "accepted" in p.stderr, p.stderr
-    print(f"granite4_h {change}: {p.stderr.strip().splitlines()[-1]}")
+    check_refused("granite4_h", change, key, tmp_path)
 
 
 def test_olmo3_as_published_its_layer_types_and_its_two_ropes(tmp_path):
