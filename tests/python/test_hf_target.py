@@ -587,7 +587,7 @@ def composite_matches(composite, name, tokens, layers, base, tmp_path):
     text-only checkpoint's states `base` exactly, and transformers' composite's within BOUND. Returns the folder."""
     folder = tmp_path / f"{name}_vl"
     composite.save_pretrained(folder, safe_serialization=True)
-    assert any("vision" in k for k in load_file(str(folder / "model.safetensors")).keys())
+    assert any("vision" in k or "visual" in k for k in load_file(str(folder / "model.safetensors")).keys())
     p, vl, vl_err = states_against(composite, folder, tokens, layers, tmp_path)
     architecture = type(composite).__name__
     assert architecture in p.stdout, p.stdout
@@ -926,6 +926,23 @@ def test_exaone4_layer_pattern_and_its_full_layers_without_rope(tmp_path):
           f"2 against 4: {rel(states[2]['hidden'], states[4]['hidden']):.1e}")
     assert torch.equal(states["LGLG"]["hidden"], states[2]["hidden"])
     assert rel(states[2]["hidden"], states[4]["hidden"]) > 10 * BOUND
+
+
+def test_exaone4_5_language_model_matches_the_text_model(tmp_path):
+    """EXAONE 4.5 (Exaone4_5_ForConditionalGeneration): EXAONE 4.0's language model saved with a vision tower
+    (text_config, model.language_model.) gives the text-only checkpoint's states, and transformers' composite's."""
+    folder = tmp_path / "exaone4"
+    model = make_model(folder, "exaone4", seed=37)
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
+    p, base = run_target(folder, tokens, torch.tensor([40]), [1, 3], tmp_path)
+    assert p.returncode == 0, p.stderr
+    config = transformers.Exaone4_5_Config(
+        text_config=model.config.to_dict(),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))
+    composite = transformers.Exaone4_5_ForConditionalGeneration(config).eval()
+    composite.model.language_model.load_state_dict(model.model.state_dict())
+    composite.lm_head.load_state_dict(model.lm_head.state_dict())
+    composite_matches(composite, "exaone4_5", tokens, [1, 3], base, tmp_path)
 
 
 def test_seed_oss_biases_of_q_k_v_and_of_o_are_read_apart(tmp_path):

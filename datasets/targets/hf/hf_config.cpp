@@ -75,7 +75,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "AfmoeForCausalLM",
                                                           "SolarOpenForCausalLM",
                                                           "GraniteSWAForCausalLM",
-                                                          "GraniteMoeSWAForCausalLM"};
+                                                          "GraniteMoeSWAForCausalLM",
+                                                          "Exaone4_5_ForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -1245,7 +1246,8 @@ bool composite(const ModelConfig& c) {
          c.architecture == "Mistral3ForConditionalGeneration" || c.qwen3_vl() ||
          c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
          c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl() ||
-         c.architecture == "Llama4ForConditionalGeneration" || c.architecture == "Gemma4ForConditionalGeneration";
+         c.architecture == "Llama4ForConditionalGeneration" || c.architecture == "Gemma4ForConditionalGeneration" ||
+         c.architecture == "Exaone4_5_ForConditionalGeneration";
 }
 
 // The layouts of the families whose layers differ from Llama's in their norms, RoPE pairs, biases or multipliers

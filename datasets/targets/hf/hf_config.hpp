@@ -268,7 +268,11 @@ struct ModelConfig {
   // intermediate_size every token runs, ungated (mlp.shared_mlp).
   bool hunyuan_moe() const { return architecture == "HunYuanMoEV1ForCausalLM"; }
   bool qk_norm_after_rope = false;
-  bool exaone4() const { return architecture == "Exaone4ForCausalLM"; }
+  // EXAONE 4.5 (Exaone4_5_ForConditionalGeneration): EXAONE 4.0's language model under model.language_model. (its
+  // text_config), the vision tower not read; a text's positions make its mrope plain RoPE.
+  bool exaone4() const {
+    return architecture == "Exaone4ForCausalLM" || architecture == "Exaone4_5_ForConditionalGeneration";
+  }
   bool olmo() const {
     return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM" ||
            architecture == "FlexOlmoForCausalLM";
