@@ -562,12 +562,14 @@ def test_qwen2_vl_language_model_as_saved_and_as_published(name, tmp_path):
     assert err <= BOUND and torch.equal(ours_published["hidden"], ours["hidden"])
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["glm4v", "glm4v_moe"])
-def test_glm4v_language_model_matches_transformers(moe, tmp_path):
-    """GLM-4.1V's and GLM-4.5V / 4.6V's language models (Glm4vForConditionalGeneration: GLM-4's layers, its rotated
-    pairs interleaved; Glm4vMoeForConditionalGeneration: GLM-4.5's, half of each head rotated, experts with a sigmoid
-    router and a shared one; config.json's text_config, tensors under model.language_model., a vision tower beside
-    them; text positions: their mrope is plain RoPE) equal transformers' on 70 tokens, every layer."""
+@pytest.mark.parametrize("name", ["Glm4v", "Glm4vMoe", "Glm46V"])
+def test_glm4v_language_model_matches_transformers(name, tmp_path):
+    """GLM-4.1V's, GLM-4.5V / 4.6V's and GLM-4.6V-Flash's language models (Glm4vForConditionalGeneration and
+    Glm46VForConditionalGeneration: GLM-4's layers, its rotated pairs interleaved; Glm4vMoeForConditionalGeneration:
+    GLM-4.5's, half of each head rotated, experts with a sigmoid router and a shared one; config.json's text_config,
+    tensors under model.language_model., a vision tower beside them; text positions: their mrope is plain RoPE) equal
+    transformers' on 70 tokens, every layer."""
+    moe = name == "Glm4vMoe"
     text = dict(SMALL, tie_word_embeddings=False,
                 rope_parameters=dict(rope_type="default", rope_theta=1e4, mrope_section=[1, 1, 2] if moe else [2, 3, 3],
                                      partial_rotary_factor=0.5 if moe else 1.0))
@@ -577,7 +579,6 @@ def test_glm4v_language_model_matches_transformers(moe, tmp_path):
                     norm_topk_prob=True)
     vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=SMALL["hidden_size"],
                   patch_size=4)
-    name = "Glm4vMoe" if moe else "Glm4v"
     model, folder = composite_checkpoint(name, text, vision, 29, tmp_path)
     composite_states(model, folder, name, tmp_path)
 

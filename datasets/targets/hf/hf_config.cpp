@@ -76,7 +76,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "SolarOpenForCausalLM",
                                                           "GraniteSWAForCausalLM",
                                                           "GraniteMoeSWAForCausalLM",
-                                                          "Exaone4_5_ForConditionalGeneration"};
+                                                          "Exaone4_5_ForConditionalGeneration",
+                                                          "Glm46VForConditionalGeneration"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -1247,7 +1248,7 @@ bool composite(const ModelConfig& c) {
          c.architecture == "Gemma3ForConditionalGeneration" || c.architecture == "Glm4vForConditionalGeneration" ||
          c.architecture == "Glm4vMoeForConditionalGeneration" || c.qwen2_vl() ||
          c.architecture == "Llama4ForConditionalGeneration" || c.architecture == "Gemma4ForConditionalGeneration" ||
-         c.architecture == "Exaone4_5_ForConditionalGeneration";
+         c.architecture == "Exaone4_5_ForConditionalGeneration" || c.architecture == "Glm46VForConditionalGeneration";
 }
 
 // The layouts of the families whose layers differ from Llama's in their norms, RoPE pairs, biases or multipliers

@@ -232,7 +232,11 @@ struct ModelConfig {
   // GLM-4.1V's language model (Glm4vForConditionalGeneration) is GLM-4's; GLM-4.5V's and GLM-4.6V's
   // (Glm4vMoeForConditionalGeneration) GLM-4.5's (glm4_moe); both under model.language_model., their text positions'
   // mrope plain RoPE.
-  bool glm4() const { return architecture == "Glm4ForCausalLM" || architecture == "Glm4vForConditionalGeneration"; }
+  // (GLM-4.6V-Flash, Glm46VForConditionalGeneration: GLM-4.1V's kind, GLM-4's dense layers)
+  bool glm4() const {
+    return architecture == "Glm4ForCausalLM" || architecture == "Glm4vForConditionalGeneration" ||
+           architecture == "Glm46VForConditionalGeneration";
+  }
   bool glm4_moe() const {
     return architecture == "Glm4MoeForCausalLM" || architecture == "Glm4vMoeForConditionalGeneration" || solar_open();
   }
