@@ -25,9 +25,11 @@ import pytest
 import torch
 
 import json
+import math
 import subprocess
 
-from test_served_tau import EXPERIMENT, TOOL, check_greedy, make_target_data, train, validate
+from test_served_tau import (EXPERIMENT, TOOL, check_greedy, make_target_data, reference_sampled_tau, sampled, train,
+                             validate)
 
 # Each target's initializer_range and conversations (the last 48 held out): at test_served_tau.py's
 # 0.2 the greedy text of GLM-4.5's tiny target is out of the tiny drafter's reach after 150 steps
@@ -99,6 +101,8 @@ def check_family(family, tmp_path_factory):
     # accepted proposals one by one (gpt-oss's > 1.03 about 80), and some step must accept more than one.
     trained = train("bidirectional", data, tmp_path_factory.mktemp(f"served_{family}"))
     check_greedy(trained, min_tau=min_tau)
+    if family in SAMPLED:
+        check_sampled_as_served(trained, SAMPLED[family])
     if family == "llama4_chunk128":
         refuses_past_a_chunk(trained)
     if family == "gpt_oss":
@@ -111,6 +115,25 @@ def check_family(family, tmp_path_factory):
         assert float(chunked["tau_anchor"]) == float(whole["tau_anchor"])
         for key in [k for k in whole if "anchor" in k or "accept" in k]:
             assert torch.equal(chunked[key], whole[key]), key
+
+
+# The families whose sampled served tau is compared with dflash_generate's as well: a target whose logits are scaled
+# (Granite's 1 / logits_scaling) or soft-capped (Gemma 4's final_logit_softcapping) before the target samples.
+SAMPLED = {"granitemoe": dict(logits_scaling=1.0), "gemma4_ple": dict(final_logit_softcapping=None)}
+
+
+def check_sampled_as_served(trained, plain):
+    """At temperature 1 our served tau lies within two standard errors of dflash_generate's, whose target samples its
+    logits as transformers serves them (scaled or capped); and that is not vacuous: the same target read without its
+    scale or cap (config `plain`) gives a reference tau more than two standard errors from ours."""
+    dump = sampled(trained)
+    tau, se = float(dump["tau_served"]), float(dump["tau_served_se"])
+    ref_tau, ref_se = reference_sampled_tau(trained, dump, trained["model"])
+    assert se > 0 and ref_se > 0 and abs(tau - ref_tau) <= 2 * math.hypot(se, ref_se)
+    for key, value in plain.items():
+        setattr(trained["model"].config, key, value)
+    plain_tau, plain_se = reference_sampled_tau(trained, dump, trained["model"], f" with {plain}")
+    assert abs(tau - plain_tau) > 2 * math.hypot(se, plain_se)
 
 
 def refuses_past_a_chunk(trained):

@@ -276,11 +276,25 @@ def check_greedy(trained, min_tau=1.2, stops=True):
 def test_sampled_within_two_standard_errors_of_the_reference(trained):
     if trained["in_block"] != "bidirectional":
         pytest.skip("sampling is compared on the bidirectional drafters")
+    dump = sampled(trained)
+    tau, se = float(dump["tau_served"]), float(dump["tau_served_se"])
+    ref_tau, ref_se = reference_sampled_tau(trained, dump, trained["model"])
+    assert se > 0 and ref_se > 0
+    assert abs(tau - ref_tau) <= 2 * math.hypot(se, ref_se)
+
+
+def sampled(trained):
+    """Our served validation of `trained` at temperature 1 (rejection sampling): the dump."""
     dump, meta = validate(trained, "sampled", 1.0)
     assert meta["tau_served_method"] == "target (temperature 1, top_p 1, rejection sampling)"
+    return dump
+
+
+def reference_sampled_tau(trained, dump, target, what=""):
+    """dflash_generate at temperature 1 with `target` (transformers' model) on the prompts of our sampled `dump`: its
+    tau and standard error, printed beside ours."""
     ours = responses(dump, "served_")
-    draft, target = reference_draft(trained["folder"]), trained["model"]
-    tokens = dump["tokens"]
+    draft, tokens = reference_draft(trained["folder"]), dump["tokens"]
     torch.manual_seed(0)
     produced, steps = [], []
     for row, prompt_len, end, _, _ in ours:
@@ -294,7 +308,6 @@ def test_sampled_within_two_standard_errors_of_the_reference(trained):
     ref_se = math.sqrt(sum((a - ref_tau * s) ** 2 for a, s in zip(produced, steps)) / (n * (n - 1))) / (sum(steps) / n)
     tau, se = float(dump["tau_served"]), float(dump["tau_served_se"])
     both = math.hypot(se, ref_se)
-    print(f"{trained['name']}, temperature 1: ours {tau:.4f} +- {se:.4f}, dflash_generate {ref_tau:.4f} +- {ref_se:.4f} "
-          f"({n} responses); difference {tau - ref_tau:+.4f} = {(tau - ref_tau) / both:+.2f} standard errors")
-    assert se > 0 and ref_se > 0
-    assert abs(tau - ref_tau) <= 2 * both
+    print(f"{trained['name']}, temperature 1: ours {tau:.4f} +- {se:.4f}, dflash_generate{what} {ref_tau:.4f} +- "
+          f"{ref_se:.4f} ({n} responses); difference {tau - ref_tau:+.4f} = {(tau - ref_tau) / both:+.2f} standard errors")
+    return ref_tau, ref_se
