@@ -1499,11 +1499,19 @@ class HfTarget final : public Target {
     const int64_t B = h.size(0), T = h.size(1), D = L.qkv.size(0) / cfg_.heads;
     const at::Tensor q =
         rms_norm(at::linear(h, L.qkv, L.qkv_bias).view({B, T, cfg_.heads, D}), L.q_norm).transpose(1, 2);
-    const at::Tensor c = cos.dim() == 2 ? cos.view({1, 1, T, D}) : cos.dim() == 3 ? cos.unsqueeze(1) : cos;
-    const at::Tensor s = sin.dim() == 2 ? sin.view({1, 1, T, D}) : sin.dim() == 3 ? sin.unsqueeze(1) : sin;
     QKV out;
-    out.q = (q * c + at::cat({-q.narrow(-1, D / 2, D / 2), q.narrow(-1, 0, D / 2)}, -1) * s).contiguous();
+    out.q = rotate_half(q, cos, sin).contiguous();
     return out;
+  }
+
+  // x [B, heads, T, R] rotated by rotate-half RoPE, x cos + rotate_half(x) sin in x's dtype, with tables cos, sin of
+  // R columns: [T, R], [B, T, R] or [B, 1, T, R] (ATen's ops: the layers the fused q|k|v kernel does not take).
+  static at::Tensor rotate_half(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    const int64_t T = x.size(2), R = x.size(-1), half = R / 2;
+    const auto heads = [&](const at::Tensor& t) {
+      return t.dim() == 2 ? t.view({1, 1, T, R}) : t.dim() == 3 ? t.unsqueeze(1) : t;
+    };
+    return x * heads(cos) + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * heads(sin);
   }
 
   // Ministral 3's query factor per position (positions [T] or [B, T], int64): 1 + beta ln(1 + floor(position /
@@ -1537,12 +1545,7 @@ class HfTarget final : public Target {
                               .view({B, T, H, nope + cfg_.v_dim})
                               .transpose(1, 2);
     const at::Tensor k_rope = latent.narrow(-1, cfg_.kv_lora, rope).unsqueeze(1);  // [B, 1, T, rope]
-    const at::Tensor c = cos.dim() == 2 ? cos.view({1, 1, T, rope}) : cos.dim() == 3 ? cos.unsqueeze(1) : cos;
-    const at::Tensor s = sin.dim() == 2 ? sin.view({1, 1, T, rope}) : sin.dim() == 3 ? sin.unsqueeze(1) : sin;
-    const auto rotate = [&](const at::Tensor& x) {
-      const int64_t half = rope / 2;
-      return x * c + at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * s;
-    };
+    const auto rotate = [&](const at::Tensor& x) { return rotate_half(x, cos, sin); };
     QKV out;
     out.q = at::cat({q.narrow(-1, 0, nope), rotate(q.narrow(-1, nope, rope))}, -1);
     out.k = at::cat({kv.narrow(-1, 0, nope), rotate(k_rope).expand({B, H, T, rope})}, -1);
