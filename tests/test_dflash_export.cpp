@@ -39,7 +39,9 @@ void write(hid_t file, const std::string& name, const at::Tensor& t) {
 
 // One step of a configuration, written under "<name>/": the batch, the anchors the step
 // drew, the loss, every parameter and gradient, and the keys the reference needs.
-void write_case(hid_t file, const std::string& name, const std::map<std::string, Value>& extra, bool packed) {
+// target_scale / target_cap: the target's logit scale and cap (TargetModel::logit_scale / logit_softcap).
+void write_case(hid_t file, const std::string& name, const std::map<std::string, Value>& extra, bool packed,
+                double target_scale = 1.0, double target_cap = 0.0) {
   std::map<std::string, Value> cfg{
       {"layers", int64_t{2}},   {"hidden", int64_t{32}},     {"heads", int64_t{4}},
       {"kv_heads", int64_t{2}}, {"ffn", int64_t{48}},        {"block_size", int64_t{4}},
@@ -56,6 +58,8 @@ void write_case(hid_t file, const std::string& name, const std::map<std::string,
   for (int64_t t : {0, 1, 5, 6}) p.batch.loss_mask[0][t] = false;
   for (int64_t t : {0, 1}) p.batch.loss_mask[1][t] = false;
   if (packed) p.batch.documents = {{7, 9}, {}};
+  p.target.logit_scale = target_scale;
+  p.target.logit_softcap = target_cap;
   RunContext ctx;
   ctx.seed = 17;
   d->bind(p.target, ctx, 2, 16);
@@ -91,6 +95,14 @@ void write_case(hid_t file, const std::string& name, const std::map<std::string,
   write(file, g + "config/target_layer_ids", at::tensor(std::vector<int64_t>{2, 0}));
   for (const char* k : {"gamma", "rope_theta", "rms_eps"})
     write(file, g + "config/" + k, at::scalar_tensor(std::get<double>(cfg.at(k)), at::kDouble));
+  auto real = [&](const char* key, double fallback) {
+    return at::scalar_tensor(cfg.count(key) ? std::get<double>(cfg.at(key)) : fallback, at::kDouble);
+  };
+  write(file, g + "config/input_embedding_scale", real("input_embedding_scale", 1.0));
+  write(file, g + "config/output_multiplier", real("output_multiplier", 1.0));
+  write(file, g + "config/final_logit_softcapping", real("final_logit_softcapping", 0.0));
+  write(file, g + "config/target_logit_scale", at::scalar_tensor(target_scale, at::kDouble));
+  write(file, g + "config/target_logit_softcap", at::scalar_tensor(target_cap, at::kDouble));
   auto text = [&](const char* key, const char* fallback) {
     return cfg.count(key) ? std::get<std::string>(cfg.at(key)) : std::string(fallback);
   };
@@ -122,8 +134,9 @@ TEST(DFlashExport, WritesOneStepForThePythonCrossCheck) {
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(file, 0) << path;
   // flashdraft before 2026-12 (data labels, sum-of-weights normalisation, anchors before a
-  // response token), today's defaults with data labels, packed rows, and the two target label
-  // modes ("auto" picks target_argmax here: the problem exports the target's last layer).
+  // response token), today's defaults with data labels, packed rows, the two target label
+  // modes ("auto" picks target_argmax here: the problem exports the target's last layer), and
+  // scaled and capped logits.
   const Value data = std::string("data");
   write_case(file, "old",
              {{"normalisation", std::string("weights")}, {"anchor_rule", std::string("next_token")}, {"labels", data}},
@@ -132,6 +145,15 @@ TEST(DFlashExport, WritesOneStepForThePythonCrossCheck) {
   write_case(file, "packed", {{"labels", data}}, true);
   write_case(file, "target_argmax", {{"labels", std::string("target_argmax")}}, true);
   write_case(file, "target_kl", {{"labels", std::string("target_kl")}, {"label_temperature", 0.7}}, true);
+  // z-lab's scaled and capped drafter (input_embedding_scale, output_multiplier, final_logit_softcapping) against
+  // a target that scales and caps its own logits (the soft labels are its served distribution).
+  write_case(file, "scaled",
+             {{"labels", std::string("target_kl")},
+              {"label_temperature", 0.7},
+              {"input_embedding_scale", 2.5},
+              {"output_multiplier", 1.7},
+              {"final_logit_softcapping", 1.5}},
+             true, 1.3, 2.0);
   ASSERT_GE(H5Fclose(file), 0);
 }
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 using namespace flashdraft;
 
@@ -83,7 +84,9 @@ void compare(const Problem& p, int64_t chunk, double loss_tol, double grad_tol, 
 // Labels from a target (DFlash labels = "target_argmax" / "target_kl"): every variant against
 // the definition written here in float64 on fresh random inputs: target logits = th W^T;
 // hard: CE against their argmax; soft: KL(softmax(target / T) || softmax(h W^T)); the
-// weighted mean over weight_sum; the gradient with respect to h by autograd.
+// weighted mean over weight_sum; the gradient with respect to h by autograd. With Scales,
+// each side's logits are scaled and capped first (x s, then cap tanh(. / cap)); th undefined:
+// the data's labels.
 namespace {
 
 struct TargetResult {
@@ -91,12 +94,26 @@ struct TargetResult {
   at::Tensor grad, argmax, target_argmax;
 };
 
-TargetResult target_definition(const Problem& p, const at::Tensor& th, bool soft, double temperature) {
+struct Scales {
+  double scale = 1.0, cap = 0.0, target_scale = 1.0, target_cap = 0.0;
+};
+
+at::Tensor scaled_and_capped(const at::Tensor& x, double scale, double cap) {
+  return cap > 0 ? at::tanh(x * scale / cap) * cap : x * scale;
+}
+
+TargetResult target_definition(const Problem& p, const at::Tensor& th, bool soft, double temperature,
+                               const Scales& s = {}) {
   at::Tensor h = p.hidden.detach().to(at::kCPU, at::kDouble).set_requires_grad(true);
-  const at::Tensor W = p.weight.to(at::kCPU, at::kDouble), t = th.to(at::kCPU, at::kDouble).mm(W.t());
-  const at::Tensor logq = at::log_softmax(h.mm(W.t()), -1);
+  const at::Tensor W = p.weight.to(at::kCPU, at::kDouble);
+  const at::Tensor t = th.defined()
+                           ? scaled_and_capped(th.to(at::kCPU, at::kDouble).mm(W.t()), s.target_scale, s.target_cap)
+                           : at::Tensor();
+  const at::Tensor logq = at::log_softmax(scaled_and_capped(h.mm(W.t()), s.scale, s.cap), -1);
   at::Tensor per_row;
-  if (soft) {
+  if (!th.defined()) {
+    per_row = -logq.gather(1, p.labels.to(at::kCPU).unsqueeze(1)).squeeze(1);
+  } else if (soft) {
     const at::Tensor logp = at::log_softmax(t / temperature, -1);
     per_row = (logp.exp() * (logp - logq)).sum(-1);
   } else {
@@ -104,21 +121,26 @@ TargetResult target_definition(const Problem& p, const at::Tensor& th, bool soft
   }
   const at::Tensor loss = (per_row * p.row_weights.to(at::kCPU, at::kDouble)).sum() / p.weight_sum;
   loss.backward();
-  return {loss.item<double>(), h.grad().to(at::kFloat), logq.argmax(-1), t.argmax(-1)};
+  return {loss.item<double>(), h.grad().to(at::kFloat), logq.argmax(-1), th.defined() ? t.argmax(-1) : at::Tensor()};
 }
 
 template <class F>
-TargetResult run_target(const Problem& p, const at::Tensor& th, bool soft, double temperature, F&& variant) {
+TargetResult run_target(const Problem& p, const at::Tensor& th, bool soft, double temperature, F&& variant,
+                        const Scales& s = {}) {
   at::Tensor h = p.hidden.detach().clone().set_requires_grad(true);
   LmHeadLossInput in = input_of(p, h);
-  in.labels = at::Tensor();  // the target gives them
+  if (th.defined()) in.labels = at::Tensor();  // the target gives them
   in.target_hidden = th;
   in.target_soft = soft;
   in.target_temperature = temperature;
+  in.logit_scale = s.scale;
+  in.logit_softcap = s.cap;
+  in.target_logit_scale = s.target_scale;
+  in.target_logit_softcap = s.target_cap;
   LmHeadLossOutput out = variant(in);
   out.loss.backward();
   return {out.loss.item<double>(), h.grad().to(at::kCPU, at::kFloat), out.argmax.to(at::kCPU),
-          out.target_argmax.to(at::kCPU)};
+          out.target_argmax.defined() ? out.target_argmax.to(at::kCPU) : at::Tensor()};
 }
 
 // exact: float32 inputs (the target's argmax must be the definition's); bf16 logits may flip
@@ -196,6 +218,61 @@ TEST(LmHeadLoss, TargetLabelsMatchTheDefinitionCuda) {
   const Problem b = random_problem(300, 128, 32000, at::kBFloat16, cuda, 33);
   compare_target(b, at::randn({300, 128}, at::TensorOptions().dtype(at::kFloat)).to(cuda, at::kBFloat16), 3e-3, 3e-2,
                  true, /*exact=*/false);
+}
+
+// Logits as served (a DFlash drafter's output_multiplier and final_logit_softcapping; the
+// target's own scale and cap): data, hard and soft target labels, every variant against the
+// float64 definition; and not vacuous: each of the four numbers moves the loss.
+namespace {
+
+void compare_scaled(const Problem& p, const at::Tensor& th, bool fused, double loss_tol, double grad_tol) {
+  const Scales s{0.7, 3.0, 1.3, 4.0};
+  const auto variants = {std::function<LmHeadLossOutput(const LmHeadLossInput&)>([fused](const LmHeadLossInput& in) {
+                           return fused ? lm_head_loss_fused(in, 40) : lm_head_loss_chunked(in, 40);
+                         }),
+                         std::function<LmHeadLossOutput(const LmHeadLossInput&)>(
+                             [](const LmHeadLossInput& in) { return lm_head_loss_reference(in); })};
+  for (const int mode : {0, 1, 2}) {  // data labels, target_argmax, target_kl at 0.8
+    const at::Tensor t = mode == 0 ? at::Tensor() : th;
+    const bool soft = mode == 2;
+    const TargetResult def = target_definition(p, t, soft, 0.8, s);
+    for (const auto& variant : variants) {
+      const TargetResult got = run_target(p, t, soft, 0.8, variant, s);
+      EXPECT_NEAR(got.loss, def.loss, loss_tol * std::abs(def.loss)) << "mode " << mode;
+      EXPECT_LE(max_rel(got.grad, def.grad), grad_tol) << "mode " << mode;
+      EXPECT_GE(got.argmax.eq(def.argmax).to(at::kDouble).mean().item<double>(), 0.99) << "mode " << mode;
+      if (mode > 0) {
+        EXPECT_TRUE(got.target_argmax.equal(def.target_argmax)) << "mode " << mode;
+      }
+    }
+    // Each number matters where it can: the drafter's scale and cap always, the target's in the soft labels.
+    for (const Scales& other : {Scales{1.0, 3.0, 1.3, 4.0}, Scales{0.7, 0.0, 1.3, 4.0}, Scales{0.7, 3.0, 1.0, 4.0},
+                                Scales{0.7, 3.0, 1.3, 0.0}}) {
+      const bool target_side = other.target_scale != s.target_scale || other.target_cap != s.target_cap;
+      if (target_side && !soft) continue;
+      const double moved = std::abs(target_definition(p, t, soft, 0.8, other).loss - def.loss) / std::abs(def.loss);
+      EXPECT_GT(moved, 1e-2) << "mode " << mode << ": scale " << other.scale << ", cap " << other.cap << ", target's "
+                             << other.target_scale << ", " << other.target_cap;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(LmHeadLoss, ScaledAndCappedLogitsMatchTheDefinitionCpu) {
+  const Problem p = random_problem(97, 48, 301, at::kFloat, c10::kCPU, 35);
+  // (rows of 3x the usual spread: logits past the cap of 3, where tanh bends)
+  const Problem wide{p.hidden * 3, p.weight, p.labels, p.row_weights, p.weight_sum};
+  compare_scaled(wide, at::randn({97, 48}, at::TensorOptions().dtype(at::kFloat)) * 3, false, 1e-5, 1e-5);
+}
+
+TEST(LmHeadLoss, ScaledAndCappedLogitsMatchTheDefinitionCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_ops::cuda_ops_built()) GTEST_SKIP() << "this engine was built without its CUDA kernels";
+  const c10::Device cuda(c10::kCUDA, 0);
+  const Problem p = random_problem(300, 128, 32001, at::kFloat, cuda, 36);
+  const Problem wide{p.hidden * 3, p.weight, p.labels, p.row_weights, p.weight_sum};
+  compare_scaled(wide, at::randn({300, 128}, at::TensorOptions().dtype(at::kFloat)).to(cuda) * 3, true, 1e-5, 1e-4);
 }
 
 TEST(LmHeadLoss, ChunkedMatchesReferenceFloat32Cpu) {

@@ -183,6 +183,22 @@ void DFlashDrafter::declare(Schema& s) {
   s.integer("sliding_window", "the window of the \"sliding_attention\" layers, in positions (0 = none is sliding)")
       .def(int64_t{0})
       .at_least(0);
+  s.real("input_embedding_scale",
+         "the block's token embeddings (the target's embedding rows, unscaled) times this, as z-lab's reference "
+         "scales them (its input_embedding_scale: e.g. sqrt(hidden) for a Gemma target, whose own embedding is "
+         "scaled so); exported with the folder")
+      .def(1.0)
+      .range(1e-6, 1e6);
+  s.real("output_multiplier",
+         "the drafter's logits (its final state times the target's LM head) times this, before the cap (the "
+         "reference's output_multiplier: e.g. 1 / logits_scaling for a Granite target); exported with the folder")
+      .def(1.0)
+      .range(1e-6, 1e6);
+  s.real("final_logit_softcapping",
+         "> 0: the drafter's logits are cap tanh(logits / cap), in training and serving (the reference's "
+         "final_logit_softcapping: e.g. a Gemma target's own); 0 = none; exported with the folder")
+      .def(0.0)
+      .range(0.0, 1e6);
   s.real("init_std", "standard deviation of the initial projection weights").def(0.02).at_least(0.0);
   s.string("init",
            "a Hugging Face DFlash drafter folder (config.json + model.safetensors, as `flashdraft export "
@@ -213,6 +229,9 @@ DFlashDrafter::DFlashDrafter(const Config& config) : config_(config) {
   labels_config_ = labels_ = config.string("labels");
   separate_documents_ = config.string("documents") == "separate";
   label_temperature_ = config.real("label_temperature");
+  input_scale_ = config.real("input_embedding_scale");
+  output_multiplier_ = config.real("output_multiplier");
+  softcap_ = config.real("final_logit_softcapping");
   if (anchors_ == 0)
     config.fail("anchors", "anchors = 0 leaves no block to train on; give at least 1 anchor per sequence");
   anchor_parts_ = config.integer("anchor_parts");
@@ -247,6 +266,8 @@ void DFlashDrafter::bind(const TargetModel& target, const RunContext& ctx, int64
     config_.fail("block_size", "block_size = " + std::to_string(block_size_) + " is larger than the sequence length " +
                                    std::to_string(seq_len) + " of the data (a block must fit in a sequence)");
   if (layer_ids_.empty()) layer_ids_ = default_layer_ids(target);
+  target_logit_scale_ = target.logit_scale;
+  target_logit_softcap_ = target.logit_softcap;
   resolve_labels(target, ctx);
   resolve_features(target);
   bind_run(target, ctx, batch_size, seq_len);  // the frozen embedding and LM head among it
@@ -402,7 +423,7 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
 
   DraftProposal propose(const DraftRequest& r) override {
     at::NoGradGuard frozen;
-    const int64_t B = batch_, BS = d_.block_size_, H = d_.hidden_;
+    const int64_t B = batch_, BS = d_.block_size_;
     check_rows(static_cast<int64_t>(r.count.size()), r.start, BS, "propose");
     int64_t K = 0;
     for (int64_t c : r.count) K = std::max(K, c);
@@ -435,7 +456,7 @@ class DFlashDrafter::Decoder final : public DraftDecoder {
     const std::pair<at::Tensor, at::Tensor> tables = d_.rope_tables(positions);
     const at::Tensor &cos = tables.first, &sin = tables.second;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_.head_dim_));
-    at::Tensor x = d_.embedding_.index_select(0, tokens.reshape({-1})).view({B, BS, H});
+    at::Tensor x = d_.embed(tokens);
     for (int64_t l = 0; l < d_.layers_n_; ++l) {
       const layers::SelfAttention& A = d_.layers_[static_cast<size_t>(l)].attn;
       mask_for_layer(attention_, mask, d_.windows_[static_cast<size_t>(l)], window);
@@ -671,7 +692,7 @@ void DFlashDrafter::index_target_positions(StepPlan& plan, const std::vector<int
 // The context features and the decoder layers: the block tokens' final states [B, L, H].
 at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, AttentionContext& attention,
                                   bool training) const {
-  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), L = part_anchors() * block_size_;
+  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   // The context features (fc over the target's states): for every part, or only for part 0
   // of a training step in parts, whose later parts share its keys and values (context_kv).
@@ -697,7 +718,7 @@ at::Tensor DFlashDrafter::decoder(const Batch& batch, const StepPlan& plan, Atte
   const std::pair<at::Tensor, at::Tensor> rope_b = rope_tables(to_device(plan.block_pos));
   const at::Tensor &cos_b = rope_b.first, &sin_b = rope_b.second;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  at::Tensor x = embedding_.index_select(0, plan.block_tokens.reshape({-1})).view({B, L, hidden_});
+  at::Tensor x = embed(plan.block_tokens);
   MaskInput mask = plan.input;
   int64_t window = -1;  // the mask set: per layer, its window (mask_for_layer)
   for (int64_t l = 0; l < layers_n_; ++l) {
@@ -770,6 +791,10 @@ StepResult DFlashDrafter::loss_and_metrics(const Batch& batch, const at::Tensor&
   in.row_weights = plan.row_weights;
   in.weight_sum = by_positions_ ? double(plan.counted) : plan.weight_sum;
   in.top_k = loss_top_k();
+  in.logit_scale = output_multiplier_;
+  in.logit_softcap = softcap_;
+  in.target_logit_scale = target_logit_scale_;
+  in.target_logit_softcap = target_logit_softcap_;
   if (labels_ != "data") {
     const int64_t S = batch.hidden.size(1);
     const at::Tensor last = batch.hidden.select(2, label_index_).reshape({B * S, hidden_});
@@ -874,9 +899,16 @@ at::Tensor DFlashDrafter::layer(int64_t l, const at::Tensor& x, const Attend& at
   return y + mlp(l, rms_norm(y, P.post_norm));
 }
 
+at::Tensor DFlashDrafter::embed(const at::Tensor& tokens) const {
+  std::vector<int64_t> shape(tokens.sizes().begin(), tokens.sizes().end());
+  shape.push_back(embedding_.size(1));
+  const at::Tensor x = embedding_.index_select(0, tokens.reshape({-1})).view(shape);
+  return input_scale_ == 1.0 ? x : x * input_scale_;
+}
+
 DraftProposal DFlashDrafter::choose(const at::Tensor& states, const at::Tensor& last, const Sampling& sampling) const {
   (void)last;
-  const at::Tensor logits = at::linear(states, target_head_);
+  const at::Tensor logits = served_logits(at::linear(states, target_head_), output_multiplier_, softcap_);
   DraftProposal out;
   if (sampling.greedy()) {
     out.tokens = logits.argmax(-1);

@@ -133,6 +133,13 @@ class DFlashDrafter : public Drafter, protected BoundRun {
   std::vector<int64_t> layer_ids_, feature_index_;
   int64_t label_index_ = -1;  // labels from the target: the E index of its last layer
   double rope_theta_, eps_, gamma_, init_std_, label_temperature_;
+  // The reference's scaled and capped drafters (z-lab's dflash: input_embedding_scale, output_multiplier,
+  // final_logit_softcapping): the block's token embeddings times input_scale_; the logits times output_multiplier_,
+  // then capped (softcap_ > 0). The target's own logit scale and cap (its logits as served, for labels from it).
+  double input_scale_ = 1.0, output_multiplier_ = 1.0, softcap_ = 0.0;
+  double target_logit_scale_ = 1.0, target_logit_softcap_ = 0.0;
+  // The block tokens' embeddings [.., H] (input_scale_ applied).
+  at::Tensor embed(const at::Tensor& tokens) const;
   bool by_positions_ = true, separate_documents_ = true;
   dflash::AnchorRule anchor_rule_ = dflash::AnchorRule::response;
   std::string labels_, labels_config_;  // resolved at bind ("auto" -> target_kl or data); as configured

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -123,16 +124,24 @@ void read_layer_types(const ConfigReader& r, Layout& l) {
   l.sliding_window = window->get<int64_t>();
 }
 
-void read_unsupported(const ConfigReader& r) {
-  for (const char* key : {"input_embedding_scale", "output_multiplier"}) {
-    const double v = r.real(key, 1.0);
-    if (v != 1.0)
-      r.fail(key, "value " + std::to_string(v) + " scales what the drafter computes unscaled (accepted: 1 or absent)");
+// The reference's scales and cap (dflash_config first, then the top level, as its _draft_value reads them): a cap
+// that is null or not positive is none.
+void read_scales(const ConfigReader& r, Layout& l) {
+  for (auto [key, value] : {std::pair<const char*, double*>{"input_embedding_scale", &l.input_scale},
+                            {"output_multiplier", &l.output_multiplier}}) {
+    *value = r.real(key, 1.0);
+    if (!(*value > 0) || !std::isfinite(*value))
+      r.fail(key, "value " + std::to_string(*value) + " is not a positive number (accepted: > 0, or absent for 1)");
   }
-  if (const Json* cap = r.find("final_logit_softcapping"))
-    if (!cap->is_null() && !(cap->is_number() && cap->get<double>() <= 0))
-      r.fail("final_logit_softcapping",
-             "value " + cap->dump() + " caps logits this drafter does not cap " + "(accepted: absent, null or 0)");
+  const Json* cap = r.find("final_logit_softcapping");
+  if (cap && !cap->is_null() && !cap->is_number())
+    r.fail("final_logit_softcapping", "value " + cap->dump() +
+                                          " is not a number (accepted: a cap > 0; 0, null or "
+                                          "absent for none)");
+  l.softcap = cap && cap->is_number() && cap->get<double>() > 0 ? cap->get<double>() : 0.0;
+}
+
+void read_unsupported(const ConfigReader& r) {
   if (const Json* rope = r.find("rope_parameters"))
     if (rope->is_object() && rope->contains("rope_type") && (*rope)["rope_type"] != "default")
       r.fail("rope_parameters.rope_type", "value " + (*rope)["rope_type"].dump() +
@@ -187,6 +196,13 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
       throw Error(file + ": dflash_config." + key + " = " + std::to_string(got.value(key)) +
                   ", but the experiment's drafter has " + std::to_string(wanted) + " (from [drafter] " + key +
                   "); accepted: a folder exported with " + key + " = " + std::to_string(wanted));
+  if (got.input_scale != want.input_scale || got.output_multiplier != want.output_multiplier ||
+      got.softcap != want.softcap)
+    throw Error(file + ": input_embedding_scale, output_multiplier, final_logit_softcapping = " +
+                c10::str(got.input_scale, ", ", got.output_multiplier, ", ", got.softcap) +
+                ", but the experiment's drafter has " +
+                c10::str(want.input_scale, ", ", want.output_multiplier, ", ", want.softcap) +
+                " (from the [drafter] keys of the same names; a cap of 0 is none); accepted: the same values");
   if (got.rope_theta != want.rope_theta || got.rms_eps != want.rms_eps)
     throw Error(file + ": rope_theta = " + std::to_string(got.rope_theta) + ", rms_norm_eps = " +
                 std::to_string(got.rms_eps) + ", but the experiment's drafter has " + std::to_string(want.rope_theta) +
@@ -284,6 +300,9 @@ Layout describe(const Config& table, Drafter& drafter, const TargetModel& target
     l.target_layer_ids.resize(static_cast<size_t>(context_layers));
   l.rope_theta = table.real("rope_theta");
   l.rms_eps = table.real("rms_eps");
+  l.input_scale = table.real("input_embedding_scale");
+  l.output_multiplier = table.real("output_multiplier");
+  l.softcap = table.real("final_logit_softcapping");
   const std::vector<std::string> types = table.strings("layer_types");
   if (std::find(types.begin(), types.end(), "sliding_attention") != types.end()) {
     l.layer_types = types;
@@ -326,6 +345,10 @@ std::string config_json(const Layout& l) {
   j["dflash_config"] = {
       {"mask_token_id", l.mask_token}, {"target_layer_ids", l.target_layer_ids}, {"block_size", l.block_size}};
   for (const auto& [key, value] : l.extra) j["dflash_config"][key] = value;
+  // (written where they differ from the reference's defaults, which is what a folder without them computes)
+  if (l.input_scale != 1.0) j["dflash_config"]["input_embedding_scale"] = l.input_scale;
+  if (l.output_multiplier != 1.0) j["dflash_config"]["output_multiplier"] = l.output_multiplier;
+  if (l.softcap > 0) j["dflash_config"]["final_logit_softcapping"] = l.softcap;
   j["flashdraft"] = {{"target", l.target},
                      {"target_layer_ids_meaning",
                       "id L = the output of target decoder layer L = transformers' "
@@ -382,6 +405,7 @@ Layout read_config_text(const std::string& text, const std::string& file, const 
   if (causal && !causal->is_boolean()) r.fail("is_causal", "value " + causal->dump() + " is not true or false");
   l.is_causal = causal && causal->get<bool>();
   read_layer_types(r, l);
+  read_scales(r, l);
   read_unsupported(r);
   if (j.contains("flashdraft") && j["flashdraft"].is_object() && j["flashdraft"].contains("target") &&
       j["flashdraft"]["target"].is_string())

@@ -16,12 +16,15 @@
 //   layer_types, sliding_window and use_sliding_window true when a layer is
 //   "sliding_attention" ([drafter] layer_types / sliding_window; the reference then masks
 //   those layers to keys within the window of each query, as the drafter was trained).
+//   dflash_config.input_embedding_scale, output_multiplier and final_logit_softcapping where
+//   the drafter's [drafter] keys of those names differ from the reference's defaults (1, 1,
+//   none): the block's embeddings times the first, the logits times the second, then capped;
+//   read back from dflash_config or the top level, as the reference reads them.
 //   Every other choice of the reference's config that would change the drafter's function
-//   (input_embedding_scale, output_multiplier,
-//   final_logit_softcapping, RoPE scaling) is left at the reference's default, which is
-//   what the drafter computes; a training choice the layout cannot say (a [mask] other than
-//   "dflash") is refused at export with a sentence, and an imported folder that sets one of
-//   those keys otherwise is refused too.
+//   (RoPE scaling) is left at the reference's default, which is what the drafter computes; a
+//   training choice the layout cannot say (a [mask] other than "dflash") is refused at export
+//   with a sentence, and an imported folder that sets one of those keys otherwise is refused
+//   too.
 //   Target layer id L is the output of the target's decoder layer L = transformers'
 //   hidden_states[L + 1], as the reference reads it.
 // model.safetensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per
@@ -54,6 +57,8 @@ struct Layout {
   int64_t vocab = 0, block_size = 0, mask_token = 0, target_layers = 0;
   std::vector<int64_t> target_layer_ids;
   double rope_theta = 10000.0, rms_eps = 1e-6;
+  // dflash_config's input_embedding_scale, output_multiplier, final_logit_softcapping (0: none).
+  double input_scale = 1.0, output_multiplier = 1.0, softcap = 0.0;
   bool is_causal = false;  // attention inside a block: causal ([mask] in_block = "causal") or not
   // Per layer "full_attention" or "sliding_attention" (empty: every layer full) and the
   // sliding layers' window (config.json: layer_types, sliding_window, use_sliding_window).

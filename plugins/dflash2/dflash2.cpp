@@ -74,7 +74,16 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
         group_(config.integer("conv_group_size")),
         rank_(config.integer("selector_rank")),
         top_k_(config.integer("selector_top_k")),
-        alpha_(config.real("selector_loss_alpha")) {}
+        alpha_(config.real("selector_loss_alpha")) {
+    // The selector re-ranks the LM head's own logits (its unary scores and their gradient): scaled or capped
+    // ones are not written for it.
+    for (const char* key : {"output_multiplier", "final_logit_softcapping"})
+      if (config.real(key) != (std::string(key) == "output_multiplier" ? 1.0 : 0.0))
+        config.fail(key, std::string(key) + " = " + std::to_string(config.real(key)) +
+                             " scales or caps the logits, which DFlash-2's candidate selector re-ranks unscaled "
+                             "(accepted here: output_multiplier = 1 and final_logit_softcapping = 0; the \"dflash\" "
+                             "drafter takes both)");
+  }
 
   std::vector<std::string> scalar_names() const override { return {"tau_sim", "selector_acc", "candidate_recall"}; }
   const DrafterFormat* format() const override {

@@ -16,7 +16,11 @@ loss and every gradient within 1e-5 relative (fp32). The configurations:
   target_argmax  labels = the target's greedy token: argmax of the target's logits at
                  anchor + j - 1 (the final-normed last-layer state times the LM head);
   target_kl      labels = the target's distribution at temperature 0.7: the loss is
-                 KL(p || q) per position, weighted and normalised as above.
+                 KL(p || q) per position, weighted and normalised as above;
+  scaled         target_kl with z-lab's scaled and capped drafter (dflash_config's
+                 input_embedding_scale 2.5: the block's embeddings times it; output_multiplier
+                 1.7 and final_logit_softcapping 1.5: logits = 1.5 tanh(1.7 z / 1.5)) against a
+                 target that serves its logits times 1.3, capped at 2 (its distribution is of those).
 """
 import glob
 import math
@@ -45,7 +49,7 @@ def find_exporter():
         "); build it (cmake --build <build> --target test_dflash_export) and set FLASHDRAFT_BINARY_DIR")
 
 
-CASES = ["old", "defaults", "packed", "target_argmax", "target_kl"]
+CASES = ["old", "defaults", "packed", "target_argmax", "target_kl", "scaled"]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +179,11 @@ def reference_step(data):
     def heads(t, h):
         return t.view(B, t.shape[1], h, D).transpose(1, 2)
 
-    x = emb[block]
+    def served(z, scale, cap):  # the reference's compute_logits: times the multiplier, then the cap
+        z = z * scale
+        return torch.tanh(z / cap) * cap if cap > 0 else z
+
+    x = emb[block] * float(c["input_embedding_scale"])
     for l in range(L):
         P = {k[len(f"layers.{l}."):]: v for k, v in params.items() if k.startswith(f"layers.{l}.")}
         h = rms_norm(x, P["input_layernorm.weight"], eps)
@@ -193,14 +201,15 @@ def reference_step(data):
         h2 = rms_norm(x, P["post_attention_layernorm.weight"], eps)
         x = x + (torch.nn.functional.silu(h2 @ P["mlp.gate_proj.weight"].T) * (h2 @ P["mlp.up_proj.weight"].T)) \
             @ P["mlp.down_proj.weight"].T
-    logits = rms_norm(x, params["norm.weight"], eps) @ head.T
+    logits = served(rms_norm(x, params["norm.weight"], eps) @ head.T, float(c["output_multiplier"]),
+                    float(c["final_logit_softcapping"]))
     counted = labels >= 0
     logq = torch.log_softmax(logits[counted], -1)
     wanted = labels[counted]
     if labels_mode:  # from the target: its logits at the position before each label
         last = exported.index(max(exported))  # the target's last layer
         rows = torch.stack([hidden[b, source[b, i], last] for b, i in counted.nonzero().tolist()])
-        target = rows @ head.T
+        target = served(rows @ head.T, float(c["target_logit_scale"]), float(c["target_logit_softcap"]))
         wanted = target.argmax(-1)
         if labels_mode == 2:
             logp = torch.log_softmax(target / temperature, -1)
@@ -244,3 +253,17 @@ def test_accuracy_per_position_matches(export):
         counted = lab[:, :, j] >= 0
         acc = (pred[:, :, j][counted] == lab[:, :, j][counted]).double().mean().item() if counted.any() else 0.0
         assert abs(acc - export["step/position_accuracy"][j - 1]) < 1e-12
+
+
+def test_each_scale_and_cap_moves_the_scaled_case(exported):
+    """Not vacuous: the scaled case's step with any one of its five numbers at its default (1, or no cap) is a loss
+    other than the C++ step's, so the match above needs each of them applied where it is."""
+    case = {k[len("scaled/"):]: v for k, v in exported.items() if k.startswith("scaled/")}
+    cpp_loss = float(case["step/loss"])
+    for key, default in [("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", 0.0),
+                         ("target_logit_scale", 1.0), ("target_logit_softcap", 0.0)]:
+        assert float(case["config/" + key]) != default, key
+        loss, *_ = reference_step({**case, "config/" + key: default})
+        moved = abs(loss.item() - cpp_loss) / abs(cpp_loss)
+        print(f"scaled with {key} = {default}: loss {loss.item():.6f} (C++ {cpp_loss:.6f}), {moved:.1e} away")
+        assert moved > 1e-3, (key, loss.item(), cpp_loss)

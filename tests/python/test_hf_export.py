@@ -423,6 +423,10 @@ def corrupt(src: Path, dst: Path, how: str) -> Path:
         save_file({k: v.double() for k, v in load_file(str(st)).items()}, str(st), metadata={"format": "pt"})
     elif how == "target layer ids":
         cfg["dflash_config"]["target_layer_ids"] = [2, 3]
+    elif how == "logit cap":  # (read from the top level too, as the reference reads it)
+        cfg["final_logit_softcapping"] = 30.0
+    elif how == "bad scale":
+        cfg["dflash_config"]["input_embedding_scale"] = "sqrt"
     cfg_path.write_text(json.dumps(cfg))
     return dst
 
@@ -433,6 +437,9 @@ REFUSALS = {
     "missing tensor": "tensor 'layers.0.mlp.up_proj.weight' [96, 32] is missing",
     "dtype": "is stored as F64, but config.json says torch_dtype float32",
     "target layer ids": "target_layer_ids = [2, 3], but the experiment's drafter reads target layers [1, 2]",
+    "logit cap": "input_embedding_scale, output_multiplier, final_logit_softcapping = 1, 1, 30, but the experiment's "
+                 "drafter has 1, 1, 0",
+    "bad scale": "config.json: input_embedding_scale: value \"sqrt\" is not a number",
 }
 
 

@@ -134,6 +134,14 @@ struct LmHeadLossInput {
   // > 0: also each row's top_k logits and their tokens, highest first, taken from the logits
   // the op makes anyway (a drafter that re-ranks candidates needs no second LM-head product).
   int64_t top_k = 0;
+  // The logits as served (served_logits() of core/eval/decoding): the rows' logits are
+  // hidden W^T times logit_scale, then, with logit_softcap > 0, cap tanh(logits / cap) (a DFlash
+  // drafter's output_multiplier and final_logit_softcapping, the reference's compute_logits);
+  // target_hidden's logits the same with the target's own scale and cap (Granite's
+  // 1 / logits_scaling, Gemma's final_logit_softcapping). argmax, top_k and the loss are of
+  // those logits; the gradient goes through the scale and the cap.
+  double logit_scale = 1.0, logit_softcap = 0;
+  double target_logit_scale = 1.0, target_logit_softcap = 0;
 };
 struct LmHeadLossOutput {
   at::Tensor loss;           // float32 scalar, differentiable with respect to hidden

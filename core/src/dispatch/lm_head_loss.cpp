@@ -8,8 +8,12 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/types.h>
 
+#include <flashdraft/decoding.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
+#include <tuple>
 
 namespace flashdraft {
 
@@ -57,6 +61,7 @@ struct ChunkedLossBackward final : public torch::autograd::Node {
 struct ChunkInput {
   at::Tensor h, weight, labels, w, target, probs, target_rows;
   double temperature = 1.0, inv_sum = 0.0;
+  double scale = 1.0, cap = 0.0;  // LmHeadLossInput::logit_scale / logit_softcap
   bool grad = false, grad_weight = false;
   int64_t top_k = 0;
 };
@@ -70,6 +75,23 @@ void take_top_k(const at::Tensor& logits, int64_t k, ChunkResult& r) {
 }
 using ChunkFn = ChunkResult (*)(const ChunkInput& c);
 
+// LmHeadLossInput's logit scale and cap on a chunk's LM-head products, in place: the logits as
+// served_logits() makes them (the same ops in the products' dtype), and with a cap, t = tanh of
+// the scaled products / cap (where the products were), which the gradient's slope needs.
+at::Tensor serve_products(at::Tensor products, double scale, double cap, at::Tensor& t) {
+  if (scale != 1.0) products.mul_(scale);
+  if (!(cap > 0)) return products;
+  t = products.div_(cap).tanh_();
+  return t * cap;
+}
+// The gradient with respect to the products from that with respect to the served logits, in
+// place: times scale (1 - t^2) (t: serve_products'; consumed).
+void unserve_gradient(at::Tensor& g, double scale, double cap, at::Tensor& t) {
+  if (cap > 0) g.mul_(t.mul_(t).neg_().add_(1));
+  if (scale != 1.0) g.mul_(scale);
+  t.reset();
+}
+
 // float32 log-softmax of 16-bit logits (ATen converts the input; its half_to_float path takes
 // Half only).
 at::Tensor log_softmax32(const at::Tensor& x) {
@@ -80,7 +102,8 @@ at::Tensor log_softmax32(const at::Tensor& x) {
 // chunked: logits, float32 log-softmax, gather, exp, scatter and scale in ATen.
 ChunkResult chunk_loss_aten(const ChunkInput& c) {
   ChunkResult r;
-  at::Tensor logits = at::mm(c.h, c.weight.t());  // [c, V], compute dtype
+  at::Tensor t;
+  at::Tensor logits = serve_products(at::mm(c.h, c.weight.t()), c.scale, c.cap, t);  // [c, V], compute dtype
   take_top_k(logits, c.top_k, r);
   r.argmax = logits.argmax(-1);
   at::Tensor logp = log_softmax32(logits);
@@ -115,6 +138,7 @@ ChunkResult chunk_loss_aten(const ChunkInput& c) {
     else
       g.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, g.options()));
     g.mul_(c.w.to(g.scalar_type()).mul(c.inv_sum).unsqueeze(1));
+    unserve_gradient(g, c.scale, c.cap, t);
     const at::Tensor gc = g.to(c.h.scalar_type());
     r.grad = at::mm(gc, c.weight);
     if (c.grad_weight) r.grad_weight = at::mm(gc.t(), c.h);
@@ -128,7 +152,8 @@ ChunkResult chunk_loss_aten(const ChunkInput& c) {
 // logits where they are); the gradient GEMM reads it from there.
 ChunkResult chunk_loss_fused(const ChunkInput& c) {
   ChunkResult r;
-  at::Tensor logits = at::mm(c.h, c.weight.t());
+  at::Tensor t;
+  at::Tensor logits = serve_products(at::mm(c.h, c.weight.t()), c.scale, c.cap, t);
   take_top_k(logits, c.top_k, r);  // before the row kernel writes the gradient over them
   const at::Tensor wf = c.w.to(at::kFloat).contiguous();
   if (c.probs.defined()) {
@@ -148,19 +173,23 @@ ChunkResult chunk_loss_fused(const ChunkInput& c) {
     r.argmax = rows.argmax;
     r.loss_sum = (rows.nll * wf).sum();
   }
+  if (c.grad) unserve_gradient(logits, c.scale, c.cap, t);  // (the row kernel wrote the gradient over them)
   if (c.grad) r.grad = at::mm(logits, c.weight);
   if (c.grad && c.grad_weight) r.grad_weight = at::mm(logits.t(), c.h);
   return r;
 }
 
-// The target's logits of every row of target_hidden, at most `chunk` rows at a time: their
-// argmax (hard labels), or (soft) the logits themselves in the compute dtype when they fit
-// in `budget` bytes (undefined otherwise: the chunks then compute their own rows').
+// The target's logits (as it serves them: its scale and cap) of every row of target_hidden, at
+// most `chunk` rows at a time: their argmax (hard labels), or (soft) the logits themselves in
+// the compute dtype when they fit in `budget` bytes (undefined otherwise: the chunks then
+// compute their own rows').
 struct TargetLogits {
   at::Tensor argmax;  // [U] int64
   at::Tensor logits;  // [U, V] or undefined
 };
-TargetLogits target_logits(const at::Tensor& th, const at::Tensor& weight, bool soft, int64_t chunk, int64_t budget) {
+TargetLogits target_logits(const LmHeadLossInput& in, const at::Tensor& weight, int64_t chunk, int64_t budget) {
+  const at::Tensor th = in.target_hidden.detach();
+  const bool soft = in.target_soft;
   TargetLogits t;
   const int64_t U = th.size(0), V = weight.size(0);
   t.argmax = at::empty({U}, th.options().dtype(at::kLong));
@@ -168,7 +197,8 @@ TargetLogits target_logits(const at::Tensor& th, const at::Tensor& weight, bool 
   if (keep) t.logits = at::empty({U, V}, th.options());
   for (int64_t u0 = 0; u0 < U; u0 += chunk) {
     const int64_t n = std::min(chunk, U - u0);
-    const at::Tensor l = at::mm(th.narrow(0, u0, n), weight.t());
+    const at::Tensor l =
+        served_logits(at::mm(th.narrow(0, u0, n), weight.t()), in.target_logit_scale, in.target_logit_softcap);
     t.argmax.narrow(0, u0, n).copy_(l.argmax(-1));
     if (keep) t.logits.narrow(0, u0, n).copy_(l);
   }
@@ -197,7 +227,7 @@ RowLabels row_labels(const LmHeadLossInput& in, const at::Tensor& weight, int64_
     out.target_argmax = at::empty({in.hidden.size(0)}, long_opts);
   }
   if (l.from_target) {
-    l.target = target_logits(in.target_hidden.detach(), weight, in.target_soft, c, int64_t(1) << 31);
+    l.target = target_logits(in, weight, c, int64_t(1) << 31);
     out.target_argmax = l.target.argmax.index_select(0, l.index);
     if (!in.target_soft) l.labels = out.target_argmax;
   }
@@ -213,6 +243,8 @@ ChunkInput chunk_input(const LmHeadLossInput& in, const RowLabels& l, const at::
   ci.w = in.row_weights.narrow(0, r0, n);
   ci.temperature = in.target_temperature;
   ci.top_k = in.top_k;
+  ci.scale = in.logit_scale;
+  ci.cap = in.logit_softcap;
   if (l.from_probs) {
     ci.probs = l.probs;
     ci.target_rows = l.index.narrow(0, r0, n);
@@ -220,7 +252,8 @@ ChunkInput chunk_input(const LmHeadLossInput& in, const RowLabels& l, const at::
     ci.target = l.target.logits;
     ci.target_rows = l.index.narrow(0, r0, n);
   } else if (l.soft_target) {  // too large to keep: this chunk's target rows only
-    ci.target = at::mm(in.target_hidden.detach().index_select(0, l.index.narrow(0, r0, n)), weight.t());
+    ci.target = served_logits(at::mm(in.target_hidden.detach().index_select(0, l.index.narrow(0, r0, n)), weight.t()),
+                              in.target_logit_scale, in.target_logit_softcap);
     ci.target_rows = at::arange(n, h.options().dtype(at::kLong));
   } else {
     ci.labels = l.labels.narrow(0, r0, n);
@@ -346,12 +379,17 @@ void check_lm_head_loss_input(const LmHeadLossInput& in) {
     fail("top_k must be 0..V = " + std::to_string(in.weight.size(0)) + ", got " + std::to_string(in.top_k));
   if (in.hidden.size(0) > 0 && !(in.weight_sum > 0))
     fail("weight_sum must be positive, got " + std::to_string(in.weight_sum));
+  for (const auto& [name, scale, cap] : {std::tuple<const char*, double, double>{"", in.logit_scale, in.logit_softcap},
+                                         {"target_", in.target_logit_scale, in.target_logit_softcap}})
+    if (!(scale > 0) || !std::isfinite(scale) || !(cap >= 0) || !std::isfinite(cap))
+      fail(std::string(name) + "logit_scale must be positive and " + name + "logit_softcap 0 (none) or positive, got " +
+           std::to_string(scale) + " and " + std::to_string(cap));
 }
 
 LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
   check_lm_head_loss_input(in);
   const int64_t R = in.hidden.size(0);
-  at::Tensor logits = at::linear(in.hidden, in.weight);
+  at::Tensor logits = served_logits(at::linear(in.hidden, in.weight), in.logit_scale, in.logit_softcap);
   LmHeadLossOutput out;
   out.argmax = logits.detach().argmax(-1);
   if (in.top_k > 0) std::tie(out.top_values, out.top_indices) = at::topk(logits.detach(), in.top_k, -1, true, true);
@@ -363,7 +401,8 @@ LmHeadLossOutput lm_head_loss_reference(const LmHeadLossInput& in) {
     out.target_argmax = p.argmax(-1);
     per_row = -(p * logq).sum(-1);
   } else if (in.target_hidden.defined()) {
-    at::Tensor target = at::linear(in.target_hidden.detach(), in.weight.detach());
+    at::Tensor target = served_logits(at::linear(in.target_hidden.detach(), in.weight.detach()), in.target_logit_scale,
+                                      in.target_logit_softcap);
     if (in.target_index.defined()) target = target.index_select(0, in.target_index);
     out.target_argmax = target.argmax(-1);
     if (in.target_soft) {
