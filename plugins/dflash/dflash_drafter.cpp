@@ -4,6 +4,7 @@
 #include "hf_format.hpp"
 
 #include <flashdraft/acceptance.hpp>
+#include <flashdraft/rope_config.hpp>
 #include <flashdraft/text.hpp>
 
 #include <torch/types.h>
@@ -132,6 +133,7 @@ void DFlashDrafter::declare(Schema& s) {
              "layer the data exports)")
       .def(std::vector<int64_t>{});
   s.real("rope_theta", "RoPE base").def(10000.0).at_least(1.0);
+  declare_rope_keys(s);
   s.real("rms_eps", "RMSNorm epsilon").def(1e-6).range(0.0, 1.0);
   s.integer("anchors", "blocks per sequence (N)").def(int64_t{8}).at_least(0);
   s.integer("anchor_parts",
@@ -218,6 +220,7 @@ DFlashDrafter::DFlashDrafter(const Config& config) : config_(config) {
   mask_token_ = config.integer("mask_token");
   layer_ids_ = config.integers("target_layer_ids");
   rope_theta_ = config.real("rope_theta");
+  rope_ = rope_scaling(config);
   eps_ = config.real("rms_eps");
   anchors_ = config.integer("anchors");
   gamma_ = config.real("gamma");
@@ -271,6 +274,7 @@ void DFlashDrafter::bind(const TargetModel& target, const RunContext& ctx, int64
   resolve_labels(target, ctx);
   resolve_features(target);
   bind_run(target, ctx, batch_size, seq_len);  // the frozen embedding and LM head among it
+  if (rope_.type != "default") inv_freq_ = rope_inv_freq(rope_theta_, head_dim_, rope_).to(device_);
 
   make_parameters(target, ctx);
 }
@@ -926,7 +930,8 @@ at::Tensor DFlashDrafter::rms_norm(const at::Tensor& x, const at::Tensor& w) con
 // cos/sin of the RoPE angles of `pos` [B, T] as [B, 1, T, D] (broadcast over heads),
 // made where `pos` lives (the run's device: no table crosses the bus).
 std::pair<at::Tensor, at::Tensor> DFlashDrafter::rope_tables(const at::Tensor& pos) const {
-  auto [cos, sin] = flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_);
+  auto [cos, sin] = rope_.type == "default" ? flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_)
+                                            : flashdraft::rope_tables(pos, inv_freq_, rope_attention_factor(), dtype_);
   return {cos.unsqueeze(1), sin.unsqueeze(1)};
 }
 

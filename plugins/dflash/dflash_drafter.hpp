@@ -137,6 +137,11 @@ class DFlashDrafter : public Drafter, protected BoundRun {
   // final_logit_softcapping): the block's token embeddings times input_scale_; the logits times output_multiplier_,
   // then capped (softcap_ > 0). The target's own logit scale and cap (its logits as served, for labels from it).
   double input_scale_ = 1.0, output_multiplier_ = 1.0, softcap_ = 0.0;
+  // The RoPE's scaling ([drafter] rope_type and its keys) and, where it is not "default", the frequencies on the run's
+  // device (rope_inv_freq), their tables times rope_attention_factor().
+  RopeScaling rope_;
+  at::Tensor inv_freq_;
+  double rope_attention_factor() const { return rope_.scales_tables() ? rope_.attention_factor : 1.0; }
   double target_logit_scale_ = 1.0, target_logit_softcap_ = 0.0;
   // The block tokens' embeddings [.., H] (input_scale_ applied).
   at::Tensor embed(const at::Tensor& tokens) const;

@@ -1,6 +1,7 @@
 // A DFlash drafter as a Hugging Face folder (layout in hf_format.hpp).
 #include "hf_format.hpp"
 
+#include <flashdraft/rope_config.hpp>
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
@@ -141,13 +142,6 @@ void read_scales(const ConfigReader& r, Layout& l) {
   l.softcap = cap && cap->is_number() && cap->get<double>() > 0 ? cap->get<double>() : 0.0;
 }
 
-void read_unsupported(const ConfigReader& r) {
-  if (const Json* rope = r.find("rope_parameters"))
-    if (rope->is_object() && rope->contains("rope_type") && (*rope)["rope_type"] != "default")
-      r.fail("rope_parameters.rope_type", "value " + (*rope)["rope_type"].dump() +
-                                              " scales RoPE, which this drafter does not (accepted: \"default\")");
-}
-
 std::vector<int64_t> read_ids(const ConfigReader& r) {
   const Json* v = r.find("target_layer_ids");
   if (!v || !v->is_array() || v->empty())
@@ -203,6 +197,9 @@ void compare(const std::string& file, const Layout& got, const Layout& want) {
                 ", but the experiment's drafter has " +
                 c10::str(want.input_scale, ", ", want.output_multiplier, ", ", want.softcap) +
                 " (from the [drafter] keys of the same names; a cap of 0 is none); accepted: the same values");
+  if (rope_str(got.rope) != rope_str(want.rope))
+    throw Error(file + ": the RoPE scaling is " + rope_str(got.rope) + ", but the experiment's drafter has " +
+                rope_str(want.rope) + " (from [drafter] rope_type and its rope_* keys); accepted: the same");
   if (got.rope_theta != want.rope_theta || got.rms_eps != want.rms_eps)
     throw Error(file + ": rope_theta = " + std::to_string(got.rope_theta) + ", rms_norm_eps = " +
                 std::to_string(got.rms_eps) + ", but the experiment's drafter has " + std::to_string(want.rope_theta) +
@@ -300,6 +297,7 @@ Layout describe(const Config& table, Drafter& drafter, const TargetModel& target
     l.target_layer_ids.resize(static_cast<size_t>(context_layers));
   l.rope_theta = table.real("rope_theta");
   l.rms_eps = table.real("rms_eps");
+  l.rope = rope_scaling(table);
   l.input_scale = table.real("input_embedding_scale");
   l.output_multiplier = table.real("output_multiplier");
   l.softcap = table.real("final_logit_softcapping");
@@ -328,7 +326,11 @@ std::string config_json(const Layout& l) {
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = l.rms_eps;
   j["rope_theta"] = l.rope_theta;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", l.rope_theta}};
+  j["rope_parameters"] = {{"rope_type", l.rope.type}, {"rope_theta", l.rope_theta}};
+  write_rope_json(l.rope, j["rope_parameters"]);
+  // (YaRN's context: transformers warns where max_position_embeddings / the pretraining length is not its factor)
+  if (l.rope.type == "yarn")
+    j["max_position_embeddings"] = static_cast<int64_t>(double(l.rope.original_max_position) * l.rope.factor);
   j["attention_bias"] = false;
   j["tie_word_embeddings"] = false;
   j["vocab_size"] = l.vocab;
@@ -406,7 +408,7 @@ Layout read_config_text(const std::string& text, const std::string& file, const 
   l.is_causal = causal && causal->get<bool>();
   read_layer_types(r, l);
   read_scales(r, l);
-  read_unsupported(r);
+  l.rope = read_rope_json(j, [&r](const std::string& key, const std::string& why) { r.fail(key, why); });
   if (j.contains("flashdraft") && j["flashdraft"].is_object() && j["flashdraft"].contains("target") &&
       j["flashdraft"]["target"].is_string())
     l.target = j["flashdraft"]["target"].get<std::string>();

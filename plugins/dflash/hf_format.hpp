@@ -20,11 +20,16 @@
 //   the drafter's [drafter] keys of those names differ from the reference's defaults (1, 1,
 //   none): the block's embeddings times the first, the logits times the second, then capped;
 //   read back from dflash_config or the top level, as the reference reads them.
-//   Every other choice of the reference's config that would change the drafter's function
-//   (RoPE scaling) is left at the reference's default, which is what the drafter computes; a
-//   training choice the layout cannot say (a [mask] other than "dflash") is refused at export
-//   with a sentence, and an imported folder that sets one of those keys otherwise is refused
-//   too.
+//   rope_parameters: rope_type and rope_theta, and where [drafter] rope_type is "linear",
+//   "llama3" or "yarn" its factor, original_max_position_embeddings and the type's own keys
+//   (low_freq_factor / high_freq_factor; beta_fast, beta_slow, truncate, attention_factor):
+//   the reference's Qwen3RotaryEmbedding computes the same frequencies and scales cos and sin
+//   by attention_factor. Read back from rope_parameters or rope_scaling (transformers 4's),
+//   its pretraining length from there, the top level's original_max_position_embeddings, or
+//   max_position_embeddings, as transformers takes it; other types ("dynamic", "longrope")
+//   are refused with a sentence.
+//   A training choice the layout cannot say (a [mask] other than "dflash") is refused at export
+//   with a sentence.
 //   Target layer id L is the output of the target's decoder layer L = transformers'
 //   hidden_states[L + 1], as the reference reads it.
 // model.safetensors: fc.weight [H, n*H], hidden_norm.weight [H], norm.weight [H], and per
@@ -36,6 +41,7 @@
 #include <flashdraft/config.hpp>
 #include <flashdraft/drafter_format.hpp>
 #include <flashdraft/model.hpp>
+#include <flashdraft/rope_scaling.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -57,6 +63,8 @@ struct Layout {
   int64_t vocab = 0, block_size = 0, mask_token = 0, target_layers = 0;
   std::vector<int64_t> target_layer_ids;
   double rope_theta = 10000.0, rms_eps = 1e-6;
+  // rope_parameters' scaling (rope_type default: none).
+  RopeScaling rope;
   // dflash_config's input_embedding_scale, output_multiplier, final_logit_softcapping (0: none).
   double input_scale = 1.0, output_multiplier = 1.0, softcap = 0.0;
   bool is_causal = false;  // attention inside a block: causal ([mask] in_block = "causal") or not

@@ -43,6 +43,7 @@
 #include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
+#include <flashdraft/rope_config.hpp>
 #include <flashdraft/text.hpp>
 
 #include <ATen/ATen.h>
@@ -79,6 +80,7 @@ class Eagle3Drafter final : public Drafter, protected BoundRun {
         .def(int64_t{32000});
     s.real("step_decay", "loss weight of unroll step i is step_decay^i").def(0.8).range(0.0, 1.0);
     s.real("rope_theta", "RoPE base").def(500000.0).at_least(1.0);
+    declare_rope_keys(s);
     s.real("rms_eps", "RMSNorm epsilon").def(1e-6).range(0.0, 1.0);
     s.real("init_std", "standard deviation of the initial projection weights").def(0.02).at_least(0.0);
     s.integer("vocab_batches", "training batches whose loss-carrying tokens are counted for the draft vocabulary")
@@ -107,6 +109,7 @@ class Eagle3Drafter final : public Drafter, protected BoundRun {
     draft_vocab_ = config.integer("draft_vocab");
     decay_ = config.real("step_decay");
     rope_theta_ = config.real("rope_theta");
+    rope_ = rope_scaling(config);
     eps_ = config.real("rms_eps");
     init_std_ = config.real("init_std");
     vocab_batches_ = config.integer("vocab_batches");
@@ -182,6 +185,7 @@ class Eagle3Drafter final : public Drafter, protected BoundRun {
       feature_index_.push_back(found);
     }
     bind_run(target, ctx, batch_size, seq_len);
+    if (rope_.type != "default") inv_freq_ = rope_inv_freq(rope_theta_, head_dim_, rope_).to(device_);
     count_vocabulary(ctx);
 
     params_.clear();
@@ -480,7 +484,7 @@ class Eagle3Drafter final : public Drafter, protected BoundRun {
     }
     // RoPE tables [B, 1, T, D] of positions [B, T].
     std::pair<at::Tensor, at::Tensor> tables(const at::Tensor& positions) const {
-      auto [cos, sin] = flashdraft::rope_tables(positions, d_.rope_theta_, d_.head_dim_, d_.dtype_);
+      auto [cos, sin] = d_.tables_of(positions);
       return {cos.unsqueeze(1), sin.unsqueeze(1)};
     }
     const Eagle3Drafter& d_;
@@ -679,14 +683,22 @@ class Eagle3Drafter final : public Drafter, protected BoundRun {
   // token's position by one per step), rotate-half layout: [1, 1, S, D].
   std::pair<at::Tensor, at::Tensor> rope_tables(int64_t S, int64_t step) const {
     const at::Tensor pos = at::arange(step, step + S, at::TensorOptions().dtype(at::kLong).device(device_));
-    auto [cos, sin] = flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_);
+    auto [cos, sin] = tables_of(pos);
     return {cos.view({1, 1, S, head_dim_}), sin.view({1, 1, S, head_dim_})};
+  }
+  // cos / sin [..., D] of positions [...]: theta^(-2k/D), or the scaled frequencies of [drafter] rope_type (YaRN's
+  // tables times its attention factor).
+  std::pair<at::Tensor, at::Tensor> tables_of(const at::Tensor& pos) const {
+    if (rope_.type == "default") return flashdraft::rope_tables(pos, rope_theta_, head_dim_, dtype_);
+    return flashdraft::rope_tables(pos, inv_freq_, rope_.scales_tables() ? rope_.attention_factor : 1.0, dtype_);
   }
 
   Config config_;
   int64_t hidden_, heads_, kv_heads_, head_dim_, ffn_, ttt_, draft_vocab_, vocab_batches_, eval_blocks_;
   std::vector<int64_t> layer_ids_, feature_index_;
   double decay_, rope_theta_, eps_, init_std_;
+  RopeScaling rope_;     // [drafter] rope_type and its keys
+  at::Tensor inv_freq_;  // its frequencies on the run's device (rope_type other than "default")
   at::Tensor d2t_, t2d_;
   at::Tensor fc_, input_norm_, hidden_norm_, post_norm_, final_norm_, lm_head_;
   layers::SelfAttention attn_;

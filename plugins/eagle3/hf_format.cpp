@@ -1,6 +1,7 @@
 // An EAGLE-3 drafter as a Hugging Face folder (layout in hf_eagle3.hpp).
 #include "hf_format.hpp"
 
+#include <flashdraft/rope_config.hpp>
 #include <flashdraft/safetensors.hpp>
 #include <flashdraft/text.hpp>
 
@@ -118,6 +119,7 @@ Layout describe(const Config& table, Drafter& drafter, const TargetModel& target
   const std::vector<int64_t> ids = drafter.target_layers(target);
   l.aux_layer_ids.assign(ids.begin(), ids.begin() + std::min<size_t>(3, ids.size()));
   l.rope_theta = table.real("rope_theta");
+  l.rope = rope_scaling(table);
   l.rms_eps = table.real("rms_eps");
   l.max_position = table.integer("max_position") > 0 ? table.integer("max_position") : std::max<int64_t>(seq_len, 2048);
   l.ttt_steps = table.integer("ttt_steps");
@@ -138,6 +140,7 @@ std::string config_json(const Layout& l) {
   j["hidden_act"] = "silu";
   j["rms_norm_eps"] = l.rms_eps;
   j["rope_theta"] = l.rope_theta;
+  if (l.rope.type != "default") write_rope_json(l.rope, j["rope_scaling"]);
   j["max_position_embeddings"] = l.max_position;
   j["vocab_size"] = l.vocab;
   j["draft_vocab_size"] = l.draft_vocab;
@@ -193,6 +196,9 @@ Layout read_config_text(const std::string& text, const std::string& file) {
     r.fail("num_hidden_layers", "= " + j["num_hidden_layers"].dump() + " (accepted: 1, EAGLE-3's one decoder layer)");
   l.rms_eps = r.real("rms_norm_eps", 1e-6);
   l.rope_theta = r.real("rope_theta", 500000.0);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains("rope_theta"))
+    l.rope_theta = Reader{j["rope_parameters"], file + ": rope_parameters"}.real("rope_theta", l.rope_theta);
+  l.rope = read_rope_json(j, [&r](const std::string& key, const std::string& why) { r.fail(key, why); });
   l.dtype = j.contains("torch_dtype") && j["torch_dtype"].is_string() ? j["torch_dtype"].get<std::string>() : "float32";
   float_dtype(l.dtype);
   const Json* ids = nullptr;
@@ -257,6 +263,10 @@ void import(const std::string& folder, const Layout& want, const Named& tensors)
                 list_str(got.aux_layer_ids) +
                 " (flashdraft ids, the file's minus 1), but the experiment's drafter reads " +
                 list_str(want.aux_layer_ids) + " (from [drafter] target_layers); accepted: the same ids");
+  if (got.rope_theta != want.rope_theta || rope_str(got.rope) != rope_str(want.rope))
+    throw Error(file + ": rope_theta " + c10::str(got.rope_theta) + " with RoPE scaling " + rope_str(got.rope) +
+                ", but the experiment's drafter has " + c10::str(want.rope_theta) + " with " + rope_str(want.rope) +
+                " (from [drafter] rope_theta, rope_type and its rope_* keys); accepted: the same");
   const std::unique_ptr<safetensors::Checkpoint> ck = drafter_format::open_checkpoint(folder);
   const auto shapes = tensor_shapes(got);
   for (const auto& [name, shape] : shapes) {

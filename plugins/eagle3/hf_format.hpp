@@ -6,7 +6,9 @@
 //
 // config.json: architectures ["LlamaForCausalLMEagle3"], model_type "llama", hidden_size,
 //   num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
-//   rope_theta, max_position_embeddings, vocab_size (the target's), draft_vocab_size,
+//   rope_theta, rope_scaling where [drafter] rope_type is not "default" (its type and numbers, as the published Llama
+//   3.1 EAGLE-3 drafters write it; read back from rope_scaling or rope_parameters), max_position_embeddings,
+//   vocab_size (the target's), draft_vocab_size,
 //   num_hidden_layers 1, tie_word_embeddings false, hidden_act "silu", torch_dtype and
 //   eagle_config {eagle_aux_hidden_state_layer_ids, use_aux_hidden_state}.
 //   Layer ids: flashdraft's id l is the output of target decoder layer l (transformers'
@@ -25,6 +27,7 @@
 #include <flashdraft/config.hpp>
 #include <flashdraft/drafter_format.hpp>
 #include <flashdraft/model.hpp>
+#include <flashdraft/rope_scaling.hpp>
 
 #include <cstdint>
 #include <string>
@@ -41,6 +44,7 @@ struct Layout {
   int64_t vocab = 0, draft_vocab = 0, target_layers = 0, max_position = 2048, ttt_steps = 0;
   std::vector<int64_t> aux_layer_ids;  // flashdraft's convention (output of decoder layer l)
   double rope_theta = 500000.0, rms_eps = 1e-6;
+  RopeScaling rope;  // rope_scaling ("default": none)
   std::string dtype = "float32";
   std::string target;
 };

@@ -425,6 +425,10 @@ def corrupt(src: Path, dst: Path, how: str) -> Path:
         cfg["dflash_config"]["target_layer_ids"] = [2, 3]
     elif how == "logit cap":  # (read from the top level too, as the reference reads it)
         cfg["final_logit_softcapping"] = 30.0
+    elif how == "rope type":
+        cfg["rope_parameters"]["rope_type"] = "dynamic"
+    elif how == "rope scaling":
+        cfg["rope_parameters"].update(rope_type="yarn", factor=2.0, original_max_position_embeddings=32)
     elif how == "bad scale":
         cfg["dflash_config"]["input_embedding_scale"] = "sqrt"
     cfg_path.write_text(json.dumps(cfg))
@@ -439,6 +443,11 @@ REFUSALS = {
     "target layer ids": "target_layer_ids = [2, 3], but the experiment's drafter reads target layers [1, 2]",
     "logit cap": "input_embedding_scale, output_multiplier, final_logit_softcapping = 1, 1, 30, but the experiment's "
                  "drafter has 1, 1, 0",
+    "rope type": "config.json: rope_parameters.rope_type: \"dynamic\" is not a RoPE this drafter computes (accepted: "
+                 "\"default\", \"linear\", \"llama3\", \"yarn\")",
+    "rope scaling": "config.json: the RoPE scaling is \"yarn\" (factor 2, original_max_position_embeddings 32, "
+                    "beta_fast / beta_slow 32 / 1, truncate true, attention_factor 1.06931), but the experiment's "
+                    "drafter has \"default\"",
     "bad scale": "config.json: input_embedding_scale: value \"sqrt\" is not a number",
 }
 

@@ -21,6 +21,8 @@ and transformers).
    A 2-layer drafter whose first layer is "sliding_attention" (window 5, inside the block of
    8) exports layer_types / sliding_window, and z-lab's forward equals ours the same way; the
    same weights read with every layer full do not (so the window is what makes them equal).
+   The same for a drafter with YaRN's RoPE (rope_parameters: factor 4, pretraining length 16)
+   against the same weights read with a plain RoPE.
 
 2. vLLM's speculators, DFlash: its converter (speculators.convert.dflash) accepts the folder
    and validates what it saved; its model (speculators.models.dflash) loads it with our tensors,
@@ -62,6 +64,10 @@ and transformers).
    and vLLM (EagleProposer: positions += 1 per drafted token) rotate step i of column t at
    t + i: with those positions 7 of 192 proposals differ and the loss by about 1e-3 here. That
    test is an expected failure (strict) until plugins/eagle3 rotates step i at t + i.
+
+   An EAGLE-3 drafter with Llama 3.1's RoPE scaling (rope_type "llama3": factor 4 over a
+   pretraining length of 16) exports rope_scaling as the published Llama 3.1 drafters write it;
+   speculators' model builds its rotary embedding from it, and its chains equal ours the same way.
 
 4. DFlash-2 (plugins/dflash2, 60 steps, 3 convolution taps, top-8 selector): z-lab's
    DFlash2DraftModel.from_pretrained loads the folder with no missing, unexpected or mismatched
@@ -153,6 +159,11 @@ KERNEL, GROUP, RANK, TOP_K = 3, 8, 16, 8
 WINDOW = 5
 DFLASH_SLIDING = DFLASH.replace("layers = 1\n", 'layers = 2\nlayer_types = ["sliding_attention", "full_attention"]\n'
                                                 "sliding_window = {window}\n", 1)
+# DFlash with YaRN's RoPE (z-lab's Qwen3.5 / 3.6 drafters' kind): factor 4 over a pretraining length of 16, so that
+# at base 100 and heads of 16 the slow 6 of 8 frequencies are divided by 4 and cos / sin scaled by 0.1 ln 4 + 1.
+YARN_FACTOR, YARN_ORIGINAL = 4.0, 16
+DFLASH_YARN = DFLASH.replace("rope_theta = {rope_theta}\n", "rope_theta = {rope_theta}\nrope_type = \"yarn\"\n"
+                             f"rope_factor = {YARN_FACTOR}\nrope_original_max_position = {YARN_ORIGINAL}\n", 1)
 
 EAGLE3 = """
 [drafter]
@@ -168,6 +179,10 @@ init = "{init}"
 [mask]
 plugin = "eagle3_ttt"
 """
+# EAGLE-3 with Llama 3.1's RoPE scaling (the published Llama 3.1 EAGLE-3 drafters' kind).
+LLAMA3_FACTOR, LLAMA3_ORIGINAL = 4.0, 16
+EAGLE3_LLAMA3 = EAGLE3.replace("rope_theta = {rope_theta}\n", "rope_theta = {rope_theta}\nrope_type = \"llama3\"\n"
+                               f"rope_factor = {LLAMA3_FACTOR}\nrope_original_max_position = {LLAMA3_ORIGINAL}\n", 1)
 
 
 # One thread per process: tiny problems, a 2-core machine often busy with other work (a CPU run
@@ -293,26 +308,40 @@ def dflash_sliding(world):
 
 
 @pytest.fixture(scope="module")
+def dflash_yarn(world):
+    return train_dflash(world, "dflash_yarn", DFLASH_YARN, "DFlash", [("target_kl", "positions")])
+
+
+@pytest.fixture(scope="module")
 def dflash2(world):
     return train_dflash(world, "dflash2", DFLASH2, "DFlash-2", [("target_kl", "positions"),
                                                                ("target_argmax", "positions")])
 
 
-@pytest.fixture(scope="module")
-def eagle3(world):
-    root = world["root"] / "eagle3"
+def train_eagle3(world, name, template):
+    root = world["root"] / name
     root.mkdir()
     keys = dict(out=root / "run", target=world["target_dir"], data=world["data"], ttt=TTT, rope_theta=ROPE_THETA,
                 lr=5e-3)
-    out = cli("run", experiment(root / "train.toml", EAGLE3, name="eagle3", steps=30, eval="false", init="", **keys))
+    out = cli("run", experiment(root / "train.toml", template, name=name, steps=30, eval="false", init="", **keys))
     assert "Hugging Face EAGLE-3 layout" in out, out
-    trained(root / "run" / "eagle3.h5")
-    folder = root / "run" / "eagle3.hf"
-    dump = eval_blocks(experiment(root / "eval.toml", EAGLE3, name="eval", steps=1, eval="true", init=folder, **keys),
-                       root / "eval.safetensors")
-    with h5py.File(root / "run" / "eagle3.weights.h5", "r") as f:
+    trained(root / "run" / f"{name}.h5")
+    folder = root / "run" / f"{name}.hf"
+    dump = eval_blocks(experiment(root / "eval.toml", template, name="eval", steps=1, eval="true", init=folder,
+                                  **keys), root / "eval.safetensors")
+    with h5py.File(root / "run" / f"{name}.weights.h5", "r") as f:
         weights = {k: torch.from_numpy(f["weights"][k][()]) for k in f["weights"]}
     return dict(root=root, folder=folder, dump=dump, weights=weights)
+
+
+@pytest.fixture(scope="module")
+def eagle3(world):
+    return train_eagle3(world, "eagle3", EAGLE3)
+
+
+@pytest.fixture(scope="module")
+def eagle3_llama3(world):
+    return train_eagle3(world, "eagle3_llama3", EAGLE3_LLAMA3)
 
 
 def batches(dump):
@@ -438,6 +467,42 @@ def test_dflash_sliding_layers_load_into_the_reference_with_our_function(world, 
     assert err_full > 100 * TOL
 
 
+def test_dflash_yarn_rope_loads_into_the_reference_with_our_function(world, dflash_yarn):
+    """[drafter] rope_type = "yarn" (factor 4, original_max_position 16): the folder's rope_parameters say so, z-lab's
+    DFlashDraftModel builds its Qwen3RotaryEmbedding from them (attention scaling 0.1 ln 4 + 1), imports back into our
+    drafter (the dump's validation runs from the folder), and its forward proposes our tokens and gives our loss on
+    every held-out block. Not vacuous: the same weights read with a plain RoPE do not."""
+    from dflash.model import DFlashDraftModel
+
+    folder = dflash_yarn["folder"]
+    cfg = json.loads((folder / "config.json").read_text())
+    attention_factor = 0.1 * math.log(YARN_FACTOR) + 1
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "yarn" and rope["factor"] == YARN_FACTOR, rope
+    assert rope["original_max_position_embeddings"] == YARN_ORIGINAL and rope["rope_theta"] == ROPE_THETA, rope
+    assert abs(rope["attention_factor"] - attention_factor) < 1e-12, rope
+    model, info = DFlashDraftModel.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
+    model.eval()
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert abs(model.rotary_emb.attention_scaling - attention_factor) < 1e-6, model.rotary_emb.attention_scaling
+    dump = dflash_yarn["dumps"][("target_kl", "positions")]
+    same, total, err = zlab_blocks(world, model, dump)
+    print(f"YaRN factor {YARN_FACTOR} over {YARN_ORIGINAL}: {same} of {total} block proposals equal ours, "
+          f"loss max rel err {err:.1e}")
+    assert total >= 100 and same == total
+    assert err <= TOL
+    plain = json.loads(json.dumps(cfg))
+    plain["rope_parameters"] = {"rope_type": "default", "rope_theta": ROPE_THETA}
+    unscaled = world["root"] / "dflash_yarn_unscaled"
+    unscaled.mkdir()
+    (unscaled / "config.json").write_text(json.dumps(plain))
+    (unscaled / "model.safetensors").symlink_to(folder / "model.safetensors")
+    other = DFlashDraftModel.from_pretrained(unscaled, dtype=torch.float32).eval()
+    same_plain, total_plain, err_plain = zlab_blocks(world, other, dump)
+    print(f"the same weights with a plain RoPE: {same_plain} of {total_plain} equal, loss rel err {err_plain:.1e}")
+    assert err_plain > 100 * TOL
+
+
 # --- 2. speculators, DFlash ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -532,11 +597,20 @@ def test_speculators_dflash_loss_with_our_anchors_equals_ours(world, dflash, spe
 
 @pytest.fixture(scope="module")
 def spec_eagle3(world, eagle3):
+    return speculators_eagle3(world, eagle3, "speculators_eagle3")
+
+
+@pytest.fixture(scope="module")
+def spec_eagle3_llama3(world, eagle3_llama3):
+    return speculators_eagle3(world, eagle3_llama3, "speculators_eagle3_llama3")
+
+
+def speculators_eagle3(world, eagle3, name):
     from speculators.convert.eagle.eagle3_converter import Eagle3Converter
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     cfg = json.loads((eagle3["folder"] / "config.json").read_text())
-    out = world["root"] / "speculators_eagle3"
+    out = world["root"] / name
     Eagle3Converter().convert(eagle3["folder"], out, base_model=str(world["target_dir"]), validate=True,
                               eagle_aux_hidden_state_layer_ids=cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     config = Eagle3SpeculatorConfig.from_pretrained(out)
@@ -651,6 +725,28 @@ def test_speculators_eagle3_chain_proposals_equal_ours(world, eagle3, spec_eagle
     same, total, err = compare_chains(dump, speculators_chains(world, spec_eagle3, dump, True))
     print(f"EAGLE-3 chains through speculators' modules, step i of column t at RoPE position t + 1 + i: {same} of "
           f"{total} proposals equal ours; our validation loss from its logits: max relative error {err:.1e}")
+    assert total >= 100 and same == total
+    assert err <= TOL
+
+
+def test_speculators_eagle3_with_llama3_rope_chains_equal_ours(world, eagle3_llama3, spec_eagle3_llama3):
+    """[drafter] rope_type = "llama3" (Llama 3.1's: factor 4 over a pretraining length of 16, so that at base 100 and heads
+    of 16 the slow frequencies are divided by 4 and the middle ones blended): the folder's rope_scaling says so (as the
+    published Llama 3.1 EAGLE-3 drafters write it), speculators' model builds its rotary embedding from it, and its
+    chains equal ours with our validation loss. Not vacuous: its frequencies are not the plain ones."""
+    cfg = spec_eagle3_llama3["cfg"]
+    assert cfg["rope_scaling"] == {"rope_type": "llama3", "factor": LLAMA3_FACTOR,
+                                   "original_max_position_embeddings": LLAMA3_ORIGINAL, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0}, cfg
+    model = spec_eagle3_llama3["model"]
+    head_dim = model.layers[0].self_attn.head_dim
+    plain = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
+    moved = int((model.rotary_emb.inv_freq - plain).abs().gt(1e-6 * plain).sum())
+    assert moved >= 3, model.rotary_emb.inv_freq
+    dump = eagle3_llama3["dump"]
+    same, total, err = compare_chains(dump, speculators_chains(world, spec_eagle3_llama3, dump, True))
+    print(f"EAGLE-3 with Llama 3.1's RoPE ({moved} of {head_dim // 2} frequencies scaled) through speculators' modules: "
+          f"{same} of {total} proposals equal ours; our validation loss from its logits: max relative error {err:.1e}")
     assert total >= 100 and same == total
     assert err <= TOL
 

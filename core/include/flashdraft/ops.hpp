@@ -4,6 +4,7 @@
 #pragma once
 
 #include <flashdraft/export.hpp>
+#include <flashdraft/rope_scaling.hpp>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -33,6 +34,14 @@ FLASHDRAFT_API at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const
 // positions stay exact before the rounding to `dtype`.
 FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, double theta,
                                                              int64_t head_dim, at::ScalarType dtype);
+// The inverse frequencies [dim / 2] of base theta over `dim` rotated dimensions, scaled by `s` (default, linear,
+// llama3, yarn; longrope's two sets are the hf target's own), in float32 on the CPU as transformers computes them:
+// 1 / theta^(2i / dim), then the scaling.
+FLASHDRAFT_API at::Tensor rope_inv_freq(double theta, int64_t dim, const RopeScaling& s);
+// rope_tables() of those frequencies: cos and sin of positions * inv_freq (in float64), duplicated over both halves,
+// times `attention_factor`, in `dtype` on positions' device.
+FLASHDRAFT_API std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, const at::Tensor& inv_freq,
+                                                             double attention_factor, at::ScalarType dtype);
 
 // Frozen decoder layers: an online target's forward (no gradient), the function of
 // transformers' Llama / Qwen modules with the roundings of its separate ops. With `fused`

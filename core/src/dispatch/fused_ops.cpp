@@ -7,6 +7,8 @@
 #include <torch/types.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -74,6 +76,48 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, doubl
   const at::Tensor ang = positions.to(at::kDouble).unsqueeze(-1) * inv;  // [..., D/2]
   const at::Tensor full = at::cat({ang, ang}, -1);                       // [..., D]
   return {full.cos().to(dtype), full.sin().to(dtype)};
+}
+
+at::Tensor rope_inv_freq(double theta, int64_t dim, const RopeScaling& r) {
+  const at::Tensor exponents = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
+  const at::Tensor pos_freqs = at::pow(at::tensor(theta, at::kFloat), exponents / double(dim));
+  const at::Tensor inv = 1.0 / pos_freqs;
+  if (r.type == "linear") return inv / r.factor;
+  if (r.type == "yarn") {
+    // extrapolated (1 / theta^(2i/D)) for the fast dimensions, interpolated (also / factor) for the slow ones, a
+    // linear ramp between the dimensions that turn beta_fast and beta_slow times over the pretraining length
+    const auto correction_dim = [&](double rotations) {
+      return double(dim) * std::log(double(r.original_max_position) / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+    };
+    double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+    if (r.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, double(dim) - 1);
+    if (low == high) high += 0.001;  // as transformers: no zero-width ramp
+    const at::Tensor ramp =
+        ((at::arange(dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low)).clamp(0, 1);
+    const at::Tensor extrapolation = 1 - ramp;
+    const at::Tensor inv_interpolated = 1.0 / (r.factor * pos_freqs);
+    return inv_interpolated * (1 - extrapolation) + inv * extrapolation;
+  }
+  if (r.type != "llama3") return inv;
+  const double low_wavelen = double(r.original_max_position) / r.low_freq_factor;
+  const double high_wavelen = double(r.original_max_position) / r.high_freq_factor;
+  const at::Tensor wavelen = 2 * M_PI / inv;
+  const at::Tensor out = at::where(wavelen > low_wavelen, inv / r.factor, inv);
+  const at::Tensor smooth =
+      (double(r.original_max_position) / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * out / r.factor + smooth * out;
+  const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return at::where(medium, smoothed, out);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, const at::Tensor& inv_freq,
+                                              double attention_factor, at::ScalarType dtype) {
+  const at::Tensor inv = inv_freq.to(positions.device(), at::kDouble);
+  const at::Tensor ang = positions.to(at::kDouble).unsqueeze(-1) * inv;  // [..., D/2]
+  const at::Tensor full = at::cat({ang, ang}, -1);                       // [..., D]
+  if (attention_factor == 1.0) return {full.cos().to(dtype), full.sin().to(dtype)};
+  return {(full.cos() * attention_factor).to(dtype), (full.sin() * attention_factor).to(dtype)};
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwiGLU::apply(gate, up); }

@@ -189,7 +189,7 @@ class HfTarget final : public Target {
       inv_freq_ = (1.0 / (factors(cfg_.rope.short_factor) * pos_freqs)).to(device_);
       long_inv_freq_ = (1.0 / (factors(cfg_.rope.long_factor) * pos_freqs)).to(device_);
     } else {
-      inv_freq_ = scaled_inv_freq(pos_freqs).to(device_);
+      inv_freq_ = rope_inv_freq(cfg_.rope_theta, cfg_.rotary_dim, cfg_.rope).to(device_);
     }
     if (cfg_.rope_local_theta > 0)  // (Gemma 3's sliding layers: their own base, unscaled)
       local_inv_freq_ =
@@ -1387,46 +1387,6 @@ class HfTarget final : public Target {
     L.mixer = mixer;
   }
 
-  // RoPE frequencies from theta^(2i/D) with the config's scaling (linear: positions / factor;
-  // llama3: long wavelengths divided by factor, short kept, a smooth blend between; yarn:
-  // interpolated below the ramp, extrapolated above it), in fp32 as transformers computes them.
-  at::Tensor scaled_inv_freq(const at::Tensor& pos_freqs) const {
-    const hf::RopeScaling& r = cfg_.rope;
-    if (r.type == "yarn") return yarn_inv_freq(pos_freqs);
-    const at::Tensor inv = 1.0 / pos_freqs;
-    if (r.type == "linear") return inv / r.factor;
-    if (r.type != "llama3") return inv;
-    const double low_wavelen = double(r.original_max_position) / r.low_freq_factor;
-    const double high_wavelen = double(r.original_max_position) / r.high_freq_factor;
-    const at::Tensor wavelen = 2 * M_PI / inv;
-    at::Tensor out = at::where(wavelen > low_wavelen, inv / r.factor, inv);
-    const at::Tensor smooth =
-        (double(r.original_max_position) / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-    const at::Tensor smoothed = (1 - smooth) * out / r.factor + smooth * out;
-    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-    return at::where(medium, smoothed, out);
-  }
-
-  // YaRN: 1 / (factor theta^(2i/D)) for the slow dimensions, 1 / theta^(2i/D) for the fast ones, a
-  // linear ramp between the dimensions that turn beta_fast and beta_slow times over the
-  // pretraining length.
-  at::Tensor yarn_inv_freq(const at::Tensor& pos_freqs) const {
-    const hf::RopeScaling& r = cfg_.rope;
-    const double dim = double(cfg_.rotary_dim), base = cfg_.rope_theta;
-    const auto correction_dim = [&](double rotations) {
-      return dim * std::log(double(r.original_max_position) / (rotations * 2 * M_PI)) / (2 * std::log(base));
-    };
-    double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
-    if (r.truncate) low = std::floor(low), high = std::ceil(high);
-    low = std::max(low, 0.0), high = std::min(high, dim - 1);
-    if (low == high) high += 0.001;  // as transformers: no zero-width ramp
-    const at::Tensor ramp =
-        ((at::arange(cfg_.rotary_dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low)).clamp(0, 1);
-    const at::Tensor extrapolation = 1 - ramp;
-    const at::Tensor inv_extrapolated = 1.0 / pos_freqs, inv_interpolated = 1.0 / (r.factor * pos_freqs);
-    return inv_interpolated * (1 - extrapolation) + inv_extrapolated * extrapolation;
-  }
-
   // Tables that rotate nothing, shaped as `tables`: cos 1, sin 0 (x 1 + rotate_half(x) 0 is x, exactly; SmolLM3's NoPE
   // layers).
   static std::pair<at::Tensor, at::Tensor> unrotated(const std::pair<at::Tensor, at::Tensor>& tables) {
@@ -1436,7 +1396,7 @@ class HfTarget final : public Target {
   // cos and sin of the angles, times YaRN's or LongRoPE's attention factor (1 otherwise, and for the sliding layers'
   // own unscaled tables: local), in the run's dtype.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& angles, bool local = false) const {
-    const bool scaled = !local && (cfg_.rope.type == "yarn" || cfg_.rope.type == "longrope");
+    const bool scaled = !local && cfg_.rope.scales_tables();
     const double f = scaled ? cfg_.rope.attention_factor : 1.0;
     if (f == 1.0) return {angles.cos().to(dtype_), angles.sin().to(dtype_)};
     return {(angles.cos() * f).to(dtype_), (angles.sin() * f).to(dtype_)};

@@ -154,14 +154,11 @@ void read_yarn(const Reader& r, const json& scaling, RopeScaling& y) {
       r.fail("rope_scaling", "truncate: value " + scaling.at("truncate").dump() + " is not true or false");
     y.truncate = scaling.at("truncate").get<bool>();
   }
-  const auto mscale_of = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
   const double mscale = r.real(scaling, "mscale", 0.0), mscale_all_dim = r.real(scaling, "mscale_all_dim", 0.0);
   if (scaling.contains("attention_factor") && !scaling.at("attention_factor").is_null())
     y.attention_factor = r.real(scaling, "attention_factor", 1.0);
-  else if (mscale != 0.0 && mscale_all_dim != 0.0)
-    y.attention_factor = mscale_of(y.factor, mscale) / mscale_of(y.factor, mscale_all_dim);
   else
-    y.attention_factor = mscale_of(y.factor, 1.0);
+    y.attention_factor = yarn_attention_factor(y.factor, mscale, mscale_all_dim);
   if (!(y.attention_factor > 0)) r.fail("rope_scaling", "attention_factor must be positive");
 }
 

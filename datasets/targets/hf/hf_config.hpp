@@ -14,6 +14,8 @@
 // architecture found and the list.
 #pragma once
 
+#include <flashdraft/rope_scaling.hpp>
+
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -21,19 +23,7 @@
 
 namespace flashdraft::hf {
 
-struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3 | yarn | longrope
-  double factor = 1.0;
-  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position = 8192;                  // llama3, yarn, longrope: the pretraining length
-  double beta_fast = 32, beta_slow = 1;                  // yarn: the ramp's bounds in rotations
-  bool truncate = true;                                  // yarn: the ramp's bounds rounded outwards
-  double attention_factor = 1.0;                         // yarn, longrope: cos and sin are scaled by it
-  double mscale_all_dim = 0;                             // DeepSeek's YaRN: its softmax scale's mscale
-  // longrope (Phi-3.5, Phi-4-mini): per rotated pair, the wavelength's factor for forwards that reach
-  // no further than the pretraining length (short) and for longer ones (long).
-  std::vector<double> short_factor, long_factor;
-};
+using RopeScaling = flashdraft::RopeScaling;  // (core/include/flashdraft/rope_scaling.hpp)
 
 struct ModelConfig {
   std::string path;          // the config.json read
