@@ -434,22 +434,3 @@ TEST(DFlashDrafter, BadInputIsAConfigErrorNamingTheValue) {
 }
 
 }  // namespace
-
-// DFlash-2 takes the reference's embedding scale but refuses its logit multiplier and cap (its
-// candidate selector re-ranks the unscaled logits), with a sentence naming the key.
-TEST(DFlashDrafter, DFlash2RefusesScaledOrCappedLogits) {
-  static Registry registry({built_plugin_dir()});
-  const FoundPlugin& plugin = registry.get(PluginKind::drafter, "dflash2");
-  for (const auto& [key, value] :
-       std::vector<std::pair<std::string, double>>{{"output_multiplier", 1.5}, {"final_logit_softcapping", 30.0}}) {
-    try {
-      create_as<Drafter>(registry, plugin, dflash_test::make_config(registry.schema(plugin), {{key, value}}));
-      FAIL() << "dflash2 accepted " << key;
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(key + " = "), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("the \"dflash\" drafter takes both"), std::string::npos) << e.what();
-    }
-  }
-  EXPECT_NO_THROW(create_as<Drafter>(
-      registry, plugin, dflash_test::make_config(registry.schema(plugin), {{"input_embedding_scale", 2.0}})));
-}

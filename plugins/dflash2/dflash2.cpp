@@ -11,6 +11,8 @@
 //   selector      a low-rank candidate selector re-ranks the LM head's top-Kc tokens of each
 //                 block position with the token before it:
 //                   score_k = unary_k + <E_pred[previous] * (W_hp h), E_succ[candidate_k]>
+//                 (unary: the LM head's logits as served, times output_multiplier and capped
+//                 at final_logit_softcapping, z-lab's compute_logits)
 //                 Serving walks the block left to right, the previous token being the one
 //                 chosen at the position before (the block's known token first), greedy or
 //                 drawn from softmax(score / temperature) (z-lab's propose: no top_p).
@@ -74,16 +76,7 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
         group_(config.integer("conv_group_size")),
         rank_(config.integer("selector_rank")),
         top_k_(config.integer("selector_top_k")),
-        alpha_(config.real("selector_loss_alpha")) {
-    // The selector re-ranks the LM head's own logits (its unary scores and their gradient): scaled or capped
-    // ones are not written for it.
-    for (const char* key : {"output_multiplier", "final_logit_softcapping"})
-      if (config.real(key) != (std::string(key) == "output_multiplier" ? 1.0 : 0.0))
-        config.fail(key, std::string(key) + " = " + std::to_string(config.real(key)) +
-                             " scales or caps the logits, which DFlash-2's candidate selector re-ranks unscaled "
-                             "(accepted here: output_multiplier = 1 and final_logit_softcapping = 0; the \"dflash\" "
-                             "drafter takes both)");
-  }
+        alpha_(config.real("selector_loss_alpha")) {}
 
   std::vector<std::string> scalar_names() const override { return {"tau_sim", "selector_acc", "candidate_recall"}; }
   const DrafterFormat* format() const override {
@@ -146,7 +139,8 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     // it, else the last, which it took.
     const at::Tensor contains = c.contains;
     const at::Tensor position = candidates.eq(rows.wanted.unsqueeze(1)).to(at::kByte).argmax(1);
-    const at::Tensor unary = dflash2::candidate_logits(h, c.values, target_head_, candidates);
+    const at::Tensor unary =
+        dflash2::candidate_logits(h, c.values, target_head_, candidates, output_multiplier_, softcap_);
     const at::Tensor context = selector_context(h, rows.previous);
     const at::Tensor scores = unary + transition(context, candidates);
     const at::Tensor ce = at::cross_entropy_loss(scores.to(at::kFloat), position, {}, at::Reduction::None);  // [R]
@@ -174,7 +168,8 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
 
   DraftProposal choose(const at::Tensor& states, const at::Tensor& last, const Sampling& sampling) const override {
     const int64_t B = states.size(0), K = states.size(1);
-    const at::Tensor logits = at::linear(states, target_head_);  // [B, K, V]
+    const at::Tensor logits =
+        served_logits(at::linear(states, target_head_), output_multiplier_, softcap_);  // [B, K, V], as served
     auto [unary, candidates] = at::topk(logits, top_k_, -1, true, true);
     const at::Tensor hp = at::linear(states, projection_);  // [B, K, R]
     at::Tensor previous = last.to(at::kLong);
@@ -269,8 +264,9 @@ class DFlash2Drafter final : public dflash::DFlashDrafter {
     c.last_indices = c.indices.select(1, top_k_ - 1).clone();
     const at::Tensor missing = c.indices.eq(wanted.unsqueeze(1)).any(1).logical_not();
     c.contains = missing.logical_not();
-    // The wanted token's logit h . W[wanted] where it takes the last place.
-    const at::Tensor wanted_logit = (h.to(at::kFloat) * target_head_.index_select(0, wanted).to(at::kFloat)).sum(-1);
+    // The wanted token's logit h . W[wanted] (as served) where it takes the last place.
+    const at::Tensor wanted_logit = served_logits(
+        (h.to(at::kFloat) * target_head_.index_select(0, wanted).to(at::kFloat)).sum(-1), output_multiplier_, softcap_);
     c.indices.select(1, top_k_ - 1).copy_(at::where(missing, wanted, c.last_indices));
     c.values.select(1, top_k_ - 1).copy_(at::where(missing, wanted_logit.to(c.values.scalar_type()), c.last_values));
     return c;

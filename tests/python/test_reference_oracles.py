@@ -154,6 +154,10 @@ plugin = "dflash"
 DFLASH2 = DFLASH.replace('plugin = "dflash"\nlayers', 'plugin = "dflash2"\nconv_kernel_size = {kernel}\n'
                          'conv_group_size = {group}\nselector_rank = {rank}\nselector_top_k = {top_k}\nlayers', 1)
 KERNEL, GROUP, RANK, TOP_K = 3, 8, 16, 8
+# DFlash-2 with z-lab's scales and cap (dflash_config input_embedding_scale, output_multiplier, final_logit_softcapping):
+# its selector re-ranks the logits as served.
+DFLASH2_SCALED = DFLASH2.replace("rope_theta = {rope_theta}\n", "rope_theta = {rope_theta}\ninput_embedding_scale = 2.0\n"
+                                 "output_multiplier = 1.5\nfinal_logit_softcapping = 4.0\n", 1)
 # DFlash with a sliding-window layer first (window 5 < the block of 8: the window cuts inside
 # the block too) and a full one after it.
 WINDOW = 5
@@ -335,6 +339,11 @@ def train_eagle3(world, name, template):
 
 
 @pytest.fixture(scope="module")
+def dflash2_scaled(world):
+    return train_dflash(world, "dflash2_scaled", DFLASH2_SCALED, "DFlash-2", [("target_kl", "positions")])
+
+
+@pytest.fixture(scope="module")
 def eagle3(world):
     return train_eagle3(world, "eagle3", EAGLE3)
 
@@ -387,10 +396,12 @@ def zlab_block_states(world, model, dump, rows):
     """z-lab's forward on each valid held-out block of `rows`, as dflash_generate runs it
     (transformers' hidden_states through its own extract_context_feature, the block [token at
     the anchor, mask, ...] at positions anchor..anchor + BS - 1): (row, block, anchor, the
-    target's logits of the row, the block's hidden states at positions 1..BS-1)."""
-    from dflash.model import extract_context_feature
+    target's logits of the row, the block's hidden states at positions 1..BS-1). The block's
+    embeddings as dflash_generate makes them (_raw_input_embeddings, times the folder's
+    input_embedding_scale)."""
+    from dflash.model import _draft_value, _raw_input_embeddings, extract_context_feature
 
-    emb = world["target"].get_input_embeddings().weight
+    scale = float(_draft_value(model.config, "input_embedding_scale", 1.0))
     tokens, anchors, valid = dump["tokens"], dump["anchors"], dump["block_valid"]
     for r in rows:
         hs, logits, _ = target_pass(world, tokens[r, :int(dump["lengths"][r])])
@@ -401,7 +412,8 @@ def zlab_block_states(world, model, dump, rows):
             a = int(anchors[r, n])
             block = torch.full((1, BS), model.mask_token_id)
             block[0, 0] = tokens[r, a]
-            hidden = model(position_ids=torch.arange(a + BS)[None], noise_embedding=emb[block],
+            hidden = model(position_ids=torch.arange(a + BS)[None],
+                           noise_embedding=_raw_input_embeddings(world["target"], block, scale),
                            target_hidden=context[:, :a])
             yield r, n, a, logits, hidden[0, 1:]
 
@@ -775,6 +787,33 @@ def test_dflash2_reference_loads_the_export_and_selects_our_tokens(world, dflash
     block, fed the data's token before each position (teacher forcing, as training and our
     validation's proposals are): the LM head's top-Kc of its hidden states, re-ranked by its
     codebooks, choose our proposal at every labelled position."""
+    check_dflash2_selects_our_tokens(world, dflash2)
+
+
+def test_dflash2_with_scales_and_cap_selects_our_tokens(world, dflash2_scaled):
+    """The same for a DFlash-2 drafter with the reference's input_embedding_scale 2, output_multiplier 1.5 and
+    final_logit_softcapping 4: the folder's dflash_config says so, and z-lab's compute_logits (times 1.5, capped at 4)
+    feeds its selector, which chooses our proposal at every labelled position."""
+    cfg = json.loads((dflash2_scaled["folder"] / "config.json").read_text())
+    d = cfg["dflash_config"]
+    assert (d["input_embedding_scale"], d["output_multiplier"], d["final_logit_softcapping"]) == (2.0, 1.5, 4.0), d
+    check_dflash2_selects_our_tokens(world, dflash2_scaled)
+    from dflash.model import DFlash2DraftModel
+
+    for key in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):  # not vacuous
+        other = json.loads(json.dumps(cfg))
+        del other["dflash_config"][key]
+        folder = world["root"] / f"dflash2_without_{key}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(other))
+        (folder / "model.safetensors").symlink_to(dflash2_scaled["folder"] / "model.safetensors")
+        model = DFlash2DraftModel.from_pretrained(folder, dtype=torch.float32).eval()
+        same, total, _ = dflash2_choices(world, model, dflash2_scaled["dumps"][("target_kl", "positions")])
+        print(f"the same folder without {key}: {same} of {total} proposals equal ours")
+        assert same < total, key
+
+
+def check_dflash2_selects_our_tokens(world, dflash2):
     from dflash.model import DFlash2DraftModel
 
     folder = dflash2["folder"]
@@ -797,8 +836,17 @@ def test_dflash2_reference_loads_the_export_and_selects_our_tokens(world, dflash
     print(f"dflash2: {len(stored)} tensors bit-identical (folder, run's weights, DFlash2DraftModel); "
           f"conv_kernel_size {KERNEL}, conv_group_size {GROUP}, selector_rank {RANK}, selector_top_k {TOP_K}")
 
-    dump = dflash2["dumps"][("target_kl", "positions")]
-    head = world["target"].lm_head
+    same, total, unary_differs = dflash2_choices(world, model, dflash2["dumps"][("target_kl", "positions")])
+    print(f"dflash2 forward and selector, teacher-forced: {same} of {total} block proposals equal ours "
+          f"({unary_differs} differ from the LM head's argmax)")
+    assert total >= 100 and same == total
+    assert unary_differs > 0, "the selector never overrules the LM head here: the comparison proves little"
+
+
+def dflash2_choices(world, model, dump):
+    """z-lab's DFlash-2 forward and selector on every labelled held-out block position, teacher-forced: how many of our
+    proposals it chooses too, of how many, and how many of its choices are not the LM head's argmax."""
+    head, selector = world["target"].lm_head, model.candidate_selector
     tokens, labels, pred = dump["tokens"], dump["labels"], dump["predictions"]
     same = total = unary_differs = 0
     with torch.no_grad():
@@ -817,10 +865,7 @@ def test_dflash2_reference_loads_the_export_and_selects_our_tokens(world, dflash
                 same += choice == int(pred[r, n, j])
                 unary_differs += choice != int(candidates[j - 1, 0])
                 total += 1
-    print(f"dflash2 forward and selector, teacher-forced: {same} of {total} block proposals equal ours "
-          f"({unary_differs} differ from the LM head's argmax)")
-    assert total >= 100 and same == total
-    assert unary_differs > 0, "the selector never overrules the LM head here: the comparison proves little"
+    return same, total, unary_differs
 
 
 @pytest.fixture(scope="module")
