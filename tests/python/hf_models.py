@@ -26,6 +26,17 @@ FAMILIES = [
     ("mistral", "MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=True, sliding_window=None), {}),
     ("qwen2", "Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False, rope_theta=1e6),
      dict(max_shard_size="60KB")),
+    # Ministral's kind (MinistralForCausalLM: Ministral-8B): Mistral's layers, its sliding ones listed by layer_types
+    # (layers 0 and 2 over the last 6 positions).
+    ("ministral", "MinistralConfig", "MinistralForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, sliding_window=6, rope_theta=1e6,
+          layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]), {}),
+    # Meta's CWM (CwmForCausalLM): Llama's layers, every fourth layer full (CwmConfig's layer_types: layer 0 here), the
+    # others over the last 6 positions, Llama 3.1's RoPE scaling (factor 4 over 16, so that it bites at this size).
+    ("cwm", "CwmConfig", "CwmForCausalLM",
+     dict(tie_word_embeddings=False, sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+          rope_parameters=dict(rope_type="llama3", rope_theta=1e4, factor=4.0, low_freq_factor=1.0,
+                               high_freq_factor=4.0, original_max_position_embeddings=16)), {}),
     # Sliding-window attention (Mistral-7B-v0.1's kind: every layer sees the last 6 positions; Qwen2's
     # use_sliding_window: layers 2 and 3, from max_window_layers on, saved as layer_types).
     ("mistral_swa", "MistralConfig", "MistralForCausalLM", dict(tie_word_embeddings=True, sliding_window=6), {}),

@@ -17,6 +17,8 @@ namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "MistralForCausalLM",
+                                                          "MinistralForCausalLM",
+                                                          "CwmForCausalLM",
                                                           "Qwen2ForCausalLM",
                                                           "Qwen3ForCausalLM",
                                                           "Qwen3MoeForCausalLM",
@@ -250,6 +252,15 @@ void read_rope(const Reader& r, ModelConfig& c) {
     const json& p = r.j.at("rope_parameters");
     c.rope_theta = r.real(p, "rope_theta", r.real(r.j, "rope_theta", default_theta));
     scaling = &p;
+  } else if (c.cwm() && !r.has("rope_scaling")) {
+    // (CwmConfig's default: Llama 3.1's scaling, factor 16 over 8192, base 1e6)
+    static const json cwm_default = {{"rope_type", "llama3"},
+                                     {"factor", 16.0},
+                                     {"low_freq_factor", 1.0},
+                                     {"high_freq_factor", 4.0},
+                                     {"original_max_position_embeddings", 8192}};
+    c.rope_theta = r.real(r.j, "rope_theta", 1e6);
+    scaling = &cwm_default;
   } else {
     c.rope_theta = r.real(r.j, "rope_theta", default_theta);
     if (r.has("rope_scaling")) scaling = &r.j.at("rope_scaling");
@@ -395,9 +406,10 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
   c.sliding.assign(static_cast<size_t>(c.layers), 0);
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";
   const bool qwen2_rule = !all && (c.dots1() || r.boolean("use_sliding_window", false));
-  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4() || c.afmoe() || c.granite_swa())) return;
-  // (the configs' defaults: Gemma4TextConfig's 512, AfmoeConfig's 1024, GraniteSWAConfig's 128)
-  c.sliding_window = r.integer("sliding_window", 1, c.afmoe() ? 1024 : c.granite_swa() ? 128 : 512);
+  if (!(all || qwen2_rule) || !(r.has("sliding_window") || c.gemma4() || c.afmoe() || c.granite_swa() || c.cwm()))
+    return;
+  // (the configs' defaults: Gemma4TextConfig's 512, AfmoeConfig's 1024, GraniteSWAConfig's 128, CwmConfig's 8192)
+  c.sliding_window = r.integer("sliding_window", 1, c.afmoe() ? 1024 : c.granite_swa() ? 128 : c.cwm() ? 8192 : 512);
   if (r.has("layer_types")) {
     read_layer_types(r, c.layers, "layer_types", {"full_attention", "sliding_attention"}, c.sliding);
     if (c.gemma4()) c.sliding.back() = 0;  // (Gemma4TextConfig makes its last layer full, whatever the list says)
@@ -417,9 +429,10 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
                           : c.architecture == "Olmo3ForCausalLM" ? 4
                                                                  : 0;
   for (int64_t l = first; l < c.layers; ++l)
-    c.sliding[static_cast<size_t>(l)] = c.granite_swa() ? l % 4 != 0  // (GraniteSWAConfig's: layer 0 full, then 4, ...)
-                                        : pattern > 0   ? (l + 1) % pattern != 0
-                                                        : !gpt_oss || l % 2 == 0;
+    c.sliding[static_cast<size_t>(l)] =
+        c.granite_swa() || c.cwm() ? l % 4 != 0  // (GraniteSWAConfig's and CwmConfig's: layer 0 full, then 4, ...)
+        : pattern > 0              ? (l + 1) % pattern != 0
+                                   : !gpt_oss || l % 2 == 0;
   if (c.gemma4()) c.sliding.back() = 0;
 }
 
@@ -1345,8 +1358,10 @@ ModelConfig read_config(const std::string& folder) {
   const bool moe = c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "Qwen3VLMoeForConditionalGeneration";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe || c.qwen3_vl();
   const bool mixtral = c.architecture == "MixtralForCausalLM";
+  // (Ministral: Mistral's layers, its sliding layers by layer_types; Meta's CWM: Llama's, every fourth layer full)
   const bool mistral = c.architecture == "MistralForCausalLM" || mixtral || c.architecture == "Ministral3ForCausalLM" ||
-                       c.architecture == "Mistral3ForConditionalGeneration";
+                       c.architecture == "Mistral3ForConditionalGeneration" ||
+                       c.architecture == "MinistralForCausalLM" || c.cwm();
   const bool glm = c.glm4_moe();                                   // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || c.hybrid() || c.dots1() || c.apertus() || c.afmoe() || (glm && r.boolean("use_qk_norm", false));

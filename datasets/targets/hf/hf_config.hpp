@@ -8,10 +8,10 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Mistral 4, Ministral 3, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite
-// and its mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE /
-// FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus, AFMoE: see their members below). Anything else is refused with the
-// architecture found and the list.
+// (DeepSeek-V3's kind, Mistral 4, Ministral, Ministral 3, Meta's CWM, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3,
+// GLM-4, EXAONE 4.0, Granite and its mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere
+// / Cohere 2, OLMoE / FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus, AFMoE: see their members below). Anything else is
+// refused with the architecture found and the list.
 #pragma once
 
 #include <flashdraft/rope_scaling.hpp>
@@ -54,6 +54,9 @@ struct ModelConfig {
   // MiniMax-M2 (MiniMaxM2ForCausalLM: MiniMax-M2, M2.1, M2.5): q and k normed over all their heads at once (q_norm
   // [heads D], k_norm [kv_heads D], its qk_norm_type "per_layer"), before RoPE.
   bool minimax_m2() const { return architecture == "MiniMaxM2ForCausalLM"; }
+  // Meta's CWM (CwmForCausalLM): Llama's layers, every fourth layer full and the others sliding (layer_types; window
+  // 8192 by default), Llama 3.1's RoPE scaling by default
+  bool cwm() const { return architecture == "CwmForCausalLM"; }
   bool qk_norm_full = false;
   bool qkv_bias = false;    // Qwen2: biases on q, k, v (and Llama's, Qwen3's attention_bias)
   bool o_bias = false;      // attention_bias (Llama, Qwen3): a bias on o too (Seed-OSS: attention_out_bias alone)
