@@ -1358,10 +1358,7 @@ ModelConfig read_config(const std::string& folder) {
   const bool moe = c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "Qwen3VLMoeForConditionalGeneration";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM" || moe || c.qwen3_vl();
   const bool mixtral = c.architecture == "MixtralForCausalLM";
-  // (Ministral: Mistral's layers, its sliding layers by layer_types; Meta's CWM: Llama's, every fourth layer full)
-  const bool mistral = c.architecture == "MistralForCausalLM" || mixtral || c.architecture == "Ministral3ForCausalLM" ||
-                       c.architecture == "Mistral3ForConditionalGeneration" ||
-                       c.architecture == "MinistralForCausalLM" || c.cwm();
+  const bool mistral = c.mistral_kind();
   const bool glm = c.glm4_moe();                                   // biases on q, k, v only; optional q / k norms
   const bool qwen2_moe = c.architecture == "Qwen2MoeForCausalLM";  // q / k / v biases unless qkv_bias is false
   c.qk_norm = qwen3 || c.hybrid() || c.dots1() || c.apertus() || c.afmoe() || (glm && r.boolean("use_qk_norm", false));

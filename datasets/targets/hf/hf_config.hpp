@@ -57,6 +57,13 @@ struct ModelConfig {
   // Meta's CWM (CwmForCausalLM): Llama's layers, every fourth layer full and the others sliding (layer_types; window
   // 8192 by default), Llama 3.1's RoPE scaling by default
   bool cwm() const { return architecture == "CwmForCausalLM"; }
+  // Mistral's kind of attention (no biases; with sliding_window set, every layer sliding but where layer_types says):
+  // Mistral, Mixtral, Ministral, Ministral 3 (and Mistral 3's language model) and CWM (its layer_types' default)
+  bool mistral_kind() const {
+    return architecture == "MistralForCausalLM" || architecture == "MixtralForCausalLM" ||
+           architecture == "MinistralForCausalLM" || architecture == "Ministral3ForCausalLM" ||
+           architecture == "Mistral3ForConditionalGeneration" || cwm();
+  }
   bool qk_norm_full = false;
   bool qkv_bias = false;    // Qwen2: biases on q, k, v (and Llama's, Qwen3's attention_bias)
   bool o_bias = false;      // attention_bias (Llama, Qwen3): a bias on o too (Seed-OSS: attention_out_bias alone)
