@@ -220,6 +220,9 @@ FAMILIES = [
     ("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
      dict(tie_word_embeddings=True, rope_theta=2e6, no_rope_layers=[1, 0, 1, 1], use_sliding_window=False,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # The first GLM-4 (GlmForCausalLM: glm-4-9b-chat-hf): GLM-4-0414's attention (half of each head rotated, pairs
+    # interleaved, q / k / v biases) and packed MLP under Llama's two norms.
+    ("glm", "GlmConfig", "GlmForCausalLM", dict(tie_word_embeddings=False, head_dim=16, pad_token_id=0), {}),
     # GLM-4's kind (Glm4ForCausalLM: GLM-4-9B / 32B-0414): four norms a layer (after attention, before and after the
     # MLP), gate | up packed, q / k / v biases, half of each head rotated with its pairs interleaved.
     ("glm4", "Glm4Config", "Glm4ForCausalLM",

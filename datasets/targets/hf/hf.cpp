@@ -1788,8 +1788,8 @@ class HfTarget final : public Target {
   // Phi-3 / Phi-4 store the projections packed as the engine runs them: self_attn.qkv_proj [q; k; v]
   // and mlp.gate_up_proj [gate; up] (transformers' Phi3Attention / Phi3MLP split them in that order).
   bool packed() const { return cfg_.architecture == "Phi3ForCausalLM"; }
-  // gate | up stored packed as mlp.gate_up_proj [gate; up]: Phi-3 / Phi-4's and GLM-4's
-  bool mlp_packed() const { return packed() || cfg_.glm4(); }
+  // gate | up stored packed as mlp.gate_up_proj [gate; up]: Phi-3 / Phi-4's and GLM-4's (both kinds)
+  bool mlp_packed() const { return packed() || cfg_.glm_attention(); }
   // Where a sparse layer's tensors sit under model.layers.N.: the router at <block>gate.weight,
   // expert e's projections at <block>experts.e.<gate | up | down>.
   struct ExpertKeys {

@@ -18,6 +18,7 @@ namespace flashdraft::hf {
 const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "MistralForCausalLM",
                                                           "MinistralForCausalLM",
+                                                          "GlmForCausalLM",
                                                           "CwmForCausalLM",
                                                           "Qwen2ForCausalLM",
                                                           "Qwen3ForCausalLM",
@@ -269,7 +270,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // partial_rotary_factor: GLM-4.5 rotates the first half of each head (its config's default, 0.5),
   // Phi-3 / Phi-4 the part its config says (Phi-4-mini: 0.75); the other families here rotate all of
   // it (transformers' Llama / Qwen / Mistral code has no part).
-  const bool glm = (c.glm4_moe() && !c.solar_open()) || c.glm4(), phi3 = c.architecture == "Phi3ForCausalLM";
+  const bool glm = (c.glm4_moe() && !c.solar_open()) || c.glm_attention(), phi3 = c.architecture == "Phi3ForCausalLM";
   const bool qwen3_5 = c.hybrid();  // (Qwen3_5TextConfig's and Qwen3NextConfig's default: 0.25)
   // (MiniMax-M2 as published: rotary_dim, which transformers reads as partial_rotary_factor rotary_dim / head_dim
   // where rope_parameters does not say it)
@@ -1285,7 +1286,8 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
   }
   if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
   if (c.hunyuan()) c.qk_norm_after_rope = true;
-  if (c.glm4()) c.sandwich_norms = c.rope_interleave = true;
+  if (c.glm4()) c.sandwich_norms = true;
+  if (c.glm_attention()) c.rope_interleave = true;
   if (c.afmoe()) {
     c.sandwich_norms = c.norm_weight_fp32 = true;
     if (r.boolean("mup_enabled", false)) c.embed_multiplier = std::sqrt(double(c.hidden));  // (as a Python float)
@@ -1364,11 +1366,11 @@ ModelConfig read_config(const std::string& folder) {
   c.qk_norm = qwen3 || c.hybrid() || c.dots1() || c.apertus() || c.afmoe() || (glm && r.boolean("use_qk_norm", false));
   if (c.minimax_m2()) read_minimax_m2_norms(r, c);
   c.qkv_bias = qwen2 || (glm && r.boolean("attention_bias", false)) || (qwen2_moe && r.boolean("qkv_bias", true)) ||
-               (c.glm4() && r.boolean("attention_bias", true));  // (Glm4Config's default: biases on q, k, v)
-  const bool phi3 = c.architecture == "Phi3ForCausalLM";         // no biases
-  const bool gpt_oss = c.architecture == "GptOssForCausalLM";    // biases on q, k, v, o unless attention_bias false
-  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm4() && !c.exaone4() &&
-             !c.ernie4_5() && !c.nemotron_h() && r.boolean("attention_bias", gpt_oss);
+               (c.glm_attention() && r.boolean("attention_bias", true));  // (GlmConfig's, Glm4Config's default)
+  const bool phi3 = c.architecture == "Phi3ForCausalLM";                  // no biases
+  const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
+  c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm_attention() &&
+             !c.exaone4() && !c.ernie4_5() && !c.nemotron_h() && r.boolean("attention_bias", gpt_oss);
   if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   if (c.granite_swa()) c.sinks = true;

@@ -237,6 +237,10 @@ struct ModelConfig {
     return architecture == "Glm4ForCausalLM" || architecture == "Glm4vForConditionalGeneration" ||
            architecture == "Glm46VForConditionalGeneration";
   }
+  // GLM-4's attention and packed MLP (half of each head rotated, its pairs interleaved; biases on q, k, v; gate | up
+  // stored as mlp.gate_up_proj): GLM-4-0414's kind (glm4(), with two more norms a layer) and the first GLM-4
+  // (GlmForCausalLM: glm-4-9b-chat-hf, Llama's two norms)
+  bool glm_attention() const { return glm4() || architecture == "GlmForCausalLM"; }
   bool glm4_moe() const {
     return architecture == "Glm4MoeForCausalLM" || architecture == "Glm4vMoeForConditionalGeneration" || solar_open();
   }
