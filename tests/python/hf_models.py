@@ -228,6 +228,15 @@ FAMILIES = [
     ("glm4", "Glm4Config", "Glm4ForCausalLM",
      dict(tie_word_embeddings=False, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, rope_theta=1e4,
           pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),
+    # K-EXAONE's kind (ExaoneMoeForCausalLM): EXAONE 4.0's attention (per-head q / k norms; layers 0-2 sliding over 6
+    # positions and rotating, layer 3 full without RoPE: sliding_window_pattern 4) under Llama's two norms; layer 0
+    # dense, the others 8 experts of 32 in 4 groups (2 a token from the best 2 groups, sigmoid with correction biases
+    # drawn in make_model, times 2.5) beside one shared expert.
+    ("exaone_moe", "ExaoneMoeConfig", "ExaoneMoeForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, sliding_window=6, sliding_window_pattern=4, num_experts=8,
+          num_experts_per_tok=2, n_group=4, topk_group=2, num_shared_experts=1, moe_intermediate_size=32,
+          first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=1e4, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
     # ERNIE 4.5's kind (Ernie4_5ForCausalLM): Llama's layers, every dimension rotated with its pairs interleaved.
     ("ernie4_5", "Ernie4_5Config", "Ernie4_5ForCausalLM",
      dict(tie_word_embeddings=True, head_dim=16, rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),

@@ -247,6 +247,7 @@ MOE_FAMILIES = {
     "afmoe": ("AfmoeForCausalLM", dict(num_experts_per_tok=1)),
     "solar_open": ("SolarOpenForCausalLM", dict(topk_group=4)),
     "granitemoe_swa": ("GraniteMoeSWAForCausalLM", dict(num_experts_per_tok=1)),
+    "exaone_moe": ("ExaoneMoeForCausalLM", dict(topk_group=4)),
 }
 
 
@@ -1534,14 +1535,16 @@ def test_keeping_mxfp4_experts_of_a_checkpoint_without_them_is_refused(tmp_path)
         '(no quantization_config with quant_method "mxfp4"); accepted here: "dequantize" (the default)' in line, line
 
 
-def test_glm_router_biases_choose_the_experts(tmp_path):
+@pytest.mark.parametrize("family", ["glm4_moe", "exaone_moe"])
+def test_glm_router_biases_choose_the_experts(family, tmp_path):
     """GLM-4.5's correction biases (mlp.gate.e_score_correction_bias, float32) only choose: the
     family test above gives transformers' states with random biases, and the same checkpoint with
-    the biases zeroed gives other states (so the biases are read and used), and transformers agrees."""
-    biases, ours, unbiased, ref = zeroed_against_transformers("glm4_moe", "e_score_correction_bias", tmp_path)
+    the biases zeroed gives other states (so the biases are read and used), and transformers agrees.
+    The same for K-EXAONE's (DeepSeek-V3's router), stored beside the router (mlp.e_score_correction_bias)."""
+    biases, ours, unbiased, ref = zeroed_against_transformers(family, "e_score_correction_bias", tmp_path)
     assert len(biases) == 3 and all(b.dtype == torch.float32 and b.abs().max() > 0 for b in biases.values())
     moved = rel(ours, ref)
-    print(f"glm4_moe without its router biases: rel err {rel(unbiased, ref):.1e}; with them {moved:.1e}")
+    print(f"{family} without its router biases: rel err {rel(unbiased, ref):.1e}; with them {moved:.1e}")
     assert rel(unbiased, ref) <= BOUND and moved > 10 * BOUND
 
 

@@ -1807,10 +1807,13 @@ class HfTarget final : public Target {
     return info && info->shape == held ? held : std::vector<int64_t>{held[0], held[2], held[1]};
   }
   // Where a router's correction biases sit under model.layers.N. (GLM-4.5, DeepSeek-V3: mlp.gate.; MiniMax-M2:
-  // block_sparse_moe., beside its router; ERNIE 4.5: mlp.moe_statics.).
+  // block_sparse_moe., beside its router; ERNIE 4.5: mlp.moe_statics.; K-EXAONE: mlp.).
   std::string router_bias_key(const std::string& p) const {
     if (cfg_.ernie4_5_moe()) return p + "mlp.moe_statics.e_score_correction_bias";
     if (cfg_.afmoe()) return p + "mlp.expert_bias";
+    // (K-EXAONE as published and as transformers saves it: beside the router, which transformers' loader renames)
+    if (cfg_.exaone_moe() && checkpoint_->find(p + "mlp.e_score_correction_bias"))
+      return p + "mlp.e_score_correction_bias";
     return p + (cfg_.minimax_m2() ? "block_sparse_moe." : "mlp.gate.") + "e_score_correction_bias";
   }
   // Where the shared expert's projections sit under model.layers.N. (GLM-4.5: mlp.shared_experts.,

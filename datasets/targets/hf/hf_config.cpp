@@ -19,6 +19,7 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "MistralForCausalLM",
                                                           "MinistralForCausalLM",
                                                           "GlmForCausalLM",
+                                                          "ExaoneMoeForCausalLM",
                                                           "CwmForCausalLM",
                                                           "Qwen2ForCausalLM",
                                                           "Qwen3ForCausalLM",
@@ -416,7 +417,7 @@ void read_sliding_layers(const Reader& r, bool all, ModelConfig& c) {
     if (c.gemma4()) c.sliding.back() = 0;  // (Gemma4TextConfig makes its last layer full, whatever the list says)
     return;
   }
-  if (c.exaone4()) return read_exaone4_pattern(r, c);
+  if (c.exaone4() || c.exaone_moe()) return read_exaone4_pattern(r, c);
   // (transformers' Qwen2Config defaults max_window_layers to 28; GptOssConfig's layer_types to sliding
   // layers 0, 2, 4, ..., full ones between)
   const int64_t first = qwen2_rule ? r.integer("max_window_layers", 0, c.dots1() ? 62 : 28) : 0;
@@ -642,17 +643,22 @@ void read_experts(const Reader& r, ModelConfig& c) {
       r.fail("swiglu_limit", "swiglu_alpha and swiglu_limit must be positive");
     return;
   }
-  if (c.architecture == "Glm4MoeLiteForCausalLM") {  // (GLM-4.7-Flash: mlp_layer_types says which layers are dense)
+  // (GLM-4.7-Flash and K-EXAONE: mlp_layer_types says which layers are dense; their defaults: layer 0, and the layers
+  // below first_k_dense_replace)
+  if (c.architecture == "Glm4MoeLiteForCausalLM" || c.exaone_moe()) {
     read_glm_routing(r, c);
-    c.first_dense = 0;
-    c.mlp_only_layers = {0};  // (its default: layer 0 dense, the others sparse)
-    if (r.has("mlp_layer_types")) {
-      std::vector<uint8_t> sparse;
-      read_layer_types(r, c.layers, "mlp_layer_types", {"dense", "sparse"}, sparse);
-      c.mlp_only_layers.clear();
-      for (int64_t l = 0; l < c.layers; ++l)
-        if (!sparse[static_cast<size_t>(l)]) c.mlp_only_layers.push_back(l);
+    if (c.exaone_moe()) {  // (ExaoneMoeConfig's key for the shared experts)
+      c.shared_experts = r.integer("num_shared_experts", 0, 1);
+      c.shared_intermediate = c.shared_experts * c.moe_intermediate;
     }
+    const int64_t dense = c.exaone_moe() ? c.first_dense : 1;
+    c.first_dense = 0;
+    std::vector<uint8_t> sparse(static_cast<size_t>(c.layers), 1);
+    for (int64_t l = 0; l < std::min(dense, c.layers); ++l) sparse[static_cast<size_t>(l)] = 0;
+    if (r.has("mlp_layer_types")) read_layer_types(r, c.layers, "mlp_layer_types", {"dense", "sparse"}, sparse);
+    c.mlp_only_layers.clear();
+    for (int64_t l = 0; l < c.layers; ++l)
+      if (!sparse[static_cast<size_t>(l)]) c.mlp_only_layers.push_back(l);
     return;
   }
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") read_glm_routing(r, c);
@@ -1285,6 +1291,7 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
       r.fail("clip_qkv", "value " + r.j.at("clip_qkv").dump() + " is not a positive number (accepted: > 0 or null)");
   }
   if (c.exaone4()) c.qk_norm = c.post_norms = c.sandwich_norms = true;
+  if (c.exaone_moe()) c.qk_norm = true;
   if (c.hunyuan()) c.qk_norm_after_rope = true;
   if (c.glm4()) c.sandwich_norms = true;
   if (c.glm_attention()) c.rope_interleave = true;
@@ -1370,7 +1377,8 @@ ModelConfig read_config(const std::string& folder) {
   const bool phi3 = c.architecture == "Phi3ForCausalLM";                  // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
   c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm_attention() &&
-             !c.exaone4() && !c.ernie4_5() && !c.nemotron_h() && r.boolean("attention_bias", gpt_oss);
+             !c.exaone4() && !c.exaone_moe() && !c.ernie4_5() && !c.nemotron_h() &&
+             r.boolean("attention_bias", gpt_oss);
   if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
   c.sinks = c.norm_weight_fp32 = gpt_oss;
   if (c.granite_swa()) c.sinks = true;
@@ -1394,7 +1402,7 @@ ModelConfig read_config(const std::string& folder) {
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
   if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4() || c.afmoe())
+      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4() || c.afmoe() || c.exaone_moe())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;
@@ -1403,10 +1411,10 @@ ModelConfig read_config(const std::string& folder) {
   if (c.hybrid()) read_linear_attention(r, c);
   read_sliding_layers(r,
                       mistral || phi3 || gpt_oss || c.gemma3() || c.gemma4() || c.architecture == "Olmo3ForCausalLM" ||
-                          c.exaone4() || c.cohere2() || c.afmoe() || c.granite_swa(),
+                          c.exaone4() || c.exaone_moe() || c.cohere2() || c.afmoe() || c.granite_swa(),
                       c);
   if (c.gemma4()) read_gemma4_heads(r, c), read_gemma4_sharing(r, c);
-  if ((c.exaone4() && c.sliding_window > 0) || c.cohere2() || c.afmoe()) {  // (their full layers rotate nothing)
+  if (((c.exaone4() || c.exaone_moe()) && c.sliding_window > 0) || c.cohere2() || c.afmoe()) {  // (full: no RoPE)
     c.nope.assign(static_cast<size_t>(c.layers), 0);
     for (int64_t l = 0; l < c.layers; ++l) c.nope[static_cast<size_t>(l)] = !c.sliding[static_cast<size_t>(l)];
   }

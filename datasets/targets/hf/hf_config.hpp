@@ -8,10 +8,10 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Mistral 4, Ministral, Ministral 3, Meta's CWM, Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3,
-// GLM-4, EXAONE 4.0, Granite and its mixtures of experts, dots.llm1, Hunyuan's mixture of experts, DeepSeek-V2, Cohere
-// / Cohere 2, OLMoE / FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus, AFMoE: see their members below). Anything else is
-// refused with the architecture found and the list.
+// (DeepSeek-V3's kind, Mistral 4, Ministral, Ministral 3, Meta's CWM, the first GLM-4, K-EXAONE, Qwen3-VL, Gemma 3 / 4,
+// SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its mixtures of experts, dots.llm1, Hunyuan's mixture of experts,
+// DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus, AFMoE: see their members
+// below). Anything else is refused with the architecture found and the list.
 #pragma once
 
 #include <flashdraft/rope_scaling.hpp>
@@ -281,6 +281,11 @@ struct ModelConfig {
   bool exaone4() const {
     return architecture == "Exaone4ForCausalLM" || architecture == "Exaone4_5_ForConditionalGeneration";
   }
+  // K-EXAONE (ExaoneMoeForCausalLM): EXAONE 4.0's attention (per-head q / k norms; with sliding_window set, its full
+  // layers rotate nothing) under Llama's two norms, and DeepSeek-V3's experts (num_experts, a sigmoid router with
+  // correction biases over n_group groups, times routed_scaling_factor, num_shared_experts' worth of shared MLP),
+  // dense where mlp_layer_types says (default: below first_k_dense_replace).
+  bool exaone_moe() const { return architecture == "ExaoneMoeForCausalLM"; }
   bool olmo() const {
     return architecture == "Olmo2ForCausalLM" || architecture == "Olmo3ForCausalLM" ||
            architecture == "FlexOlmoForCausalLM";
