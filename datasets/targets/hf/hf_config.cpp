@@ -586,6 +586,48 @@ void read_hunyuan_experts(const Reader& r, ModelConfig& c) {
   c.norm_topk = c.float_router_weights = true;
 }
 
+// OLMoE's experts: intermediate_size wide, every layer sparse; norm_topk_prob false by default.
+void read_olmoe_experts(const Reader& r, ModelConfig& c) {
+  c.experts = r.integer("num_experts", 1);
+  c.experts_key = "num_experts";
+  c.experts_per_token = r.integer("num_experts_per_tok", 1);
+  if (c.experts_per_token > c.experts)
+    r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
+                                      std::to_string(c.experts) + " experts of num_experts");
+  c.moe_intermediate = c.intermediate;
+  c.norm_topk = r.boolean("norm_topk_prob", false);
+}
+
+// GLM-4.7-Flash's and K-EXAONE's experts (GLM-4.5's routing): mlp_layer_types says which layers are dense; their
+// defaults: layer 0, and the layers below first_k_dense_replace.
+void read_mlp_layer_types(const Reader& r, ModelConfig& c) {
+  read_glm_routing(r, c);
+  if (c.exaone_moe()) {  // (ExaoneMoeConfig's key for the shared experts)
+    c.shared_experts = r.integer("num_shared_experts", 0, 1);
+    c.shared_intermediate = c.shared_experts * c.moe_intermediate;
+  }
+  const int64_t dense = c.exaone_moe() ? c.first_dense : 1;
+  c.first_dense = 0;
+  std::vector<uint8_t> sparse(static_cast<size_t>(c.layers), 1);
+  for (int64_t l = 0; l < std::min(dense, c.layers); ++l) sparse[static_cast<size_t>(l)] = 0;
+  if (r.has("mlp_layer_types")) read_layer_types(r, c.layers, "mlp_layer_types", {"dense", "sparse"}, sparse);
+  c.mlp_only_layers.clear();
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (!sparse[static_cast<size_t>(l)]) c.mlp_only_layers.push_back(l);
+}
+
+// Qwen3-MoE's mlp_only_layers: the layers that run a dense MLP.
+void read_mlp_only_layers(const Reader& r, ModelConfig& c) {
+  const json& v = r.j.at("mlp_only_layers");
+  if (!v.is_array()) r.fail("mlp_only_layers", "value " + v.dump() + " is not a list of layer indices");
+  for (const json& l : v) {
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.layers)
+      r.fail("mlp_only_layers", "holds " + l.dump() + "; accepted: layer indices 0.." + std::to_string(c.layers - 1) +
+                                    " (num_hidden_layers " + std::to_string(c.layers) + ")");
+    c.mlp_only_layers.push_back(l.get<int64_t>());
+  }
+}
+
 void read_experts(const Reader& r, ModelConfig& c) {
   if (c.granite_hybrid() && r.integer("num_local_experts", 0, 8) == 0) {  // (Granite-4.0-micro: its shared MLP alone)
     c.intermediate = r.integer("shared_intermediate_size", 1, 1024);
@@ -593,17 +635,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
   }
   if (c.hunyuan_moe()) return read_hunyuan_experts(r, c);
   if (c.llama4()) return read_llama4_experts(r, c);
-  if (c.olmoe()) {  // (OLMoE's experts: intermediate_size wide, every layer sparse; norm_topk_prob false by default)
-    c.experts = r.integer("num_experts", 1);
-    c.experts_key = "num_experts";
-    c.experts_per_token = r.integer("num_experts_per_tok", 1);
-    if (c.experts_per_token > c.experts)
-      r.fail("num_experts_per_tok", std::to_string(c.experts_per_token) + " is more than the " +
-                                        std::to_string(c.experts) + " experts of num_experts");
-    c.moe_intermediate = c.intermediate;
-    c.norm_topk = r.boolean("norm_topk_prob", false);
-    return;
-  }
+  if (c.olmoe()) return read_olmoe_experts(r, c);
   const bool mixtral = c.architecture == "MixtralForCausalLM" || c.minimax_m2() || c.granite_moe();
   const bool ernie = c.ernie4_5_moe();
   const char* count = ernie                                   ? "moe_num_experts"
@@ -643,24 +675,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
       r.fail("swiglu_limit", "swiglu_alpha and swiglu_limit must be positive");
     return;
   }
-  // (GLM-4.7-Flash and K-EXAONE: mlp_layer_types says which layers are dense; their defaults: layer 0, and the layers
-  // below first_k_dense_replace)
-  if (c.architecture == "Glm4MoeLiteForCausalLM" || c.exaone_moe()) {
-    read_glm_routing(r, c);
-    if (c.exaone_moe()) {  // (ExaoneMoeConfig's key for the shared experts)
-      c.shared_experts = r.integer("num_shared_experts", 0, 1);
-      c.shared_intermediate = c.shared_experts * c.moe_intermediate;
-    }
-    const int64_t dense = c.exaone_moe() ? c.first_dense : 1;
-    c.first_dense = 0;
-    std::vector<uint8_t> sparse(static_cast<size_t>(c.layers), 1);
-    for (int64_t l = 0; l < std::min(dense, c.layers); ++l) sparse[static_cast<size_t>(l)] = 0;
-    if (r.has("mlp_layer_types")) read_layer_types(r, c.layers, "mlp_layer_types", {"dense", "sparse"}, sparse);
-    c.mlp_only_layers.clear();
-    for (int64_t l = 0; l < c.layers; ++l)
-      if (!sparse[static_cast<size_t>(l)]) c.mlp_only_layers.push_back(l);
-    return;
-  }
+  if (c.architecture == "Glm4MoeLiteForCausalLM" || c.exaone_moe()) return read_mlp_layer_types(r, c);
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") read_glm_routing(r, c);
   if (c.solar_open()) c.first_dense = 0;  // (every layer sparse: SolarOpenConfig has no first_k_dense_replace)
   if (c.glm4_moe() || c.architecture == "DeepseekV3ForCausalLM") return;
@@ -694,16 +709,7 @@ void read_experts(const Reader& r, ModelConfig& c) {
   }
   // (Qwen3_5MoeTopKRouter and Qwen3VLMoeTextTopKRouter renormalise their top k always)
   if (c.qwen3_5() || c.qwen3_vl()) c.norm_topk = true;
-  if (r.has("mlp_only_layers")) {
-    const json& v = r.j.at("mlp_only_layers");
-    if (!v.is_array()) r.fail("mlp_only_layers", "value " + v.dump() + " is not a list of layer indices");
-    for (const json& l : v) {
-      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.layers)
-        r.fail("mlp_only_layers", "holds " + l.dump() + "; accepted: layer indices 0.." + std::to_string(c.layers - 1) +
-                                      " (num_hidden_layers " + std::to_string(c.layers) + ")");
-      c.mlp_only_layers.push_back(l.get<int64_t>());
-    }
-  }
+  if (r.has("mlp_only_layers")) read_mlp_only_layers(r, c);
 }
 
 // quantization_config: gpt-oss's MXFP4 experts are read (dequantized at load); any other quantized
