@@ -708,26 +708,11 @@ def test_cwm_as_published_takes_cwmconfigs_defaults(tmp_path):
     layer_types and sliding_window is CwmConfig's defaults (Llama 3.1's scaling, factor 16 over 8192 at base 1e6;
     every fourth layer full; a window of 8192), ours following transformers; and its layer_types, changed, move the
     states with transformers'."""
-    folder = tmp_path / "cwm"
-    make_model(folder, "cwm", seed=7)
-    tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(3))
-    layers = [0, 1, 2, 3]
-    p, base = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
-    assert p.returncode == 0, p.stderr
-    made = json.loads((folder / "config.json").read_text())
-    published = {k: v for k, v in made.items() if k not in ("rope_parameters", "layer_types", "sliding_window")}
-    changed = dict(made, layer_types=["full_attention"] * 2 + ["sliding_attention"] * 2)
-    for what, config in [("as published (CwmConfig's defaults)", published), ("layers 0 and 1 full", changed)]:
-        (folder / "config.json").write_text(json.dumps(config))
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        p, ours = run_target(folder, tokens, torch.tensor([40]), layers, tmp_path)
-        assert p.returncode == 0, p.stderr
-        with torch.no_grad():
-            ref = theirs(input_ids=tokens, output_hidden_states=True)
-        err = max(rel(ours["hidden"][0, :, e], ref.hidden_states[l + 1][0]) for e, l in enumerate(layers))
-        moved = rel(ours["hidden"][0, :, 3], base["hidden"][0, :, 3])
-        print(f"cwm {what}: rel err {err:.1e}; the change moves layer 3's states {moved:.1e}")
-        assert err <= BOUND and moved > 10 * BOUND, (what, err, moved)
+    changed_configs_follow_transformers("cwm", 7, 3, [
+        ("as published (CwmConfig's defaults)", lambda made: without(made, "rope_parameters", "layer_types",
+                                                                     "sliding_window")),
+        ("layers 0 and 1 full", lambda made: {**made, "layer_types": ["full_attention"] * 2 + ["sliding_attention"] * 2})],
+        tmp_path)
 
 
 @pytest.mark.parametrize("suffix,count", [("per_layer_projection.weight", 4), ("embed_tokens_per_layer.weight", 1)])

@@ -446,6 +446,16 @@ def zlab_blocks(world, model, dump):
     return same, total, err
 
 
+def reconfigured(world, name, folder, config):
+    """A folder `name` holding `folder`'s weights (linked) under another config.json: the same weights as the reference
+    reads them with one of the config's choices undone."""
+    out = world["root"] / name
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "model.safetensors").symlink_to(folder / "model.safetensors")
+    return out
+
+
 def test_dflash_sliding_layers_load_into_the_reference_with_our_function(world, dflash_sliding):
     """[drafter] layer_types = ["sliding_attention", "full_attention"], sliding_window = 5: the
     folder says so (layer_types, use_sliding_window, sliding_window), z-lab's DFlashDraftModel
@@ -467,12 +477,8 @@ def test_dflash_sliding_layers_load_into_the_reference_with_our_function(world, 
     print(f"sliding window {WINDOW} in layer 0: {same} of {total} block proposals equal ours, loss max rel err {err:.1e}")
     assert total >= 100 and same == total
     assert err <= TOL
-    full = json.loads(json.dumps(cfg))
-    full["layer_types"] = ["full_attention", "full_attention"]
-    unwindowed = world["root"] / "dflash_sliding_unwindowed"
-    unwindowed.mkdir()
-    (unwindowed / "config.json").write_text(json.dumps(full))
-    (unwindowed / "model.safetensors").symlink_to(folder / "model.safetensors")
+    unwindowed = reconfigured(world, "dflash_sliding_unwindowed", folder,
+                              dict(cfg, layer_types=["full_attention", "full_attention"]))
     other = DFlashDraftModel.from_pretrained(unwindowed, dtype=torch.float32).eval()
     same_full, total_full, err_full = zlab_blocks(world, other, dump)
     print(f"the same weights with every layer full: {same_full} of {total_full} equal, loss rel err {err_full:.1e}")
@@ -503,12 +509,8 @@ def test_dflash_yarn_rope_loads_into_the_reference_with_our_function(world, dfla
           f"loss max rel err {err:.1e}")
     assert total >= 100 and same == total
     assert err <= TOL
-    plain = json.loads(json.dumps(cfg))
-    plain["rope_parameters"] = {"rope_type": "default", "rope_theta": ROPE_THETA}
-    unscaled = world["root"] / "dflash_yarn_unscaled"
-    unscaled.mkdir()
-    (unscaled / "config.json").write_text(json.dumps(plain))
-    (unscaled / "model.safetensors").symlink_to(folder / "model.safetensors")
+    unscaled = reconfigured(world, "dflash_yarn_unscaled", folder,
+                            dict(cfg, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}))
     other = DFlashDraftModel.from_pretrained(unscaled, dtype=torch.float32).eval()
     same_plain, total_plain, err_plain = zlab_blocks(world, other, dump)
     print(f"the same weights with a plain RoPE: {same_plain} of {total_plain} equal, loss rel err {err_plain:.1e}")
@@ -801,12 +803,8 @@ def test_dflash2_with_scales_and_cap_selects_our_tokens(world, dflash2_scaled):
     from dflash.model import DFlash2DraftModel
 
     for key in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):  # not vacuous
-        other = json.loads(json.dumps(cfg))
-        del other["dflash_config"][key]
-        folder = world["root"] / f"dflash2_without_{key}"
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(other))
-        (folder / "model.safetensors").symlink_to(dflash2_scaled["folder"] / "model.safetensors")
+        without = dict(cfg, dflash_config={k: v for k, v in cfg["dflash_config"].items() if k != key})
+        folder = reconfigured(world, f"dflash2_without_{key}", dflash2_scaled["folder"], without)
         model = DFlash2DraftModel.from_pretrained(folder, dtype=torch.float32).eval()
         same, total, _ = dflash2_choices(world, model, dflash2_scaled["dumps"][("target_kl", "positions")])
         print(f"the same folder without {key}: {same} of {total} proposals equal ours")
