@@ -735,10 +735,15 @@ def test_speculators_eagle3_chain_proposals_equal_ours(world, eagle3, spec_eagle
     """speculators' own RoPE positions: step i of column t at t + 1 + i (its forward; vLLM's
     EagleProposer advances a drafted token's position by one per step too; ours is t + i, a
     uniform shift)."""
+    chains_equal_ours(world, eagle3, spec_eagle3, "step i of column t at RoPE position t + 1 + i")
+
+
+def chains_equal_ours(world, eagle3, spec, what):
+    """speculators' chains (its positions) equal our validation's proposals, and our loss from its logits ours."""
     dump = eagle3["dump"]
-    same, total, err = compare_chains(dump, speculators_chains(world, spec_eagle3, dump, True))
-    print(f"EAGLE-3 chains through speculators' modules, step i of column t at RoPE position t + 1 + i: {same} of "
-          f"{total} proposals equal ours; our validation loss from its logits: max relative error {err:.1e}")
+    same, total, err = compare_chains(dump, speculators_chains(world, spec, dump, True))
+    print(f"EAGLE-3 chains through speculators' modules, {what}: {same} of {total} proposals equal ours; our "
+          f"validation loss from its logits: max relative error {err:.1e}")
     assert total >= 100 and same == total
     assert err <= TOL
 
@@ -757,12 +762,8 @@ def test_speculators_eagle3_with_llama3_rope_chains_equal_ours(world, eagle3_lla
     plain = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)
     moved = int((model.rotary_emb.inv_freq - plain).abs().gt(1e-6 * plain).sum())
     assert moved >= 3, model.rotary_emb.inv_freq
-    dump = eagle3_llama3["dump"]
-    same, total, err = compare_chains(dump, speculators_chains(world, spec_eagle3_llama3, dump, True))
-    print(f"EAGLE-3 with Llama 3.1's RoPE ({moved} of {head_dim // 2} frequencies scaled) through speculators' modules: "
-          f"{same} of {total} proposals equal ours; our validation loss from its logits: max relative error {err:.1e}")
-    assert total >= 100 and same == total
-    assert err <= TOL
+    chains_equal_ours(world, eagle3_llama3, spec_eagle3_llama3,
+                      f"Llama 3.1's RoPE ({moved} of {head_dim // 2} frequencies scaled)")
 
 
 def test_every_step_at_one_position_would_not_be_ours(world, eagle3, spec_eagle3):
