@@ -15,6 +15,7 @@
 import json
 import math
 import random
+import shutil
 import subprocess
 
 import h5py
@@ -229,6 +230,29 @@ def test_export_layout(trained, tmp_path):
         assert torch.equal(w["t2d"].nonzero().flatten(), ids)  # the two maps agree
     a, b = load_file(str(trained["folder"] / "model.safetensors")), load_file(str(again / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in EXPECTED)
+
+
+@pytest.mark.parametrize("change,expected", [
+    (dict(rope_theta=500000.0), "rope_theta 500000 with RoPE scaling \"default\", but the experiment's drafter has 10000"),
+    (dict(rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                            original_max_position_embeddings=8192)),
+     "with RoPE scaling \"llama3\" (factor 8, original_max_position_embeddings 8192, low / high_freq_factor 1 / 4), "
+     "but the experiment's drafter has 10000 with \"default\""),
+    (dict(rope_scaling=dict(rope_type="dynamic", factor=2.0)), "rope_scaling.rope_type: \"dynamic\" is not a RoPE"),
+])
+def test_import_of_another_rope_is_refused(trained, tmp_path, change, expected):
+    """A folder whose RoPE is not the experiment's drafter's (another base, a Llama 3.1 scaling, a type the drafter
+    does not compute) is refused at import with a sentence; before, the importer read neither and ran the folder's
+    weights under the experiment's RoPE."""
+    folder = tmp_path / "other"
+    shutil.copytree(trained["folder"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    exp = embedded_experiment(tmp_path, "import", tmp_path / "run", steps=1, init=folder)
+    p = subprocess.run([str(CLI), "validate", str(exp)], capture_output=True, text=True, timeout=300)
+    line = p.stderr.strip().splitlines()[0] if p.stderr.strip() else ""
+    print(line)
+    assert p.returncode == 2 and expected in line, p.stdout + p.stderr
 
 
 def chain_draft(w, cfg, hs, tokens, prompt_len):
