@@ -431,6 +431,13 @@ TEST(DFlashDrafter, BadInputIsAConfigErrorNamingTheValue) {
   expect_bind_error({{"hidden", int64_t{18}}}, "hidden size 18", 18);
   expect_bind_error({{"heads", int64_t{4}}, {"kv_heads", int64_t{3}}}, "kv_heads = 3");
   expect_bind_error({{"hidden", int64_t{32}}}, "hidden = 32");
+  // RoPE scalings that need the pretraining length, or would divide by zero
+  expect_bind_error({{"rope_type", std::string("yarn")}, {"rope_factor", 4.0}},
+                    "rope_type = \"yarn\" needs the pretraining length");
+  expect_bind_error({{"rope_type", std::string("llama3")},
+                     {"rope_original_max_position", int64_t{16}},
+                     {"rope_high_freq_factor", 1.0}},
+                    "equals rope_low_freq_factor (1)");
 }
 
 }  // namespace
