@@ -17,10 +17,6 @@ namespace flashdraft::hf {
 
 const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "MistralForCausalLM",
-                                                          "MinistralForCausalLM",
-                                                          "GlmForCausalLM",
-                                                          "ExaoneMoeForCausalLM",
-                                                          "CwmForCausalLM",
                                                           "Qwen2ForCausalLM",
                                                           "Qwen3ForCausalLM",
                                                           "Qwen3MoeForCausalLM",
@@ -81,7 +77,11 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "GraniteSWAForCausalLM",
                                                           "GraniteMoeSWAForCausalLM",
                                                           "Exaone4_5_ForConditionalGeneration",
-                                                          "Glm46VForConditionalGeneration"};
+                                                          "Glm46VForConditionalGeneration",
+                                                          "MinistralForCausalLM",
+                                                          "CwmForCausalLM",
+                                                          "GlmForCausalLM",
+                                                          "ExaoneMoeForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
