@@ -237,6 +237,11 @@ FAMILIES = [
           num_experts_per_tok=2, n_group=4, topk_group=2, num_shared_experts=1, moe_intermediate_size=32,
           first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=1e4, pad_token_id=0, bos_token_id=1,
           eos_token_id=2), {}),
+    # Kyutai's Helium (HeliumForCausalLM): Llama's layers, every norm's weight applied in float32, RoPE's pairs
+    # interleaved, q / k / v biases (attention_bias; its o_proj has none).
+    ("helium", "HeliumConfig", "HeliumForCausalLM",
+     dict(tie_word_embeddings=False, head_dim=16, attention_bias=True, rope_theta=1e5, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
     # ERNIE 4.5's kind (Ernie4_5ForCausalLM): Llama's layers, every dimension rotated with its pairs interleaved.
     ("ernie4_5", "Ernie4_5Config", "Ernie4_5ForCausalLM",
      dict(tie_word_embeddings=True, head_dim=16, rope_theta=5e5, pad_token_id=0, bos_token_id=1, eos_token_id=2), {}),

@@ -81,7 +81,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "MinistralForCausalLM",
                                                           "CwmForCausalLM",
                                                           "GlmForCausalLM",
-                                                          "ExaoneMoeForCausalLM"};
+                                                          "ExaoneMoeForCausalLM",
+                                                          "HeliumForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -1290,6 +1291,7 @@ void read_family_layout(const Reader& r, ModelConfig& c) {
              "or absent, as published)");
   }
   if (c.olmo()) c.qk_norm_full = c.post_norms = c.sandwich_norms = c.norm_weight_fp32 = true;
+  if (c.helium()) c.norm_weight_fp32 = c.rope_interleave = true;
   if (c.olmoe()) {
     c.qk_norm_full = true;
     c.clip_qkv = r.real(r.j, "clip_qkv", 0.0);  // (null: none)
@@ -1382,8 +1384,9 @@ ModelConfig read_config(const std::string& folder) {
                (c.glm_attention() && r.boolean("attention_bias", true));  // (GlmConfig's, Glm4Config's default)
   const bool phi3 = c.architecture == "Phi3ForCausalLM";                  // no biases
   const bool gpt_oss = c.architecture == "GptOssForCausalLM";  // biases on q, k, v, o unless attention_bias false
+  c.qkv_bias = c.qkv_bias || (c.helium() && r.boolean("attention_bias", false));
   c.o_bias = !qwen2 && !qwen2_moe && !mistral && !glm && !phi3 && !c.minimax_m2() && !c.glm_attention() &&
-             !c.exaone4() && !c.exaone_moe() && !c.ernie4_5() && !c.nemotron_h() &&
+             !c.exaone4() && !c.exaone_moe() && !c.ernie4_5() && !c.nemotron_h() && !c.helium() &&
              r.boolean("attention_bias", gpt_oss);
   if (c.o_bias) c.qkv_bias = true;  // (attention_bias: q, k, v and o)
   c.sinks = c.norm_weight_fp32 = gpt_oss;
