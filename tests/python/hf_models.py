@@ -105,6 +105,12 @@ FAMILIES = [
     # from a rank-16 one, 16 + 8 dimensions of q / k a head, the 8 rotated with their pairs interleaved, 12 of v),
     # YaRN with mscale_all_dim (the softmax scale's factor); layer 0 dense, the others GLM-4.5's kind of router (8
     # experts in 4 groups, 2 a token from the best 2 groups, times 2.5) and one shared expert.
+    # Tencent's Youtu-LLM (YoutuForCausalLM): DeepSeek-V3's latent attention (pairs interleaved) with a dense MLP in
+    # every layer, tied embeddings.
+    ("youtu", "YoutuConfig", "YoutuForCausalLM",
+     dict(tie_word_embeddings=True, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+          v_head_dim=12, num_key_value_heads=4, rope_interleave=True, rope_theta=1e4, pad_token_id=0, bos_token_id=1,
+          eos_token_id=2), {}),
     ("deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM",
      dict(tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
           v_head_dim=12, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,

@@ -82,7 +82,8 @@ const std::vector<std::string> kSupportedArchitectures = {"LlamaForCausalLM",
                                                           "CwmForCausalLM",
                                                           "GlmForCausalLM",
                                                           "ExaoneMoeForCausalLM",
-                                                          "HeliumForCausalLM"};
+                                                          "HeliumForCausalLM",
+                                                          "YoutuForCausalLM"};
 
 bool ModelConfig::sparse(int64_t layer) const {
   if (!moe_blocks.empty()) return moe_blocks[static_cast<size_t>(layer)] != 0;  // (Nemotron-H: its "E" blocks)
@@ -1358,7 +1359,7 @@ ModelConfig read_config(const std::string& folder) {
   const Reader r{text, multimodal && !flat ? file + ": text_config" : file};
   read_sizes(r, c);
   const bool deepseek = c.architecture == "DeepseekV3ForCausalLM" || c.architecture == "Glm4MoeLiteForCausalLM" ||
-                        c.deepseek_v2() || c.mistral4();
+                        c.deepseek_v2() || c.mistral4() || c.youtu();
   if (deepseek) {
     read_mla(r, c);
     if (c.deepseek_v2()) c.rope_interleave = true;  // (its rotary's complex products: pairs interleaved, no key)
@@ -1410,8 +1411,9 @@ ModelConfig read_config(const std::string& folder) {
     r.fail("hidden_act", "value " + r.j.at("hidden_act").dump() + " is not supported (accepted: \"silu\")");
   }
   const bool hybrid_moe = c.architecture.rfind("Qwen3_5Moe", 0) == 0 || c.architecture == "Qwen3NextForCausalLM";
-  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || deepseek || c.minimax_m2() || c.ernie4_5_moe() ||
-      c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4() || c.afmoe() || c.exaone_moe())
+  if (moe || qwen2_moe || mixtral || glm || gpt_oss || hybrid_moe || (deepseek && !c.youtu()) || c.minimax_m2() ||
+      c.ernie4_5_moe() || c.granite_moe() || c.dots1() || c.hunyuan_moe() || c.olmoe() || c.llama4() || c.afmoe() ||
+      c.exaone_moe())
     read_experts(r, c);
   if (multimodal && top.has("tie_word_embeddings"))  // (the composite model's own key decides)
     c.tie_embeddings = top.boolean("tie_word_embeddings", false) ? 1 : 0;

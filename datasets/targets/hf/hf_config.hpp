@@ -8,10 +8,10 @@
 // between gated attention layers), Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ForConditionalGeneration: the same with
 // Qwen2-MoE's kind of experts and gated shared expert in every layer) and Qwen3-Next (Qwen3NextForCausalLM: the
 // same kind, its Gated DeltaNet's projections packed per key head), and the others kSupportedArchitectures lists
-// (DeepSeek-V3's kind, Mistral 4, Ministral, Ministral 3, Meta's CWM, the first GLM-4, K-EXAONE, Helium, Qwen3-VL,
-// Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its mixtures of experts, dots.llm1, Hunyuan's
-// mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus, AFMoE:
-// see their members below). Anything else is refused with the architecture found and the list.
+// (DeepSeek-V3's kind, Mistral 4, Ministral, Ministral 3, Meta's CWM, the first GLM-4, K-EXAONE, Helium, Youtu-LLM,
+// Qwen3-VL, Gemma 3 / 4, SmolLM3, OLMo 2 / 3, GLM-4, EXAONE 4.0, Granite and its mixtures of experts, dots.llm1,
+// Hunyuan's mixture of experts, DeepSeek-V2, Cohere / Cohere 2, OLMoE / FlexOlmo, Arcee, Llama 4, Granite 4.0, Apertus,
+// AFMoE: see their members below). Anything else is refused with the architecture found and the list.
 #pragma once
 
 #include <flashdraft/rope_scaling.hpp>
@@ -60,6 +60,9 @@ struct ModelConfig {
   // Kyutai's Helium (HeliumForCausalLM): Llama's layers, every norm's weight applied in float32 (norm_weight_fp32),
   // RoPE's pairs interleaved (GLM's rotation), attention_bias on q / k / v only (its o_proj has none)
   bool helium() const { return architecture == "HeliumForCausalLM"; }
+  // Tencent's Youtu-LLM (YoutuForCausalLM): DeepSeek-V3's latent attention (its pairs interleaved by default) with a
+  // dense SwiGLU MLP in every layer
+  bool youtu() const { return architecture == "YoutuForCausalLM"; }
   // Mistral's kind of attention (no biases; with sliding_window set, every layer sliding but where layer_types says):
   // Mistral, Mixtral, Ministral, Ministral 3 (and Mistral 3's language model) and CWM (its layer_types' default)
   bool mistral_kind() const {
