@@ -286,7 +286,7 @@ def test_the_scales_and_cap_reach_the_reference(trained, tmp_path):
     about one standard error only (ours 1.1500 +- 0.0222; the folder as written 1.1528, without them 1.1913), so the
     multiplier and the cap are checked where they are exact, in test_dflash_crosscheck.py's "scaled" step (loss and
     every gradient; each number moves its loss by 1e-2 or more). (A cap that a drafter's logits saturate, 3-10 here,
-    ties float32 logits at the cap in the reference's argmax as in ours: tau 1.04-1.08; at 20 it trains to 1.3.)"""
+    ties float32 logits at the cap in the reference's argmax as in ours: tau 1.00-1.10; at 20 it trains to 1.3.)"""
     if trained["name"] != "scaled":
         pytest.skip("the scaled drafter's check")
     dump, _ = validate(trained, "greedy", 0.0)
