@@ -344,15 +344,22 @@ def gpt_oss_limit_is_read():
     return transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts(config).limit == 0.5
 
 
+def sinks_are_read(family, tmp_path):
+    """`family`'s attention sinks (one a layer, drawn in make_model) zeroed in the checkpoint: ours follows transformers
+    with them zeroed, and they move the states. Returns our states with them zeroed."""
+    sinks, ours, unsunk, ref = zeroed_against_transformers(family, "self_attn.sinks", tmp_path)
+    assert len(sinks) == 4 and all(t.abs().min() >= 0.5 for t in sinks.values())
+    print(f"{family} with its sinks zeroed: rel err {rel(unsunk, ref):.1e}; the sinks move it {rel(ours, unsunk):.1e}")
+    assert rel(unsunk, ref) <= BOUND and rel(ours, unsunk) > 10 * BOUND
+    return unsunk
+
+
 def test_gpt_oss_sinks_clamped_glu_and_windows_are_read_and_used(tmp_path):
     """gpt-oss's own parts each move the states, and ours follows transformers through each change
     (the family test gives the states equal with all of them): its attention sinks zeroed in the
     checkpoint, its GLU's limit at the published 7 (which this random model's products never reach,
     against 0.2), its sliding layers made full. Layer 3 of 4, 40 positions (past the window of 6)."""
-    sinks, ours, unsunk, ref = zeroed_against_transformers("gpt_oss", "self_attn.sinks", tmp_path)
-    assert len(sinks) == 4 and all(t.abs().min() >= 0.5 for t in sinks.values())
-    print(f"gpt_oss with its sinks zeroed: rel err {rel(unsunk, ref):.1e}; the sinks move it {rel(ours, unsunk):.1e}")
-    assert rel(unsunk, ref) <= BOUND and rel(ours, unsunk) > 10 * BOUND
+    unsunk = sinks_are_read("gpt_oss", tmp_path)
     folder = tmp_path / "gpt_oss"
     tokens = torch.randint(0, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
     for change in (dict(swiglu_limit=7.0), dict(layer_types=["full_attention"] * 4)):
@@ -1380,10 +1387,7 @@ def test_granite_swa_reads_its_sinks_bases_and_layer_pattern(tmp_path):
     states and ours follows transformers; each change of layer_rope_theta (the sliding layers' base, the NoPE layer
     rotating) and the default layer pattern (no layer_types: layer 0 full, the others sliding) moves them, ours following
     (40 positions); a full layer whose base differs from another full layer's is refused with a sentence."""
-    sinks, ours, unsunk, ref = zeroed_against_transformers("granite_swa", "self_attn.sinks", tmp_path)
-    assert len(sinks) == 4 and all(t.abs().min() >= 0.5 for t in sinks.values())
-    print(f"granite_swa with its sinks zeroed: rel err {rel(unsunk, ref):.1e}; the sinks move it {rel(ours, unsunk):.1e}")
-    assert rel(unsunk, ref) <= BOUND and rel(ours, unsunk) > 10 * BOUND
+    sinks_are_read("granite_swa", tmp_path)
     folder = tmp_path / "granite_swa"
     tokens = torch.randint(0, SMALL["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(6))
     # (a softmax scale of 2, not the family's 0.09: attention sharp enough that the positions' rotation shows)
