@@ -268,8 +268,11 @@ class Run:
         cols = {"step": np.int64, "layer": np.int64, "phase": object, "variant_id": np.int64, "variant": object}
         k = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
             {c: pd.Series([], dtype=t) for c, t in cols.items()})
-        belongs = {v: variant_belongs(v, selected) for v in pd.unique(k["variant"])}
-        k["fallback"] = ~k["variant"].map(belongs).astype(bool)
+        # The kernel each column's calls were chosen to run (logs since 2026-12-08: the drafter's calls, the target's,
+        # the LM-head loss; they differ where the choice ran some calls on a fallback); else the one selected.
+        expected = [line for line in str(self.kernel_attrs.get("column_kernels", "")).split("\n") if line]
+        k["expected"] = [expected[l] if l < len(expected) else selected for l in k["layer"]]
+        k["fallback"] = ~np.array([variant_belongs(v, e) for v, e in zip(k["variant"], k["expected"])], dtype=bool)
         k = k.sort_values(["step", "phase", "layer"], kind="stable", ignore_index=True)
         k.attrs.update(self.kernel_attrs)
         self.kernels = k
@@ -278,7 +281,8 @@ class Run:
             g = k.groupby(["phase", "variant"], sort=False)
             summary = g.agg(calls=("step", "size"), first_step=("step", "min"), last_step=("step", "max"),
                             layers=("layer", lambda x: sorted(set(int(i) for i in x)))).reset_index()
-            summary["belongs_to_selected"] = [variant_belongs(v, selected) for v in summary["variant"]]
+            own = k.groupby(["phase", "variant"], sort=False)["fallback"].any()
+            summary["belongs_to_selected"] = [not own[(p, v)] for p, v in zip(summary["phase"], summary["variant"])]
             summary = summary.sort_values(["phase", "first_step"], key=lambda c: c.map({"forward": 0, "backward": 1})
                                           if c.name == "phase" else c, ignore_index=True)
         else:
@@ -295,7 +299,7 @@ class Run:
             rows.append({"step": int(r.step), "source": "ledger", "kind": "foreign_variant", "layer": int(r.layer),
                          "phase": r.phase, "variant": r.variant,
                          "message": f"{r.phase} of layer {r.layer} ran '{r.variant}', "
-                                    f"not a variant of the selected kernel '{selected}'"})
+                                    f"not a variant of the selected kernel '{r.expected}'"})
         self.fallbacks = pd.DataFrame(rows, columns=["step", "source", "kind", "layer", "phase", "variant", "message"])
 
     def _load_eval(self, f: h5py.File, swmr: bool) -> None:

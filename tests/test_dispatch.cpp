@@ -166,3 +166,85 @@ TEST(Dispatch, SecondBackwardWithoutRetainGraphIsRefusedWithASentence) {
     EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
   }
 }
+
+namespace {
+
+fd::AttentionProblem problem_of(int64_t head_dim) {
+  return fd::AttentionProblem::of(c10::kCPU, at::kFloat, kBatch, kHeadsQ, kHeadsKv, kQ, kKv, head_dim,
+                                  /*needs_backward=*/true, "dflash");
+}
+
+}  // namespace
+
+// Calls of two head widths (Gemma 4's sliding and full layers): flash_cpu runs heads up to 256 wide, so under
+// on_fallback = "warn" the calls of 32 stay on it and those of 320 run on dense_ref; each call's forward and backward
+// run its own kernel, at its kernel's mask block size (64 and 128), and equal a float64 reference. Under "error"
+// the choice stops with a sentence that names the refused calls.
+TEST(Dispatch, EachHeadShapeRunsOnTheKernelChosenForIt) {
+  auto flash = test::load<fd::AttentionKernel>(fd::PluginKind::kernel, "flash_cpu", "kernels.flash_cpu");
+  auto dense = test::load<fd::AttentionKernel>(fd::PluginKind::kernel, "dense_ref", "kernels.dense_ref");
+  auto generator = test::load<fd::MaskGenerator>(fd::PluginKind::mask, "dflash", "mask");
+  const std::vector<fd::KernelCandidate> candidates{{"flash_cpu", flash.get(), {}}, {"dense_ref", dense.get(), {}}};
+  const int64_t wide = 320;
+  const std::vector<fd::AttentionProblem> problems{problem_of(kDim), problem_of(kDim), problem_of(wide),
+                                                   problem_of(kDim), problem_of(wide)};
+  try {
+    fd::choose_kernel(problems, candidates, "error");
+    ADD_FAILURE() << "flash_cpu refuses heads of 320, and the policy is \"error\"";
+  } catch (const fd::FallbackError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("flash_cpu: selected for calls 0-1,3; refused for the others: flash_cpu: head_dim 320"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("run the calls it refuses on 'dense_ref'"), std::string::npos) << what;
+  }
+  const fd::KernelChoice choice = fd::choose_kernel(problems, candidates, "warn");
+  std::printf("%s", choice.report().c_str());
+  EXPECT_TRUE(choice.mixed());
+  EXPECT_TRUE(choice.fallback);
+  EXPECT_EQ(choice.call_kernels(),
+            (std::vector<std::string>{"flash_cpu", "flash_cpu", "dense_ref", "flash_cpu", "dense_ref"}));
+  EXPECT_NE(choice.report().find("dense_ref: selected (FALLBACK: not the first preference) for calls 2,4"),
+            std::string::npos)
+      << choice.report();
+  EXPECT_NE(choice.fallback_note().find("running calls 0-1,3 on 'flash_cpu', calls 2,4 on 'dense_ref'"),
+            std::string::npos)
+      << choice.fallback_note();
+  // Every problem on the first preference: one kernel, the report as before routes.
+  const fd::KernelChoice narrow = fd::choose_kernel({problem_of(kDim), problem_of(64)}, candidates, "error");
+  EXPECT_FALSE(narrow.mixed());
+  EXPECT_EQ(narrow.call_kernels(), (std::vector<std::string>{"flash_cpu", "flash_cpu"}));
+
+  fd::KernelLedger ledger;
+  ledger.begin_step(0, 2);
+  fd::AttentionDispatcher dispatcher(choice, generator.get(), "warn", &ledger, nullptr);
+  const fd::MaskInput input = dflash_input({{8, 30, 51, 77}, {3, 40, 41, 60}});
+  dispatcher.set_mask(input);
+  const at::Tensor visible = fd::dense(dispatcher.mask()).expand({kBatch, kHeadsQ, kQ, kKv});
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(test::base_seed() + 11);
+  const double bound = 1e-5;
+  for (const int64_t dim : {kDim, wide}) {
+    const int64_t call = dim == kDim ? 0 : 1;
+    auto r = [&](int64_t heads, int64_t rows) { return at::randn({kBatch, heads, rows, dim}, gen, at::kFloat); };
+    const at::Tensor q = r(kHeadsQ, kQ), k = r(kHeadsKv, kKv), v = r(kHeadsKv, kKv), g = r(kHeadsQ, kQ);
+    std::vector<at::Tensor> leaves{q.clone().requires_grad_(true), k.clone().requires_grad_(true),
+                                   v.clone().requires_grad_(true)};
+    const double scale = 1.0 / std::sqrt(double(dim));
+    (dispatcher.attention(call, leaves[0], leaves[1], leaves[2], scale) * g).sum().backward();
+    std::vector<at::Tensor> ref{q.to(at::kDouble).requires_grad_(true), k.to(at::kDouble).requires_grad_(true),
+                                v.to(at::kDouble).requires_grad_(true)};
+    const at::Tensor ref_out = reference_attention(ref[0], ref[1], ref[2], visible, scale);
+    (ref_out * g.to(at::kDouble)).sum().backward();
+    const std::string want = dim == kDim ? "flash_cpu" : "dense_ref";
+    for (const fd::Phase phase : {fd::Phase::forward, fd::Phase::backward}) {
+      const std::string& ran = ledger.names()[static_cast<size_t>(ledger.ids(phase)[static_cast<size_t>(call)])];
+      EXPECT_TRUE(fd::variant_belongs_to(ran, want)) << "heads of " << dim << " ran " << ran;
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      const double err = test::relative_error(leaves[i].grad(), ref[i].grad());
+      EXPECT_LE(err, bound) << "heads of " << dim << " gradient " << i;
+      std::printf("  heads of %ld on %s: gradient %zu rel err %.1e (bound %.0e)\n", static_cast<long>(dim),
+                  want.c_str(), i, err, bound);
+    }
+  }
+}

@@ -722,6 +722,35 @@ def test_cwm_as_published_takes_cwmconfigs_defaults(tmp_path):
         tmp_path)
 
 
+def test_gemma4_full_layers_run_on_the_next_kernel_where_the_first_refuses_their_heads(tmp_path):
+    """Gemma 4's full layers have heads of their own width (512 as published), wider than flash_cuda runs. With
+    kernels [flash_cpu, dense_ref] under on_fallback = "warn" and full layers 320 wide (flash_cpu runs up to 256), the
+    sliding layers stay on flash_cpu and only the full layers run on dense_ref: the choice says which calls run where,
+    the ledger records both kernels, and the states equal transformers'."""
+    folder = tmp_path / "gemma4"
+    model = make_model(folder, "gemma4", seed=37, global_head_dim=320)
+    tokens = torch.randint(0, SMALL["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([24, 15])
+    layers = [0, 1, 2, 3]
+    p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cpu,dense_ref")
+    assert p.returncode == 0, p.stderr
+    assert "flash_cpu: selected for calls 0,2; refused for the others: flash_cpu: head_dim 320 unsupported" in p.stdout, \
+        p.stdout
+    assert "dense_ref: selected (FALLBACK: not the first preference) for calls 1,3" in p.stdout, p.stdout
+    ran = next(line for line in p.stdout.splitlines() if line.startswith("kernels "))
+    assert "flash_cpu/" in ran and "dense_ref" in ran, ran
+    worst = 0.0
+    for b in range(2):
+        n = int(lengths[b])
+        with torch.no_grad():
+            ref = model(input_ids=tokens[b:b + 1, :n], output_hidden_states=True).hidden_states
+        worst = max(worst, *(rel(ours["hidden"][b, :n, e], ref[L + 1][0]) for e, L in enumerate(layers)))
+    assert worst <= BOUND, worst
+    print(f"gemma4, full layers 320 wide: {ran}; worst hidden-state rel err {worst:.1e} (bound {BOUND:.0e})")
+    p, _ = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cpu")
+    assert p.returncode != 0 and "head_dim 320 unsupported" in p.stderr, (p.stdout, p.stderr)
+
+
 @pytest.mark.parametrize("suffix,count", [("per_layer_projection.weight", 4), ("embed_tokens_per_layer.weight", 1)])
 def test_gemma4_per_layer_embeddings_are_read(suffix, count, tmp_path):
     """Gemma 4 E2B / E4B's kind (the family test gives its states equal to transformers', its last two layers attending
@@ -1940,6 +1969,19 @@ def test_bf16_on_cuda_with_wide_heads_matches_transformers(family, tmp_path):
     assert ran.startswith("kernels ") and "flash_cuda/fwd/" in ran and f"/d{width}/" in ran, ran
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_on_cuda_gemma4_at_its_published_widths_runs_its_sliding_layers_on_flash_cuda(tmp_path):
+    """Gemma 4 at its published head widths (sliding layers 256, full layers 512): flash_cuda runs heads up to 256
+    forward, so with kernels "flash_cuda,dense_ref" (on_fallback = "warn") its sliding layers run on flash_cuda and only
+    the full layers on dense_ref, and the states compare with transformers' as the family's others do."""
+    p = check_bf16_on_cuda("gemma4", [0, 1, 2, 3], tmp_path, dict(head_dim=256, global_head_dim=512),
+                           kernel="flash_cuda,dense_ref")
+    ran = p.stdout.strip().splitlines()[-1]
+    print(f"gemma4 at 256 / 512: {ran}")
+    assert "dense_ref: selected (FALLBACK: not the first preference) for calls 1,3" in p.stdout, p.stdout
+    assert ran.startswith("kernels ") and "flash_cuda/fwd/" in ran and "/d256/" in ran and "dense_ref" in ran, ran
+
+
 # The Mamba-2 families at the widths of every published checkpoint that the engine's kernels take (a state of 128,
 # heads of 64): their rule through frozen::ssd_chunks.
 MAMBA2_WIDE = {"granite4_h": dict(mamba_d_state=128), "nemotron_h": dict(ssm_state_size=128, mamba_head_dim=64),
@@ -1969,7 +2011,7 @@ def test_bf16_on_cuda_mamba2_on_the_engines_kernels_matches_transformers(family,
     assert 0 < moved <= BF16_BOUND, moved
 
 
-def check_bf16_on_cuda(family, layers, tmp_path, extra):
+def check_bf16_on_cuda(family, layers, tmp_path, extra, kernel="flash_cuda"):
     """Runs the comparison; returns target_states' run with every layer (its last line: the kernels that ran)."""
     folder = tmp_path / family
     model = make_model(folder, family, seed=13, hidden_size=256, intermediate_size=384, **extra)
@@ -1984,8 +2026,7 @@ def check_bf16_on_cuda(family, layers, tmp_path, extra):
     B, S = 2, 128
     tokens = torch.randint(0, SMALL["vocab_size"], (B, S), generator=g)
     lengths = torch.tensor([128, 77])
-    p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cuda", dtype="bfloat16",
-                         device="cuda")
+    p, ours = run_target(folder, tokens, lengths, layers, tmp_path, kernel=kernel, dtype="bfloat16", device="cuda")
     assert p.returncode == 0, p.stderr
     noisy = moe or family in NOISY_FAMILIES
     worst = {}  # layer -> (ours, transformers') worst over the rows
@@ -2006,7 +2047,7 @@ def check_bf16_on_cuda(family, layers, tmp_path, extra):
     if layers == [0, 2]:
         # The same with each add in the norm after it (FLASHDRAFT_GEMM_ADD=0): cuBLAS's epilogue
         # rounds as the separate add does at most shapes (equal), at some once (within bf16 noise).
-        p, apart = run_target(folder, tokens, lengths, layers, tmp_path, kernel="flash_cuda", dtype="bfloat16",
+        p, apart = run_target(folder, tokens, lengths, layers, tmp_path, kernel=kernel, dtype="bfloat16",
                               device="cuda", env={"FLASHDRAFT_GEMM_ADD": "0"})
         assert p.returncode == 0, p.stderr
         moved = error(ours["hidden"][0, :, 1], apart["hidden"][0, :, 1])  # row 0: all 128 positions real

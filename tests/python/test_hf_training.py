@@ -11,6 +11,7 @@ import subprocess
 import h5py
 import numpy as np
 
+import flashdraft_logs as fl
 from conftest import CLI
 from hf_models import edit_config, make_model
 from tokens_tiny_tokenizer import CORPUS, PLAIN, make_tokenizer, prepare_data
@@ -65,19 +66,64 @@ def conversations(n, seed=0):
         yield {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a + " " + a}]}
 
 
-def setup(tmp_path, family="qwen3"):
+def setup(tmp_path, family="qwen3", **overrides):
     tok = make_tokenizer(tmp_path / "tokenizer", PLAIN)
     jsonl = tmp_path / "chat.jsonl"
     jsonl.write_text("".join(json.dumps(c) + "\n" for c in conversations(200)))
     prepare_data("--tokenizer", tok, "--input", jsonl, "--out", tmp_path / "data")
-    make_model(tmp_path / family, family, seed=2, embedding_std=1.0, vocab_size=320)
+    make_model(tmp_path / family, family, seed=2, embedding_std=1.0, vocab_size=320, **overrides)
     return tmp_path / family, tmp_path / "data"
 
 
-def experiment(tmp_path, model, data, layers="0, 2"):
+def experiment(tmp_path, model, data, layers="0, 2", **changes):
     path = tmp_path / "hf_tiny.toml"
-    path.write_text(EXPERIMENT.format(out=tmp_path / "run", model=model, data=data, layers=layers))
+    text = EXPERIMENT.format(out=tmp_path / "run", model=model, data=data, layers=layers)
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
     return path
+
+
+def test_a_target_whose_full_layers_the_first_kernel_refuses_runs_them_alone_on_the_next(tmp_path):
+    """Gemma 4 as the online target, its full layers' heads 320 wide (flash_cpu runs up to 256; flash_cuda refuses the
+    published 512 the same way), [attention] kernels = ["flash_cpu", "dense_ref"] under on_fallback = "warn": the
+    drafter and the target's sliding layers stay on flash_cpu, only the full layers run on dense_ref. The log says
+    which kernel each column was chosen to run (kernels/column_kernels), its ledger shows each call on that kernel, one
+    fallback event names the calls, and the notebook API flags no call as a foreign variant. Under "error" the run
+    stops before step 0 with a sentence naming the refused calls."""
+    model, data = setup(tmp_path, "gemma4", global_head_dim=320)
+    kernels = {'kernels = ["flash_cpu"]': 'kernels = ["flash_cpu", "dense_ref"]', "steps = 50": "steps = 4",
+               "print_every = 10": "print_every = 1"}
+    exp = experiment(tmp_path, model, data, **kernels)
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
+    assert p.returncode != 0 and "head_dim 320 unsupported" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "run the calls it refuses on 'dense_ref'" in p.stdout + p.stderr, p.stdout + p.stderr
+    exp = experiment(tmp_path, model, data, **kernels, **{'on_fallback = "error"': 'on_fallback = "warn"'})
+    p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "dense_ref: selected (FALLBACK: not the first preference) for calls 1,3" in p.stdout, p.stdout
+    log = max((tmp_path / "run").glob("hf_tiny*.h5"), key=lambda f: f.stat().st_mtime)
+    with h5py.File(log, "r") as f:
+        assert np.isfinite(f["steps/loss"][:]).all() and len(f["steps/loss"][:]) == 4
+        names = [n.decode() if isinstance(n, bytes) else n for n in f["kernels/names"][:]]
+        fwd = f["kernels/forward"][:]
+        expected = f["kernels"].attrs["column_kernels"]
+        expected = (expected.decode() if isinstance(expected, bytes) else expected).split("\n")
+    # drafter calls 0-1, target layers 0-3 (sliding, full, sliding, full), the loss
+    assert expected[:6] == ["flash_cpu", "flash_cpu", "flash_cpu", "dense_ref", "flash_cpu", "dense_ref"], expected
+    assert expected[6].startswith("lm_head_ce/"), expected
+    for col in range(6):
+        ran = {names[i] for i in fwd[:, col]}
+        assert all(r == expected[col] or r.startswith(expected[col] + "/") for r in ran), (col, ran)
+    run = fl.load_run(log)
+    assert (run.fallbacks["source"] == "ledger").sum() == 0, run.fallbacks
+    events = run.fallbacks[run.fallbacks["source"] == "event"]["message"].tolist()
+    assert any("target: kernel 'flash_cpu' refused" in m and "calls 1,3 on 'dense_ref'" in m for m in events), events
+    assert run.kernel_summary["belongs_to_selected"].all(), run.kernel_summary
+    shown = subprocess.run([str(CLI), "inspect", str(log)], capture_output=True, text=True, timeout=60).stdout
+    assert "chosen per column:  dense_ref (3,5)  flash_cpu (0,1,2,4)" in shown, shown
+    print(f"gemma4 target, full layers 320 wide: columns {expected}; {events[0]}")
 
 
 def test_dflash_trains_against_an_online_hf_target(tmp_path):

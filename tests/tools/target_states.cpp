@@ -4,9 +4,10 @@
 //
 //   target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE] [DEVICE] [TARGET_KERNELS]
 //                 [KEY=VALUE ...]
-// (TARGET_KERNELS: the hf target's [target] kernels, "engine" or "aten"; KEY=VALUE: more [target] keys
-// of string values, e.g. mxfp4=keep.)
-// IN: "tokens" [B, S] int64, "lengths" [B] int64; optionally "documents" [B, K] int64
+// (KERNEL: an attention kernel, or several in preference order, "flash_cpu,dense_ref", chosen per problem as
+// [attention] kernels with on_fallback = "warn" (the choice is printed); TARGET_KERNELS: the hf target's [target]
+// kernels, "engine" or "aten"; KEY=VALUE: more [target] keys of string values, e.g. mxfp4=keep.) IN: "tokens" [B, S]
+// int64, "lengths" [B] int64; optionally "documents" [B, K] int64
 //     (per row, the lengths of packed documents, 0-padded). LAYERS: "0,1,3" (ids).
 // OUT: "hidden" [B, S, E, H] (float32) and, when the model's last layer is requested (its
 //     state is after the final RMSNorm), "logits" [B, S, V] = that state times the LM head (times the target's logit
@@ -61,7 +62,7 @@ int run(int argc, char** argv) {
     std::cerr << "usage: target_states PLUGIN MODEL_DIR IN.safetensors OUT.safetensors LAYERS [KERNEL] [DTYPE]\n";
     return 2;
   }
-  const std::string kernel_name = argc > 6 ? argv[6] : "dense_ref", dtype = argc > 7 ? argv[7] : "float32";
+  const std::string kernel_list = argc > 6 ? argv[6] : "dense_ref", dtype = argc > 7 ? argv[7] : "float32";
   std::vector<int64_t> layers;
   std::stringstream ls(argv[5]);
   for (std::string item; std::getline(ls, item, ',');) layers.push_back(std::stoll(item));
@@ -98,17 +99,22 @@ int run(int argc, char** argv) {
       batch.documents.push_back(row);
     }
   }
-  auto kernel = create<fd::AttentionKernel>(reg, fd::PluginKind::kernel, kernel_name, {});
   auto mask = create<fd::MaskGenerator>(reg, fd::PluginKind::mask, "document", {});
   std::vector<fd::AttentionProblem> problems = target->attention_problems(batch.tokens.size(0), batch.tokens.size(1));
   for (fd::AttentionProblem& p : problems) p.mask = "document";
-  std::vector<fd::KernelCandidate> candidates(1);
-  candidates[0].name = kernel_name;
-  candidates[0].kernel = kernel.get();
+  std::vector<std::unique_ptr<fd::AttentionKernel>> kernels;
+  std::vector<fd::KernelCandidate> candidates;
+  std::stringstream ks(kernel_list);
+  for (std::string name; std::getline(ks, name, ',');) {
+    kernels.push_back(create<fd::AttentionKernel>(reg, fd::PluginKind::kernel, name, {}));
+    candidates.push_back({name, kernels.back().get(), {}});
+  }
+  const std::string policy = candidates.size() > 1 ? "warn" : "error";
+  const fd::KernelChoice choice = fd::choose_kernel(problems, candidates, policy);
+  if (candidates.size() > 1) std::cout << choice.report();
   fd::KernelLedger ledger;
   ledger.begin_step(0, calls);
-  fd::AttentionDispatcher dispatcher(fd::choose_kernel(problems, candidates, "error"), mask.get(), "error", &ledger,
-                                     nullptr);
+  fd::AttentionDispatcher dispatcher(choice, mask.get(), policy, &ledger, nullptr);
   at::NoGradGuard no_grad;
   const at::Tensor hidden = target->hidden_states(batch, layers, dispatcher).to(c10::kCPU, at::kFloat);
   std::vector<std::pair<std::string, at::Tensor>> out = {{"hidden", hidden.contiguous()}};

@@ -6,9 +6,70 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace flashdraft {
+
+namespace {
+
+// "0-3,5,7-8": the calls as ranges.
+std::string call_ranges(std::vector<int64_t> calls) {
+  std::sort(calls.begin(), calls.end());
+  std::string out;
+  for (size_t i = 0; i < calls.size();) {
+    size_t j = i;
+    while (j + 1 < calls.size() && calls[j + 1] == calls[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(calls[i]) + (j > i ? "-" + std::to_string(calls[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+bool same_route(const AttentionProblem& a, const AttentionProblem& b) {
+  return a.head_dim == b.head_dim && a.heads_q == b.heads_q && a.heads_kv == b.heads_kv;
+}
+
+// The calls whose problems run on candidate i.
+std::vector<int64_t> calls_on(const KernelChoice& c, size_t i) {
+  std::vector<int64_t> calls;
+  for (size_t p = 0; p < c.problems.size(); ++p)
+    if (c.problem_selected[p] == i) calls.insert(calls.end(), c.problem_calls[p].begin(), c.problem_calls[p].end());
+  return calls;
+}
+
+}  // namespace
+
+bool KernelChoice::mixed() const {
+  bool other = false;
+  for (size_t s : problem_selected) {
+    if (s >= candidates.size()) return false;  // (no kernel for some problem: nothing runs)
+    other = other || s != selected;
+  }
+  return other;
+}
+
+std::vector<std::string> KernelChoice::call_kernels() const {
+  std::vector<std::string> out;
+  for (size_t p = 0; p < problems.size(); ++p)
+    for (int64_t call : problem_calls[p]) {
+      if (static_cast<size_t>(call) >= out.size()) out.resize(static_cast<size_t>(call) + 1);
+      out[static_cast<size_t>(call)] = candidates[problem_selected[p]].name;
+    }
+  return out;
+}
+
+std::string KernelChoice::fallback_note() const {
+  std::string out = "kernel '" + candidates[0].name + "' refused the problem (" + candidates[0].support.reason + "); ";
+  if (!mixed()) return out + "running on '" + candidates[selected].name + "' ([attention].on_fallback = \"warn\")";
+  std::string runs;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::vector<int64_t> calls = calls_on(*this, i);
+    if (!calls.empty())
+      runs += (runs.empty() ? "" : ", ") + ("calls " + call_ranges(calls) + " on '") + candidates[i].name + "'";
+  }
+  return out + "running " + runs + " ([attention].on_fallback = \"warn\")";
+}
 
 std::string KernelChoice::report() const {
   std::ostringstream os;
@@ -22,16 +83,23 @@ std::string KernelChoice::report() const {
       os << ": " << problems[p].str() << "\n";
     }
   }
+  const bool split = mixed();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << "  " << c.name << ": ";
-    if (i == selected) {
+    const std::vector<int64_t> calls = split ? calls_on(*this, i) : std::vector<int64_t>{};
+    if (split && !calls.empty()) {
+      os << "selected" << (i != 0 ? " (FALLBACK: not the first preference)" : "") << " for calls "
+         << call_ranges(calls);
+      if (!c.support.ok) os << "; refused for the others: " << c.support.reason;
+    } else if (!split && i == selected) {
       os << "selected" << (fallback ? " (FALLBACK: not the first preference)" : "");
       if (!c.support.reason.empty()) os << ": " << c.support.reason;  // e.g. the configuration it runs
-    } else if (!c.support.ok)
+    } else if (!c.support.ok) {
       os << "refused: " << c.support.reason;
-    else
+    } else {
       os << "supported, not needed (an earlier preference was selected)";
+    }
     os << "\n";
   }
   return os.str();
@@ -41,6 +109,32 @@ KernelChoice choose_kernel(const AttentionProblem& problem, std::vector<KernelCa
                            const std::string& on_fallback) {
   return choose_kernel(std::vector<AttentionProblem>{problem}, std::move(candidates), on_fallback);
 }
+
+namespace {
+
+// Candidate c's support for the problems of route r (indices into choice.problems): every one supported, at one
+// block size.
+Support route_support(const KernelChoice& choice, const KernelCandidate& c, const std::vector<size_t>& r) {
+  const AttentionProblem& first = choice.problems[r[0]];
+  for (size_t p : r) {
+    Support s = c.kernel->supports(choice.problems[p]);
+    if (!s.ok) {
+      if (p != 0)
+        s.reason += " (for the problem of call " + std::to_string(choice.problem_calls[p][0]) + ": " +
+                    choice.problems[p].str() + ")";
+      return s;
+    }
+    const BlockSize a = c.kernel->block_size(choice.problems[p]), b = c.kernel->block_size(first);
+    if (a.q != b.q || a.kv != b.kv)
+      return Support::no(c.name + " asks for another mask block size for call " +
+                         std::to_string(choice.problem_calls[p][0]) + " than for call " +
+                         std::to_string(choice.problem_calls[r[0]][0]) +
+                         " (the calls of one head shape read one mask)");
+  }
+  return r[0] == 0 ? c.kernel->supports(first) : Support::yes();  // (problem 0's reason: the configuration it runs)
+}
+
+}  // namespace
 
 KernelChoice choose_kernel(const std::vector<AttentionProblem>& problems, std::vector<KernelCandidate> candidates,
                            const std::string& on_fallback) {
@@ -57,42 +151,47 @@ KernelChoice choose_kernel(const std::vector<AttentionProblem>& problems, std::v
     }
     choice.problem_calls[p].push_back(static_cast<int64_t>(call));
   }
+  // The routes: the distinct problems grouped by head shape, problem 0's first.
+  std::vector<std::vector<size_t>> routes;
+  for (size_t p = 0; p < choice.problems.size(); ++p) {
+    size_t r = 0;
+    while (r < routes.size() && !same_route(choice.problems[routes[r][0]], choice.problems[p])) ++r;
+    if (r == routes.size()) routes.emplace_back();
+    routes[r].push_back(p);
+  }
   choice.candidates = std::move(candidates);
-  bool found = false;
+  const size_t none = choice.candidates.size();
+  choice.problem_selected.assign(choice.problems.size(), none);
   for (size_t i = 0; i < choice.candidates.size(); ++i) {
     auto& c = choice.candidates[i];
     if (!c.kernel) continue;  // the reason was filled by the caller (plugin missing)
-    c.support = c.kernel->supports(choice.problems[0]);
-    for (size_t p = 1; p < choice.problems.size() && c.support.ok; ++p) {
-      Support s = c.kernel->supports(choice.problems[p]);
-      if (!s.ok)
-        c.support = Support::no(s.reason + " (for the problem of call " + std::to_string(choice.problem_calls[p][0]) +
-                                ": " + choice.problems[p].str() + ")");
-      else if (c.kernel->block_size(choice.problems[p]).q != c.kernel->block_size(choice.problems[0]).q ||
-               c.kernel->block_size(choice.problems[p]).kv != c.kernel->block_size(choice.problems[0]).kv)
-        c.support = Support::no(c.name + " asks for another mask block size for call " +
-                                std::to_string(choice.problem_calls[p][0]) + " than for call 0 (a step's masks are " +
-                                "built at one block size)");
-    }
-    if (c.support.ok && !found) {
-      choice.selected = i;
-      found = true;
+    bool all = true;
+    for (const std::vector<size_t>& r : routes) {
+      const Support s = route_support(choice, c, r);
+      if (!s.ok && all) c.support = s, all = false;
+      if (all && r[0] == 0) c.support = s;
+      if (s.ok && choice.problem_selected[r[0]] == none)
+        for (size_t p : r) choice.problem_selected[p] = i;
     }
   }
+  choice.selected = choice.problem_selected[0];
+  bool found = true;
+  for (size_t s : choice.problem_selected) found = found && s != none;
   if (!found) {
-    choice.selected = choice.candidates.size();  // none
+    choice.selected = none;
     std::string msg = "no attention kernel in [attention].kernels supports the problem.\n" + choice.report();
     msg += "Add a kernel that supports it (e.g. \"dense_ref\", which accepts every problem) or change the problem.";
     throw FallbackError(msg);
   }
-  choice.fallback = choice.selected != 0;
+  for (size_t s : choice.problem_selected) choice.fallback = choice.fallback || s != 0;
   if (choice.fallback && on_fallback == "error") {
-    std::string msg = "attention kernel '" + choice.candidates[0].name +
-                      "' (first preference) refused the problem: " + choice.candidates[0].support.reason + ".\n" +
-                      choice.report() +
-                      "The run stops before step 0 because [attention].on_fallback = \"error\"; set it to \"warn\" to "
-                      "run on '" +
-                      choice.candidates[choice.selected].name + "' instead (recorded in the log).";
+    std::string msg =
+        "attention kernel '" + choice.candidates[0].name +
+        "' (first preference) refused the problem: " + choice.candidates[0].support.reason + ".\n" + choice.report() +
+        "The run stops before step 0 because [attention].on_fallback = \"error\"; set it to \"warn\" to " +
+        std::string(choice.mixed() ? "run the calls it refuses on '" : "run on '") +
+        choice.candidates[*std::max_element(choice.problem_selected.begin(), choice.problem_selected.end())].name +
+        "' instead (recorded in the log).";
     throw FallbackError(msg);
   }
   return choice;
@@ -152,9 +251,9 @@ namespace {
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-void check_shape(const AttentionDispatcher& d, const char* what, const at::Tensor& t, const at::Tensor& like) {
+void check_shape(const std::string& kernel, const char* what, const at::Tensor& t, const at::Tensor& like) {
   if (!t.defined() || t.sizes() != like.sizes())
-    throw std::runtime_error("attention kernel '" + d.kernel_name() + "' returned " + what + " of shape " +
+    throw std::runtime_error("attention kernel '" + kernel + "' returned " + what + " of shape " +
                              (t.defined() ? c10::str(t.sizes()) : std::string("(none)")) + ", expected " +
                              c10::str(like.sizes()));
 }
@@ -164,6 +263,7 @@ void check_shape(const AttentionDispatcher& d, const char* what, const at::Tenso
 // set_mask() may have replaced). The dispatcher outlives every graph of the run.
 struct KernelAttentionBackward final : public torch::autograd::Node {
   AttentionDispatcher* dispatcher = nullptr;
+  AttentionDispatcher::Route route;  // the kernel that ran the forward, and its mask's block size
   int64_t layer = 0;
   double scale = 1.0;
   std::shared_ptr<const StepMask> mask;
@@ -192,11 +292,13 @@ struct KernelAttentionBackward final : public torch::autograd::Node {
     // dout contiguous, or as it comes when it has the output's strides (a kernel that wrote its
     // output in another layout, e.g. flash_cuda's [B, L, H, D], reads that layout).
     const at::Tensor dout = grads[0].strides() == os.strides() ? grads[0] : grads[0].contiguous();
-    AttentionBackward r = dispatcher->kernel().backward(dout, qs, ks, vs, os, lse, mask->tensors, scale);
-    check_shape(*dispatcher, "dq", r.dq, qs);
-    check_shape(*dispatcher, "dk", r.dk, ks);
-    check_shape(*dispatcher, "dv", r.dv, vs);
-    dispatcher->note(layer, Phase::backward, r.variant);
+    AttentionBackward r =
+        dispatcher->kernel_of(route).backward(dout, qs, ks, vs, os, lse, mask->at[route.block].tensors, scale);
+    const std::string& kernel = dispatcher->name_of(route);
+    check_shape(kernel, "dq", r.dq, qs);
+    check_shape(kernel, "dk", r.dk, ks);
+    check_shape(kernel, "dv", r.dv, vs);
+    dispatcher->note(layer, Phase::backward, r.variant, route);
     return {r.dq, r.dk, r.dv};
   }
 };
@@ -205,11 +307,12 @@ struct KernelAttentionBackward final : public torch::autograd::Node {
 
 namespace {
 
-// One forward of the chosen kernel under the current mask, without autograd (attention() and attention_lse()):
-// the lengths checked against the mask before, the output's shape after.
-AttentionForward kernel_forward(AttentionDispatcher& d, int64_t layer, const at::Tensor& qc, const at::Tensor& kc,
+// One forward of the call's kernel under the current mask at its block size, without autograd (attention() and
+// attention_lse()): the lengths checked against the mask before, the output's shape after.
+AttentionForward kernel_forward(const AttentionDispatcher& d, const AttentionDispatcher::Route& route,
+                                const StepMask& mask, int64_t layer, const at::Tensor& qc, const at::Tensor& kc,
                                 const at::Tensor& vc, double scale) {
-  const BlockMask& bm = d.mask();
+  const BlockMask& bm = mask.at[route.block].mask;
   if (qc.size(2) != bm.q_len || kc.size(2) != bm.kv_len)
     throw std::invalid_argument("attention layer " + std::to_string(layer) + ": q has " + std::to_string(qc.size(2)) +
                                 " rows and k " + std::to_string(kc.size(2)) + ", but the mask is " +
@@ -217,9 +320,9 @@ AttentionForward kernel_forward(AttentionDispatcher& d, int64_t layer, const at:
   AttentionForward r;
   {
     at::NoGradGuard no_grad;
-    r = d.kernel().forward(qc, kc, vc, d.mask_tensors(), scale);
+    r = d.kernel_of(route).forward(qc, kc, vc, mask.at[route.block].tensors, scale);
   }
-  check_shape(d, "an output", r.out, qc);
+  check_shape(d.name_of(route), "an output", r.out, qc);
   return r;
 }
 
@@ -232,7 +335,27 @@ AttentionDispatcher::AttentionDispatcher(KernelChoice choice, const MaskGenerato
       on_fallback_(std::move(on_fallback)),
       ledger_(ledger),
       events_(std::move(events)) {
-  block_ = kernel().block_size(choice_.problem);
+  const KernelChoice& c = choice_;
+  for (size_t p = 0; p < c.problems.size(); ++p) {
+    const AttentionProblem& problem = c.problems[p];
+    Route r{problem.head_dim, problem.heads_q, problem.heads_kv,
+            c.problem_selected.empty() ? c.selected : c.problem_selected[p]};
+    bool known = false;
+    for (const Route& o : routes_)
+      known = known || (o.head_dim == r.head_dim && o.heads_q == r.heads_q && o.heads_kv == r.heads_kv);
+    if (known) continue;
+    const BlockSize b = kernel_of(r).block_size(problem);
+    r.block = 0;
+    while (r.block < blocks_.size() && (blocks_[r.block].q != b.q || blocks_[r.block].kv != b.kv)) ++r.block;
+    if (r.block == blocks_.size()) blocks_.push_back(b);
+    routes_.push_back(r);
+  }
+}
+
+const AttentionDispatcher::Route& AttentionDispatcher::route(const at::Tensor& q, const at::Tensor& k) const {
+  for (const Route& r : routes_)
+    if (q.size(3) == r.head_dim && q.size(1) == r.heads_q && k.size(1) == r.heads_kv) return r;
+  return routes_[0];
 }
 
 const StepMask& AttentionDispatcher::current() const {
@@ -244,9 +367,13 @@ const StepMask& AttentionDispatcher::current() const {
 void AttentionDispatcher::set_mask(const MaskInput& input) {
   // A new StepMask every time: nodes of earlier forwards keep theirs.
   auto m = std::make_shared<StepMask>();
-  m->mask = generator_->build(input, block_.q, block_.kv);
-  m->tensors = to_tensors(m->mask, choice_.problem.device);
-  m->tensors.host = &m->mask;
+  m->at.resize(blocks_.size());  // (not resized again: tensors.host points into it)
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    StepMask::AtBlockSize& at = m->at[i];
+    at.mask = generator_->build(input, blocks_[i].q, blocks_[i].kv);
+    at.tensors = to_tensors(at.mask, choice_.problem.device);
+    at.tensors.host = &at.mask;
+  }
   current_ = std::move(m);
 }
 
@@ -254,14 +381,16 @@ at::Tensor AttentionDispatcher::attention(int64_t layer, const at::Tensor& q, co
                                           double scale) {
   std::shared_ptr<const StepMask> mask = current_;
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  const Route& via = route(qc, kc);
   // (the kernel's own ops are not recorded: the node below is their gradient)
-  const AttentionForward r = kernel_forward(*this, layer, qc, kc, vc, scale);
-  note(layer, Phase::forward, r.variant);
+  const AttentionForward r = kernel_forward(*this, via, current(), layer, qc, kc, vc, scale);
+  note(layer, Phase::forward, r.variant, via);
   at::Tensor out = r.out.is_view() ? r.out.clone() : r.out;  // the node's output owns its storage
   if (at::GradMode::is_enabled() && (qc.requires_grad() || kc.requires_grad() || vc.requires_grad())) {
     auto node = std::shared_ptr<KernelAttentionBackward>(new KernelAttentionBackward(), torch::autograd::deleteNode);
     node->set_next_edges(torch::autograd::collect_next_edges(qc, kc, vc));
     node->dispatcher = this;
+    node->route = via;
     node->layer = layer;
     node->scale = scale;
     node->mask = std::move(mask);
@@ -280,13 +409,15 @@ std::pair<at::Tensor, at::Tensor> AttentionDispatcher::attention_lse(int64_t lay
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
     throw std::logic_error("attention layer " + std::to_string(layer) +
                            ": attention_lse is frozen attention (no gradient), called with inputs that require one");
-  const AttentionForward r = kernel_forward(*this, layer, q.contiguous(), k.contiguous(), v.contiguous(), scale);
+  const Route& via = route(q, k);
+  const AttentionForward r =
+      kernel_forward(*this, via, current(), layer, q.contiguous(), k.contiguous(), v.contiguous(), scale);
   if (!r.lse.defined() || r.lse.dim() != 3 || r.lse.size(0) != q.size(0) || r.lse.size(1) != q.size(1) ||
       r.lse.size(2) != q.size(2) || r.lse.scalar_type() != at::kFloat)
-    throw std::runtime_error("attention kernel '" + kernel_name() + "' returned no float32 log-sum-exp of shape [" +
+    throw std::runtime_error("attention kernel '" + name_of(via) + "' returned no float32 log-sum-exp of shape [" +
                              std::to_string(q.size(0)) + ", " + std::to_string(q.size(1)) + ", " +
                              std::to_string(q.size(2)) + "] (the kernel ABI's lse)");
-  note(layer, Phase::forward, r.variant);
+  note(layer, Phase::forward, r.variant, via);
   return {r.out, r.lse};
 }
 
@@ -315,12 +446,12 @@ void AttentionDispatcher::note_loss(bool backward, const std::string& variant) {
     throw FallbackError("loss fallback: " + msg + ". The run stops because [loss].on_fallback = \"error\".");
 }
 
-void AttentionDispatcher::note(int64_t layer, Phase phase, const std::string& variant) {
+void AttentionDispatcher::note(int64_t layer, Phase phase, const std::string& variant, const Route& route) {
   if (ledger_) ledger_->record(layer, phase, variant);
-  if (variant_belongs_to(variant, kernel_name())) return;
+  if (variant_belongs_to(variant, name_of(route))) return;
   const std::string msg = std::string(phase == Phase::forward ? "forward" : "backward") + " of layer " +
                           std::to_string(layer) + " ran '" + variant + "', not a variant of the selected kernel '" +
-                          kernel_name() + "'";
+                          name_of(route) + "'";
   if (events_) events_("fallback", msg);
   if (on_fallback_ == "error")
     throw FallbackError("kernel fallback: " + msg + ". The run stops because [attention].on_fallback = \"error\".");

@@ -215,6 +215,18 @@ void kernel_lines(const LogReader& r, std::ostream& out) {
   const auto ka = r.attributes("/kernels");
   out << "kernels   selected " << (ka.count("selected") ? ka.at("selected") : "?") << " for "
       << (ka.count("problem") ? ka.at("problem") : "?") << "\n";
+  if (ka.count("target_selected")) out << "          target's attention: " << ka.at("target_selected") << "\n";
+  if (ka.count("column_kernels")) {  // (the kernel each column was chosen to run, where more than one)
+    std::map<std::string, std::string> columns;
+    std::istringstream lines(ka.at("column_kernels"));
+    int64_t c = 0;
+    for (std::string k; std::getline(lines, k); ++c) columns[k] += (columns[k].empty() ? "" : ",") + std::to_string(c);
+    if (columns.size() > 2) {  // (more than one attention kernel beside the loss's variant)
+      out << "  chosen per column:";
+      for (const auto& [k, cs] : columns) out << "  " << k << " (" << cs << ")";
+      out << "\n";
+    }
+  }
   const auto names = r.strings("kernels/names");
   for (const char* ph : {"forward", "backward"}) {
     const auto ids = r.f64(std::string("kernels/") + ph);

@@ -87,6 +87,24 @@ std::map<std::string, std::string> run_attributes(const Setup& s, const BoundPlu
   return attrs;
 }
 
+// The kernel each ledger column's calls are to run, one line per column (drafter calls, the target's, the LM-head
+// loss): where a choice is mixed (KernelChoice::problem_selected), the columns of one run differ. A variant belongs to
+// its column's line as the engine checks it (variant_belongs_to); notebooks judge fallbacks by it.
+std::string column_kernels(const BoundPlugins& b) {
+  std::string out;
+  const auto add = [&out](const KernelChoice& choice, int64_t calls) {
+    const std::vector<std::string> kernels = choice.call_kernels();
+    for (int64_t c = 0; c < calls; ++c)
+      out += (static_cast<size_t>(c) < kernels.size() ? kernels[static_cast<size_t>(c)]
+                                                      : choice.candidates[choice.selected].name) +
+             "\n";
+  };
+  add(b.choice, b.drafter->attention_layers());
+  if (b.target) add(b.target_choice, b.target_calls);
+  const LossChoice& loss = b.loss_choice;
+  return out + LmHeadLoss(loss.name(), loss.chunk_rows, {}, loss.problem).variant();
+}
+
 }  // namespace
 
 void EventLog::attach(RunLog* log) {
@@ -153,6 +171,7 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
     log.set_group_attribute("kernels", "target_selected", b.target_choice.candidates[b.target_choice.selected].name);
     log.set_group_attribute("kernels", "target_selection", b.target_choice.report());
   }
+  log.set_group_attribute("kernels", "column_kernels", column_kernels(b));
   if (resume.resumed()) {
     // Cut every dataset back to its rows at the checkpoint, so the resumed steps follow
     // the checkpoint's exactly. /events is history and is kept whole.

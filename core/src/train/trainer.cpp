@@ -191,11 +191,7 @@ void Trainer::prepare() {
   plugins_.warnings->sink([this](const std::string& w) { events_.add(current_step_, "warning", w); });
   const KernelChoice& choice = plugins_.choice;
   std::cout << choice.report();
-  if (choice.fallback)
-    events_.add(current_step_, "fallback",
-                "kernel '" + choice.candidates[0].name + "' refused the problem (" +
-                    choice.candidates[0].support.reason + "); running on '" + choice.candidates[choice.selected].name +
-                    "' ([attention].on_fallback = \"warn\")");
+  if (choice.fallback) events_.add(current_step_, "fallback", choice.fallback_note());
   dispatcher_ = std::make_unique<AttentionDispatcher>(
       choice, plugins_.mask.get(), setup_.experiment.attention().string("on_fallback"), &ledger_,
       [this](const std::string& kind, const std::string& message) { events_.add(current_step_, kind, message); });
@@ -257,6 +253,8 @@ void Trainer::prepare() {
 // The online target's attention: its own dispatcher, its calls after the drafter's.
 void Trainer::prepare_target_attention() {
   std::cout << "target " << plugins_.target_choice.report();
+  if (plugins_.target_choice.fallback)
+    events_.add(current_step_, "fallback", "target: " + plugins_.target_choice.fallback_note());
   target_dispatcher_ = std::make_unique<AttentionDispatcher>(
       plugins_.target_choice, plugins_.target_mask.get(), setup_.experiment.attention().string("on_fallback"), &ledger_,
       [this](const std::string& kind, const std::string& message) {
