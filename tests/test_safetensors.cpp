@@ -268,6 +268,27 @@ TEST_F(Safetensors, LoadInAnotherDtypeEqualsAPlainConversion) {
       expect_bitwise(f.load(name, at::kCPU, to), t.to(to), name + " as " + c10::toString(to));
 }
 
+// Rows of a tensor's first dimension read alone are the tensor's rows, converted as a whole load converts them; rows
+// past its end are refused with a sentence.
+TEST_F(Safetensors, LoadRowsEqualsTheRowsOfTheWholeTensor) {
+  const at::Tensor states = at::randn({13, 3, 7}).to(at::kBFloat16), ids = at::randint(0, 500, {13}, at::kInt);
+  st::write(path("rows.safetensors"), {{"ids", ids}, {"states", states}});
+  const st::File f(path("rows.safetensors"));
+  for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 13}, {4, 5}, {12, 1}, {7, 0}}) {
+    const std::string what = "rows " + std::to_string(begin) + " + " + std::to_string(count);
+    expect_bitwise(f.load_rows("states", begin, count, at::kCPU, at::kFloat),
+                   states.narrow(0, begin, count).to(at::kFloat), what);
+    expect_bitwise(f.load_rows("ids", begin, count, at::kCPU, at::kLong), ids.narrow(0, begin, count).to(at::kLong),
+                   what);
+  }
+  try {
+    f.load_rows("states", 10, 4, at::kCPU, at::kFloat);
+    ADD_FAILURE() << "rows past the end were read";
+  } catch (const st::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows 10..14 asked for, the tensor has 13"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Safetensors, LoadsToCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
   const at::Tensor w = at::randn({33, 65});

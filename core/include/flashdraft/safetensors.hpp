@@ -59,6 +59,10 @@ class FLASHDRAFT_API File {
   const std::map<std::string, std::string>& metadata() const;
   // The tensor on `device` in `dtype` (a copy; the map is not referenced afterwards).
   at::Tensor load(const std::string& name, c10::Device device, c10::ScalarType dtype) const;
+  // Rows [begin, begin + count) of the tensor's first dimension, the same way (a tensor of many rows read in parts,
+  // e.g. a hidden-state cache's [T, E, H]).
+  at::Tensor load_rows(const std::string& name, int64_t begin, int64_t count, c10::Device device,
+                       c10::ScalarType dtype) const;
 
  private:
   struct Impl;

@@ -391,6 +391,23 @@ at::Tensor File::load(const std::string& name, c10::Device device, c10::ScalarTy
   return impl_->copy_out(*info, device, dtype);
 }
 
+at::Tensor File::load_rows(const std::string& name, int64_t begin, int64_t count, c10::Device device,
+                           c10::ScalarType dtype) const {
+  const TensorInfo* info = find(name);
+  if (!info) fail(impl_->path, "no tensor '" + name + "' in the file (it holds " + some_names(impl_->names()) + ")");
+  const int64_t rows = info->shape.empty() ? 0 : info->shape[0];
+  if (begin < 0 || count < 0 || begin + count > rows)
+    fail(impl_->path, name,
+         "rows " + std::to_string(begin) + ".." + std::to_string(begin + count) + " asked for, the tensor has " +
+             std::to_string(rows));
+  TensorInfo part = *info;
+  const uint64_t row_bytes = rows == 0 ? 0 : (info->end - info->begin) / static_cast<uint64_t>(rows);
+  part.shape[0] = count;
+  part.begin = info->begin + static_cast<uint64_t>(begin) * row_bytes;
+  part.end = part.begin + static_cast<uint64_t>(count) * row_bytes;
+  return impl_->copy_out(part, device, dtype);
+}
+
 // ---------------------------------------------------------------------------------------
 // Checkpoint
 

@@ -30,6 +30,7 @@
 // they never change the real ones), and in a sliding layer within its last sliding_window positions.
 #include "gated_delta.hpp"
 #include "hf_config.hpp"
+#include "hidden_cache.hpp"
 #include "mamba2.hpp"
 
 #include <flashdraft/layers.hpp>
@@ -134,6 +135,11 @@ class HfTarget final : public Target {
              "other weights are dequantized at load either way")
         .def(std::string("dequantize"))
         .one_of({"dequantize", "keep"});
+    s.string("hidden_cache",
+             "a folder of the target's hidden states written by scripts/dump-hidden-states (a target too large to "
+             "run beside the drafter: its states computed once, elsewhere): each document's states are read there "
+             "instead of running the decoder, whose layers are not loaded; \"\" = run the target")
+        .def(std::string(""));
   }
 
   explicit HfTarget(const Config& c)
@@ -142,7 +148,8 @@ class HfTarget final : public Target {
         dtype_name_(c.string("dtype")),
         fused_(c.string("kernels") == "engine"),
         keep_mxfp4_(c.string("mxfp4") == "keep"),
-        keep_fp8_(c.string("fp8") == "keep") {}
+        keep_fp8_(c.string("fp8") == "keep"),
+        cache_path_(c.string("hidden_cache")) {}
 
   void open(const RunContext& ctx) override {
     try {
@@ -196,6 +203,14 @@ class HfTarget final : public Target {
           (1.0 / at::pow(at::tensor(cfg_.rope_local_theta, at::kFloat), exponents / double(cfg_.rotary_dim)))
               .to(device_);
     if (cfg_.gemma4()) inv_freq_ = proportional_inv_freq().to(device_);
+    if (!cache_path_.empty()) {
+      try {
+        cache_ = std::make_unique<hf::HiddenCache>(cache_path_, cfg_.hidden, cfg_.layers);
+      } catch (const std::exception& e) {
+        config_.fail("hidden_cache", e.what());
+      }
+      if (say_) say_("target: hidden states read from " + cache_->describe() + "; the decoder does not run");
+    }
     if (cfg_.ple > 0) {
       ple_embed_ = load(cfg_.prefix + "embed_tokens_per_layer.weight");
       ple_model_proj_ = load(cfg_.prefix + "per_layer_model_projection.weight");
@@ -278,6 +293,7 @@ class HfTarget final : public Target {
                                     std::to_string(cfg_.layers - 1));
       deepest = std::max(deepest, l);
     }
+    if (cache_) return prepare_cached(layers);
     for (int64_t l = static_cast<int64_t>(layers_.size()); l <= deepest; ++l) layers_.push_back(load_layer(l));
     if (say_)
       say_("target: loaded " + std::to_string(layers_.size()) + " of " + std::to_string(cfg_.layers) +
@@ -287,8 +303,50 @@ class HfTarget final : public Target {
     return calls;
   }
 
+  // With a hidden-state cache: `layers` must be among its layers; no decoder layer is loaded, no attention runs.
+  int64_t prepare_cached(const std::vector<int64_t>& layers) {
+    for (int64_t l : layers) {
+      if (cache_column(l) < 0)
+        config_.fail("hidden_cache", cache_->describe() + " holds no states of layer " + std::to_string(l) +
+                                         ", which the run reads (the drafter's target layers, and the last layer " +
+                                         "where its labels are the target's); dump the cache with --layers " +
+                                         "listing every one of them");
+    }
+    return 0;
+  }
+  int64_t cache_column(int64_t layer) const {  // layer's column in the cache, -1: none
+    const auto& held = cache_->layers();
+    const auto at = std::find(held.begin(), held.end(), layer);
+    return at == held.end() ? -1 : at - held.begin();
+  }
+  // The cached states of every document of the batch, [B, S, E, H] (zeros on padding).
+  at::Tensor cached_states(const Batch& batch, const std::vector<int64_t>& layers) {
+    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
+    std::vector<int64_t> columns;
+    for (int64_t l : layers) {
+      columns.push_back(cache_column(l));
+      if (columns.back() < 0) throw std::logic_error("hf target: layer " + std::to_string(l) + " was not prepared");
+    }
+    at::Tensor out = at::zeros({B, S, static_cast<int64_t>(layers.size()), cfg_.hidden},
+                               at::TensorOptions().dtype(dtype_).device(device_));
+    const at::Tensor tokens = batch.tokens.to(at::kCPU, at::kLong).contiguous();
+    const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t from = 0;
+      for (int64_t length : rows[static_cast<size_t>(b)]) {
+        if (length > 0)
+          out[b]
+              .narrow(0, from, length)
+              .copy_(cache_->document(tokens[b].data_ptr<int64_t>() + from, length, columns, device_, dtype_));
+        from += length;
+      }
+    }
+    return out;
+  }
+
   at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
                            AttentionContext& attention) override {
+    if (cache_) return cached_states(batch, layers);
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
     const int64_t deepest = layers.empty() ? -1 : *std::max_element(layers.begin(), layers.end());
     if (deepest >= static_cast<int64_t>(layers_.size()))
@@ -461,7 +519,7 @@ class HfTarget final : public Target {
 
   // Serving (decoding.hpp): a decoder with a key/value cache of `capacity` positions per row
   // and layer; every decoder layer is loaded and run.
-  bool decodes() const override { return true; }
+  bool decodes() const override { return !cache_; }  // (with a hidden-state cache no decoder layer is loaded)
   std::unique_ptr<TargetDecoder> decoder(int64_t batch, int64_t capacity, const std::vector<int64_t>& layers,
                                          AttentionContext& attention) override {
     for (int64_t l : layers)
@@ -487,6 +545,7 @@ class HfTarget final : public Target {
   // (validation only, N * BS queries), not through the engine's dispatcher. A Gated DeltaNet layer (Qwen3.5) runs
   // each block from its state after the block's context (gated_delta_verify).
   at::Tensor verify(const Batch& batch, const at::Tensor& anchors, const at::Tensor& blocks) override {
+    if (cache_) return {};  // (with a hidden-state cache the decoder is not loaded: tau_anchor on the data's tokens)
     at::NoGradGuard frozen;
     load_every_layer();
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1), N = blocks.size(1), BS = blocks.size(2);
@@ -2095,6 +2154,8 @@ class HfTarget final : public Target {
   bool fused_ = true;        // [target] kernels = "engine"
   bool keep_mxfp4_ = false;  // [target] mxfp4 = "keep"
   bool keep_fp8_ = false;    // [target] fp8 = "keep"
+  std::string cache_path_;   // [target] hidden_cache
+  std::unique_ptr<hf::HiddenCache> cache_;
   bool warned_past_max_position_ = false;
   hf::ModelConfig cfg_;
   std::unique_ptr<safetensors::Checkpoint> checkpoint_;

@@ -1,0 +1,130 @@
+"""A target's hidden states written once by scripts/dump-hidden-states (transformers) and read back by the hf target
+([target] hidden_cache) instead of running its decoder: the states of padded, packed and cut documents equal the
+target's own, a run trains to the same losses as against the online target, and a cache that lacks a layer or a
+document is refused with a sentence."""
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from conftest import CLI, SOURCE_DIR
+from test_hf_target import rel, run_target
+from test_hf_training import experiment, setup as make_inputs
+
+DUMP = SOURCE_DIR / "scripts" / "dump-hidden-states"
+
+
+def dump(model, data, out, layers="0,2,3", *more):
+    return subprocess.run([sys.executable, str(DUMP), "--model", str(model), "--data", str(data), "--layers", layers,
+                           "--out", str(out), "--dtype", "float32", "--device", "cpu", "--batch-tokens", "256",
+                           "--shard-tokens", "2000", *map(str, more)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def conversations(data):
+    out = []
+    for path in sorted(data.glob("*.h5")):
+        with h5py.File(path, "r") as f:
+            t, o = f["tokens"][:].astype(np.int64), f["offsets"][:]
+        out.extend(torch.from_numpy(t[o[i]:o[i + 1]]) for i in range(len(o) - 1))
+    return out
+
+
+def test_cached_states_equal_the_targets_own_for_padded_packed_and_cut_documents(tmp_path):
+    model, data = make_inputs(tmp_path)
+    p = dump(model, data, tmp_path / "cache")
+    assert p.returncode == 0, p.stderr
+    print(p.stdout.strip())
+    files = sorted((tmp_path / "cache").glob("hidden-*.safetensors"))
+    assert len(files) > 1, files  # (several files: the lookup crosses them)
+    convs = conversations(data)
+    by_length = sorted(range(len(convs)), key=lambda i: len(convs[i]))
+    a, b, c = convs[by_length[0]], convs[by_length[1]], convs[by_length[-1]]  # two short ones, the longest
+    cut = len(c) - 7  # row 2: a conversation cut (its first tokens only, as a row of seq_len cuts it)
+    S = max(len(a) + len(b), cut)
+    rows = torch.zeros(3, S, dtype=torch.long)
+    rows[0, :len(a)] = a
+    rows[1, :len(b)] = b
+    rows[1, len(b):len(b) + len(a)] = a  # row 1 packs b and a
+    rows[2, :cut] = c[:cut]
+    lengths = torch.tensor([len(a), len(b) + len(a), cut])
+    documents = torch.tensor([[len(a), 0], [len(b), len(a)], [cut, 0]])
+
+    layers = [0, 2, 3]
+    p, online = run_target(model, rows, lengths, layers, tmp_path, documents=documents)
+    assert p.returncode == 0, p.stderr
+    p, cached = run_target(model, rows, lengths, layers, tmp_path, documents=documents,
+                           keys={"hidden_cache": tmp_path / "cache"})
+    assert p.returncode == 0, p.stderr
+    assert "hidden states read from" in p.stdout and "the decoder does not run" in p.stdout, p.stdout
+    worst = max(rel(cached["hidden"][r, :int(lengths[r])], online["hidden"][r, :int(lengths[r])]) for r in range(3))
+    print(f"cached against online states (padded, packed, cut at {cut} of {len(c)}): worst rel err {worst:.1e}")
+    assert worst <= 1e-5, worst
+    assert rel(cached["logits"][1, :int(lengths[1])], online["logits"][1, :int(lengths[1])]) <= 1e-5
+    # Another token in a document: no conversation begins so; a sentence names the document.
+    rows[0, 2] = (rows[0, 2] + 1) % 320
+    p, _ = run_target(model, rows, lengths, layers, tmp_path, documents=documents,
+                      keys={"hidden_cache": tmp_path / "cache"})
+    assert p.returncode != 0 and f"no cached conversation begins with this document's {len(a)} tokens" in p.stderr, \
+        p.stderr
+
+
+def test_a_run_against_the_cache_trains_as_against_the_online_target(tmp_path):
+    model, data = make_inputs(tmp_path)
+    assert dump(model, data, tmp_path / "cache").returncode == 0
+    changes = {"steps = 50": "steps = 6", "print_every = 10": "print_every = 1",
+               "[mask]\n": "[eval]\nenabled = true\nserved_responses = 4\n\n[mask]\n"}
+    losses = {}
+    for name, extra in [("online", ""), ("cached", f'hidden_cache = "{tmp_path / "cache"}"\n')]:
+        exp = experiment(tmp_path, model, data, **changes,
+                         **{'name = "hf_tiny"': f'name = "{name}"', "[target]\n": "[target]\n" + extra})
+        p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stdout + p.stderr
+        with h5py.File(next((tmp_path / "run").glob(f"{name}*.h5")), "r") as f:
+            losses[name] = f["steps/loss"][:]
+            method = f["eval/tau_served_method"][-1] if "eval/tau_served_method" in f else b""
+        method = method.decode() if isinstance(method, bytes) else str(method)
+        print(f"{name}: served tau by {method}")
+        if name == "cached":
+            assert "the decoder does not run" in p.stdout, p.stdout
+            assert method and "target" not in method, method  # (no decoder: served tau on the data's tokens)
+    diff = np.abs(losses["cached"] - losses["online"]) / np.abs(losses["online"])
+    print(f"losses online {np.round(losses['online'], 5).tolist()}, cached {np.round(losses['cached'], 5).tolist()}; "
+          f"largest relative difference {diff.max():.1e}")
+    assert diff.max() <= 1e-4, diff
+
+
+def test_a_cache_without_a_layer_the_run_reads_is_refused(tmp_path):
+    model, data = make_inputs(tmp_path)
+    assert dump(model, data, tmp_path / "cache", "0,2").returncode == 0
+    exp = experiment(tmp_path, model, data, **{"[target]\n": f'[target]\nhidden_cache = "{tmp_path / "cache"}"\n'})
+    p = subprocess.run([str(CLI), "validate", str(exp)], capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "holds no states of layer 3" in out and "--layers" in out, out
+    # A rerun of the dump with other arguments into the same folder stops (a folder holds one dump).
+    p = dump(model, data, tmp_path / "cache", "0,2,3")
+    assert p.returncode == 2 and "other arguments" in p.stderr, p.stderr
+    # Not a cache: a sentence naming the folder.
+    exp = experiment(tmp_path, model, data, **{"[target]\n": f'[target]\nhidden_cache = "{data}"\n'})
+    p = subprocess.run([str(CLI), "validate", str(exp)], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "holds no hidden-*.safetensors file" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_dump_files_hold_what_the_format_says(tmp_path):
+    model, data = make_inputs(tmp_path)
+    assert dump(model, data, tmp_path / "cache").returncode == 0
+    convs = conversations(data)
+    seen = 0
+    for path in sorted((tmp_path / "cache").glob("hidden-*.safetensors")):
+        t = load_file(str(path))
+        assert t["tokens"].dtype == torch.int32 and t["offsets"].dtype == torch.int64
+        assert t["hidden"].shape == (t["tokens"].numel(), 3, 64), t["hidden"].shape
+        n = t["offsets"].numel() - 1
+        for i in range(n):
+            o0, o1 = int(t["offsets"][i]), int(t["offsets"][i + 1])
+            assert torch.equal(t["tokens"][o0:o1].long(), convs[seen + i])
+        seen += n
+    assert seen == len(convs)
