@@ -9,6 +9,7 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -70,6 +71,22 @@ struct Batch {
   // empty = one document per sequence. Attention never crosses a document.
   std::vector<std::vector<int64_t>> documents;
 };
+
+// Each row's documents, padding not counted: a packed row's conversations (Batch::documents), else [its length]
+// (S where the batch has no lengths; lengths past S count as S).
+inline std::vector<std::vector<int64_t>> row_documents(const Batch& batch) {
+  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
+  const at::Tensor lengths =
+      batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    if (static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[static_cast<size_t>(b)].empty())
+      rows.push_back(batch.documents[static_cast<size_t>(b)]);
+    else
+      rows.push_back({lengths.defined() ? std::min(lengths.data_ptr<int64_t>()[b], S) : S});
+  }
+  return rows;
+}
 
 // What every plugin gets to know about the run.
 struct RunContext {

@@ -100,7 +100,7 @@ std::string column_kernels(const BoundPlugins& b) {
              "\n";
   };
   add(b.choice, b.drafter->attention_layers());
-  if (b.target) add(b.target_choice, b.target_calls);
+  if (b.target_attends()) add(b.target_choice, b.target_calls);
   const LossChoice& loss = b.loss_choice;
   return out + LmHeadLoss(loss.name(), loss.chunk_rows, {}, loss.problem).variant();
 }
@@ -167,7 +167,7 @@ OpenedLog open_run_log(const Setup& s, const BoundPlugins& b, const ResumePoint&
       "drafter " + std::string(b.choice.problems.size() > 1 ? "attention calls" : "layers") + " 0.." +
           std::to_string(b.drafter->attention_layers() - 1) +
           (b.target ? ", then the target's attention calls 0.." + std::to_string(b.target_calls - 1) : std::string()));
-  if (b.target) {
+  if (b.target_attends()) {
     log.set_group_attribute("kernels", "target_selected", b.target_choice.candidates[b.target_choice.selected].name);
     log.set_group_attribute("kernels", "target_selection", b.target_choice.report());
   }

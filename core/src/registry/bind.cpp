@@ -247,7 +247,7 @@ BoundPlugins bind_plugins(const Setup& s) {
     p.mask = mask.plugin->name;
   }
   const std::string& on_fallback = s.experiment.attention().string("on_fallback");
-  if (b.target) {
+  if (b.target_attends()) {
     // The target's attention: forward only, the same kernel preferences and policy.
     std::vector<KernelCandidate> target_candidates = candidates;
     std::vector<AttentionProblem> tp = b.target->attention_problems(b.dataset->batch_size(), b.dataset->seq_len());

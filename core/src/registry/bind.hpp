@@ -56,8 +56,9 @@ struct BoundPlugins {
   std::unique_ptr<Target> target;
   std::unique_ptr<MaskGenerator> target_mask;
   std::vector<int64_t> target_layers;
-  int64_t target_calls = 0;  // attention calls of one target forward
-  KernelChoice target_choice;
+  int64_t target_calls = 0;    // attention calls of one target forward
+  KernelChoice target_choice;  // (none where it makes no call: hidden states read from a cache)
+  bool target_attends() const { return target && target_calls > 0; }
   TargetModel target_model;  // what the drafter was bound to
   // Served validation ([eval] served, a drafter that decodes): the kernel choices of the
   // drafter's decoder and, with a target that decodes, of the target's; their masks

@@ -46,6 +46,24 @@ class FLASHDRAFT_API BatchSource {
 
 // An AttentionContext that records its calls at layer + offset (the target's calls sit
 // after the drafter's layers in the ledger).
+// The attention of a target that makes no call (its hidden states read from a cache): a call is a logic error.
+class NoAttention : public AttentionContext {
+ public:
+  explicit NoAttention(std::string who) : who_(std::move(who)) {}
+  void set_mask(const MaskInput&) override {}
+  at::Tensor attention(int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&, double) override { fail(); }
+  std::pair<at::Tensor, at::Tensor> attention_lse(int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                  double) override {
+    fail();
+  }
+
+ private:
+  std::string who_;
+  [[noreturn]] void fail() const {
+    throw std::logic_error(who_ + " made an attention call after prepare() said it makes none");
+  }
+};
+
 class OffsetAttention : public AttentionContext {
  public:
   OffsetAttention(AttentionContext& inner, int64_t offset) : inner_(inner), offset_(offset) {}

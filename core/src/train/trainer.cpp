@@ -124,7 +124,7 @@ class Trainer {
   EventLog events_;
   std::unique_ptr<AttentionDispatcher> dispatcher_;
   std::unique_ptr<AttentionDispatcher> target_dispatcher_;  // the online target's attention
-  std::unique_ptr<OffsetAttention> target_attention_;
+  std::unique_ptr<AttentionContext> target_attention_;  // OffsetAttention over the target's dispatcher, or NoAttention
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<ServedValidation> served_;  // served validation ([eval] served; null when off)
   ResumePoint resume_;
@@ -252,6 +252,12 @@ void Trainer::prepare() {
 
 // The online target's attention: its own dispatcher, its calls after the drafter's.
 void Trainer::prepare_target_attention() {
+  if (!plugins_.target_attends()) {  // (its hidden states are read, not computed: no attention runs)
+    target_attention_ = std::make_unique<NoAttention>("the target (" + plugins_.target_model.source + ")");
+    std::cout << "target: " << plugins_.target_model.source << "; layers " << list_str(plugins_.target_layers)
+              << " feed the drafter (read, no attention call)" << std::endl;
+    return;
+  }
   std::cout << "target " << plugins_.target_choice.report();
   if (plugins_.target_choice.fallback)
     events_.add(current_step_, "fallback", "target: " + plugins_.target_choice.fallback_note());
@@ -549,7 +555,7 @@ int validate_experiment(const RunOptions& options) {
   }
   try {
     const BoundPlugins b = bind_plugins(s);
-    if (b.target) std::cout << "target " << b.target_choice.report();
+    if (b.target_attends()) std::cout << "target " << b.target_choice.report();
     std::cout << b.choice.report();
     if (b.served) {
       std::cout << "served validation: drafter decoder " << b.served_choice.report();

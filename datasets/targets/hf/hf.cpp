@@ -30,9 +30,9 @@
 // they never change the real ones), and in a sliding layer within its last sliding_window positions.
 #include "gated_delta.hpp"
 #include "hf_config.hpp"
-#include "hidden_cache.hpp"
 #include "mamba2.hpp"
 
+#include <flashdraft/hidden_cache.hpp>
 #include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/ops.hpp>
@@ -205,7 +205,7 @@ class HfTarget final : public Target {
     if (cfg_.gemma4()) inv_freq_ = proportional_inv_freq().to(device_);
     if (!cache_path_.empty()) {
       try {
-        cache_ = std::make_unique<hf::HiddenCache>(cache_path_, cfg_.hidden, cfg_.layers);
+        cache_ = std::make_unique<HiddenCache>(cache_path_, cfg_.hidden, cfg_.layers);
       } catch (const std::exception& e) {
         config_.fail("hidden_cache", e.what());
       }
@@ -306,7 +306,7 @@ class HfTarget final : public Target {
   // With a hidden-state cache: `layers` must be among its layers; no decoder layer is loaded, no attention runs.
   int64_t prepare_cached(const std::vector<int64_t>& layers) {
     for (int64_t l : layers) {
-      if (cache_column(l) < 0)
+      if (cache_->column(l) < 0)
         config_.fail("hidden_cache", cache_->describe() + " holds no states of layer " + std::to_string(l) +
                                          ", which the run reads (the drafter's target layers, and the last layer " +
                                          "where its labels are the target's); dump the cache with --layers " +
@@ -314,34 +314,14 @@ class HfTarget final : public Target {
     }
     return 0;
   }
-  int64_t cache_column(int64_t layer) const {  // layer's column in the cache, -1: none
-    const auto& held = cache_->layers();
-    const auto at = std::find(held.begin(), held.end(), layer);
-    return at == held.end() ? -1 : at - held.begin();
-  }
   // The cached states of every document of the batch, [B, S, E, H] (zeros on padding).
   at::Tensor cached_states(const Batch& batch, const std::vector<int64_t>& layers) {
-    const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
     std::vector<int64_t> columns;
     for (int64_t l : layers) {
-      columns.push_back(cache_column(l));
+      columns.push_back(cache_->column(l));
       if (columns.back() < 0) throw std::logic_error("hf target: layer " + std::to_string(l) + " was not prepared");
     }
-    at::Tensor out = at::zeros({B, S, static_cast<int64_t>(layers.size()), cfg_.hidden},
-                               at::TensorOptions().dtype(dtype_).device(device_));
-    const at::Tensor tokens = batch.tokens.to(at::kCPU, at::kLong).contiguous();
-    const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
-    for (int64_t b = 0; b < B; ++b) {
-      int64_t from = 0;
-      for (int64_t length : rows[static_cast<size_t>(b)]) {
-        if (length > 0)
-          out[b]
-              .narrow(0, from, length)
-              .copy_(cache_->document(tokens[b].data_ptr<int64_t>() + from, length, columns, device_, dtype_));
-        from += length;
-      }
-    }
-    return out;
+    return cache_->batch(batch, columns, device_, dtype_);
   }
 
   at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
@@ -351,7 +331,7 @@ class HfTarget final : public Target {
     const int64_t deepest = layers.empty() ? -1 : *std::max_element(layers.begin(), layers.end());
     if (deepest >= static_cast<int64_t>(layers_.size()))
       throw std::logic_error("hf target: layer " + std::to_string(deepest) + " was not prepared");
-    const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
+    const std::vector<std::vector<int64_t>> rows = row_documents(batch);
     warn_past_max_position(rows);
     const MaskInput docs = document_mask(rows, S);
     MaskInput current = layer_mask(docs, 0);  // (a sliding or chunked layer's; set again where a layer's differs)
@@ -559,7 +539,7 @@ class HfTarget final : public Target {
     const at::Tensor pli_c = per_layer_inputs(context_tokens, xc.view({B * S, cfg_.hidden}));
     const at::Tensor pli_b = per_layer_inputs(block_tokens, xb.view({B * N * BS, cfg_.hidden}));
     std::vector<DenseOut> kv_c(layers_.size()), kv_b(layers_.size());
-    const std::vector<std::vector<int64_t>> rows = row_documents(batch, B, S);
+    const std::vector<std::vector<int64_t>> rows = row_documents(batch);
     const at::Tensor context_pos = document_positions(document_mask(rows, S), B, S);  // [B, S]
     const bool two = cfg_.rope_local_theta > 0;  // (Gemma 3: the sliding layers' own tables too)
     const auto tables_c = rope_tables(context_pos), local_c = two ? rope_tables(context_pos, false, true) : tables_c;
@@ -2045,7 +2025,7 @@ class HfTarget final : public Target {
   std::pair<at::Tensor, at::Tensor> verify_masks(const Batch& batch, const at::Tensor& anchor, int64_t S, int64_t BS,
                                                  int64_t W) const {
     const int64_t B = anchor.size(0), N = anchor.size(1), L = N * BS;
-    const MaskInput docs = document_mask(row_documents(batch, B, S), S);
+    const MaskInput docs = document_mask(row_documents(batch), S);
     std::vector<int64_t> doc_ids;
     for (const auto& row : docs.doc_lengths)
       for (size_t d = 0; d < row.size(); ++d) doc_ids.insert(doc_ids.end(), static_cast<size_t>(row[d]), int64_t(d));
@@ -2119,20 +2099,6 @@ class HfTarget final : public Target {
     return host.contiguous().pin_memory().to(device_, /*non_blocking=*/true);
   }
 
-  // Each row's documents, padding not counted: a packed row's conversations, else [its length].
-  static std::vector<std::vector<int64_t>> row_documents(const Batch& batch, int64_t B, int64_t S) {
-    const at::Tensor lengths =
-        batch.lengths.defined() ? batch.lengths.to(at::kCPU, at::kLong).contiguous() : at::Tensor();
-    std::vector<std::vector<int64_t>> rows;
-    for (int64_t b = 0; b < B; ++b) {
-      if (static_cast<int64_t>(batch.documents.size()) > b && !batch.documents[static_cast<size_t>(b)].empty())
-        rows.push_back(batch.documents[static_cast<size_t>(b)]);
-      else
-        rows.push_back({lengths.defined() ? std::min(lengths.data_ptr<int64_t>()[b], S) : S});
-    }
-    return rows;
-  }
-
   // Causal within each document: a row's documents, then its padding as one more.
   static MaskInput document_mask(const std::vector<std::vector<int64_t>>& rows, int64_t S) {
     MaskInput in;
@@ -2155,7 +2121,7 @@ class HfTarget final : public Target {
   bool keep_mxfp4_ = false;  // [target] mxfp4 = "keep"
   bool keep_fp8_ = false;    // [target] fp8 = "keep"
   std::string cache_path_;   // [target] hidden_cache
-  std::unique_ptr<hf::HiddenCache> cache_;
+  std::unique_ptr<HiddenCache> cache_;
   bool warned_past_max_position_ = false;
   hf::ModelConfig cfg_;
   std::unique_ptr<safetensors::Checkpoint> checkpoint_;

@@ -1,6 +1,6 @@
-// A hidden-state cache ([target] hidden_cache): the target's states of every conversation, computed once elsewhere
-// (scripts/dump-hidden-states: transformers over one or more GPUs, for a target too large to run beside the drafter)
-// and read back for each document of a batch instead of running the decoder.
+// A hidden-state cache (the hf target's [target] hidden_cache, the cache target's path): the target's states of every
+// conversation, computed once elsewhere (scripts/dump-hidden-states: transformers over one or more GPUs, for a target
+// too large to run beside the drafter) and read back for each document of a batch instead of running the decoder.
 //
 // Format "flashdraft-hidden-v1": a folder of hidden-*.safetensors files (read in name order), each with
 //   tokens  I32 [T]        the conversations' token ids, concatenated
@@ -13,6 +13,8 @@
 // held in memory (4 bytes a token); the states are read from the memory-mapped files as documents ask for them.
 #pragma once
 
+#include <flashdraft/export.hpp>
+#include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -24,9 +26,9 @@
 #include <unordered_map>
 #include <vector>
 
-namespace flashdraft::hf {
+namespace flashdraft {
 
-class HiddenCache {
+class FLASHDRAFT_API HiddenCache {
  public:
   // Opens and checks every file of `folder` against the model (hidden size, layer count); a bad one is refused with a
   // sentence naming the file (std::runtime_error).
@@ -42,6 +44,11 @@ class HiddenCache {
   // conversation begins with its tokens.
   at::Tensor document(const int64_t* tokens, int64_t length, const std::vector<int64_t>& columns, c10::Device device,
                       c10::ScalarType dtype);
+  // Every document of a batch (row_documents(): padded, packed or cut rows), [B, S, columns, H] with zeros past each
+  // row's documents.
+  at::Tensor batch(const Batch& batch, const std::vector<int64_t>& columns, c10::Device device, c10::ScalarType dtype);
+  // The column of layer id `layer` in the cache, -1 where it holds none.
+  int64_t column(int64_t layer) const;
 
  private:
   struct Entry {
@@ -64,4 +71,4 @@ class HiddenCache {
   bool begins_with(const Entry& e, const int64_t* tokens, int64_t length) const;
 };
 
-}  // namespace flashdraft::hf
+}  // namespace flashdraft

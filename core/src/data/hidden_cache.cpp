@@ -1,4 +1,4 @@
-#include "hidden_cache.hpp"
+#include <flashdraft/hidden_cache.hpp>
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace flashdraft::hf {
+namespace flashdraft {
 
 namespace {
 
@@ -166,4 +166,30 @@ at::Tensor HiddenCache::document(const int64_t* tokens, int64_t length, const st
   return all ? rows : rows.index_select(1, at::tensor(columns, at::kLong).to(device));
 }
 
-}  // namespace flashdraft::hf
+at::Tensor HiddenCache::batch(const Batch& batch, const std::vector<int64_t>& columns, c10::Device device,
+                              c10::ScalarType dtype) {
+  const std::vector<std::vector<int64_t>> rows = row_documents(batch);
+  const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
+  const int64_t H = shards_.front().file->find("hidden")->shape[2];
+  at::Tensor out =
+      at::zeros({B, S, static_cast<int64_t>(columns.size()), H}, at::TensorOptions().dtype(dtype).device(device));
+  const at::Tensor ids = batch.tokens.to(at::kCPU, at::kLong).contiguous();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t from = 0;
+    for (int64_t length : rows[static_cast<size_t>(b)]) {
+      if (length > 0)
+        out[b]
+            .narrow(0, from, length)
+            .copy_(document(ids[b].data_ptr<int64_t>() + from, length, columns, device, dtype));
+      from += length;
+    }
+  }
+  return out;
+}
+
+int64_t HiddenCache::column(int64_t layer) const {
+  const auto at = std::find(layers_.begin(), layers_.end(), layer);
+  return at == layers_.end() ? -1 : at - layers_.begin();
+}
+
+}  // namespace flashdraft
