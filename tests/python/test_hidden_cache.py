@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -198,3 +199,23 @@ def test_the_logit_rule_is_read_and_a_model_it_cannot_stand_for_is_refused(tmp_p
     p = dump(phi, data, tmp_path / "phi_cache")
     assert p.returncode == 1 and "its logits are not its LM head times its last hidden state" in p.stderr, p.stderr
     assert not list((tmp_path / "phi_cache").glob("hidden-*")), "states written for a model the cache cannot stand for"
+
+
+def test_two_processes_under_torchrun_write_the_files_one_process_writes(tmp_path):
+    """torchrun --nproc-per-node 2 (here on the CPU): each process writes every other file; together the same files,
+    tensor for tensor, as one process, and one target.safetensors."""
+    model, data = make_inputs(tmp_path)
+    assert dump(model, data, tmp_path / "one").returncode == 0
+    torchrun = Path(sys.executable).parent / "torchrun"
+    p = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", "29533", str(DUMP), "--model",
+                        str(model), "--data", str(data), "--layers", "0,2,3", "--out", str(tmp_path / "two"),
+                        "--dtype", "float32", "--device", "cpu", "--batch-tokens", "256", "--shard-tokens", "2000"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "process 0 of 2" in p.stdout and "process 1 of 2" in p.stdout, p.stdout
+    one = sorted(f.name for f in (tmp_path / "one").glob("*.safetensors"))
+    assert one == sorted(f.name for f in (tmp_path / "two").glob("*.safetensors")) and "target.safetensors" in one
+    for name in one:
+        a, b = load_file(str(tmp_path / "one" / name)), load_file(str(tmp_path / "two" / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    print(f"torchrun, 2 processes: the {len(one)} files equal one process's")
