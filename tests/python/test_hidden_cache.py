@@ -219,3 +219,30 @@ def test_two_processes_under_torchrun_write_the_files_one_process_writes(tmp_pat
         a, b = load_file(str(tmp_path / "one" / name)), load_file(str(tmp_path / "two" / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     print(f"torchrun, 2 processes: the {len(one)} files equal one process's")
+
+
+def test_eagle3_trains_from_the_cache_as_against_the_online_target(tmp_path):
+    """EAGLE-3 reads three target layers and the last one (its soft labels are the target's distribution): against the
+    cache target, six steps give the online run's losses."""
+    from hf_models import make_model
+    from test_eagle3_training import TRAIN
+    _, data = make_inputs(tmp_path)
+    model = tmp_path / "llama"
+    make_model(model, "llama", seed=2, embedding_std=1.0, vocab_size=320, num_hidden_layers=8)
+    p = dump(model, data, tmp_path / "cache", "1,3,4,7")
+    assert p.returncode == 0, p.stderr
+    losses = {}
+    for name, target in [("online", f'[target]\nplugin = "hf"\npath = "{model}"\n'),
+                         ("cache_target", f'[target]\nplugin = "cache"\npath = "{tmp_path / "cache"}"\n')]:
+        text = TRAIN.format(out=tmp_path / "run", model=model, data=data, ttt=3)
+        text = text.replace(f'[target]\nplugin = "hf"\npath = "{model}"\n', target).replace("steps = 100", "steps = 6")
+        exp = tmp_path / f"{name}.toml"
+        exp.write_text(text.replace('name = "eagle3_tiny"', f'name = "{name}"'))
+        p = subprocess.run([str(CLI), "run", str(exp)], capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stdout + p.stderr
+        with h5py.File(tmp_path / "run" / f"{name}.h5", "r") as f:
+            losses[name] = f["steps/loss"][:]
+    diff = np.abs(losses["cache_target"] - losses["online"]) / np.abs(losses["online"])
+    print(f"EAGLE-3 losses online {np.round(losses['online'], 5).tolist()}, from the cache "
+          f"{np.round(losses['cache_target'], 5).tolist()}; largest relative difference {diff.max():.1e}")
+    assert diff.max() <= 1e-4, diff
