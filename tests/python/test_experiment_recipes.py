@@ -7,6 +7,7 @@ plugin fails here, not on a user's GPU."""
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -68,3 +69,43 @@ def test_recipe_validates_with_a_tiny_checkpoint_of_its_family(recipe, tmp_path)
         p = subprocess.run([str(CLI), "validate", str(exp), "--out", str(tmp_path / "runs")], capture_output=True,
                            text=True, timeout=300)
         assert p.returncode != 0 and '[target] mxfp4: "keep" keeps a checkpoint\'s MXFP4 experts' in p.stderr, p.stderr
+
+
+# The recipes that read a cache ([target] plugin = "cache") -> the layer count of their target.
+CACHE_RECIPES = {"glm_4_5_dflash_cache.toml": 92}
+
+
+def test_every_cache_recipe_is_listed():
+    cache = sorted(p.name for p in (SOURCE_DIR / "experiments").glob("*.toml") if 'plugin = "cache"' in p.read_text())
+    assert cache == sorted(CACHE_RECIPES), cache
+
+
+@pytest.mark.parametrize("recipe", sorted(CACHE_RECIPES))
+def test_cache_recipe_validates_with_a_tiny_cache(recipe, tmp_path):
+    """The recipe as written, its cache dumped (by its own command's --layers) from a tiny model of its target's
+    depth, its data a tokens shard: `flashdraft validate` passes, and a cache without the label layer is refused."""
+    text = (SOURCE_DIR / "experiments" / recipe).read_text()
+    layers = re.search(r"--layers ([0-9,]+)", text).group(1)
+    make_model(tmp_path / "target", "qwen3", seed=1, num_hidden_layers=CACHE_RECIPES[recipe], hidden_size=80)  # (40 heads divide it)
+    write_shard(tmp_path / "data", [([5, 6, 7, 8], [9, 10, 11, 12] * 20)] * 8, 160)
+    for name, dumped in [("cache", layers), ("short", layers.rsplit(",", 1)[0])]:
+        p = subprocess.run([sys.executable, str(SOURCE_DIR / "scripts" / "dump-hidden-states"), "--model",
+                            str(tmp_path / "target"), "--data", str(tmp_path / "data"), "--layers", dumped, "--out",
+                            str(tmp_path / name), "--device", "cpu", "--dtype", "float32"],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        edited = text
+        for old, new in [(r'^path = "cache/[^"]*"', f'path = "{tmp_path / name}"'),
+                         (r'^path = "data/[^"]*"', f'path = "{tmp_path / "data"}"'), (r'^device = "cuda"', 'device = "cpu"'),
+                         (r'^dtype = "bfloat16"', 'dtype = "float32"'), (r'^kernels = \["flash_cuda"[^\]]*\]', 'kernels = ["flash_cpu"]'),
+                         (r'^seq_len = \d+', 'seq_len = 64'), (r'^anchors = \d+', 'anchors = 2')]:
+            edited, n = re.subn(old, new, edited, flags=re.M)
+            assert n >= 1, (recipe, old)
+        exp = tmp_path / f"{name}.toml"
+        exp.write_text(edited)
+        p = subprocess.run([str(CLI), "validate", str(exp), "--out", str(tmp_path / "runs")], capture_output=True,
+                           text=True, timeout=300)
+        if name == "cache":
+            assert p.returncode == 0, p.stdout + p.stderr
+        else:
+            assert p.returncode != 0 and f"holds no states of layer {layers.rsplit(',', 1)[1]}" in p.stderr, p.stderr
