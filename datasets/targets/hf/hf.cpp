@@ -326,7 +326,10 @@ class HfTarget final : public Target {
 
   at::Tensor hidden_states(const Batch& batch, const std::vector<int64_t>& layers,
                            AttentionContext& attention) override {
-    if (cache_) return cached_states(batch, layers);
+    return cache_ ? cached_states(batch, layers) : run_decoder(batch, layers, attention);
+  }
+  // The training forward: the decoder up to the deepest of `layers`, its states straight into the result.
+  at::Tensor run_decoder(const Batch& batch, const std::vector<int64_t>& layers, AttentionContext& attention) {
     const int64_t B = batch.tokens.size(0), S = batch.tokens.size(1);
     const int64_t deepest = layers.empty() ? -1 : *std::max_element(layers.begin(), layers.end());
     if (deepest >= static_cast<int64_t>(layers_.size()))
