@@ -85,6 +85,7 @@ import math
 import os
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -93,7 +94,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from conftest import BINARY_DIR, CLI
+from conftest import BINARY_DIR, CLI, SOURCE_DIR
 from drafts import by_row
 from hf_models import make_model
 from tokens_tiny_tokenizer import CORPUS, PLAIN, make_tokenizer, prepare_data
@@ -209,8 +210,9 @@ def eval_blocks(exp: Path, out: Path):
     return by_row(load_file(str(out)))
 
 
-def experiment(path: Path, drafter: str, **keys) -> Path:
-    path.write_text(COMMON.format(**keys) + drafter.format(**keys))
+def experiment(path: Path, drafter: str, target_plugin="hf", **keys) -> Path:
+    common = COMMON.format(**keys).replace('[target]\nplugin = "hf"', f'[target]\nplugin = "{target_plugin}"')
+    path.write_text(common + drafter.format(**keys))
     return path
 
 
@@ -283,6 +285,7 @@ def train_dflash(world, name, template, layout, dumps):
     keys = dict(out=root / "run", target=world["target_dir"], data=world["data"], bs=BS, anchors=ANCHORS, ids=IDS,
                 gamma=GAMMA, rope_theta=ROPE_THETA, lr=1e-2, kernel=KERNEL, group=GROUP, rank=RANK, top_k=TOP_K,
                 window=WINDOW)
+    keys["target_plugin"] = world.get("target_plugin", "hf")
     exp = experiment(root / "train.toml", template, name=name, steps=60, eval="false", labels="target_kl",
                      normalisation="positions", init="", **keys)
     out = cli("run", exp)
@@ -304,6 +307,34 @@ def train_dflash(world, name, template, layout, dumps):
 def dflash(world):
     return train_dflash(world, "dflash", DFLASH, "DFlash", [("target_kl", "positions"), ("target_kl", "weights"),
                                                           ("target_argmax", "positions")])
+
+
+@pytest.fixture(scope="module")
+def stablelm_world(world):
+    """The same data with a StableLM target (LayerNorms with biases, a quarter of each head rotated, an untied LM head:
+    an architecture the hf target does not read), its states dumped by scripts/dump-hidden-states (layers IDS and the
+    last) and read through the cache target."""
+    root = world["root"] / "stablelm"
+    config = transformers.StableLmConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                                         num_hidden_layers=TARGET_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                                         partial_rotary_factor=0.25, max_position_embeddings=256)
+    torch.manual_seed(4)
+    model = transformers.StableLmForCausalLM(config).eval()
+    with torch.no_grad():  # (world's kind of rows: soft distributions, so that KL and CE labels differ)
+        model.get_input_embeddings().weight.normal_(0, 0.15)
+        model.lm_head.weight.normal_(0, 0.15)
+    model.save_pretrained(root / "target")
+    p = subprocess.run([sys.executable, str(SOURCE_DIR / "scripts" / "dump-hidden-states"), "--model",
+                        str(root / "target"), "--data", str(world["data"]), "--layers",
+                        ",".join(map(str, [*IDS, TARGET_LAYERS - 1])), "--out", str(root / "cache"), "--device", "cpu",
+                        "--dtype", "float32"], capture_output=True, text=True, timeout=600, env=ENV)
+    assert p.returncode == 0, p.stderr
+    return {**world, "root": root, "target": model, "target_dir": root / "cache", "target_plugin": "cache"}
+
+
+@pytest.fixture(scope="module")
+def dflash_stablelm(stablelm_world):
+    return train_dflash(stablelm_world, "dflash_stablelm", DFLASH, "DFlash", [("target_kl", "positions")])
 
 
 @pytest.fixture(scope="module")
@@ -388,6 +419,21 @@ def test_dflash_reference_loads_the_export_and_reproduces_our_validation(world, 
 
     # Its forward on every held-out block: our proposals, our loss (target_kl, over the count).
     same, total, err = zlab_blocks(world, model, dflash["dumps"][("target_kl", "positions")])
+    assert total >= 100 and same == total
+    assert err <= TOL
+
+
+def test_dflash_trained_from_a_cache_of_a_target_we_do_not_run_proposes_as_the_reference(stablelm_world,
+                                                                                          dflash_stablelm):
+    """A drafter trained through the cache target on a StableLM's dumped states (60 steps, target_kl): z-lab's
+    DFlashDraftModel, fed transformers' own StableLM states and its LM head, proposes our tokens at every labelled
+    block position and gives our validation loss. So the cache's layers, embedding and LM head are the ones the
+    reference serves with."""
+    from dflash.model import DFlashDraftModel
+
+    model = DFlashDraftModel.from_pretrained(dflash_stablelm["folder"], dtype=torch.float32).eval()
+    same, total, err = zlab_blocks(stablelm_world, model, dflash_stablelm["dumps"][("target_kl", "positions")])
+    print(f"StableLM through its cache: {same} of {total} block proposals equal z-lab's; loss max rel err {err:.1e}")
     assert total >= 100 and same == total
     assert err <= TOL
 
