@@ -116,6 +116,24 @@ def test_a_cache_without_a_layer_the_run_reads_is_refused(tmp_path):
     # A rerun of the dump with other arguments into the same folder stops (a folder holds one dump).
     p = dump(model, data, tmp_path / "cache", "0,2,3")
     assert p.returncode == 2 and "other arguments" in p.stderr, p.stderr
+    # The cache target needs target.safetensors beside the states; without it (or with a number that is not one) a
+    # sentence says what to use.
+    import shutil
+    bare = tmp_path / "bare"
+    shutil.copytree(tmp_path / "cache", bare)
+    (bare / "target.safetensors").unlink()
+    cache_target = {f'[target]\nplugin = "hf"\npath = "{model}"\n': f'[target]\nplugin = "cache"\npath = "{bare}"\n'}
+    p = subprocess.run([str(CLI), "validate", str(experiment(tmp_path, model, data, **cache_target))],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "holds no target.safetensors" in p.stderr and "hidden_cache" in p.stderr, p.stderr
+    tensors = load_file(str(tmp_path / "cache" / "target.safetensors"))
+    with safe_open(str(tmp_path / "cache" / "target.safetensors"), "pt") as f:
+        meta = dict(f.metadata(), logit_scale="one")
+    from safetensors.torch import save_file
+    save_file(tensors, str(bare / "target.safetensors"), metadata=meta)
+    p = subprocess.run([str(CLI), "validate", str(experiment(tmp_path, model, data, **cache_target))],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and 'metadata logit_scale = "one" is not a number' in p.stderr, p.stderr
     # Not a cache: a sentence naming the folder.
     exp = experiment(tmp_path, model, data, **{"[target]\n": f'[target]\nhidden_cache = "{data}"\n'})
     p = subprocess.run([str(CLI), "validate", str(exp)], capture_output=True, text=True, timeout=300)
