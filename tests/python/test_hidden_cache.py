@@ -134,6 +134,26 @@ def test_a_cache_without_a_layer_the_run_reads_is_refused(tmp_path):
     p = subprocess.run([str(CLI), "validate", str(experiment(tmp_path, model, data, **cache_target))],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and 'metadata logit_scale = "one" is not a number' in p.stderr, p.stderr
+    # A cache dumped from part of the data (its first 120 of 200 conversations): `validate` and the run's start name
+    # the first batch and document it lacks, before step 0.
+    import h5py as _h5
+    part = tmp_path / "part_data"
+    part.mkdir()
+    source = next(data.glob("*.h5"))
+    with _h5.File(source, "r") as f, _h5.File(part / source.name, "w") as g:
+        o = f["offsets"][:121]
+        g["tokens"], g["loss_mask"], g["offsets"] = f["tokens"][:o[-1]], f["loss_mask"][:o[-1]], o
+        for k, v in f.attrs.items():
+            g.attrs[k] = v
+    assert dump(model, part, tmp_path / "part_cache").returncode == 0
+    partial = {"[target]\n": f'[target]\nhidden_cache = "{tmp_path / "part_cache"}"\n'}
+    for command in ("validate", "run"):
+        p = subprocess.run([str(CLI), command, str(experiment(tmp_path, model, data, **partial))], capture_output=True,
+                           text=True, timeout=300)
+        out = p.stdout + p.stderr
+        assert p.returncode != 0 and "batch" in out and "no cached conversation begins with this document" in out, out
+        assert "step     1/" not in out, out  # (before step 0)
+    print(next(line for line in out.splitlines() if "no cached conversation" in line)[:300])
     # Not a cache: a sentence naming the folder.
     exp = experiment(tmp_path, model, data, **{"[target]\n": f'[target]\nhidden_cache = "{data}"\n'})
     p = subprocess.run([str(CLI), "validate", str(exp)], capture_output=True, text=True, timeout=300)

@@ -47,6 +47,8 @@ class FLASHDRAFT_API HiddenCache {
   // Every document of a batch (row_documents(): padded, packed or cut rows), [B, S, columns, H] with zeros past each
   // row's documents.
   at::Tensor batch(const Batch& batch, const std::vector<int64_t>& columns, c10::Device device, c10::ScalarType dtype);
+  // The first document of the batch the cache does not hold, described ("" = it holds them all). Reads no state.
+  std::string missing(const Batch& batch);
   // The column of layer id `layer` in the cache, -1 where it holds none.
   int64_t column(int64_t layer) const;
 
@@ -68,6 +70,7 @@ class FLASHDRAFT_API HiddenCache {
   std::map<int64_t, std::unordered_multimap<uint64_t, size_t>> prefix_;  // per length L: hash of its first L tokens
 
   const Entry* find(const int64_t* tokens, int64_t length);
+  std::string not_held(const int64_t* tokens, int64_t length) const;
   bool begins_with(const Entry& e, const int64_t* tokens, int64_t length) const;
 };
 

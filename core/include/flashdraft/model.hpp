@@ -264,6 +264,11 @@ class FLASHDRAFT_API Target : public PluginObject {
   }
   // Token ids that end a response (the checkpoint's eos_token_id); empty: none known.
   virtual std::vector<int64_t> stop_tokens() const { return {}; }
+  // A target that reads its hidden states from disk (a cache) rather than computing them: before step 0 the engine
+  // puts every batch the run will read to missing_states(), which names the first document the target cannot give
+  // ("" = it can give them all), so that a cache lacking some fails `validate` and the run's start, not step N.
+  virtual bool reads_states() const { return false; }
+  virtual std::string missing_states(const Batch&) { return {}; }
 };
 
 // Validation's drafts (StepResult::drafts), in a layout no drafter has to fake: a list of D

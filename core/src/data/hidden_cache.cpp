@@ -147,18 +147,35 @@ const HiddenCache::Entry* HiddenCache::find(const int64_t* tokens, int64_t lengt
   return nullptr;
 }
 
+std::string HiddenCache::not_held(const int64_t* tokens, int64_t length) const {
+  std::string head;
+  for (int64_t i = 0; i < std::min<int64_t>(length, 8); ++i) head += (i ? ", " : "") + std::to_string(tokens[i]);
+  return "hidden_cache " + folder_ + ": no cached conversation begins with this document's " + std::to_string(length) +
+         " tokens [" + head + (length > 8 ? ", ..." : "") + "] (the cache holds " + std::to_string(entries_.size()) +
+         " conversations; dump it from the same data shards the [dataset] reads, with --max-length at least its "
+         "seq_len)";
+}
+
+std::string HiddenCache::missing(const Batch& batch) {
+  const std::vector<std::vector<int64_t>> rows = row_documents(batch);
+  const at::Tensor ids = batch.tokens.to(at::kCPU, at::kLong).contiguous();
+  for (size_t b = 0; b < rows.size(); ++b) {
+    int64_t from = 0;
+    for (int64_t length : rows[b]) {
+      const int64_t* tokens = ids[static_cast<int64_t>(b)].data_ptr<int64_t>() + from;
+      if (length > 0 && !find(tokens, length))
+        return "row " + std::to_string(b) + ", tokens " + std::to_string(from) + ".." + std::to_string(from + length) +
+               ": " + not_held(tokens, length);
+      from += length;
+    }
+  }
+  return {};
+}
+
 at::Tensor HiddenCache::document(const int64_t* tokens, int64_t length, const std::vector<int64_t>& columns,
                                  c10::Device device, c10::ScalarType dtype) {
   const Entry* e = find(tokens, length);
-  if (!e) {
-    std::string head;
-    for (int64_t i = 0; i < std::min<int64_t>(length, 8); ++i) head += (i ? ", " : "") + std::to_string(tokens[i]);
-    throw std::runtime_error("hidden_cache " + folder_ + ": no cached conversation begins with this document's " +
-                             std::to_string(length) + " tokens [" + head + (length > 8 ? ", ..." : "") + "] (the " +
-                             "cache holds " + std::to_string(entries_.size()) +
-                             " conversations; dump it from the same data shards the [dataset] reads, with "
-                             "--max-length at least its seq_len)");
-  }
+  if (!e) throw std::runtime_error(not_held(tokens, length));
   const safetensors::File& f = *shards_[static_cast<size_t>(e->shard)].file;
   const at::Tensor rows = f.load_rows("hidden", e->begin, length, device, dtype);  // [length, E, H]
   bool all = static_cast<int64_t>(columns.size()) == rows.size(1);

@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <chrono>
+#include <stdexcept>
+
 namespace flashdraft {
 
 BatchSource::BatchSource(Dataset& dataset, Target* target, std::vector<int64_t> layers,
@@ -23,6 +26,27 @@ Batch BatchSource::with_hidden_states(Batch batch) {
   }
   target_timing_ = std::make_shared<const TargetTiming>(TargetTiming{std::move(start), DeviceMark(device_)});
   return batch;
+}
+
+void check_states_read(Dataset& data, Target& target, int64_t first, int64_t end, int64_t stride, bool held_out,
+                       const std::function<void(const std::string&)>& say) {
+  const auto start = std::chrono::steady_clock::now();
+  int64_t train = 0, eval = 0;
+  for (int64_t i = first; i < end; i += stride, ++train) {
+    const std::string why = target.missing_states(data.train_batch(i));
+    if (!why.empty())
+      throw std::runtime_error("training batch " + std::to_string(i) + " (of the run's first " + std::to_string(end) +
+                               "), " + why);
+  }
+  for (int64_t i = 0; held_out && i < data.eval_batches(); ++i, ++eval) {
+    const std::string why = target.missing_states(data.eval_batch(i));
+    if (!why.empty()) throw std::runtime_error("held-out batch " + std::to_string(i) + ", " + why);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (say)
+    say("target: the states of every document of the run's " + std::to_string(train) + " training and " +
+        std::to_string(eval) + " held-out batches are there (checked in " + std::to_string(seconds).substr(0, 4) +
+        " s)");
 }
 
 }  // namespace flashdraft

@@ -9,7 +9,9 @@
 #include "train/device_mark.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace flashdraft {
@@ -43,6 +45,13 @@ class FLASHDRAFT_API BatchSource {
   c10::Device device_;
   std::shared_ptr<const TargetTiming> target_timing_;
 };
+
+// Before step 0, for a target that reads its hidden states from disk (Target::reads_states()): the training batches
+// first, first + stride, ... below end (the ones this process reads) and, with `held_out`, every held-out batch, put
+// to Target::missing_states(). Throws std::runtime_error naming the first batch and document the target cannot give;
+// says how many it checked and how long that took.
+FLASHDRAFT_API void check_states_read(Dataset& data, Target& target, int64_t first, int64_t end, int64_t stride,
+                                      bool held_out, const std::function<void(const std::string&)>& say);
 
 // An AttentionContext that records its calls at layer + offset (the target's calls sit
 // after the drafter's layers in the ledger).

@@ -201,6 +201,9 @@ void Trainer::prepare() {
   batches_ = std::make_unique<BatchSource>(*plugins_.dataset, plugins_.target.get(), plugins_.target_layers,
                                            target_attention_.get(), plugins_.ctx.device);
   const int64_t accumulate = setup_.experiment.optimizer().integer("accumulate");
+  if (plugins_.target && plugins_.target->reads_states())  // (the batches this rank reads: GradientSync::batch_index)
+    check_states_read(*plugins_.dataset, *plugins_.target, dist_->rank(), steps_ * accumulate * dist_->world(),
+                      dist_->world(), setup_.experiment.eval().boolean("enabled"), plugins_.ctx.say);
   resume_ = find_resume_point(options_, run_table().string("out"), run_table().string("name"), model_tensors(),
                               plugins_.ctx.say);
   const LedgerColumns columns{drafter.attention_layers(), plugins_.target_calls};
@@ -554,7 +557,11 @@ int validate_experiment(const RunOptions& options) {
     return report_setup_error(e);
   }
   try {
-    const BoundPlugins b = bind_plugins(s);
+    BoundPlugins b = bind_plugins(s);
+    if (b.target && b.target->reads_states())
+      check_states_read(*b.dataset, *b.target, 0,
+                        s.experiment.run().integer("steps") * s.experiment.optimizer().integer("accumulate"), 1,
+                        s.experiment.eval().boolean("enabled"), b.ctx.say);
     if (b.target_attends()) std::cout << "target " << b.target_choice.report();
     std::cout << b.choice.report();
     if (b.served) {

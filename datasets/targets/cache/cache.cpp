@@ -120,6 +120,8 @@ class CacheTarget final : public Target {
   }
 
   std::vector<int64_t> stop_tokens() const override { return eos_; }
+  bool reads_states() const override { return true; }
+  std::string missing_states(const Batch& batch) override { return cache_->missing(batch); }
 
  private:
   Config config_;

@@ -520,6 +520,8 @@ class HfTarget final : public Target {
   }
 
   std::vector<int64_t> stop_tokens() const override { return cfg_.eos; }
+  bool reads_states() const override { return cache_ != nullptr; }
+  std::string missing_states(const Batch& batch) override { return cache_ ? cache_->missing(batch) : std::string(); }
 
   // Target verification (model.hpp): every decoder layer runs over the context (causal within
   // each document) and over all blocks at once; block n's queries see the context before its
