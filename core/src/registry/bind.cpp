@@ -6,6 +6,7 @@
 #include "export/hf_export.hpp"
 
 #include <flashdraft/drafter_format.hpp>
+#include <flashdraft/dtype.hpp>
 
 #include <torch/cuda.h>
 #include <torch/optim/adamw.h>
@@ -18,13 +19,6 @@
 namespace flashdraft {
 
 namespace {
-
-c10::ScalarType dtype_of(const std::string& s, c10::Device device) {
-  if (s == "bfloat16") return torch::kBFloat16;
-  if (s == "float16") return torch::kHalf;
-  if (s == "auto" && device.is_cuda()) return torch::kBFloat16;
-  return torch::kFloat;
-}
 
 // The target the drafter binds to: an online one from [target] (its layers chosen by the
 // drafter), or the one the dataset carries.
@@ -201,7 +195,7 @@ BoundPlugins bind_plugins(const Setup& s) {
   BoundPlugins b;
   b.ctx.out_dir = run.string("out");
   b.ctx.device = device;
-  b.ctx.dtype = dtype_of(run.string("dtype"), device);
+  b.ctx.dtype = dtype_named(run.string("dtype"), device);
   b.precision = precision_of(s, device, b.ctx.dtype);
   b.ctx.seed = seed;
   b.ctx.say = [warnings = b.warnings](const std::string& line) { warnings->say(line); };

@@ -8,6 +8,7 @@
 // cap tanh(scale h W^T / cap), checked by the script against the model's own logits), num_hidden_layers,
 // hidden_size, vocab_size, eos_token_ids, architecture and model. No decoder runs: no attention call, no served
 // decoding by the target (served tau is measured on the data's tokens).
+#include <flashdraft/dtype.hpp>
 #include <flashdraft/hidden_cache.hpp>
 #include <flashdraft/model.hpp>
 #include <flashdraft/safetensors.hpp>
@@ -17,13 +18,6 @@
 
 namespace flashdraft {
 namespace {
-
-c10::ScalarType dtype_named(const std::string& name, c10::Device device) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
-}
 
 class CacheTarget final : public Target {
  public:

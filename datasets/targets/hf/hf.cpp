@@ -32,6 +32,7 @@
 #include "hf_config.hpp"
 #include "mamba2.hpp"
 
+#include <flashdraft/dtype.hpp>
 #include <flashdraft/hidden_cache.hpp>
 #include <flashdraft/layers.hpp>
 #include <flashdraft/model.hpp>
@@ -100,13 +101,6 @@ struct DecoderLayer {
   } mla;
   bool sparse() const { return router.defined(); }
 };
-
-c10::ScalarType dtype_named(const std::string& name, c10::Device device) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
-}
 
 class HfTarget final : public Target {
  public:

@@ -8,6 +8,7 @@
 // same states (so a resumed run continues bit for bit), and nothing crosses the host.
 // There is no decoder, so no attention call. The loss a drafter reaches on this target is
 // meaningless; its cost is a real drafter's.
+#include <flashdraft/dtype.hpp>
 #include <flashdraft/model.hpp>
 
 #include <ATen/ATen.h>
@@ -43,11 +44,7 @@ class RandomTarget final : public Target {
   void open(const RunContext& ctx) override {
     device_ = ctx.device;
     seed_ = ctx.seed;
-    dtype_ = dtype_name_ == "float32"    ? at::kFloat
-             : dtype_name_ == "bfloat16" ? at::kBFloat16
-             : dtype_name_ == "float16"  ? at::kHalf
-             : device_.is_cuda()         ? at::kBFloat16
-                                         : at::kFloat;
+    dtype_ = dtype_named(dtype_name_, device_);
     const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
     at::Generator gen = generator(0x7a11e7);
     embedding_ = at::randn({vocab_, hidden_}, gen, opts).mul_(std_);
