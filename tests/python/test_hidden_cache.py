@@ -3,10 +3,10 @@ its decoder, by the hf target ([target] hidden_cache) or by the cache target ([t
 architecture transformers runs): the states of padded, packed and cut documents equal the target's own, runs train to
 the same losses as against the online target, a model the hf target does not read trains from its cache, and a cache
 that lacks a layer or a document, or a model whose logits the cache cannot stand for, is refused with a sentence."""
+import json
+import shutil
 import subprocess
 import sys
-
-import json
 from pathlib import Path
 
 import h5py
@@ -15,9 +15,11 @@ import pytest
 import torch
 import transformers
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from conftest import CLI, SOURCE_DIR
+from hf_models import make_model
+from test_eagle3_training import TRAIN
 from test_hf_target import rel, run_target
 from test_hf_training import experiment, setup as make_inputs
 
@@ -118,7 +120,6 @@ def test_a_cache_without_a_layer_the_run_reads_is_refused(tmp_path):
     assert p.returncode == 2 and "other arguments" in p.stderr, p.stderr
     # The cache target needs target.safetensors beside the states; without it (or with a number that is not one) a
     # sentence says what to use.
-    import shutil
     bare = tmp_path / "bare"
     shutil.copytree(tmp_path / "cache", bare)
     (bare / "target.safetensors").unlink()
@@ -129,18 +130,16 @@ def test_a_cache_without_a_layer_the_run_reads_is_refused(tmp_path):
     tensors = load_file(str(tmp_path / "cache" / "target.safetensors"))
     with safe_open(str(tmp_path / "cache" / "target.safetensors"), "pt") as f:
         meta = dict(f.metadata(), logit_scale="one")
-    from safetensors.torch import save_file
     save_file(tensors, str(bare / "target.safetensors"), metadata=meta)
     p = subprocess.run([str(CLI), "validate", str(experiment(tmp_path, model, data, **cache_target))],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and 'metadata logit_scale = "one" is not a number' in p.stderr, p.stderr
     # A cache dumped from part of the data (its first 120 of 200 conversations): `validate` and the run's start name
     # the first batch and document it lacks, before step 0.
-    import h5py as _h5
     part = tmp_path / "part_data"
     part.mkdir()
     source = next(data.glob("*.h5"))
-    with _h5.File(source, "r") as f, _h5.File(part / source.name, "w") as g:
+    with h5py.File(source, "r") as f, h5py.File(part / source.name, "w") as g:
         o = f["offsets"][:121]
         g["tokens"], g["loss_mask"], g["offsets"] = f["tokens"][:o[-1]], f["loss_mask"][:o[-1]], o
         for k, v in f.attrs.items():
@@ -226,7 +225,6 @@ def test_the_logit_rule_is_read_and_a_model_it_cannot_stand_for_is_refused(tmp_p
     against the model's logits). Phi's LM head has a bias, which the cache's rule (scale, cap) cannot hold: the dump
     stops with a sentence before writing any state."""
     _, data = make_inputs(tmp_path)
-    from hf_models import make_model
     make_model(tmp_path / "granite", "granite", seed=3, vocab_size=320)
     p = dump(tmp_path / "granite", data, tmp_path / "cache")
     assert p.returncode == 0, p.stderr
@@ -262,8 +260,6 @@ def test_two_processes_under_torchrun_write_the_files_one_process_writes(tmp_pat
 def test_eagle3_trains_from_the_cache_as_against_the_online_target(tmp_path):
     """EAGLE-3 reads three target layers and the last one (its soft labels are the target's distribution): against the
     cache target, six steps give the online run's losses."""
-    from hf_models import make_model
-    from test_eagle3_training import TRAIN
     _, data = make_inputs(tmp_path)
     model = tmp_path / "llama"
     make_model(model, "llama", seed=2, embedding_std=1.0, vocab_size=320, num_hidden_layers=8)

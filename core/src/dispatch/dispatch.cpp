@@ -116,22 +116,25 @@ namespace {
 // block size.
 Support route_support(const KernelChoice& choice, const KernelCandidate& c, const std::vector<size_t>& r) {
   const AttentionProblem& first = choice.problems[r[0]];
+  const BlockSize b = c.kernel->block_size(first);
+  Support first_support;  // (problem 0's, with its reason: the configuration it runs)
   for (size_t p : r) {
     Support s = c.kernel->supports(choice.problems[p]);
+    if (p == 0) first_support = s;
     if (!s.ok) {
       if (p != 0)
         s.reason += " (for the problem of call " + std::to_string(choice.problem_calls[p][0]) + ": " +
                     choice.problems[p].str() + ")";
       return s;
     }
-    const BlockSize a = c.kernel->block_size(choice.problems[p]), b = c.kernel->block_size(first);
+    const BlockSize a = c.kernel->block_size(choice.problems[p]);
     if (a.q != b.q || a.kv != b.kv)
       return Support::no(c.name + " asks for another mask block size for call " +
                          std::to_string(choice.problem_calls[p][0]) + " than for call " +
                          std::to_string(choice.problem_calls[r[0]][0]) +
                          " (the calls of one head shape read one mask)");
   }
-  return r[0] == 0 ? c.kernel->supports(first) : Support::yes();  // (problem 0's reason: the configuration it runs)
+  return r[0] == 0 ? first_support : Support::yes();
 }
 
 }  // namespace
@@ -338,8 +341,7 @@ AttentionDispatcher::AttentionDispatcher(KernelChoice choice, const MaskGenerato
   const KernelChoice& c = choice_;
   for (size_t p = 0; p < c.problems.size(); ++p) {
     const AttentionProblem& problem = c.problems[p];
-    Route r{problem.head_dim, problem.heads_q, problem.heads_kv,
-            c.problem_selected.empty() ? c.selected : c.problem_selected[p]};
+    Route r{problem.head_dim, problem.heads_q, problem.heads_kv, c.problem_selected[p]};
     bool known = false;
     for (const Route& o : routes_)
       known = known || (o.head_dim == r.head_dim && o.heads_q == r.heads_q && o.heads_kv == r.heads_kv);
